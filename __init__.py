@@ -1,0 +1,13 @@
+"""stiefel: learning matrices with orthonormal columns in PyTorch.
+
+O(n), U(n) and the Stiefel manifold St(N, M), as parametrizations any torch
+optimizer can train and as manifolds for Riemannian optimizers, with a
+harness that compares the two.
+"""
+
+from . import manifolds
+from .manifolds import Orthogonal, Stiefel, Unitary
+
+__version__ = "0.1.0"
+
+__all__ = ["manifolds", "Stiefel", "Orthogonal", "Unitary", "__version__"]

@@ -1,0 +1,4 @@
+"""The comparison harness: drift, convergence and complexity of every strategy.
+
+Run ``python -m stiefel.comparisons --help`` (or ``stiefel-compare``).
+"""

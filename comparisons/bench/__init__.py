@@ -1,0 +1,1 @@
+"""Benchmarks of the kernels, maps and optimizers against geoopt, geotorch and torch."""

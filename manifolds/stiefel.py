@@ -1,0 +1,343 @@
+r"""The Stiefel manifold St(N, M) and its square cases O(n) and U(n), as geoopt manifolds."""
+
+from __future__ import annotations
+
+import math
+
+import geoopt
+import torch
+
+from . import _checks, kernels
+
+__all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]
+
+METRICS = ("euclidean", "canonical")
+RETRACTIONS = ("cayley", "qr", "polar")
+
+_EGRAD2RGRAD = {
+    "euclidean": kernels.egrad2rgrad_euclidean,
+    "canonical": kernels.egrad2rgrad_canonical,
+}
+_INNER = {"euclidean": kernels.inner_euclidean, "canonical": kernels.inner_canonical}
+_RETR = {
+    "cayley": kernels.cayley_retraction,
+    "qr": kernels.qr_retraction,
+    "polar": kernels.polar_retraction,
+}
+_EXPMAP = {"euclidean": kernels.expmap_euclidean, "canonical": kernels.expmap_canonical}
+
+
+class Stiefel(geoopt.Manifold):
+    r"""St(N, M) = {X ∈ 𝔽^{N×M} : XᴴX = I}, 𝔽 = ℝ or ℂ, with N ≥ M.
+
+    Points are tensors of shape (..., n, m); leading dimensions are a batch.
+    The metric (``"euclidean"``: Re tr(ξᴴη); ``"canonical"``:
+    Re tr(ξᴴ(I − ½XXᴴ)η)) sets the default of :meth:`egrad2rgrad` and
+    :meth:`inner`; every such method also takes ``metric=`` per call.
+
+    Args:
+        n: number of rows N.
+        m: number of orthonormal columns M (1 ≤ M ≤ N).
+        complex: complex Stiefel manifold (points have a complex dtype).
+        metric: ``"euclidean"`` or ``"canonical"``.
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.manifolds import Stiefel
+        >>> st = Stiefel(50, 4)
+        >>> x = st.random(dtype=torch.float64)
+        >>> g = torch.randn(50, 4, dtype=torch.float64)
+        >>> y = st.retr(x, -0.1 * st.egrad2rgrad(x, g))
+        >>> bool(st.orthogonality_error(y) < 1e-12)
+        True
+    """
+
+    ndim = 2
+    reversible = False
+
+    def __init__(self, n: int, m: int, complex: bool = False, metric: str = "euclidean"):
+        super().__init__()
+        self.n = _checks.positive_int("n", n)
+        self.m = _checks.positive_int("m", m)
+        if m > n:
+            raise ValueError(
+                f"m={m} > n={n}: a Stiefel point needs at most n orthonormal columns "
+                f"(store a wide matrix as its transpose)"
+            )
+        if not isinstance(complex, bool):
+            raise TypeError(f"complex must be a bool, got {complex!r}")
+        self.complex = complex
+        self.metric = _checks.choice("metric", metric, METRICS)
+        self.name = self._name()
+
+    # ------------------------------------------------------------------ identity
+    def _name(self) -> str:
+        return "Stiefel"
+
+    def _key(self) -> tuple:
+        return (self.n, self.m, self.complex, self.metric)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stiefel):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("stiefel",) + self._key())
+
+    def extra_repr(self) -> str:
+        field = ", complex=True" if self.complex else ""
+        return f"n={self.n}, m={self.m}{field}, metric={self.metric!r}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    @property
+    def dim(self) -> int:
+        """Real dimension: NM − M(M+1)/2 (real) or 2NM − M² (complex)."""
+        n, m = self.n, self.m
+        return 2 * n * m - m * m if self.complex else n * m - m * (m + 1) // 2
+
+    # ------------------------------------------------------------------ checks
+    def _point(self, x: object, name: str = "x") -> torch.Tensor:
+        return _checks.matrix(name, x, self.n, self.m, self.complex, repr(self))
+
+    def _vector(self, x: torch.Tensor, u: object, name: str = "u") -> torch.Tensor:
+        u = _checks.matrix(name, u, self.n, self.m, self.complex, repr(self))
+        if u.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {u.dtype} but x has {x.dtype}; they must match")
+        return u
+
+    def _metric(self, metric: str | None) -> str:
+        return self.metric if metric is None else _checks.choice("metric", metric, METRICS)
+
+    def default_atol(self, dtype: torch.dtype) -> float:
+        """Default tolerance on ‖XᴴX − I‖_F: 100·n·eps of the dtype.
+
+        One retraction lands within about 10·n·eps; the factor 100 leaves room for
+        the rounding that accumulates over a long optimization.
+        """
+        return 100 * self.n * torch.finfo(dtype).eps
+
+    def _check_shape(self, shape: tuple[int, ...], name: str) -> tuple[bool, str | None]:
+        if len(shape) < 2:
+            return False, f"{name} needs at least 2 dimensions, got shape {tuple(shape)}"
+        if tuple(shape[-2:]) != (self.n, self.m):
+            return False, f"{name} must end in ({self.n}, {self.m}), got {tuple(shape)}"
+        return True, None
+
+    def _check_point_on_manifold(
+        self, x: torch.Tensor, *, atol: float | None = None, rtol: float | None = None
+    ) -> tuple[bool, str | None]:
+        if x.is_complex() != self.complex:
+            return False, f"x is {'complex' if x.is_complex() else 'real'}, {self!r} is not"
+        atol = self.default_atol(x.dtype) if atol is None else atol
+        rtol = 0.0 if rtol is None else rtol
+        err = float(kernels.orthogonality_error(x.detach()).max()) if x.numel() else 0.0
+        bound = atol + rtol * math.sqrt(self.m)
+        if not err <= bound:
+            return False, f"‖XᴴX − I‖_F = {err:.3e} exceeds the tolerance {bound:.3e}"
+        return True, None
+
+    def _check_vector_on_tangent(
+        self, x: torch.Tensor, u: torch.Tensor, *, atol: float | None = None, rtol=None
+    ) -> tuple[bool, str | None]:
+        atol = self.default_atol(x.dtype) if atol is None else atol
+        err = float(torch.linalg.matrix_norm(kernels.sym(x.mH @ u)).max())
+        scale = float(torch.linalg.matrix_norm(u).max()) + 1.0
+        if not err <= atol * scale:
+            return False, f"‖sym(Xᴴu)‖_F = {err:.3e} exceeds {atol * scale:.3e}"
+        return True, None
+
+    def check_point_on_manifold(
+        self,
+        x: torch.Tensor,
+        *,
+        explain: bool = False,
+        atol: float | None = None,
+        rtol: float | None = None,
+    ) -> bool | tuple[bool, str | None]:
+        """Whether ‖XᴴX − I‖_F ≤ atol + rtol·√m for every batch element.
+
+        The default ``atol`` is 100·n·eps of x's dtype (:meth:`default_atol`). With ``explain=True``
+        returns ``(ok, reason)`` (geoopt's convention).
+        """
+        ok, reason = self._check_shape(tuple(x.shape), "x")
+        if ok:
+            ok, reason = self._check_point_on_manifold(x, atol=atol, rtol=rtol)
+        return (ok, reason) if explain else ok
+
+    def assert_check_point_on_manifold(
+        self, x: torch.Tensor, *, atol: float | None = None, rtol: float | None = None
+    ) -> None:
+        """Raise ValueError with the reason when x is not on the manifold."""
+        self._point(x)
+        ok, reason = self._check_point_on_manifold(x, atol=atol, rtol=rtol)
+        if not ok:
+            raise ValueError(f"x is not on {self!r}: {reason}; use projx(x) for the nearest point")
+
+    def orthogonality_error(self, x: torch.Tensor) -> torch.Tensor:
+        """‖XᴴX − I‖_F per batch element: the drift metric of this package."""
+        return kernels.orthogonality_error(self._point(x))
+
+    # ------------------------------------------------------------------ points
+    def random(
+        self,
+        *batch: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Haar-distributed points, shape (*batch, n, m).
+
+        ``dtype`` defaults to torch's default dtype (its complex counterpart on
+        a complex manifold).
+        """
+        if dtype is None:
+            dtype = torch.get_default_dtype()
+            if self.complex:
+                dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        elif (dtype in _checks.COMPLEX_DTYPES) != self.complex or not (
+            dtype in _checks.COMPLEX_DTYPES or dtype in _checks.REAL_DTYPES
+        ):
+            allowed = _checks.COMPLEX_DTYPES if self.complex else _checks.REAL_DTYPES
+            raise TypeError(
+                f"dtype={dtype} does not fit {self!r}; allowed: {', '.join(map(str, allowed))}"
+            )
+        for b in batch:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+                raise ValueError(f"batch sizes must be non-negative ints, got {batch!r}")
+        return kernels.haar(self.n, self.m, *batch, dtype=dtype, device=device, generator=generator)
+
+    def projx(self, x: torch.Tensor) -> torch.Tensor:
+        """The nearest point of the manifold: the polar factor U Vᴴ of X = U Σ Vᴴ."""
+        x = _checks.finite("x", self._point(x))
+        return kernels.polar(x)
+
+    def origin(self, *batch: int, dtype=None, device=None, seed=None) -> torch.Tensor:
+        """The point [I; 0] (broadcast over ``batch``)."""
+        x = self.random(dtype=dtype, device=device) * 0
+        x.diagonal(dim1=-2, dim2=-1).fill_(1)
+        return x.expand(*batch, self.n, self.m).clone()
+
+    # ------------------------------------------------------------------ tangent vectors
+    def proju(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None) -> torch.Tensor:
+        """Projection onto the tangent space, U − X sym(XᴴU).
+
+        ``metric`` is accepted for a uniform signature and validated; the
+        result does not depend on it (see Note [Projection does not depend on
+        the metric] in :mod:`stiefel.manifolds.kernels`).
+        """
+        x = self._point(x)
+        self._metric(metric)
+        return kernels.proj_tangent(x, self._vector(x, u))
+
+    def egrad2rgrad(
+        self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None
+    ) -> torch.Tensor:
+        """Riemannian gradient of the Euclidean gradient ``u``.
+
+        Euclidean metric: G − X sym(XᴴG); canonical metric: G − XGᴴX.
+        """
+        x = self._point(x)
+        return _EGRAD2RGRAD[self._metric(metric)](x, self._vector(x, u))
+
+    def inner(
+        self,
+        x: torch.Tensor,
+        u: torch.Tensor,
+        v: torch.Tensor | None = None,
+        *,
+        keepdim: bool = False,
+        metric: str | None = None,
+    ) -> torch.Tensor:
+        """Riemannian inner product (real); ``v=None`` gives the squared norm of u."""
+        x = self._point(x)
+        u = self._vector(x, u)
+        v = u if v is None else self._vector(x, v, "v")
+        return _INNER[self._metric(metric)](x, u, v, keepdim)
+
+    # ------------------------------------------------------------------ moving
+    def retr(self, x: torch.Tensor, u: torch.Tensor, method: str = "cayley") -> torch.Tensor:
+        """Retraction of the tangent step ``u`` at ``x``.
+
+        ``"cayley"``: (I − ½A)⁻¹(I + ½A)X with A = (Pu)Xᴴ − X(Pu)ᴴ, through a
+        2M×2M Sherman–Morrison–Woodbury system when 2M < N (no N×N matrix),
+        a dense solve otherwise; ``"qr"``: qf(X + U) with R's diagonal made
+        positive; ``"polar"``: polar factor of X + U.
+        """
+        method = _checks.choice("method", method, RETRACTIONS)
+        x = _checks.finite("x", self._point(x))
+        u = _checks.finite("u", self._vector(x, u))
+        return _RETR[method](x, u)
+
+    def expmap(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None):
+        """Exact geodesic of the chosen metric (Edelman, Arias & Smith 1998)."""
+        x = _checks.finite("x", self._point(x))
+        u = _checks.finite("u", self._vector(x, u))
+        return _EXPMAP[self._metric(metric)](x, u)
+
+    def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Vector transport by projection: the tangent part of ``v`` at ``y``."""
+        x = self._point(x)
+        y = self._point(y, "y")
+        return kernels.proj_tangent(y, self._vector(y, v, "v"))
+
+    def retr_transp(
+        self, x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, method: str = "cayley"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Retract ``u`` and transport ``v`` to the new point in one call.
+
+        With ``"cayley"`` both are moved by the same orthogonal map Cayley(A)
+        in one solve (an isometric transport, Wen & Yin 2013); with ``"qr"`` and
+        ``"polar"`` ``v`` is projected onto the new tangent space.
+        """
+        method = _checks.choice("method", method, RETRACTIONS)
+        x = _checks.finite("x", self._point(x))
+        u = _checks.finite("u", self._vector(x, u))
+        v = self._vector(x, v, "v")
+        if method == "cayley":
+            return kernels.cayley_retraction_transport(x, u, v)
+        y = _RETR[method](x, u)
+        return y, kernels.proj_tangent(y, v)
+
+
+class Orthogonal(Stiefel):
+    """The orthogonal group O(n) = St(n, n), real.
+
+    Example::
+
+        >>> from stiefel.manifolds import Orthogonal
+        >>> Orthogonal(3).dim
+        3
+    """
+
+    def __init__(self, n: int, metric: str = "euclidean"):
+        super().__init__(n, n, complex=False, metric=metric)
+
+    def _name(self) -> str:
+        return "Orthogonal"
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}, metric={self.metric!r}"
+
+
+class Unitary(Stiefel):
+    """The unitary group U(n) = complex St(n, n); ``dim`` is its real dimension n².
+
+    Example::
+
+        >>> from stiefel.manifolds import Unitary
+        >>> Unitary(3).dim
+        9
+    """
+
+    def __init__(self, n: int, metric: str = "euclidean"):
+        super().__init__(n, n, complex=True, metric=metric)
+
+    def _name(self) -> str:
+        return "Unitary"
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}, metric={self.metric!r}"

@@ -1,0 +1,1 @@
+"""Riemannian optimizers and the optimizer registry (see the optimizers issue)."""

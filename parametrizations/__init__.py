@@ -1,0 +1,1 @@
+"""Maps from free parameters onto O(n), U(n) and St(N, M) (see the parametrizations issue)."""

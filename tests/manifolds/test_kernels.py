@@ -1,0 +1,134 @@
+"""The SMW Cayley kernel against dense N×N references, and the other kernels."""
+
+import pytest
+import torch
+
+from stiefel.manifolds import kernels
+
+DTYPES = [torch.float64, torch.complex128]
+
+
+def _point_and_grad(n, m, dtype, batch=(), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = kernels.haar(n, m, *batch, dtype=dtype, generator=g)
+    grad = torch.randn(*batch, n, m, dtype=dtype, generator=g)
+    return x, grad
+
+
+def _dense_cayley_reference(x, u):
+    """(I − ½A)⁻¹(I + ½A)X with A = (Pu)Xᴴ − X(Pu)ᴴ, all N×N, written out."""
+    n = x.shape[-2]
+    eye = torch.eye(n, dtype=x.dtype)
+    p = eye - 0.5 * x @ x.mH
+    a = (p @ u) @ x.mH - x @ (p @ u).mH
+    return torch.linalg.inv(eye - 0.5 * a) @ (eye + 0.5 * a) @ x
+
+
+def _paper_update(x, g, eta, metric):
+    """The CWY paper's appendix B update Cayley(ηA)Ω = Ω − B(I + ½CᴴB)⁻¹CᴴΩ (2M or 3M)."""
+    if metric == "canonical":
+        b = eta * torch.cat((g, x), -1)
+        c = torch.cat((x, -g), -1)
+    else:
+        e = g.mH @ x - x.mH @ g
+        b = eta * torch.cat((g, x, 0.5 * x @ e), -1)
+        c = torch.cat((x, -g, x), -1)
+    k = b.shape[-1]
+    return x - b @ torch.linalg.solve(torch.eye(k, dtype=x.dtype) + 0.5 * c.mH @ b, c.mH @ x)
+
+
+def _rel(a, b):
+    return float(torch.linalg.matrix_norm(a - b).max() / torch.linalg.matrix_norm(b).max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", ["euclidean", "canonical"])
+@pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
+def test_smw_equals_dense_reference(dtype, metric, batch):
+    x, g = _point_and_grad(40, 6, dtype, batch)
+    rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
+    u = -0.3 * rgrad[metric](x, g)
+    ref = _dense_cayley_reference(x, u)
+    assert _rel(kernels.cayley_smw(x, u), ref) < 1e-10
+    assert _rel(kernels.cayley_dense(x, u), ref) < 1e-10
+    assert _rel(kernels.cayley_retraction(x, u), ref) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", ["euclidean", "canonical"])
+def test_smw_2m_matches_paper_formula(dtype, metric):
+    # Our 2M form applied to u = −η·rgrad equals the paper's update (3M for Euclidean).
+    x, g = _point_and_grad(50, 5, dtype, (2,), seed=1)
+    eta = 0.2
+    rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
+    ours = kernels.cayley_smw(x, -eta * rgrad[metric](x, g))
+    assert _rel(ours, _paper_update(x, g, eta, metric)) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_transport_is_the_same_orthogonal_map(dtype):
+    x, g = _point_and_grad(30, 4, dtype, seed=2)
+    u = kernels.proj_tangent(x, 0.5 * g)
+    v = kernels.proj_tangent(x, torch.randn_like(g))
+    for fn in (kernels.cayley_smw, kernels.cayley_dense):
+        y, tv = fn(x, u, v)
+        n = x.shape[-2]
+        eye = torch.eye(n, dtype=dtype)
+        p = eye - 0.5 * x @ x.mH
+        a = (p @ u) @ x.mH - x @ (p @ u).mH
+        q = torch.linalg.solve(eye - 0.5 * a, eye + 0.5 * a)
+        assert _rel(y, q @ x) < 1e-10
+        assert _rel(tv, q @ v) < 1e-10
+        # isometric and tangent at y
+        assert abs(float(torch.linalg.norm(tv) - torch.linalg.norm(v))) < 1e-10
+        assert float(torch.linalg.matrix_norm(kernels.sym(y.mH @ tv))) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cayley_is_first_order_retraction(dtype):
+    x, g = _point_and_grad(20, 3, dtype, seed=3)
+    u = kernels.proj_tangent(x, g)
+    for t in (1e-3, 1e-4):
+        err = torch.linalg.norm(kernels.cayley_smw(x, t * u) - x - t * u)
+        assert float(err) < 10 * t * t * float(torch.linalg.norm(u)) ** 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qr_unique_has_positive_diagonal_and_is_continuous(dtype):
+    x, g = _point_and_grad(12, 4, dtype, seed=4)
+    a = x + 0.1 * g
+    q = kernels.qr_unique(a)
+    r = q.mH @ a
+    d = torch.diagonal(r)
+    assert torch.allclose(
+        d.imag if d.is_complex() else torch.zeros_like(d.real), torch.zeros_like(d.real), atol=1e-12
+    )
+    assert bool((d.real > 0).all())
+    assert torch.allclose(q @ r, a, atol=1e-12)
+    # continuity: a tiny step moves the factor a tiny amount
+    q2 = kernels.qr_unique(a + 1e-9 * g)
+    assert float(torch.linalg.norm(q2 - q)) < 1e-7
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_polar_is_nearest_point(dtype):
+    _, a = _point_and_grad(10, 3, dtype, seed=5)
+    p = kernels.polar(a)
+    # the polar factor maximises Re tr(QᴴA) over St, so it beats random points
+    best = float(torch.linalg.norm(a - p))
+    for s in range(20):
+        other = kernels.haar(10, 3, dtype=dtype, generator=torch.Generator().manual_seed(s))
+        assert best <= float(torch.linalg.norm(a - other)) + 1e-12
+    # and it is stationary: Aᴴ P is Hermitian positive (semi)definite
+    h = a.mH @ p
+    assert torch.allclose(h, h.mH, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", [kernels.expmap_euclidean, kernels.expmap_canonical])
+def test_expmap_on_manifold_with_initial_velocity(dtype, fn):
+    x, g = _point_and_grad(15, 4, dtype, seed=6)
+    u = kernels.proj_tangent(x, g)
+    assert float(kernels.orthogonality_error(fn(x, u))) < 1e-12
+    t = 1e-5
+    assert float(torch.linalg.norm((fn(x, t * u) - x) / t - u)) < 1e-3
