@@ -37,6 +37,7 @@ __all__ = [
     "cayley_dense",
     "cayley_retraction",
     "cayley_retraction_transport",
+    "rgd_cayley_step",
     "qr_retraction",
     "polar_retraction",
     "expmap_euclidean",
@@ -213,14 +214,25 @@ def cayley_smw(
     (an isometric vector transport: Yᴴ(Cayley(A)v) = Xᴴv stays skew-Hermitian),
     in the same solve, and the pair (Y, transported v) is returned.
     """
-    m = x.shape[-1]
     pu, xhu = _pu(x, u)
     xx = x.mH @ x
-    k11 = xhu - 0.5 * (xx @ xhu)  # XᴴPu
-    k21 = -(pu.mH @ pu)
-    lhs = torch.cat((torch.cat((k11, xx), -1), torch.cat((k21, -k11.mH), -1)), -2).mul_(-0.5)
+    return _cayley_woodbury(x, pu, xhu - 0.5 * (xx @ xhu), xx, v)
+
+
+def _cayley_woodbury(
+    x: torch.Tensor,
+    pu: torch.Tensor,
+    xpu: torch.Tensor,
+    xx: torch.Tensor,
+    v: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    # Y = X + B(I − ½CᴴB)⁻¹CᴴX from Pu, XᴴPu and XᴴX (Note [Blocks of CᴴB]).
+    m = x.shape[-1]
+    lhs = torch.cat((torch.cat((xpu, xx), -1), torch.cat((-(pu.mH @ pu), -xpu.mH), -1)), -2).mul_(
+        -0.5
+    )
     lhs.diagonal(dim1=-2, dim2=-1).add_(1)
-    rhs = torch.cat((xx, -k11.mH), -2)  # CᴴX
+    rhs = torch.cat((xx, -xpu.mH), -2)  # CᴴX
     if v is not None:
         rhs = torch.cat((rhs, torch.cat((x.mH @ v, -(pu.mH @ v)), -2)), -1)
     z = torch.linalg.solve(lhs, rhs)
@@ -233,6 +245,33 @@ def cayley_smw(
         return y
     tv = torch.baddbmm(_flat(v), xf, _flat(z2[..., m:])).baddbmm_(pf, _flat(z1[..., m:]))
     return y, tv.reshape(v.shape)
+
+
+def rgd_cayley_step(
+    x: torch.Tensor, g: torch.Tensor, lr: float, metric: str = "euclidean"
+) -> torch.Tensor:
+    r"""One Riemannian gradient step retr(X, −lr·rgrad(G)) with the SMW Cayley retraction.
+
+    Equal to ``cayley_smw(x, -lr * egrad2rgrad_<metric>(x, g))`` but fused.
+
+    Note [Fused RGD step]
+    With H = XᴴG, the step's P u (P = I − ½XXᴴ) is −lr·G + X T for an M×M matrix T:
+    Euclidean, rgrad = G − X sym(H): T = lr(sym(H) + ½(H − XᴴX sym(H)));
+    canonical, rgrad = G − XHᴴ:      T = lr(Hᴴ + ½(H − XᴴX Hᴴ));
+    and XᴴPu = −lr·H + XᴴX T. The Riemannian gradient itself is never formed, so the
+    step costs six N×M×M products (XᴴG, XᴴX, XT, PuᴴPu and the two of the update).
+    """
+    if metric not in ("euclidean", "canonical"):
+        raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
+    if not use_smw(x.shape[-2], x.shape[-1]):
+        rgrad = egrad2rgrad_euclidean if metric == "euclidean" else egrad2rgrad_canonical
+        return cayley_dense(x, -lr * rgrad(x, g))  # type: ignore[return-value]
+    h = x.mH @ g
+    xx = x.mH @ x
+    w = sym(h) if metric == "euclidean" else h.mH
+    t = lr * (w + 0.5 * (h - xx @ w))
+    pu = torch.baddbmm(_flat(g), _flat(x), _flat(t), beta=-lr).reshape(x.shape)
+    return _cayley_woodbury(x, pu, xx @ t - lr * h, xx)  # type: ignore[return-value]
 
 
 def cayley_dense(

@@ -132,3 +132,16 @@ def test_expmap_on_manifold_with_initial_velocity(dtype, fn):
     assert float(kernels.orthogonality_error(fn(x, u))) < 1e-12
     t = 1e-5
     assert float(torch.linalg.norm((fn(x, t * u) - x) / t - u)) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", ["euclidean", "canonical"])
+@pytest.mark.parametrize("shape", [(40, 6), (8, 6)])  # SMW path and dense path
+def test_fused_rgd_step_equals_unfused_and_dense(dtype, metric, shape):
+    x, g = _point_and_grad(*shape, dtype, (2,), seed=8)
+    rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
+    u = -0.3 * rgrad[metric](x, g)
+    ref = _dense_cayley_reference(x, u)
+    assert _rel(kernels.rgd_cayley_step(x, g, 0.3, metric), ref) < 1e-10
+    with pytest.raises(ValueError, match="metric='flat'"):
+        kernels.rgd_cayley_step(x, g, 0.3, "flat")
