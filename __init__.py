@@ -5,9 +5,19 @@ optimizer can train and as manifolds for Riemannian optimizers, with a
 harness that compares the two.
 """
 
-from . import manifolds
+from . import manifolds, optimizers, parametrizations
 from .manifolds import Orthogonal, Stiefel, Unitary
+from .parametrizations import orthogonalize
 
 __version__ = "0.1.0"
 
-__all__ = ["manifolds", "Stiefel", "Orthogonal", "Unitary", "__version__"]
+__all__ = [
+    "orthogonalize",
+    "manifolds",
+    "parametrizations",
+    "optimizers",
+    "Stiefel",
+    "Orthogonal",
+    "Unitary",
+    "__version__",
+]

@@ -1,43 +1,232 @@
-"""Command line of the comparison harness: ``python -m stiefel.comparisons``."""
+"""Command line of the comparison harness: ``python -m stiefel.comparisons`` / ``stiefel-compare``.
+
+Subcommands: ``drift``, ``convergence``, ``complexity``, ``report`` and ``quick``
+(a small version of all of them plus the report, in a few minutes on 2 cores).
+Options come from flags or from a TOML file (``--config``): its top-level keys
+apply to every subcommand, a table named after the subcommand overrides them,
+and flags given on the command line win over both.
+"""
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import pathlib
+import sys
+import time
 
-import torch
+from . import tasks as tasks_mod
+from .report import write_report
+from .sections import complexity_section, convergence_section, drift_section
 
-from ..manifolds import Stiefel
+DRIFT_STRATEGIES = [
+    "householder+adam",
+    "cwy+adam",
+    "exp+adam",
+    "cayley+adam",
+    "riemannian+rgd(retraction=cayley)",
+    "riemannian+rgd(retraction=qr)",
+    "riemannian+radam",
+    "riemannian+landing",
+]
+CONVERGENCE_STRATEGIES = [
+    "cwy+adam",
+    "exp+adam",
+    "scaled_cayley+rmsprop",
+    "riemannian+rgd(metric=canonical,retraction=cayley)",
+    "riemannian+radam",
+    "riemannian+landing",
+    "lstm+rmsprop",
+]
+
+DEFAULTS = {
+    "drift": dict(
+        tasks=["procrustes"],
+        strategies=DRIFT_STRATEGIES,
+        steps=2000,
+        seeds=1,
+        dtypes=["float32", "float64"],
+        n=64,
+        m=None,
+        record_every=20,
+    ),
+    "convergence": dict(
+        tasks=["procrustes", "brockett", "copying", "adding", "digits"],
+        strategies=CONVERGENCE_STRATEGIES,
+        steps=2000,
+        seeds=3,
+        dtypes=["float32"],
+        n=None,
+        m=None,
+        record_every=20,
+    ),
+    "complexity": dict(
+        sizes=[128, 256, 512, 1024],
+        fractions=[1 / 16, 1 / 4, 1.0],
+        repeats=7,
+        shapes=[[1024, 64], [2048, 64], [4096, 64]],
+    ),
+}
+QUICK = {
+    "drift": dict(
+        tasks=["procrustes"],
+        steps=300,
+        n=24,
+        m=8,
+        record_every=10,
+        strategies=[
+            "cwy+adam",
+            "exp+adam",
+            "riemannian+rgd(retraction=cayley)",
+            "riemannian+rgd(retraction=qr)",
+            "riemannian+landing",
+        ],
+    ),
+    "convergence": dict(
+        tasks=["procrustes", "brockett", "copying", "digits"],
+        steps=150,
+        seeds=2,
+        n=16,
+        m=4,
+        T=10,
+        batch=32,
+        record_every=10,
+        strategies=[
+            "cwy+adam",
+            "scaled_cayley+rmsprop",
+            "riemannian+rgd(metric=canonical,retraction=cayley)",
+            "riemannian+landing",
+            "lstm+rmsprop",
+        ],
+    ),
+    "complexity": dict(
+        sizes=[32, 64, 128],
+        fractions=[1 / 4, 1.0],
+        repeats=3,
+        shapes=[[256, 16], [512, 16], [1024, 16]],
+    ),
+}
 
 
-def quick(args: argparse.Namespace) -> int:
-    """A few Riemannian gradient steps per retraction, printing the loss and the drift."""
-    torch.manual_seed(args.seed)
-    n, m = 256, 16
-    man = Stiefel(n, m)
-    a = torch.randn(n, n, dtype=torch.float32)
-    a = a @ a.T / n  # Brockett / PCA cost −tr(XᵀAX): optimum = top-m eigenvalues
-    best = float(torch.linalg.eigvalsh(a.double())[-m:].sum())
-    print(f"maximize tr(XᵀAX) on {man!r}, optimum {best:.4f}")
-    for method in ("cayley", "qr", "polar"):
-        x = man.random(dtype=torch.float32)
-        for _ in range(args.steps):
-            g = -2 * a @ x
-            x = man.retr(x, -0.2 * man.egrad2rgrad(x, g), method=method)
-        value = float(torch.trace(x.T @ a @ x))
-        err = float(man.orthogonality_error(x))
-        print(
-            f"  {method:7s} {args.steps} steps: tr = {value:.4f} (gap {best - value:.2e}), "
-            f"‖XᵀX − I‖_F = {err:.2e}"
-        )
-    return 0
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=pathlib.Path, default=None, help="results folder (results/)")
+    p.add_argument("--device", default=None, help="cpu or cuda")
+    p.add_argument("--config", type=pathlib.Path, default=None, help="a TOML file of options")
+
+
+def _training(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--tasks", nargs="+", default=None, help=f"of {tasks_mod.available()}")
+    p.add_argument("--strategies", nargs="+", default=None, help="e.g. cwy+adam riemannian+rgd")
+    p.add_argument(
+        "--dtype",
+        dest="dtypes",
+        nargs="+",
+        default=None,
+        help="float32 float64 complex64 complex128",
+    )
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (0, 1, …)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--record-every", type=int, default=None)
+    p.add_argument("--n", type=int, default=None, help="matrix size / hidden size")
+    p.add_argument("--m", type=int, default=None, help="columns (Stiefel tasks)")
+    p.add_argument("--T", type=int, default=None, help="sequence length (copying, adding)")
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--permute", action="store_true", default=None, help="permuted digits")
+    p.add_argument("--others", default=None, help="optimizer of the unconstrained weights")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stiefel-compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _training(sub.add_parser("drift", help="‖XᴴX − I‖_F against step"))
+    _training(sub.add_parser("convergence", help="loss against step and wall time"))
+    c = sub.add_parser("complexity", help="time and memory against size")
+    _common(c)
+    c.add_argument("--sizes", type=int, nargs="+", default=None)
+    c.add_argument("--fractions", type=float, nargs="+", default=None, help="L / n")
+    c.add_argument("--repeats", type=int, default=None)
+    r = sub.add_parser("report", help="gather results into report.md")
+    _common(r)
+    q = sub.add_parser("quick", help="a small run of everything and the report")
+    _common(q)
+    return parser
+
+
+def _load_toml(path: pathlib.Path | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    if not path.exists():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    return tomllib.loads(path.read_text())
+
+
+def _options(command: str, args: argparse.Namespace, preset: dict | None = None) -> dict:
+    opts = dict(DEFAULTS.get(command, {}))
+    opts.update(preset or {})
+    cfg = _load_toml(getattr(args, "config", None))
+    opts.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
+    opts.update(cfg.get(command, {}))
+    opts.update(
+        {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "config")}
+    )
+    opts.setdefault("out", pathlib.Path("results"))
+    opts["out"] = pathlib.Path(opts["out"])
+    opts.setdefault("device", "cpu")
+    opts.setdefault("others", "adam(lr=1e-3)")
+    return opts
+
+
+def task_options(task: str, opts: dict) -> dict:
+    """The flags that ``task`` takes (n, m, T, batch, permute), from the options."""
+    params = inspect.signature(tasks_mod.TASKS[task].__init__).parameters
+    return {
+        k: opts[k]
+        for k in ("n", "m", "T", "batch", "permute", "k")
+        if k in params and opts.get(k) is not None
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stiefel-compare", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quick", help="a small run of everything, in seconds")
-    q.add_argument("--steps", type=int, default=300)
-    q.add_argument("--seed", type=int, default=0)
-    q.set_defaults(func=quick)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    args = _parser().parse_args(argv)
+    t0 = time.perf_counter()
+    if args.command == "quick":
+        base = _options("report", args)
+        out = base["out"]
+        for name, fn in (
+            ("drift", drift_section),
+            ("convergence", convergence_section),
+            ("complexity", complexity_section),
+        ):
+            opts = _options(
+                name,
+                argparse.Namespace(out=out, device=args.device, config=args.config),
+                QUICK[name],
+            )
+            print(f"== {name}", flush=True)
+            fn(opts)
+    elif args.command == "report":
+        out = _options("report", args)["out"]
+    else:
+        opts = _options(args.command, args)
+        out = opts["out"]
+        {
+            "drift": drift_section,
+            "convergence": convergence_section,
+            "complexity": complexity_section,
+        }[args.command](opts)
+    path = write_report(out)
+    print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

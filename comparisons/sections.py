@@ -1,0 +1,295 @@
+"""The three measured sections of the harness: drift, convergence, complexity.
+
+Each takes the merged options of its subcommand and writes ``<section>.json``,
+``<section>.csv``, ``<section>.md`` and its figures (PNG and SVG) into ``out``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from . import complexity as cx
+from . import plots
+from .report import md_table, save_figure, summarize_runs, write_csv, write_json
+from .runner import RunConfig, parse_strategy, run
+
+__all__ = ["drift_section", "convergence_section", "complexity_section", "run_grid"]
+
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is optional: no bar then
+        return None
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def run_grid(opts: dict, desc: str) -> list[dict]:
+    """Every task × strategy × dtype × seed of ``opts``; LSTM only on sequence tasks."""
+    from .cli import task_options  # the flags each task takes
+    from .tasks import TASKS
+
+    for name in opts["tasks"]:
+        if name not in TASKS:
+            raise ValueError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS))}")
+    strategies = [parse_strategy(s) for s in opts["strategies"]]
+    jobs = []
+    for task in opts["tasks"]:
+        sequence = TASKS[task].kind == "sequence"
+        for s in strategies:
+            if s.is_baseline and not sequence:
+                continue  # the LSTM baseline has no matrix to constrain
+            for dtype in opts["dtypes"]:
+                if s.is_baseline and dtype.startswith("complex"):
+                    continue
+                for seed in range(opts["seeds"]):
+                    jobs.append(
+                        RunConfig(
+                            task,
+                            s.name,
+                            seed,
+                            opts["steps"],
+                            dtype,
+                            opts["device"],
+                            opts["record_every"],
+                            task_options(task, opts),
+                            opts["others"],
+                        )
+                    )
+    bar = _progress(sum(j.steps for j in jobs), desc)
+    runs = []
+    try:
+        for job in jobs:
+            if bar is not None:
+                bar.set_postfix_str(f"{job.task} {job.strategy} {job.dtype} seed {job.seed}")
+            runs.append(run(job, bar))
+    finally:
+        if bar is not None:
+            bar.close()
+    return runs
+
+
+def _out(opts: dict) -> pathlib.Path:
+    out = pathlib.Path(opts["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def drift_section(opts: dict) -> list[dict]:
+    out = _out(opts)
+    runs = run_grid(opts, "drift")
+    write_json(out / "drift.json", {"options": opts, "runs": runs})
+    rows = [
+        {
+            "task": r["task"],
+            "strategy": r["strategy"],
+            "dtype": r["dtype"],
+            "seed": r["seed"],
+            "step": s,
+            "drift": d,
+            "loss": v,
+        }
+        for r in runs
+        for s, d, v in zip(r["step"], r["drift"], r["loss"], strict=True)
+    ]
+    write_csv(out / "drift.csv", rows)
+    table = md_table(
+        ["task", "strategy", "dtype", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"],
+        [
+            [
+                r["task"],
+                r["strategy"],
+                r["dtype"],
+                r["step"][-1] + 1,
+                r["drift"][-1],
+                max(d for d in r["drift"] if d is not None),
+            ]
+            for r in runs
+            if r["drift"][-1] is not None
+        ],
+    )
+    save_figure(plots.drift_figure(runs), out, "drift")
+    (out / "drift.md").write_text(
+        f"{opts['steps']} steps per run on {', '.join(opts['tasks'])}; the drift of the "
+        "constrained matrix after each recorded step.\n\n" + table
+    )
+    return runs
+
+
+def convergence_section(opts: dict) -> list[dict]:
+    out = _out(opts)
+    runs = run_grid(opts, "convergence")
+    summary = summarize_runs(runs)
+    write_json(out / "convergence.json", {"options": opts, "runs": runs, "summary": summary})
+    write_csv(out / "convergence.csv", summary)
+    text = [f"{opts['steps']} steps, {opts['seeds']} seeds, mean ± std over seeds.\n"]
+    for task in opts["tasks"]:
+        rows = [s for s in summary if s["task"] == task]
+        if not rows:
+            continue
+        extra = [k for k in rows[0] if k in ("test_accuracy",)]
+        text.append(f"### {task}\n")
+        if rows[0]["optimum"] is not None:
+            text.append(
+                f"mean optimum over seeds (each seed draws a problem): {rows[0]['optimum']:.6g}\n\n"
+            )
+        elif rows[0]["baseline"] is not None:
+            text.append(f"baseline: {rows[0]['baseline']:.6g}\n\n")
+        text.append(
+            md_table(
+                [
+                    "strategy",
+                    "dtype",
+                    "final loss",
+                    "± std",
+                    "gap to optimum",
+                    "max drift",
+                    "time [s]",
+                    "diverged",
+                ]
+                + extra,
+                [
+                    [
+                        s["strategy"],
+                        s["dtype"],
+                        s["final_loss"],
+                        s["final_loss_std"],
+                        s.get("gap"),
+                        s["max_drift"],
+                        s["time_s"],
+                        s["diverged"],
+                    ]
+                    + [s[k] for k in extra]
+                    for s in rows
+                ],
+            )
+        )
+        task_runs = [r for r in runs if r["task"] == task]
+        save_figure(plots.convergence_figure(task_runs, task), out, f"convergence_{task}")
+    (out / "convergence.md").write_text("\n".join(text))
+    return runs
+
+
+def complexity_section(opts: dict) -> dict:
+    out = _out(opts)
+    device, repeats = opts["device"], opts["repeats"]
+    rate = cx.gemm_rate(device=device)
+    methods = list(cx.MAP_FLOPS)
+    maps = cx.map_costs(methods, opts["sizes"], opts["fractions"], repeats, device)
+    steps = cx.optimizer_costs([tuple(s) for s in opts["shapes"]], repeats, device)
+    rec = cx.recurrent_step_costs(opts["sizes"], 1 / 8, repeats)
+    result = {
+        "gemm_flops_per_s": rate,
+        "maps": maps,
+        "optimizer_steps": steps,
+        "recurrent_steps": rec,
+        "options": opts,
+    }
+    write_json(out / "complexity.json", result)
+    write_csv(out / "complexity_maps.csv", maps)
+    write_csv(out / "complexity_optimizers.csv", steps)
+    write_csv(out / "complexity_recurrent.csv", rec)
+
+    text = [f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s.\n"]
+    nmax = max(opts["sizes"])
+    rows = []
+    for method in methods:
+        for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
+            rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
+            big = max(rs, key=lambda r: r["n"])
+            sizes = [r["n"] for r in rs]
+            fit = cx.fit_exponent(sizes, [r["forward_s"] for r in rs]) if len(rs) > 1 else None
+            model = cx.fit_exponent(sizes, [r["flops"] for r in rs]) if len(rs) > 1 else None
+            formula, domain = cx.MAP_FORMULAS[method]
+            rows.append(
+                [
+                    method,
+                    f"L = {frac:g}·n",
+                    formula,
+                    domain,
+                    big["flops"],
+                    big["forward_s"],
+                    big["flops"] / rate,
+                    big["forward_backward_s"],
+                    big["saved_bytes"] / 2**20,
+                    fit,
+                    model,
+                ]
+            )
+    text.append(f"### Maps (CWY paper Table 1 layout), measured at n = {nmax}\n")
+    text.append(
+        md_table(
+            [
+                "method",
+                "L",
+                "serial complexity",
+                "domain",
+                "FLOP model",
+                "forward [s]",
+                "roofline [s]",
+                "fwd+bwd [s]",
+                "saved [MiB]",
+                "fitted exponent",
+                "model exponent",
+            ],
+            rows,
+        )
+    )
+    rows = []
+    for label in dict.fromkeys(r["optimizer"] for r in steps):
+        rs = [r for r in steps if r["optimizer"] == label]
+        big = max(rs, key=lambda r: r["N"])
+        fit = cx.fit_exponent([r["N"] for r in rs], [r["step_s"] for r in rs])
+        rows.append(
+            [
+                label,
+                cx.PAPER_STEP_FLOPS.get(label, "–"),
+                big["N"],
+                big["M"],
+                big["flops"],
+                big["step_s"],
+                big["flops"] / rate,
+                fit,
+            ]
+        )
+    text.append("\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n")
+    text.append(
+        md_table(
+            [
+                "optimizer",
+                "paper FLOPs",
+                "N",
+                "M",
+                "FLOP model",
+                "step [s]",
+                "roofline [s]",
+                "exponent in N (model 1)",
+            ],
+            rows,
+        )
+    )
+    text.append("\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n")
+    text.append(
+        md_table(
+            ["model", "n", "FP flops", "BP flops", "FP [s]", "BP [s]"],
+            [
+                [r["model"], r["n"], r["fp_flops"], r["bp_flops"], r["forward_s"], r["backward_s"]]
+                for r in rec
+            ],
+        )
+    )
+    (out / "complexity.md").write_text("\n".join(text))
+    maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
+    save_figure(
+        plots.complexity_figure(
+            maps_fig, "n", "forward_backward_s", "series", "Maps: forward + backward"
+        ),
+        out,
+        "complexity_maps",
+    )
+    save_figure(
+        plots.complexity_figure(steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)"),
+        out,
+        "complexity_optimizers",
+    )
+    return result

@@ -1,0 +1,171 @@
+"""Sequence tasks for recurrent models: copying, adding and pixel-by-pixel digits."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import LSTMBaseline, OrthogonalRNN
+from .base import Task
+
+
+class _SequenceTask(Task):
+    kind = "sequence"
+    n_in = 1
+    n_out = 1
+
+    def __init__(
+        self,
+        dtype,
+        device,
+        seed,
+        n: int = 64,
+        batch: int = 64,
+        operator: bool | str = "auto",
+        nonpositive_bias: bool = False,
+    ):
+        super().__init__(dtype, device, seed)
+        self.n, self.batch, self.operator = n, batch, operator
+        self.nonpositive_bias = nonpositive_bias
+
+    @property
+    def complex(self) -> bool:
+        return self.dtype.is_complex
+
+    def build(self, method: str, method_options: dict) -> nn.Module:
+        if method == "lstm":
+            return LSTMBaseline(self.n_in, self.n, self.n_out).to(self.device)
+        return OrthogonalRNN(
+            self.n_in,
+            self.n,
+            self.n_out,
+            method=method,
+            method_options=method_options,
+            complex=self.complex,
+            init="henaff",
+            operator=self.operator,
+            nonpositive_bias=self.nonpositive_bias,
+            generator=self.generator,
+        ).to(self.device)
+
+    def constrained(self, model: nn.Module) -> nn.Module | None:
+        return getattr(model, "transition", None)
+
+    def weight(self, model: nn.Module) -> torch.Tensor | None:
+        mod = self.constrained(model)
+        return None if mod is None else mod()
+
+
+class Copying(_SequenceTask):
+    r"""The copying memory task (Arjovsky et al. 2016).
+
+    Ten symbols from 1–8, T blanks (0), a marker (9), then the ten symbols must be
+    reproduced: length T + 20, cross-entropy over every position. Outputting blanks
+    and then random symbols gives the baseline 10·log 8 / (T + 20).
+    """
+
+    name = "copying"
+    n_in = 10
+    n_out = 10
+
+    def __init__(self, dtype, device, seed, n: int = 64, batch: int = 64, T: int = 100, **kw):
+        super().__init__(dtype, device, seed, n=n, batch=batch, **kw)
+        self.T = T
+        self.baseline = 10 * math.log(8) / (T + 20)
+
+    def sample(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        T, g = self.T, self.generator
+        seq = torch.randint(1, 9, (batch, 10), generator=g)
+        x = torch.zeros(batch, T + 20, dtype=torch.long)
+        x[:, :10] = seq
+        x[:, T + 10] = 9
+        y = torch.zeros(batch, T + 20, dtype=torch.long)
+        y[:, -10:] = seq
+        return F.one_hot(x, 10).float().to(self.device), y.to(self.device)
+
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        x, y = self.sample(self.batch)
+        logits = model(x, all_steps=True)
+        return F.cross_entropy(logits.reshape(-1, 10), y.reshape(-1))
+
+
+class Adding(_SequenceTask):
+    r"""The adding problem (Hochreiter & Schmidhuber 1997, as in Helfrich et al. 2018).
+
+    Two input channels of length T: values in U[0, 1) and a mask with a one in
+    [0, T/2) and a one in [T/2, T); the target is the sum of the two marked
+    values. Always answering 1 gives the baseline MSE 1/6 ≈ 0.167.
+    """
+
+    name = "adding"
+    n_in = 2
+    n_out = 1
+    baseline = 1 / 6
+
+    def __init__(self, dtype, device, seed, n: int = 64, batch: int = 64, T: int = 100, **kw):
+        super().__init__(dtype, device, seed, n=n, batch=batch, **kw)
+        self.T = T
+
+    def sample(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        T, g = self.T, self.generator
+        vals = torch.rand(batch, T, generator=g)
+        mask = torch.zeros(batch, T)
+        i = torch.randint(0, T // 2, (batch,), generator=g)
+        j = torch.randint(T // 2, T, (batch,), generator=g)
+        rows = torch.arange(batch)
+        mask[rows, i] = 1
+        mask[rows, j] = 1
+        x = torch.stack((vals, mask), -1)
+        return x.to(self.device), (vals * mask).sum(1, keepdim=True).to(self.device)
+
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        x, y = self.sample(self.batch)
+        return F.mse_loss(model(x), y)
+
+
+class Digits(_SequenceTask):
+    """Pixel-by-pixel classification of scikit-learn's bundled 8×8 digits (64 steps).
+
+    1797 images, split 1397 train / 400 test by the seed; ``permute=True`` applies
+    one fixed random permutation to the pixel order (the permuted variant).
+    Real data that is available offline.
+    """
+
+    name = "digits"
+    n_in = 1
+    n_out = 10
+
+    def __init__(self, dtype, device, seed, n: int = 64, batch: int = 64, permute=False, **kw):
+        super().__init__(dtype, device, seed, n=n, batch=batch, **kw)
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "the digits task needs scikit-learn: pip install 'stiefel[compare]'"
+            ) from exc
+        data = load_digits()
+        x = torch.tensor(data.data, dtype=torch.float32) / 16.0
+        y = torch.tensor(data.target, dtype=torch.long)
+        order = torch.randperm(len(y), generator=self.generator)
+        if permute:
+            x = x[:, torch.randperm(64, generator=self.generator)]
+        x = (x - 0.3) / 0.4  # roughly zero mean, unit spread
+        test, train = order[:400], order[400:]
+        self.x_train, self.y_train = x[train, :, None].to(device), y[train].to(device)
+        self.x_test, self.y_test = x[test, :, None].to(device), y[test].to(device)
+        self.baseline = math.log(10)
+
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)
+        return F.cross_entropy(model(self.x_train[idx]), self.y_train[idx])
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        logits = model(self.x_test)
+        return {
+            "test_accuracy": float((logits.argmax(-1) == self.y_test).float().mean()),
+            "test_loss": float(F.cross_entropy(logits, self.y_test)),
+        }

@@ -1,0 +1,221 @@
+r"""The plugin base class :class:`RiemannianOptimizer`.
+
+A Riemannian optimizer is a per-parameter update rule written against a
+:class:`~stiefel.optimizers.geometry.Geometry`; the base class does the rest:
+param groups, hyper-parameter checks, state_dict, closures, skipping
+non-finite gradients, ``repair_every`` and the orthogonality telemetry.
+
+Example (the rule of plain Riemannian SGD)::
+
+    >>> import torch, geoopt
+    >>> from stiefel.manifolds import Stiefel
+    >>> from stiefel.optimizers import RiemannianOptimizer
+    >>> class Plain(RiemannianOptimizer):
+    ...     def __init__(self, params, lr):
+    ...         super().__init__(params, dict(lr=lr, retraction="qr", repair_every=None))
+    ...     def update(self, geo, x, grad, state, group):
+    ...         return geo.descend(x, geo.rgrad(x, grad), group["lr"])
+    >>> w = geoopt.ManifoldParameter(Stiefel(10, 2).random(dtype=torch.float64),
+    ...                              manifold=Stiefel(10, 2))
+    >>> opt = Plain([w], lr=0.1)
+    >>> (w[0, 0] ** 2).backward(); opt.step()
+    >>> bool(Stiefel(10, 2).check_point_on_manifold(w))
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import geoopt
+import torch
+
+from ..manifolds import METRICS, RETRACTIONS
+from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds.kernels import orthogonality_error
+from .geometry import Geometry, _Binder, manifold_of
+
+__all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
+
+
+def check_number(
+    name: str, value: Any, *, low: float = 0.0, high: float = math.inf, closed_high=False
+) -> float:
+    """A finite real number in [low, high) (or [low, high]); else ValueError/TypeError."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    ok = low <= value <= high if closed_high else low <= value < high
+    if not (math.isfinite(value) and ok):
+        bracket = "]" if closed_high else ")"
+        raise ValueError(f"{name}={value!r} is out of range; allowed: [{low}, {high}{bracket}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, allowed: Iterable[str]) -> str:
+    """``value`` if it is one of the strings ``allowed``, else ValueError naming both."""
+    allowed = tuple(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _check_repair(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"repair_every={value!r} is not allowed; allowed: None or an int >= 1")
+
+
+class RiemannianOptimizer(torch.optim.Optimizer):
+    r"""Base of every built-in optimizer and the interface a plugin may implement.
+
+    A subclass implements
+
+    - :meth:`update` ``(geo, x, grad, state, group) -> new x``: the rule for one
+      parameter ``x`` (a detached view) with gradient ``grad``, its ``state``
+      dict (``state["step"]``, a float tensor, already counts this step) and its
+      ``group``; ``geo`` supplies the manifold operations (Riemannian gradient,
+      retraction ``retr(x, -lr * d)`` by the group's ``retraction`` option,
+      transport, component inner product, ...) and is Euclidean for plain tensors;
+    - optionally :meth:`check_group` to validate hyper-parameters (call super).
+
+    Class attribute ``accepts_off_manifold`` (default False) decides whether a
+    manifold parameter off its manifold is refused at construction.
+
+    Constructor options (keyword-only, not hyper-parameters): ``telemetry=True``
+    records after each step the orthogonality error ‖XᴴX − I‖_F of every
+    Stiefel-like parameter, as one tensor per step in :attr:`orthogonality_history`
+    (order of :meth:`manifold_parameters`; no device synchronisation).
+
+    A non-finite gradient skips that parameter's step (its point and state stay
+    unchanged) and warns once per optimizer. ``repair_every=k`` replaces the point
+    by its nearest manifold point (polar factor) after every k-th step.
+    """
+
+    accepts_off_manifold: ClassVar[bool] = False
+
+    def __init__(self, params, defaults: dict, *, telemetry: bool = False):
+        if not isinstance(telemetry, bool):
+            raise TypeError(f"telemetry must be a bool, got {telemetry!r}")
+        self._binders: list[list[_Binder]] = []
+        self.check_group(dict(defaults), defaults=True)
+        self.telemetry = telemetry
+        self.orthogonality_history: list[torch.Tensor] = []
+        self._warned_nonfinite = False
+        super().__init__(params, defaults)
+
+    # ------------------------------------------------------------------ plugin interface
+    def update(
+        self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
+    ) -> torch.Tensor:
+        """Return the new value of parameter ``x`` (see the class docstring)."""
+        raise NotImplementedError
+
+    def check_group(self, group: dict, defaults: bool = False) -> None:
+        """Validate a param group's hyper-parameters (ValueError/TypeError naming them)."""
+        if "lr" in group:
+            check_number("lr", group["lr"])
+        if "metric" in group and group["metric"] is not None:
+            check_choice("metric", group["metric"], METRICS)
+        if "retraction" in group:
+            check_choice("retraction", group["retraction"], RETRACTIONS)
+        _check_repair(group.get("repair_every"))
+
+    # ------------------------------------------------------------------ groups
+    def add_param_group(self, param_group: dict) -> None:
+        group = dict(param_group)
+        params = group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        merged = {**self.defaults, **group}
+        self.check_group(merged)
+        binders = []
+        for i, p in enumerate(params):
+            man = manifold_of(p)
+            if man is not None and not self.accepts_off_manifold:
+                self._check_on_manifold(i, p, man)
+            binders.append(_Binder(man))
+        group["params"] = params
+        super().add_param_group(group)
+        self._binders.append(binders)
+
+    def _check_on_manifold(self, i: int, p: torch.Tensor, man) -> None:
+        ok, reason = man.check_point_on_manifold(p.detach(), explain=True)
+        if not ok and not isinstance(man, _OurStiefel) and isinstance(man, geoopt.Stiefel):
+            dist = float(orthogonality_error(p.detach()).max())
+            reason = f"{reason}; ‖XᴴX − I‖_F = {dist:.3e}"
+        if not ok:
+            raise ValueError(
+                f"parameter {i} of the new param group is not on its manifold {man!r}: {reason}. "
+                f"{type(self).__name__} needs points on the manifold (project with "
+                f"manifold.projx, or use 'landing', which accepts points off it)"
+            )
+
+    def manifold_parameters(self) -> list[torch.Tensor]:
+        """Parameters whose geometry is Stiefel-like, in param-group order."""
+        return [
+            p
+            for group, binders in zip(self.param_groups, self._binders, strict=True)
+            for p, b in zip(group["params"], binders, strict=True)
+            if b.bind(group).stiefel
+        ]
+
+    # ------------------------------------------------------------------ stepping
+    @staticmethod
+    @torch.compiler.disable
+    def _nonfinite(grad: torch.Tensor) -> bool:
+        # Note [One reduction for the finiteness test]: the sum of finite entries is
+        # finite unless it overflows, so one reduction decides the common case. The
+        # answer steers Python control flow: it runs eagerly (a graph break under
+        # torch.compile) and costs one host synchronisation per parameter.
+        if bool(torch.isfinite(grad.sum())):
+            return False
+        return not bool(torch.isfinite(grad).all())
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One step for every parameter with a gradient; returns ``closure()``'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        errors = []
+        with torch.no_grad():
+            for group, binders in zip(self.param_groups, self._binders, strict=True):
+                k = group.get("repair_every")
+                for i, (p, binder) in enumerate(zip(group["params"], binders, strict=True)):
+                    geo = binder.bind(group)
+                    if p.grad is not None:
+                        self._step_one(i, p, geo, group, k)
+                    if self.telemetry and geo.stiefel:
+                        errors.append(geo.error(p).detach().reshape(-1).max())
+        if self.telemetry and errors:
+            dev = errors[0].device
+            self.orthogonality_history.append(torch.stack([e.float().to(dev) for e in errors]))
+        return loss
+
+    def _step_one(self, i: int, p: torch.Tensor, geo: Geometry, group: dict, k) -> None:
+        grad = p.grad
+        if grad.is_sparse:
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+        if self._nonfinite(grad):
+            if not self._warned_nonfinite:
+                warnings.warn(
+                    f"{type(self).__name__}: a parameter (index {i} of its group, shape "
+                    f"{tuple(p.shape)}) has a non-finite gradient; its step is skipped "
+                    "(warned once per optimizer)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self._warned_nonfinite = True
+            return
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+        state["step"] += 1
+        new = self.update(geo, p.detach(), grad, state, group)
+        if k is not None and int(state["step"]) % k == 0:
+            new = geo.project(new)
+        p.copy_(new)

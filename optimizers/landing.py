@@ -1,0 +1,97 @@
+r"""The retraction-free landing method (``"landing"``).
+
+Ablin & Peyré 2022 (O(n)); Ablin, Vary, Gao & Absil 2024 (St(N, M)).
+
+Example::
+
+    >>> import torch, geoopt
+    >>> from stiefel.manifolds import Stiefel
+    >>> from stiefel import optimizers
+    >>> st = Stiefel(50, 3)
+    >>> x0 = st.random(dtype=torch.float64) + 0.05 * torch.randn(50, 3, dtype=torch.float64)
+    >>> w = geoopt.ManifoldParameter(x0, manifold=st)  # off the manifold: accepted
+    >>> opt = optimizers.create("landing", [w], lr=0.1)
+    >>> for _ in range(200):
+    ...     opt.zero_grad(); (0 * w).sum().backward(); opt.step()
+    >>> bool(st.orthogonality_error(w.detach()) < 1e-10)
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import RiemannianOptimizer, check_number
+from .geometry import Geometry
+from .kernels import landing_direction, landing_safe_step
+from .registry import register
+
+__all__ = ["Landing"]
+
+
+@register("landing")
+class Landing(RiemannianOptimizer):
+    r"""Landing: X ← X − η(skew(GXᴴ)X + λX(XᴴX − I)), no retraction.
+
+    The first term follows the (relative) Riemannian gradient, the second pulls
+    X back to the manifold; both cost O(NM²) (Note [Landing field in O(NM²)] in
+    :mod:`stiefel.optimizers.kernels`). With ``safe_step=True`` the step is
+    η = min(lr, η*(X)), which keeps ‖XᴴX − I‖_F ≤ ε once inside that region and
+    brings an iterate started outside it back without overshooting (Note [Safe
+    step of the landing method]). The iterate is near, not on, the manifold: at
+    a fixed point of a noisy gradient the distance is about η‖skew(GXᴴ)X‖²/(2λ).
+    A point off the manifold is accepted at construction. Plain tensors get
+    gradient descent; non-Stiefel geoopt manifolds a Riemannian gradient step.
+
+    Args:
+        params: parameters or param groups.
+        lr: step size (≥ 0).
+        attraction: λ > 0.
+        eps: ε in (0, 1), the radius of the safe region.
+        safe_step: cap the step at η*(X).
+        repair_every: re-project (polar) after every k-th step, or None.
+        telemetry: record the orthogonality error per step (keyword-only).
+    """
+
+    accepts_off_manifold = True
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        attraction: float = 1.0,
+        eps: float = 0.5,
+        safe_step: bool = True,
+        repair_every: int | None = None,
+        *,
+        telemetry: bool = False,
+    ):
+        defaults = dict(
+            lr=lr, attraction=attraction, eps=eps, safe_step=safe_step, repair_every=repair_every
+        )
+        super().__init__(params, defaults, telemetry=telemetry)
+
+    def check_group(self, group: dict, defaults: bool = False) -> None:
+        super().check_group(group, defaults)
+        if check_number("attraction", group["attraction"]) <= 0:
+            raise ValueError(f"attraction={group['attraction']!r} is out of range; allowed: > 0")
+        if check_number("eps", group["eps"], high=1.0) <= 0:
+            raise ValueError(f"eps={group['eps']!r} is out of range; allowed: (0, 1)")
+        if not isinstance(group["safe_step"], bool):
+            raise TypeError(
+                f"safe_step={group['safe_step']!r} is not allowed; allowed: True, False"
+            )
+
+    def update(
+        self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
+    ) -> torch.Tensor:
+        lr = group["lr"]
+        if not geo.stiefel:
+            return geo.gradient_step(x, grad, lr)
+        lam = group["attraction"]
+        field, dist, psi2 = landing_direction(x, grad, lam)
+        if group["safe_step"]:
+            eta = landing_safe_step(field, dist, psi2, lr, lam, group["eps"])
+        else:
+            eta = lr
+        return x - eta * field

@@ -1,0 +1,41 @@
+r"""Orthogonality telemetry for any optimizer (torch's and geoopt's included).
+
+Example::
+
+    >>> import torch, geoopt
+    >>> from stiefel.manifolds import Stiefel
+    >>> from stiefel.optimizers import orthogonality_errors
+    >>> st = Stiefel(20, 3)
+    >>> w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    >>> opt = torch.optim.SGD([w, torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    >>> orthogonality_errors(opt).shape
+    torch.Size([1])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..manifolds.kernels import orthogonality_error
+from .geometry import geometry_for
+
+__all__ = ["orthogonality_errors"]
+
+
+def orthogonality_errors(optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """‖XᴴX − I‖_F (max over a batch) of each Stiefel-like parameter of ``optimizer``.
+
+    Works for every ``torch.optim.Optimizer``; the order is the param-group
+    order. Returns an empty tensor when there is no such parameter. For this
+    package's optimizers, ``telemetry=True`` records the same values after
+    every step without a call.
+    """
+    out = []
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if geometry_for(p, group).stiefel:
+                    out.append(orthogonality_error(p.detach()).reshape(-1).max().float())
+    if not out:
+        return torch.zeros(0)
+    return torch.stack([e.to(out[0].device) for e in out])

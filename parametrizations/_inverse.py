@@ -1,0 +1,245 @@
+r"""Right inverses: parameters that map back to a given point of St(n, m).
+
+Everything here runs once per assignment (``module.weight = Q``), not per step;
+the callers work in float64 / complex128 and cast back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["reflections_from_point", "complete", "cayley_scaling", "Unreachable"]
+
+
+class Unreachable(ValueError):
+    """The point is not in the image of the map with the given options."""
+
+
+def _phase(x: torch.Tensor) -> torch.Tensor:
+    p = torch.sgn(x)
+    return torch.where(p == 0, torch.ones_like(p), p)
+
+
+def _reflect(r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # H(v) R for R (n, k), v (n,)
+    return r - (2 / torch.vdot(v, v).real) * torch.outer(v, v.conj() @ r)
+
+
+def _stable(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    r"""Householder elimination of every column: Q = H(v₁)⋯H(v_m)[diag(d); 0].
+
+    Note [Stable reflections for the right inverse]
+    Column k of the partly reduced R is x (zero above row k, ‖x‖ = 1). The
+    reflection with v = x + phase(x_k)·e_k maps x to −phase(x_k)·e_k; because
+    |v_k| = 1 + |x_k| ≥ 1 there is no cancellation and v is never small, so
+    every H(v) is a genuine, well-conditioned reflection (even for x = ±e_k).
+    The reflections fix the columns already reduced (v is zero above row k),
+    so after m steps R = [diag(d); 0] with d_k = −phase(x_k): a sign (real) or
+    a phase (complex). For square Q the last step reflects the scalar x_n: the
+    H₁ sign of the Householder paper. Theorem 1 of that paper (surjectivity onto
+    O(n)) is the statement that this elimination always succeeds.
+    """
+    n, m = q.shape
+    r = q.clone()
+    vs, d = [], torch.empty(m, dtype=q.dtype)
+    for k in range(m):
+        x = r[k:, k]
+        ph = _phase(x[0])
+        v = torch.zeros(n, dtype=q.dtype)
+        v[k:] = x
+        v[k] = v[k] + ph * torch.linalg.vector_norm(x)
+        r[:, k:] = _reflect(r[:, k:], v)
+        vs.append(v)
+        d[k] = -ph
+    return vs, d
+
+
+def _greedy(q: torch.Tensor, budget: int, tol: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    r"""At most ``budget`` reflections with Q = H(v₁)⋯H(v_r)[diag(d); 0], or raise Unreachable.
+
+    Note [Fewer reflections than columns]
+    A reflection changes R − E by a rank-one term, so a point needs at least
+    rank(Q − E_d) reflections. Greedily, the column j farthest from its target
+    d_j e_j (d_j the phase of R_jj) is sent onto it by v = R_j − d_j e_j (a
+    valid reflection as ‖R_j‖ = 1 and d̄_j R_jj is real). Later reflections
+    have v orthogonal to the columns already placed, so each step fixes one
+    more column for good; the loop stops once every column is within ``tol``.
+    """
+    n, m = q.shape
+    r = q.clone()
+    idx = torch.arange(m)
+    vs: list[torch.Tensor] = []
+    while True:
+        d = _phase(r[idx, idx])
+        res = r.clone()
+        res[idx, idx] -= d
+        norms = torch.linalg.vector_norm(res, dim=0)
+        j = int(torch.argmax(norms))
+        if float(norms[j]) <= tol:
+            return vs, d
+        if len(vs) == budget:
+            raise Unreachable(
+                f"the point is not reachable with reflections={budget}: after {budget} "
+                f"reflections a column is still {float(norms[j]):.3e} from its target"
+            )
+        v = res[:, j]
+        r = _reflect(r, v)
+        vs.append(v)
+
+
+def _real_pick(m: torch.Tensor) -> torch.Tensor:
+    # the column of M − I of largest norm: x = e_j has Mx ≠ x as far as possible
+    j = int(torch.argmax(torch.linalg.vector_norm(m - torch.eye(m.shape[0], dtype=m.dtype), dim=0)))
+    return torch.eye(m.shape[0], dtype=m.dtype)[:, j]
+
+
+def _complex_pick(m: torch.Tensor) -> torch.Tensor:
+    # a unit x with xᴴMx real: two eigenvectors on either side of the real axis
+    lam, vec = torch.linalg.eig(m)
+    lam, vec = lam.to(m.dtype), vec.to(m.dtype)
+    moved = (lam - 1).abs() > 1e-6  # eigenvalue 1: the directions already fixed
+    im = lam.imag
+    a = int(torch.argmax(torch.where(moved, im, torch.full_like(im, -torch.inf))))
+    b = int(torch.argmin(torch.where(moved, im, torch.full_like(im, torch.inf))))
+    ia, ib = float(lam[a].imag), float(lam[b].imag)
+    if ia < -1e-9 or ib > 1e-9:  # the numerical range misses the real axis
+        raise Unreachable(
+            "the point is not a product of complex reflections with this phase buffer"
+        )
+    ia, ib = max(ia, 0.0), min(ib, 0.0)
+    if ia - ib <= 1e-9:  # a real eigenvalue (−1): its eigenvector
+        return vec[:, a if abs(float(lam[a].imag)) <= abs(float(lam[b].imag)) else b]
+    x = (-ib) ** 0.5 * vec[:, a] + ia**0.5 * vec[:, b]
+    return x / torch.linalg.vector_norm(x)
+
+
+def _fixed_square(
+    q: torch.Tensor, d: torch.Tensor, budget: int, tol: float
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    r"""Q = H(v₁)⋯H(v_r)·diag(d) with the given d, r = rank(QD⁻¹ − I) ≤ budget, or Unreachable.
+
+    Note [Fewer reflections: rank reduction]
+    A product of L reflections differs from I by rank ≤ L, so P = QD⁻¹ is
+    reachable only if r = rank(P − I) ≤ L. Conversely, on W = range(P − I)
+    (P is normal, so W ⊥ fix(P) and PW = W), any x ∈ W with xᴴPx real and
+    Px ≠ x gives the reflection H(Px − x), which swaps Px and x and fixes
+    fix(P) (Px − x ⊥ fix(P)); H·P then fixes x too: the rank drops by one. Real
+    x always qualifies (the column of P − I of largest norm); for complex P, x
+    mixes two eigenvectors of P|_W whose eigenvalues lie on either side of the
+    real axis, weighted so that Im xᴴPx = 0. Everything runs in an orthonormal
+    basis of W, so each step costs O(r³), not O(n³).
+    """
+    n = q.shape[-1]
+    p = q * d.conj().unsqueeze(-2)
+    u, s, _ = torch.linalg.svd(p - torch.eye(n, dtype=p.dtype))
+    r = int((s > tol).sum())
+    if r > budget:
+        raise Unreachable(
+            f"the point is not reachable with reflections={budget}: Q·D⁻¹ − I has rank {r} "
+            f"(singular values above {tol:.1e}: {s[:r].tolist()[:4]}...)"
+        )
+    basis = u[:, :r]
+    m = basis.mH @ p @ basis
+    vs = []
+    pick = _complex_pick if q.is_complex() else _real_pick
+    for _ in range(r):
+        x = pick(m)
+        v = m @ x - x
+        m = _reflect(m, v)
+        vs.append(basis @ v)
+    return vs, d
+
+
+def reflections_from_point(
+    q: torch.Tensor,
+    reflections: int,
+    tol: float,
+    generator: torch.Generator | None = None,
+    diagonal: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""V (…, n, L) and d (…, m) with H(v₁)⋯H(v_L)[diag(d); 0] = Q, for each matrix of a batch.
+
+    With L ≥ m (L = n for square Q) the stable elimination always succeeds and
+    chooses d. With fewer reflections on a square Q the current ``diagonal``
+    (default: ones) is kept, up to the sign of its first entry (Note [Padding to
+    exactly L reflections]), and :class:`Unreachable` is raised when QD⁻¹ is not
+    a product of L reflections (Note [Fewer reflections: rank reduction]); on a
+    tall Q a greedy search chooses d (Note [Fewer reflections than columns]).
+
+    Note [Padding to exactly L reflections]
+    A decomposition with r < L reflections is padded: if L − r is odd, by
+    H(e₁) with d₁ → −d₁ (H(e₁)E_d' = E_d since E_d has a single entry d₁ in row 1);
+    then by pairs H(w)H(w) = I, or, for a tall Q (m < n), by reflections
+    supported on the rows m+1…n, which fix E_d. The w are random (from a fixed
+    seed unless a generator is given) so that no two columns start out equal.
+    """
+    batch, (n, m) = q.shape[:-2], q.shape[-2:]
+    flat = q.reshape(-1, n, m)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    full = reflections >= m
+    if diagonal is None:
+        diagonal = torch.ones(*batch, m, dtype=q.dtype)
+    diag = diagonal.to(q.dtype).expand(*batch, m).reshape(-1, m)
+    out_v, out_d = [], []
+    for qi, di in zip(flat, diag, strict=False):
+        if full:
+            vs, d = _stable(qi)
+        elif m == n:
+            vs, d = _fixed_square(qi, di, reflections, tol)
+        else:
+            vs, d = _greedy(qi, reflections, tol)
+        extra = reflections - len(vs)
+        if m < n:
+            for _ in range(extra):
+                w = torch.zeros(n, dtype=q.dtype)
+                w[m:] = torch.randn(n - m, generator=gen, dtype=w.real.dtype).to(w.dtype)
+                vs.append(w)
+        else:
+            if extra % 2:
+                vs.append(torch.eye(n, dtype=q.dtype)[:, 0])
+                d = d.clone()
+                d[0] = -d[0]
+                extra -= 1
+            for _ in range(extra // 2):
+                w = torch.randn(n, generator=gen, dtype=q.real.dtype).to(q.dtype)
+                vs += [w, w.clone()]
+        out_v.append(torch.stack(vs, dim=-1))
+        out_d.append(d)
+    v = torch.stack(out_v).reshape(*batch, n, reflections)
+    return v, torch.stack(out_d).reshape(*batch, m)
+
+
+def complete(q: torch.Tensor) -> torch.Tensor:
+    """A square unitary P whose first m columns are Q (Q itself if square)."""
+    n, m = q.shape[-2:]
+    if m == n:
+        return q
+    full, r = torch.linalg.qr(q, mode="complete")
+    return torch.cat((q, full[..., m:]), dim=-1)
+
+
+def cayley_scaling(p: torch.Tensor) -> torch.Tensor:
+    r"""Signs / phases d with I + P·diag(d) well conditioned (Kahan 2006, scoRNN / scuRNN).
+
+    Note [Choosing the scaling D of the scaled Cayley transform]
+    Every unitary P equals (I + A)⁻¹(I − A)D with K = PD⁻¹ having no
+    eigenvalue −1, i.e. I + PD̄ invertible (D̄ = D⁻¹). Gaussian elimination on
+    M = I + P·diag(c) is run column by column: after the row operations so far,
+    column j of M is a + c_j b (a from I, b from P), so the pivot is a_j + c_j b_j;
+    choosing c_j = phase(a_j b̄_j) makes |pivot| = |a_j| + |b_j|, never smaller
+    than without the scaling. Returning d = c̄ gives I + P D⁻¹ = M. This is the
+    constructive proof of Kahan's theorem (Theorem 1 of the scaled Cayley paper).
+    """
+    n = p.shape[-1]
+    aw = torch.eye(n, dtype=p.dtype).expand_as(p).clone()
+    bw = p.clone()
+    c = torch.empty(p.shape[:-1], dtype=p.dtype)
+    for j in range(n):
+        a, b = aw[..., j:, j], bw[..., j:, j]
+        cj = _phase(a[..., 0] * b[..., 0].conj())
+        c[..., j] = cj
+        col = a + cj.unsqueeze(-1) * b
+        ell = (col[..., 1:] / col[..., :1]).unsqueeze(-1)
+        aw[..., j + 1 :, j + 1 :] -= ell * aw[..., j : j + 1, j + 1 :]
+        bw[..., j + 1 :, j + 1 :] -= ell * bw[..., j : j + 1, j + 1 :]
+    return c.conj()

@@ -1,0 +1,182 @@
+r"""Maps through an n×n skew-Hermitian matrix: ``exp``, ``cayley`` and ``scaled_cayley``.
+
+The original is a free (…, n, n) tensor X of which only the strict upper
+triangle (and, if complex, the imaginary part of the diagonal) is used:
+A = X₊ − X₊ᴴ (+ i·Im diag X) is skew-symmetric (real) or skew-Hermitian
+(complex). On St(N, M) these maps return the first M columns of an N×N
+orthogonal or unitary matrix, so they cost O(N³) whatever M is (prefer
+``tcwy`` for thin matrices).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import kernels
+from ._inverse import Unreachable, cayley_scaling, complete
+from .base import OrthogonalMap, high, register
+
+__all__ = ["Exp", "Cayley", "ScaledCayley"]
+
+
+class _Based(OrthogonalMap):
+    r"""A map A ↦ f(A)·B (or B·f(A)) with a fixed base point B in a buffer.
+
+    Note [The base point makes every point reachable]
+    expm is onto SO(n) but not onto O(n) (det expm(A) = 1), and the Cayley
+    transform misses every matrix with eigenvalue −1 (−I included). Writing
+    Q = B·f(A) with B = Q at assignment and A = 0 reaches every Q, det −1 and
+    −I included, and starts training where f is best conditioned (A = 0: the
+    differential of f is the identity). ``right_inverse`` therefore re-bases:
+    it stores B (the target, completed to N×N if needed) and returns A = 0.
+    B is a persistent buffer, saved in the ``state_dict``.
+    """
+
+    base_columns_full = True
+
+    def __init__(self, shape, dtype: torch.dtype, device: torch.device | str | None = None):
+        super().__init__(shape, dtype, device)
+        cols = self.n if self.base_columns_full else self.m
+        eye = torch.eye(self.n, cols, dtype=dtype, device=device)
+        self.register_buffer("base", eye.expand(*self.batch, self.n, cols).clone())
+
+    def inverse(self, q: torch.Tensor) -> torch.Tensor:
+        p = complete(high(q)) if self.base_columns_full else high(q)
+        with torch.no_grad():
+            self.base.copy_(p.to(self.base.dtype))
+        return torch.zeros(*self.batch, self.n, self.n, dtype=q.dtype, device=q.device)
+
+
+@register("exp")
+class Exp(_Based):
+    r"""Q = (B·expm(A))[:, :m], A skew-symmetric / skew-Hermitian, B a fixed base (buffer).
+
+    O(n³) per call (``torch.linalg.matrix_exp``), also on St(n, m).
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> q = -torch.eye(3, dtype=torch.float64)          # det −1, not reachable by expm
+        >>> w = orthogonalize(q.clone(), method="exp")
+        >>> bool(torch.allclose(w(), q))
+        True
+    """
+
+    def matrix(self, original: torch.Tensor) -> torch.Tensor:
+        return kernels.exp_map(kernels.skew_from_raw(original), self.base, self.m)
+
+
+@register("cayley")
+class Cayley(_Based):
+    r"""Q = (I + A)⁻¹(I − A)·B through one LU solve, B a fixed base (buffer).
+
+    O(n³) per call, also on St(n, m) (B then has m columns).
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> w = orthogonalize(torch.randn(5, 3, dtype=torch.complex128), method="cayley")
+        >>> w.manifold
+        Stiefel(n=5, m=3, complex=True, metric='euclidean')
+    """
+
+    base_columns_full = False
+
+    def matrix(self, original: torch.Tensor) -> torch.Tensor:
+        return kernels.cayley_map(kernels.skew_from_raw(original), self.base)
+
+
+@register("scaled_cayley")
+class ScaledCayley(OrthogonalMap):
+    r"""W = ((I + A)⁻¹(I − A)·D)[:, :m]: scoRNN (real) and scuRNN (complex).
+
+    Real: D = diag(±1) is a fixed buffer. With ``negatives=ρ`` it holds ρ
+    entries −1 (the last ones), as in scoRNN, and ``right_inverse`` raises
+    ValueError when a point is not reachable with that D; by default
+    (``negatives=None``) ``right_inverse`` chooses D so that every point is
+    reachable (Note [Choosing the scaling D of the scaled Cayley transform]).
+    Complex: D = diag(e^{iθ}) with θ a trainable parameter (scuRNN); its
+    gradient is the closed form of Theorem 2 of the scaled Cayley paper,
+    ∂L/∂θ = 2 Re(i((∂L/∂W)ᵀK) ⊙ I)d, K = (I + A)⁻¹(I − A). O(n³) per call.
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> w = orthogonalize(torch.eye(4), method="scaled_cayley", negatives=2)
+        >>> w.parametrizations.weight[0].scaling
+        tensor([ 1.,  1., -1., -1.])
+    """
+
+    def __init__(
+        self,
+        shape,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+        negatives: int | None = None,
+    ):
+        super().__init__(shape, dtype, device)
+        if negatives is not None:
+            if self.is_complex:
+                raise ValueError(
+                    f"negatives={negatives!r} is a real-only option (scoRNN's fixed ±1 scaling); "
+                    "complex weights train the phases of D; allowed for complex: negatives=None"
+                )
+            if (
+                isinstance(negatives, bool)
+                or not isinstance(negatives, int)
+                or not 0 <= negatives <= self.m
+            ):
+                raise ValueError(
+                    f"negatives={negatives!r} is out of range; allowed: None or an int "
+                    f"with 0 <= negatives <= {self.m}"
+                )
+        self.negatives = negatives
+        real = torch.empty((), dtype=dtype).real.dtype
+        if self.is_complex:
+            self.phases = nn.Parameter(torch.zeros(*self.batch, self.m, dtype=real, device=device))
+        else:
+            d = torch.ones(*self.batch, self.m, dtype=real, device=device)
+            if negatives:
+                d[..., self.m - negatives :] = -1
+            self.register_buffer("scaling", d)
+
+    def diagonal(self) -> torch.Tensor:
+        if self.is_complex:
+            return torch.polar(torch.ones_like(self.phases), self.phases)
+        return self.scaling
+
+    def matrix(self, original: torch.Tensor) -> torch.Tensor:
+        return kernels.scaled_cayley_map(kernels.skew_from_raw(original), self.diagonal())
+
+    def inverse(self, q: torch.Tensor) -> torch.Tensor:
+        p = complete(high(q))
+        d = cayley_scaling(p)
+        if self.negatives is not None:
+            d[..., : self.m] = self.scaling.to(d.dtype).cpu().to(d.device)
+        eye = torch.eye(self.n, dtype=p.dtype)
+        k = p * d.conj().unsqueeze(-2)  # K = P D⁻¹
+        a, info = torch.linalg.solve_ex(eye + k, eye - k)
+        if bool((info != 0).any()):
+            a = torch.full_like(a, float("nan"))
+        a = 0.5 * (a - a.mH)
+        raw = kernels.raw_from_skew(a)
+        check = kernels.scaled_cayley_map(kernels.skew_from_raw(raw), d[..., : self.m])
+        err = float(torch.linalg.matrix_norm(check - p[..., : self.m]).max())
+        if not err <= self.tolerance(q.dtype) or not torch.isfinite(a).all():
+            raise Unreachable(
+                f"the point is not reachable with negatives={self.negatives} (I + QD⁻¹ is "
+                f"singular or ill-conditioned; error {err:.3e}); use negatives=None"
+            )
+        with torch.no_grad():
+            if self.is_complex:
+                self.phases.copy_(torch.angle(d[..., : self.m]))
+            else:
+                self.scaling.copy_(d[..., : self.m].real)
+        return raw.to(dtype=q.dtype, device=q.device)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", negatives={self.negatives}"

@@ -1,0 +1,215 @@
+r"""Pure tensor kernels of the maps onto O(n), U(n) and St(N, M).
+
+Plain functions of plain tensors (leading batch dimensions allowed, real or
+complex), with no argument checking, separate from the ``nn.Module`` classes
+that use them, so they can be tested, benchmarked and compiled alone.
+
+Notation: the reflection H(v) = I − 2vvᴴ/‖v‖²; V = [v₁ … v_L] of shape
+(…, n, L); U = V with normalised columns; d a vector of m signs (real) or
+phases (complex) and E_d = [diag(d); 0] of shape (n, m). Every reflection map
+here is Q = H(v₁)⋯H(v_L)·E_d, which lies on St(n, m) (O(n) or U(n) if m = n).
+
+Example::
+
+    >>> import torch
+    >>> from stiefel.parametrizations import kernels
+    >>> v = torch.randn(6, 6, dtype=torch.float64)
+    >>> q = kernels.cwy_matrix(v)
+    >>> bool(torch.allclose(q, kernels.householder_matrix(v)))
+    True
+    >>> bool(torch.allclose(q.mT @ q, torch.eye(6, dtype=torch.float64)))
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
+
+__all__ = [
+    "normalize_columns",
+    "cwy_triangle",
+    "wy_triangle",
+    "embed_diagonal",
+    "cwy_matrix",
+    "tcwy_matrix",
+    "cwy_apply",
+    "cwy_linear",
+    "householder_apply",
+    "householder_matrix",
+    "householder_linear",
+    "skew_from_raw",
+    "raw_from_skew",
+    "exp_map",
+    "cayley_map",
+    "scaled_cayley_map",
+]
+
+
+def normalize_columns(v: torch.Tensor) -> torch.Tensor:
+    """U = V with every column divided by its Euclidean norm."""
+    return v / torch.linalg.vector_norm(v, dim=-2, keepdim=True)
+
+
+def cwy_triangle(u: torch.Tensor) -> torch.Tensor:
+    r"""S = ½I + striu(UᴴU) for unit columns U (CWY paper, Theorem 2)."""
+    eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
+    return torch.triu(u.mH @ u, 1) + 0.5 * eye
+
+
+def embed_diagonal(d: torch.Tensor | None, n: int, m: int, like: torch.Tensor) -> torch.Tensor:
+    """E_d = [diag(d); 0] of shape (…, n, m); [I; 0] when ``d`` is None."""
+    e = torch.eye(n, m, dtype=like.dtype, device=like.device)
+    return e if d is None else e * d.unsqueeze(-2).to(like.dtype)
+
+
+def cwy_matrix(
+    v: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None
+) -> torch.Tensor:
+    r"""Q = (I − U S⁻¹ Uᴴ) E_d through a triangular solve, shape (…, n, m).
+
+    Note [Truncated CWY never forms n×n]
+    (I − US⁻¹Uᴴ)E_d = E_d − U S⁻¹ (U₁ᴴ diag(d)) with U₁ the first m rows of U
+    (CWY paper, Theorem 3; the diagonal d generalises its [I; 0]). The cost is
+    O(nL² + L²m + nLm); no n×n matrix appears when m < n. S is upper
+    triangular with diagonal ½, so the solve is a back substitution and never
+    fails. With m = n this is the compact WY form of the square map.
+    """
+    n = v.shape[-2]
+    m = n if m is None else m
+    u = normalize_columns(v)
+    rhs = u[..., :m, :].mH
+    if d is not None:
+        rhs = rhs * d.unsqueeze(-2).to(rhs.dtype)
+    w = torch.linalg.solve_triangular(cwy_triangle(u), rhs, upper=True)
+    return embed_diagonal(d, n, m, u) - u @ w
+
+
+def tcwy_matrix(v: torch.Tensor, m: int, d: torch.Tensor | None = None) -> torch.Tensor:
+    r"""T-CWY γ(V) = [I; 0] − U S⁻¹ U₁ᴴ on St(n, m) (with phases: E_d − U S⁻¹ U₁ᴴ diag(d)).
+
+    Example::
+
+        >>> import torch
+        >>> q = tcwy_matrix(torch.randn(100, 4, dtype=torch.float64), 4)
+        >>> q.shape, bool(torch.allclose(q.mT @ q, torch.eye(4, dtype=torch.float64)))
+        (torch.Size([100, 4]), True)
+    """
+    return cwy_matrix(v, d, m)
+
+
+def cwy_apply(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    r"""(I − U S⁻¹ Uᴴ)·X for X of shape (…, n, p), in O(nLp): u = UᴴX, w = S⁻¹u, X − Uw."""
+    u = normalize_columns(v)
+    return x - u @ torch.linalg.solve_triangular(cwy_triangle(u), u.mH @ x, upper=True)
+
+
+def cwy_linear(
+    v: torch.Tensor, x: torch.Tensor, d: torch.Tensor | None = None, transposed: bool = False
+) -> torch.Tensor:
+    r"""``F.linear(x, W)`` for W = (I − US⁻¹Uᴴ)E_d (or Wᵀ if ``transposed``), W never formed.
+
+    Note [Operator form in row layout]
+    ``F.linear`` computes x Wᵀ for rows x. For W = Q (n×m), x ∈ (…, m):
+    x Qᵀ = [x·d, 0] − ((x·d) Ū₁) S⁻ᵀ Uᵀ, with (x·d)Ū₁ = x (U₁ᴴ diag d)ᵀ.
+    For W = Qᵀ (m×n), x ∈ (…, n): x Q = (x − (x U) S⁻¹ Uᴴ) E_d, of which
+    only the first m columns are needed. Both are O(nL) per row plus one L×L
+    triangular solve shared by all rows (CWY paper §3.1: u = Uᴴh, S⁻¹u, h − U·).
+    """
+    n, _ = v.shape[-2:]
+    u = normalize_columns(v)
+    s = cwy_triangle(u)
+    if not transposed:
+        m = x.shape[-1]
+        xd = x if d is None else x * d.unsqueeze(-2).to(x.dtype)
+        c = xd @ u[..., :m, :].conj()
+        w = torch.linalg.solve_triangular(s.mT, c, upper=False, left=False)
+        pad = torch.nn.functional.pad(xd, (0, n - m))
+        return pad - w @ u.mT
+    m = n if d is None else d.shape[-1]
+    w = torch.linalg.solve_triangular(s, x @ u, upper=True, left=False)
+    y = x[..., :m] - w @ u[..., :m, :].mH
+    return y if d is None else y * d.unsqueeze(-2).to(y.dtype)
+
+
+def householder_matrix(
+    v: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None, block: int = DEFAULT_BLOCK
+) -> torch.Tensor:
+    r"""Q = H(v₁)⋯H(v_L) E_d by reflections applied one block after another (custom backward)."""
+    n = v.shape[-2]
+    m = n if m is None else m
+    return householder_apply(v, embed_diagonal(d, n, m, v), block)
+
+
+def householder_linear(
+    v: torch.Tensor,
+    x: torch.Tensor,
+    d: torch.Tensor | None = None,
+    transposed: bool = False,
+    block: int = DEFAULT_BLOCK,
+) -> torch.Tensor:
+    r"""``F.linear(x, W)`` for W = H(v₁)⋯H(v_L)E_d (or its transpose), W never formed.
+
+    Note [Transpose of a product of reflections]
+    H(v)ᵀ = H(v̄), so (H(v₁)⋯H(v_L))ᵀ = H(v̄_L)⋯H(v̄₁): the transposed operator
+    is the same kernel on the conjugated vectors in reverse order.
+    """
+    n = v.shape[-2]
+    if not transposed:
+        m = x.shape[-1]
+        xd = x if d is None else x * d.unsqueeze(-2).to(x.dtype)
+        pad = torch.nn.functional.pad(xd, (0, n - m))
+        return householder_apply(v, pad.mT, block).mT
+    m = n if d is None else d.shape[-1]
+    y = householder_apply(v.conj().flip(-1), x.mT, block).mT[..., :m]
+    return y if d is None else y * d.unsqueeze(-2).to(y.dtype)
+
+
+# --------------------------------------------------------------------------- skew matrices
+def skew_from_raw(x: torch.Tensor) -> torch.Tensor:
+    r"""The skew-Hermitian A = X₊ − X₊ᴴ (+ i·Im diag X if complex), X₊ the strict upper triangle.
+
+    Only the strict upper triangle (and, for complex X, the imaginary part of
+    the diagonal) is read, so A has exactly dim 𝔬(n) or 𝔲(n) free parameters.
+    """
+    a = torch.triu(x, 1)
+    a = a - a.mH
+    if x.is_complex():
+        a = a + torch.diag_embed(1j * torch.diagonal(x, dim1=-2, dim2=-1).imag)
+    return a
+
+
+def raw_from_skew(a: torch.Tensor) -> torch.Tensor:
+    """Right inverse of :func:`skew_from_raw`: the upper triangle of A, imaginary diagonal."""
+    x = torch.triu(a, 1)
+    if a.is_complex():
+        x = x + torch.diag_embed(1j * torch.diagonal(a, dim1=-2, dim2=-1).imag)
+    return x
+
+
+def _eye(a: torch.Tensor) -> torch.Tensor:
+    return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+
+
+def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.Tensor:
+    r"""Q = (B·expm(A))[:, :m] for skew-Hermitian A (O(n³)); B carries the determinant."""
+    m = a.shape[-1] if m is None else m
+    return base @ torch.linalg.matrix_exp(a)[..., :m]
+
+
+def cayley_map(a: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    r"""Q = (I + A)⁻¹(I − A)·B for skew-Hermitian A and B of shape (…, n, m), by one LU solve.
+
+    I + A is invertible for skew-Hermitian A (its eigenvalues are 1 + iλ).
+    """
+    eye = _eye(a)
+    return torch.linalg.solve(eye + a, (eye - a) @ base)
+
+
+def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    r"""W = ((I + A)⁻¹(I − A) D)[:, :m] with D = diag(d), d of length m ≤ n (scoRNN / scuRNN)."""
+    m = d.shape[-1]
+    eye = _eye(a)
+    rhs = (eye - a)[..., :m] * d.unsqueeze(-2).to(a.dtype)
+    return torch.linalg.solve(eye + a, rhs)

@@ -1,0 +1,230 @@
+r"""``orthogonalize``: constrain a module's weight (or a bare tensor) to O(n), U(n) or St(N, M)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import geoopt
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+
+from ..manifolds import Stiefel, _checks
+from .base import DTYPES, INITS, OrthogonalMap, get, manifold_for, methods_serving
+
+__all__ = ["orthogonalize", "OrthogonalMatrix", "RIEMANNIAN"]
+
+RIEMANNIAN = "riemannian"
+
+
+def _check_weight(label: str, w: object) -> torch.Tensor:
+    w = _checks.tensor(label, w)
+    if w.dim() < 2:
+        raise ValueError(
+            f"{label} must have at least 2 dimensions (…, rows, cols), got shape {tuple(w.shape)}"
+        )
+    if w.dtype not in DTYPES:
+        raise TypeError(
+            f"{label} has dtype {w.dtype}; allowed: {', '.join(str(d) for d in DTYPES)}"
+        )
+    if w.numel() == 0:
+        raise ValueError(f"{label} is empty (shape {tuple(w.shape)}); every dimension must be > 0")
+    _checks.finite(label, w.detach())
+    return w
+
+
+def _serving_error(method: str, w: torch.Tensor, why: str) -> ValueError:
+    can = methods_serving(tuple(w.shape), w.dtype)
+    return ValueError(
+        f"method={method!r} cannot serve a {why} weight of shape {tuple(w.shape)} ({w.dtype}); "
+        f"methods that can: {', '.join(can) if can else 'none'}"
+    )
+
+
+def _orthogonalize_module(module: nn.Module, name: str, method: str, options: dict[str, Any]):
+    """Validate everything, then register (nothing is modified if anything fails)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {name!r}")
+    if parametrize.is_parametrized(module, name):
+        raise ValueError(
+            f"module.{name} is already parametrized; remove it first with "
+            f"torch.nn.utils.parametrize.remove_parametrizations(module, {name!r})"
+        )
+    w = getattr(module, name, None)
+    if not isinstance(w, torch.Tensor):
+        tensors = [k for k, _ in module.named_parameters(recurse=False)]
+        tensors += [k for k, _ in module.named_buffers(recurse=False)]
+        raise ValueError(
+            f"name={name!r} is not a tensor of {type(module).__name__}; "
+            f"allowed: {', '.join(tensors) if tensors else 'none (it has no tensors)'}"
+        )
+    _check_weight(f"module.{name}", w)
+    cls = get(method)
+    init = options.pop("init", None)
+    generator = options.pop("generator", None)
+    if init is not None:
+        _checks.choice("init", init, INITS)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if cls == RIEMANNIAN:
+        _make_riemannian(module, name, w, options, init, generator)
+        return module
+    assert isinstance(cls, type) and issubclass(cls, OrthogonalMap)
+    if not cls.serves(tuple(w.shape), w.dtype):
+        raise _serving_error(method, w, "complex" if w.dtype.is_complex else "real")
+    allowed = cls.option_names()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {', '.join(unknown)} for method={method!r}; "
+            f"allowed: {', '.join(['init', 'generator', *allowed])}"
+        )
+    fmap = cls(tuple(w.shape), w.dtype, w.device, **options)
+    init = init or fmap.default_init()
+    with torch.no_grad():
+        original = fmap.initial(w, init, generator).to(dtype=w.dtype, device=w.device)
+    fmap._pending = original
+    parametrize.register_parametrization(module, name, fmap, unsafe=True)
+    return module
+
+
+def _make_riemannian(module, name, w, options, init, generator) -> None:
+    r"""Replace module.<name> by a ``geoopt.ManifoldParameter`` on our manifold.
+
+    Note [Riemannian weights must be tall]
+    A Riemannian optimizer moves the stored tensor itself along St(N, M), whose
+    points have orthonormal columns; a wide weight would have to be stored
+    transposed, which the module using it would not expect. Wide weights are
+    therefore refused and the parametrization methods suggested.
+    """
+    if options:
+        raise TypeError(
+            f"unknown option(s) {', '.join(sorted(options))} for method='riemannian'; "
+            "allowed: init, generator"
+        )
+    if w.shape[-2] < w.shape[-1]:
+        raise _serving_error(RIEMANNIAN, w, "wide")
+    if name not in module._parameters:
+        raise ValueError(f"method='riemannian' needs module.{name} to be an nn.Parameter")
+    manifold = manifold_for(tuple(w.shape), w.dtype.is_complex)
+    n, m = manifold.n, manifold.m
+    with torch.no_grad():
+        if init in (None, "nearest"):
+            value = manifold.projx(w.detach())
+        elif init == "identity":
+            value = torch.eye(n, m, dtype=w.dtype, device=w.device).expand(w.shape).clone()
+        else:  # haar and random
+            value = manifold.random(*w.shape[:-2], dtype=w.dtype, generator=generator)
+    param = geoopt.ManifoldParameter(
+        value.to(w.device), manifold=manifold, requires_grad=w.requires_grad
+    )
+    setattr(module, name, param)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w) if w.dim() == 2 else x @ w.mT
+
+
+class OrthogonalMatrix(nn.Module):
+    r"""A trainable matrix on O(n), U(n) or St(N, M): ``W()`` is the matrix.
+
+    Made by :func:`orthogonalize` from a bare tensor. ``W.linear(x)`` equals
+    ``F.linear(x, W())`` (x of shape (…, m), the result (…, n); for a batched
+    W, ``x @ W().mT``), computed without forming W() for ``householder``,
+    ``cwy`` and ``tcwy`` (O(nL) per vector). ``W.manifold`` and ``W.method``
+    say what it is; ``W.map`` is the parametrization module (None for
+    ``"riemannian"``).
+    """
+
+    def __init__(self, tensor: torch.Tensor, method: str = "cwy", **options: Any):
+        super().__init__()
+        t = _check_weight("tensor", tensor)
+        get(method)
+        self.weight = nn.Parameter(t.detach().clone())
+        _orthogonalize_module(self, "weight", method, dict(options))
+        self.method = method
+
+    def forward(self) -> torch.Tensor:
+        return self.weight
+
+    @property
+    def map(self) -> OrthogonalMap | None:
+        if parametrize.is_parametrized(self, "weight"):
+            return self.parametrizations.weight[0]  # type: ignore[index, return-value]
+        return None
+
+    @property
+    def manifold(self) -> Stiefel:
+        fmap = self.map
+        return fmap.manifold if fmap is not None else self.weight.manifold  # type: ignore
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, W())``, in the operator form where the map has one."""
+        fmap = self.map
+        if fmap is None or parametrize._cache_enabled:
+            return _linear(x, self.weight)
+        vector = x.dim() == 1
+        xx = x.unsqueeze(0) if vector else x
+        y = fmap.operator(self.parametrizations.weight.original, xx)
+        if y is None:
+            return _linear(x, self.weight)
+        return y.squeeze(0) if vector else y
+
+    def extra_repr(self) -> str:
+        return f"method={self.method!r}, manifold={self.manifold!r}"
+
+
+def orthogonalize(
+    module_or_tensor: nn.Module | torch.Tensor,
+    name: str = "weight",
+    method: str = "cwy",
+    **options: Any,
+):
+    r"""Constrain ``module.<name>`` (or a bare tensor) to O(n), U(n) or St(N, M).
+
+    The manifold follows from the tensor: square real → O(n), square complex →
+    U(n), tall N×M → St(N, M), wide → its transpose on St(M, N). Leading
+    dimensions are a batch of independent matrices.
+
+    On a module, registers a ``torch.nn.utils.parametrize`` parametrization
+    (for ``method="riemannian"``, replaces the weight by a
+    ``geoopt.ManifoldParameter`` instead) and returns the module. On a tensor
+    or ``nn.Parameter``, returns an :class:`OrthogonalMatrix` ``W`` with ``W()``
+    the matrix. The weight starts at the manifold point nearest the current
+    value (polar factor), unless ``init`` says otherwise.
+
+    Args:
+        module_or_tensor: an ``nn.Module`` or a tensor of shape (…, rows, cols).
+        name: the tensor attribute of the module (ignored for a tensor).
+        method: one of :func:`available` (``"householder"``, ``"cwy"``,
+            ``"tcwy"``, ``"exp"``, ``"cayley"``, ``"scaled_cayley"``,
+            ``"riemannian"``, and any registered by users).
+        **options: ``init`` ("nearest", "haar", "identity", "random"),
+            ``generator``, and the method's own options (``reflections=L`` for
+            the reflection maps, ``block`` for ``householder``, ``negatives=ρ``
+            for ``scaled_cayley``).
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> lin = orthogonalize(torch.nn.Linear(16, 16), method="cwy")
+        >>> w = lin.weight
+        >>> bool((w.T @ w - torch.eye(16)).norm() < 1e-5)
+        True
+        >>> W = orthogonalize(torch.randn(64, 64), method="householder", reflections=8)
+        >>> x = torch.randn(3, 64)
+        >>> bool(torch.allclose(W.linear(x), torch.nn.functional.linear(x, W()), atol=1e-5))
+        True
+    """
+    if isinstance(module_or_tensor, nn.Module):
+        return _orthogonalize_module(module_or_tensor, name, method, dict(options))
+    if isinstance(module_or_tensor, torch.Tensor):
+        return OrthogonalMatrix(module_or_tensor, method, **options)
+    raise TypeError(
+        "module_or_tensor must be an nn.Module, a tensor or an nn.Parameter, "
+        f"got {type(module_or_tensor).__name__}"
+    )

@@ -1,0 +1,199 @@
+r"""Maps built from Householder reflections: ``householder``, ``cwy`` and ``tcwy``.
+
+All three compute the same function of the same parameters,
+
+    Q = H(v₁)⋯H(v_L)·[diag(d); 0] ∈ St(n, m),   H(v) = I − 2vvᴴ/‖v‖²,
+
+with V = [v₁ … v_L] the trainable original (shape (…, n, L)) and d a diagonal
+of m signs (real: a non-trainable buffer) or phases e^{iθ} (complex: θ trainable,
+the Ĥ₁(θ) of §4.3 of the Householder paper). They differ in how Q is computed:
+``householder`` applies the reflections one block after another with the
+paper's O(nL)-per-column backward (Algorithm 1), ``cwy`` and ``tcwy`` use the
+compact WY form I − US⁻¹Uᴴ and a triangular solve.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import kernels
+from ._householder import DEFAULT_BLOCK
+from ._inverse import reflections_from_point
+from .base import OrthogonalMap, high, register
+
+__all__ = ["Householder", "CWY", "TCWY"]
+
+
+class _Reflections(OrthogonalMap):
+    r"""Shared state of the reflection maps: the sign buffer or the phase parameter.
+
+    Note [Signs live in a buffer, phases in a parameter]
+    With L = n reflections on O(n) the determinant is (−1)^n·Π dᵢ, so no
+    continuous change of V can flip it; Theorem 1 of the Householder paper
+    reaches det −1 through H₁(±1). Here the signs d are a non-trainable buffer
+    set by ``right_inverse``: stored inside a trainable tensor (as torch's
+    householder map stores them in the diagonal of its parameter), weight decay
+    shrinks them and eventually flips the matrix to another component. For
+    U(n) the determinant is a continuous phase, so, as in §4.3 of the paper, the
+    phases θ are trainable parameters (weight decay moves θ continuously, it
+    cannot make the map degenerate). Complex T-CWY needs them too: a complex
+    reflection maps x to y only when xᴴy is real, so without phases the first
+    entry of every column of Q would be real.
+
+    Note [How many reflections reach every point]
+    Householder elimination writes every point of St(n, m) as m reflections
+    times [diag(d); 0] (Note [Stable reflections for the right inverse]); a
+    square matrix needs L = n (the last one is the H₁ sign). With fewer, the
+    image is a lower-dimensional set: ``init`` defaults to random reflections
+    and ``right_inverse`` raises ValueError for a point outside it. With more
+    than m on St(n, m) the extra ones act on the last n − m rows only.
+    """
+
+    def __init__(
+        self,
+        shape,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+        reflections: int | None = None,
+    ):
+        super().__init__(shape, dtype, device)
+        self.full = self.m
+        if reflections is None:
+            reflections = self.full
+        if (
+            isinstance(reflections, bool)
+            or not isinstance(reflections, int)
+            or not 1 <= reflections <= self.n
+        ):
+            raise ValueError(
+                f"reflections={reflections!r} is out of range for {self.manifold!r}; "
+                f"allowed: an int with 1 <= reflections <= {self.n}"
+            )
+        self.reflections = reflections
+        real = torch.empty((), dtype=dtype).real.dtype
+        if self.is_complex:
+            self.phases = nn.Parameter(torch.zeros(*self.batch, self.m, dtype=real, device=device))
+        else:
+            self.register_buffer(
+                "signs", torch.ones(*self.batch, self.m, dtype=real, device=device)
+            )
+
+    def diagonal(self) -> torch.Tensor:
+        """d: the signs (real) or e^{iθ} (complex), shape (…, m)."""
+        if self.is_complex:
+            return torch.polar(torch.ones_like(self.phases), self.phases)
+        return self.signs
+
+    def default_init(self) -> str:
+        return "nearest" if self.reflections >= self.full else "random"
+
+    def random_original(self, generator: torch.Generator | None, like: torch.Tensor):
+        shape = (*self.batch, self.n, self.reflections)
+        v = torch.randn(shape, generator=generator, dtype=like.dtype, device="cpu")
+        self._set_diagonal(torch.ones(*self.batch, self.m, dtype=torch.float64))
+        return v.to(like.device)
+
+    def _set_diagonal(self, d: torch.Tensor) -> None:
+        with torch.no_grad():
+            if self.is_complex:
+                self.phases.copy_(torch.angle(d) if d.is_complex() else torch.zeros_like(d))
+            else:
+                self.signs.copy_(d.real)
+
+    def inverse(self, q: torch.Tensor) -> torch.Tensor:
+        v, d = reflections_from_point(
+            high(q).cpu(),
+            self.reflections,
+            self.tolerance(q.dtype),
+            diagonal=high(self.diagonal().detach()).cpu(),
+        )
+        self._set_diagonal(d)
+        return v.to(dtype=q.dtype, device=q.device)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", reflections={self.reflections}"
+
+
+@register("householder")
+class Householder(_Reflections):
+    r"""Q = H(v₁)⋯H(v_L)·[diag(d); 0]: reflections applied one after another (the oRNN map).
+
+    The backward pass is Algorithm 1 of Mhammedi et al. (2017), run by blocks
+    of ``block`` reflections and recomputing the intermediates from the output
+    (O(nLp) time for p columns, O(np) memory). ``reflections=L`` (1 ≤ L ≤ n,
+    default m, i.e. n on O(n)/U(n)) trades capacity for speed; ``linear`` applies
+    Q to a batch of vectors in O(nL) without forming it.
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> w = orthogonalize(torch.randn(8, 8, dtype=torch.float64), method="householder")
+        >>> q = w()
+        >>> bool(torch.allclose(q.mT @ q, torch.eye(8, dtype=torch.float64)))
+        True
+    """
+
+    def __init__(
+        self,
+        shape,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+        reflections: int | None = None,
+        block: int = DEFAULT_BLOCK,
+    ):
+        super().__init__(shape, dtype, device, reflections)
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block={block!r} is not allowed; allowed: a positive int")
+        self.block = block
+
+    def matrix(self, original: torch.Tensor) -> torch.Tensor:
+        return kernels.householder_matrix(original, self.diagonal(), self.m, self.block)
+
+    def operator(self, original: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return kernels.householder_linear(original, x, self.diagonal(), self.transposed, self.block)
+
+
+@register("cwy")
+class CWY(_Reflections):
+    r"""Q = (I − U S⁻¹ Uᴴ)·[diag(d); 0], S = ½I + striu(UᴴU), U = V column-normalised.
+
+    The compact WY form of the same product of reflections as ``householder``
+    (CWY paper, Theorem 2), computed with one triangular solve. On a tall
+    weight it is the truncated form T-CWY and never forms an n×n matrix.
+    ``linear`` is the rollout form of §3.1 (u = Uᴴh, v = S⁻¹u, h − Uv), O(nL).
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> lin = orthogonalize(torch.nn.Linear(6, 6), method="cwy")
+        >>> w = lin.weight
+        >>> bool(torch.allclose(w @ w.mT, torch.eye(6), atol=1e-5))
+        True
+    """
+
+    def matrix(self, original: torch.Tensor) -> torch.Tensor:
+        return kernels.cwy_matrix(original, self.diagonal(), self.m)
+
+    def operator(self, original: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return kernels.cwy_linear(original, x, self.diagonal(), self.transposed)
+
+
+@register("tcwy")
+class TCWY(CWY):
+    r"""Truncated CWY onto St(N, M): γ(V) = [I; 0] − U S⁻¹ U₁ᴴ (CWY paper, Theorem 3).
+
+    O(NM² + M³) with M reflections, never N×N; complex points carry the phase
+    diagonal (Note [Signs live in a buffer, phases in a parameter]). On a
+    square weight it coincides with ``cwy``.
+
+    Example::
+
+        >>> import torch
+        >>> from stiefel.parametrizations import orthogonalize
+        >>> w = orthogonalize(torch.randn(1000, 3), method="tcwy")
+        >>> w.manifold, tuple(w().shape)
+        (Stiefel(n=1000, m=3, metric='euclidean'), (1000, 3))
+    """

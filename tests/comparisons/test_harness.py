@@ -1,0 +1,185 @@
+"""The comparison harness: every subcommand on a tiny configuration, outputs, errors, seeds."""
+
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+from stiefel.comparisons import cli, strategies
+from stiefel.comparisons.runner import RunConfig, run
+from stiefel.comparisons.tasks import Brockett, Copying, Procrustes, make
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = ["--n", "6", "--m", "3", "--steps", "12", "--record-every", "4", "--seeds", "1"]
+
+
+def test_strategy_grammar():
+    s = strategies.parse("riemannian+rgd(metric=canonical,retraction=cayley)")
+    assert (s.method, s.optimizer) == ("riemannian", "rgd")
+    assert s.optimizer_options == {"metric": "canonical", "retraction": "cayley"}
+    s = strategies.parse("householder(reflections=4)+radam(lr=1e-3,betas=(0.9,0.99))")
+    assert s.method_options == {"reflections": 4}
+    assert s.optimizer_options == {"lr": 1e-3, "betas": (0.9, 0.99)}
+    assert s.lr() == 1e-3
+    with pytest.raises(ValueError, match="METHOD\\+OPTIMIZER"):
+        strategies.parse("cwy")
+    with pytest.raises(ValueError, match="key=value"):
+        strategies.parse("cwy+adam(0.1)")
+    with pytest.raises(ValueError, match="unknown method 'qwerty'; available: .*cwy"):
+        strategies.parse("qwerty+adam", methods=["cwy", "exp"], optimizers=["adam"])
+    with pytest.raises(ValueError, match="unknown optimizer 'sgdd'; available: adam"):
+        strategies.parse("cwy+sgdd", methods=["cwy"], optimizers=["adam"])
+
+
+def test_task_optima_are_exact():
+    # Procrustes: no Stiefel point beats the polar-factor optimum (independent check by sampling)
+    t = Procrustes(torch.float64, torch.device("cpu"), 0, n=6, m=3, k=10)
+    for s in range(50):
+        q = torch.linalg.qr(
+            torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+        )[0]
+        assert float(t._value(q)) >= t.optimum - 1e-12
+    # Brockett: eigenvectors of the m smallest eigenvalues, ordered, attain the optimum
+    b = Brockett(torch.float64, torch.device("cpu"), 0, n=7, m=3)
+    lam, vec = torch.linalg.eigh(b.a)
+    x = vec[:, :3]
+    value = float(((x.T @ b.a @ x).diagonal() * b.d).sum())
+    assert abs(value - b.optimum) < 1e-12
+    # copying baseline as in the papers
+    c = Copying(torch.float32, torch.device("cpu"), 0, n=8, T=100)
+    assert abs(c.baseline - 10 * math.log(8) / 120) < 1e-15
+    xs, ys = c.sample(4)
+    assert xs.shape == (4, 120, 10) and bool((ys[:, -10:] == xs[:, :10].argmax(-1)).all())
+
+
+def test_unknown_names_list_what_exists(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'mnist'; available: adding, brockett"):
+        make("mnist", torch.float32, torch.device("cpu"), 0)
+    with pytest.raises(ValueError, match="unknown method"):
+        run(RunConfig("procrustes", "nosuch+adam", steps=2))
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        run(RunConfig("procrustes", "cwy+nosuch", steps=2))
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        run(RunConfig("procrustes", "cwy+adam", steps=2, dtype="float16"))
+    with pytest.raises(ValueError, match="LSTM baseline needs a sequence task"):
+        run(RunConfig("procrustes", "lstm+adam", steps=2))
+    with pytest.raises(SystemExit):
+        cli.main(["nosuch"])
+
+
+def test_same_seed_same_numbers():
+    cfg = RunConfig(
+        "procrustes", "cwy+adam", seed=3, steps=8, dtype="float64", task_options={"n": 5, "m": 2}
+    )
+    a, b = run(cfg), run(cfg)
+    assert a["loss"] == b["loss"] and a["drift"] == b["drift"]
+    c = run(
+        RunConfig(
+            "procrustes",
+            "cwy+adam",
+            seed=4,
+            steps=8,
+            dtype="float64",
+            task_options={"n": 5, "m": 2},
+        )
+    )
+    assert c["loss"] != a["loss"]
+
+
+def _is_png(path: pathlib.Path) -> bool:
+    return path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 1000
+
+
+def test_drift_subcommand_writes_files(tmp_path):
+    cli.main(
+        [
+            "drift",
+            "--out",
+            str(tmp_path),
+            "--tasks",
+            "procrustes",
+            "--strategies",
+            "cwy+adam",
+            "riemannian+rgd(retraction=qr)",
+            "--dtype",
+            "float32",
+            "float64",
+            *TINY,
+        ]
+    )
+    for name in ("drift.json", "drift.csv", "drift.md", "drift.png", "drift.svg", "report.md"):
+        assert (tmp_path / name).exists(), name
+    assert _is_png(tmp_path / "drift.png")
+    data = json.loads((tmp_path / "drift.json").read_text())
+    assert len(data["runs"]) == 4
+    report = (tmp_path / "report.md").read_text()
+    assert "| cwy+adam | float64 |" in report and "drift.png" in report
+    # drift values are real measurements: parametrization at the epsilon level
+    run64 = next(r for r in data["runs"] if r["dtype"] == "float64" and r["strategy"] == "cwy+adam")
+    assert max(run64["drift"]) < 100 * 6 * torch.finfo(torch.float64).eps
+
+
+def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("steps = 6\n[convergence]\nseeds = 2\nT = 3\nbatch = 4\nrecord_every = 2\n")
+    cli.main(
+        [
+            "convergence",
+            "--out",
+            str(tmp_path),
+            "--config",
+            str(cfg),
+            "--tasks",
+            "brockett",
+            "copying",
+            "--strategies",
+            "cwy+adam",
+            "lstm+rmsprop",
+            "--n",
+            "6",
+            "--m",
+            "2",
+        ]
+    )
+    data = json.loads((tmp_path / "convergence.json").read_text())
+    # LSTM runs only on the sequence task; 2 seeds each
+    assert len(data["runs"]) == 2 * 1 + 2 * 2
+    assert all(r["step"] == [0, 2, 4, 5] for r in data["runs"])  # every 2nd and the last
+    assert _is_png(tmp_path / "convergence_copying.png")
+    assert (tmp_path / "convergence_brockett.svg").exists()
+    md = (tmp_path / "convergence.md").read_text()
+    assert "### copying" in md and "lstm+rmsprop" in md and "### brockett" in md
+
+
+def test_complexity_subcommand(tmp_path):
+    cli.main(
+        [
+            "complexity",
+            "--out",
+            str(tmp_path),
+            "--sizes",
+            "8",
+            "16",
+            "--fractions",
+            "0.5",
+            "1",
+            "--repeats",
+            "1",
+        ]
+    )
+    data = json.loads((tmp_path / "complexity.json").read_text())
+    assert data["gemm_flops_per_s"] > 0
+    methods = {r["method"] for r in data["maps"]}
+    assert {"householder", "cwy", "exp", "cayley"} <= methods
+    assert _is_png(tmp_path / "complexity_maps.png")
+    md = (tmp_path / "complexity.md").read_text()
+    assert "fitted exponent" in md and "CWY paper Table 2" in md
+    report = cli.main(["report", "--out", str(tmp_path)])
+    assert report == 0 and "## Complexity" in (tmp_path / "report.md").read_text()
+
+
+def test_report_without_results_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results"):
+        cli.main(["report", "--out", str(tmp_path)])

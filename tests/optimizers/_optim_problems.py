@@ -1,0 +1,74 @@
+"""Shared test problems with analytic optima computed independently (numpy LAPACK)."""
+
+from __future__ import annotations
+
+import geoopt
+import numpy as np
+import torch
+
+from stiefel.manifolds import Orthogonal, Stiefel
+
+# (label, n, m, complex): St real, St complex, O(n)
+SPACES = [("st_real", 10, 3, False), ("st_complex", 10, 3, True), ("o_n", 5, 5, False)]
+
+
+def haar_np(rng: np.random.Generator, n: int, m: int, cplx: bool) -> np.ndarray:
+    a = rng.standard_normal((n, m))
+    if cplx:
+        a = a + 1j * rng.standard_normal((n, m))
+    q, r = np.linalg.qr(a)
+    return q * (np.diag(r) / np.abs(np.diag(r)))
+
+
+def manifold(n: int, m: int, cplx: bool):
+    return Orthogonal(n) if n == m and not cplx else Stiefel(n, m, complex=cplx)
+
+
+def procrustes(rng, n, m, cplx):
+    """min −Re tr(CᴴX): optimum UVᴴ from numpy's SVD of C (singular values in [1, 2])."""
+    c = (haar_np(rng, n, m, cplx) * np.linspace(2.0, 1.0, m)) @ haar_np(rng, m, m, cplx).conj().T
+    u, _, vh = np.linalg.svd(c, full_matrices=False)
+    ct = torch.tensor(c)
+
+    def loss(x):
+        return -(ct.conj() * x).real.sum()
+
+    def error(x: np.ndarray) -> float:
+        return float(np.abs(x - u @ vh).max())
+
+    return loss, error, u @ vh
+
+
+def brockett(rng, n, m, cplx):
+    """min tr(XᴴAXN), N = diag(m, …, 1): columns are eigenvectors of A (numpy eigh)."""
+    q = haar_np(rng, n, n, cplx)
+    a = (q * np.linspace(1.0, 3.0, n)) @ q.conj().T
+    a = 0.5 * (a + a.conj().T)
+    _, vecs = np.linalg.eigh(a)
+    at, nt = torch.tensor(a), torch.arange(m, 0, -1, dtype=torch.float64)
+
+    def loss(x):
+        return ((x.conj() * (at @ x)).real.sum(0) * nt).sum()
+
+    def error(x: np.ndarray) -> float:
+        # each column equals the matching eigenvector up to a sign/phase
+        return float(np.abs(np.abs(np.diag(vecs[:, :m].conj().T @ x)) - 1).max())
+
+    return loss, error, None
+
+
+PROBLEMS = {"procrustes": procrustes, "brockett": brockett}
+
+
+def start_point(rng, n, m, cplx, target=None) -> torch.Tensor:
+    """A Haar start; on O(n) in the connected component of ``target`` (det sign)."""
+    x = haar_np(rng, n, m, cplx)
+    if target is not None and n == m and not cplx:
+        if np.sign(np.linalg.det(x)) != np.sign(np.linalg.det(target)):
+            x[:, 0] *= -1
+    return torch.tensor(x)
+
+
+def manifold_param(x: torch.Tensor, man=None) -> geoopt.ManifoldParameter:
+    n, m = x.shape[-2:]
+    return geoopt.ManifoldParameter(x.clone(), manifold=man or manifold(n, m, x.is_complex()))
