@@ -18,7 +18,7 @@ Example::
 
 from . import kernels
 from .base import OrthogonalMap, _register_special, available, get, manifold_for, register
-from .dense import Cayley, Exp, ScaledCayley  # noqa: I001 (registration order)
+from .dense import Cayley, Exp, ScaledCayley
 from .orthogonalize import RIEMANNIAN, OrthogonalMatrix, orthogonalize
 from .reflections import CWY, TCWY, Householder  # registers householder, cwy, tcwy (first)
 

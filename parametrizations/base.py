@@ -74,9 +74,13 @@ def _register_special(name: str) -> None:
     _REGISTRY[name] = name
 
 
+_BUILTIN_ORDER = ("householder", "cwy", "tcwy", "exp", "cayley", "scaled_cayley", "riemannian")
+
+
 def available() -> list[str]:
-    """Names of the registered methods, in registration order."""
-    return list(_REGISTRY)
+    """Names of the registered methods: built-ins first, then user maps in registration order."""
+    builtin = [n for n in _BUILTIN_ORDER if n in _REGISTRY]
+    return builtin + [n for n in _REGISTRY if n not in _BUILTIN_ORDER]
 
 
 def get(name: object) -> type | str:
