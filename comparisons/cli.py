@@ -15,6 +15,8 @@ import pathlib
 import sys
 import time
 
+import torch
+
 from . import tasks as tasks_mod
 from .report import write_report
 from .sections import complexity_section, convergence_section, drift_section
@@ -112,6 +114,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=pathlib.Path, default=None, help="results folder (results/)")
     p.add_argument("--device", default=None, help="cpu or cuda")
     p.add_argument("--config", type=pathlib.Path, default=None, help="a TOML file of options")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's); 1 is often fastest for small models",
+    )
 
 
 def _training(p: argparse.ArgumentParser) -> None:
@@ -176,7 +184,11 @@ def _options(command: str, args: argparse.Namespace, preset: dict | None = None)
     opts.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
     opts.update(cfg.get(command, {}))
     opts.update(
-        {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "config")}
+        {
+            k: v
+            for k, v in vars(args).items()
+            if v is not None and k not in ("command", "config", "threads")
+        }
     )
     opts.setdefault("out", pathlib.Path("results"))
     opts["out"] = pathlib.Path(opts["out"])
@@ -197,6 +209,10 @@ def task_options(task: str, opts: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads {args.threads}: allowed: an integer >= 1")
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     if args.command == "quick":
         base = _options("report", args)
@@ -208,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             opts = _options(
                 name,
-                argparse.Namespace(out=out, device=args.device, config=args.config),
+                argparse.Namespace(out=out, device=args.device, config=args.config, threads=None),
                 QUICK[name],
             )
             print(f"== {name}", flush=True)

@@ -70,6 +70,17 @@ def _check_repair(value: Any) -> None:
         raise ValueError(f"repair_every={value!r} is not allowed; allowed: None or an int >= 1")
 
 
+def _distance(man, x: torch.Tensor) -> str:
+    """How far ``x`` is from ``man``, for an error message."""
+    if isinstance(man, geoopt.Stiefel):
+        return f"‖XᴴX − I‖_F = {float(orthogonality_error(x).max()):.3e}"
+    try:
+        dist = float(torch.linalg.vector_norm(x - man.projx(x)))
+    except Exception:  # noqa: BLE001 - a manifold without projx: the reason must do
+        return "distance unknown (the manifold has no projx)"
+    return f"‖x − projx(x)‖ = {dist:.3e}"
+
+
 class RiemannianOptimizer(torch.optim.Optimizer):
     r"""Base of every built-in optimizer and the interface a plugin may implement.
 
@@ -143,10 +154,10 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         self._binders.append(binders)
 
     def _check_on_manifold(self, i: int, p: torch.Tensor, man) -> None:
-        ok, reason = man.check_point_on_manifold(p.detach(), explain=True)
-        if not ok and not isinstance(man, _OurStiefel) and isinstance(man, geoopt.Stiefel):
-            dist = float(orthogonality_error(p.detach()).max())
-            reason = f"{reason}; ‖XᴴX − I‖_F = {dist:.3e}"
+        x = p.detach()
+        ok, reason = man.check_point_on_manifold(x, explain=True)
+        if not ok and not isinstance(man, _OurStiefel):  # ours give ‖XᴴX − I‖_F already
+            reason = f"{reason}; {_distance(man, x)}"
         if not ok:
             raise ValueError(
                 f"parameter {i} of the new param group is not on its manifold {man!r}: {reason}. "

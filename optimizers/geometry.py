@@ -7,8 +7,8 @@ parameter's manifold (or that it has none) and the group's ``metric`` and
 - plain tensors (:class:`EuclideanGeometry`: the Riemannian gradient is the
   gradient, the retraction is x + u, transport is the identity, so the rule
   becomes its Euclidean form);
-- this package's manifolds (:class:`StiefelGeometry`: the fused, drift-corrected
-  kernels of :mod:`stiefel.optimizers.kernels`);
+- this package's manifolds and geoopt's Stiefel manifolds (:class:`StiefelGeometry`:
+  the fused, drift-corrected kernels of :mod:`stiefel.optimizers.kernels`);
 - any other geoopt manifold (:class:`GeooptGeometry`: the manifold's own
   ``egrad2rgrad``, ``retr``, ``retr_transp``, ``component_inner``, ``projx``).
 
@@ -106,19 +106,37 @@ class EuclideanGeometry(Geometry):
         return (u.conj() * u).real if u.is_complex() else u * u
 
 
-class StiefelGeometry(Geometry):
-    """This package's St(N, M), O(n), U(n) (and geoopt's Stiefel manifolds, see below).
+def default_metric(manifold) -> str:
+    """The metric a Stiefel-like manifold implies: ours say it; geoopt's by their class."""
+    if isinstance(manifold, _OurStiefel):
+        return manifold.metric
+    return "euclidean" if isinstance(manifold, geoopt.EuclideanStiefel) else "canonical"
 
-    ``metric=None`` uses the manifold's metric. ``"cayley"`` goes through the
-    fused 2M×2M Woodbury kernels with the Newton–Schulz drift correction
+
+class StiefelGeometry(Geometry):
+    """This package's St(N, M), O(n), U(n), and geoopt's Stiefel manifolds.
+
+    ``metric=None`` uses the manifold's metric (geoopt's ``CanonicalStiefel``:
+    canonical, ``EuclideanStiefel``: Euclidean); the group's ``metric`` wins
+    (DESIGN, Clarifications). ``"cayley"`` goes through the fused 2M×2M
+    Woodbury kernels with the Newton–Schulz drift correction
     (:mod:`stiefel.optimizers.kernels`); ``"qr"`` and ``"polar"`` transport by
-    projection onto the new tangent space.
+    projection onto the new tangent space. Their results, and the polar factor
+    of ``project``, get one Newton–Schulz step too: in float32 the SVD's polar
+    factor of a 1024×64 matrix is ~1e-5 off the manifold, one step brings it to
+    float32 rounding (Note [Newton–Schulz drift correction]).
+
+    Note [geoopt's Stiefel manifolds use our kernels]
+    geoopt's ``CanonicalStiefel.retr`` moves along (I + XXᴴ)u, not u (DESIGN,
+    Clarifications), and neither of geoopt's Stiefel manifolds knows the
+    ``metric``/``retraction`` options or corrects float drift. Their points are
+    the same matrices with orthonormal columns, so they get this geometry.
     """
 
     stiefel = True
 
     def __init__(self, manifold, metric: str | None, retraction: str):
-        default = getattr(manifold, "metric", "euclidean")
+        default = default_metric(manifold)
         self.metric = default if metric is None else choice("metric", metric, METRICS)
         self.retraction = choice("retraction", retraction, RETRACTIONS)
 
@@ -130,12 +148,12 @@ class StiefelGeometry(Geometry):
     def descend(self, x, d, lr):
         if self.retraction == "cayley":
             return ok.cayley_descent(x, d, lr)
-        return _RETR[self.retraction](x, -lr * d)
+        return ok.newton_schulz(_RETR[self.retraction](x, -lr * d))
 
     def descend_transport(self, x, d, lr):
         if self.retraction == "cayley":
             return ok.cayley_descent(x, d, lr, transport=True)
-        y = _RETR[self.retraction](x, -lr * d)
+        y = ok.newton_schulz(_RETR[self.retraction](x, -lr * d))
         return y, kernels.proj_tangent(y, d)
 
     def gradient_step(self, x, g, lr):
@@ -148,7 +166,7 @@ class StiefelGeometry(Geometry):
         return inner(x, u, u, keepdim=True)
 
     def project(self, x):
-        return kernels.polar(x)
+        return ok.newton_schulz(kernels.polar(x))
 
     def error(self, x):
         return kernels.orthogonality_error(x)
@@ -159,7 +177,6 @@ class GeooptGeometry(Geometry):
 
     def __init__(self, manifold: geoopt.Manifold):
         self.manifold = manifold
-        self.stiefel = isinstance(manifold, geoopt.Stiefel)
 
     def rgrad(self, x, g):
         return self.manifold.egrad2rgrad(x, g)
@@ -179,9 +196,6 @@ class GeooptGeometry(Geometry):
     def project(self, x):
         return self.manifold.projx(x)
 
-    def error(self, x):
-        return kernels.orthogonality_error(x) if self.stiefel else super().error(x)
-
 
 class _Binder:
     """Resolved once per parameter (outside any traced code); binds a group per step."""
@@ -190,8 +204,8 @@ class _Binder:
         self.manifold = manifold
         if manifold is None:
             self.kind, self._euclid = "euclidean", EuclideanGeometry()
-        elif isinstance(manifold, _OurStiefel):
-            self.kind = "stiefel"
+        elif isinstance(manifold, (_OurStiefel, geoopt.Stiefel)):
+            self.kind = "stiefel"  # Note [geoopt's Stiefel manifolds use our kernels]
         else:
             self.kind, self._geoopt = "geoopt", GeooptGeometry(manifold)
 

@@ -156,6 +156,26 @@ class OrthogonalMap(nn.Module):
         """``F.linear(x, W)`` without forming W, or None if the map has no operator form."""
         return None
 
+    def prepare_operator(self, original: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function x ↦ ``F.linear(x, W)`` for many x with one W (a rollout).
+
+        Note [Factors once per rollout]
+        A recurrent rollout applies the same W at every step. Maps whose
+        operator form needs per-weight work (CWY's U and S, O(nL²)) override
+        this to do it once; the default calls :meth:`operator` each time and
+        falls back to forming W once when the map has no operator form.
+        """
+
+        if type(self).operator is OrthogonalMap.operator:  # no operator form: W once
+            w = self.forward(original)
+            return lambda x: x @ w.mT
+
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            y = self.operator(original, x)
+            return x @ self.forward(original).mT if y is None else y
+
+        return apply
+
     def default_init(self) -> str:
         """The ``init`` used when none is given: the nearest point of the current weight."""
         return "nearest"
@@ -228,7 +248,7 @@ class OrthogonalMap(nn.Module):
             return self.inverse(q)
         except Unreachable as err:
             raise ValueError(
-                f"init={init!r}: {err}; use init='random' (the default for this option set)"
+                f"init={init!r}: {err}; or init='random' (a random point this map reaches)"
             ) from None
 
     # ------------------------------------------------------------------ helpers for subclasses

@@ -106,9 +106,11 @@ class ScaledCayley(OrthogonalMap):
 
         >>> import torch
         >>> from stiefel.parametrizations import orthogonalize
-        >>> w = orthogonalize(torch.eye(4), method="scaled_cayley", negatives=2)
+        >>> w = orthogonalize(torch.eye(4), method="scaled_cayley", negatives=2, init="random")
         >>> w.parametrizations.weight[0].scaling
         tensor([ 1.,  1., -1., -1.])
+        >>> bool(torch.allclose(w() @ w().T, torch.eye(4), atol=1e-6))
+        True
     """
 
     def __init__(
@@ -151,6 +153,22 @@ class ScaledCayley(OrthogonalMap):
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.scaled_cayley_map(kernels.skew_from_raw(original), self.diagonal())
+
+    def random_original(self, generator: torch.Generator | None, like: torch.Tensor):
+        """A Haar point with the determinant this map reaches, then its parameters.
+
+        Note [Random points of a fixed real scaling]
+        A real Cayley factor (I + A)⁻¹(I − A) has determinant +1, so a square
+        W = K·D has det W = det D: with ``negatives`` fixed, half of O(n) is out
+        of reach. Flipping the first column of a Haar point whose determinant
+        is the other one keeps it Haar on the reachable coset.
+        """
+        q = self._haar(like, generator)
+        if self.negatives is not None and self.n == self.m:
+            sign = torch.linalg.det(q).sign() * self.scaling.to(q.dtype).prod(-1)
+            q = q.clone()
+            q[..., :, 0] *= sign.unsqueeze(-1)
+        return self.inverse(q)
 
     def inverse(self, q: torch.Tensor) -> torch.Tensor:
         p = complete(high(q))

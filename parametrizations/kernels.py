@@ -37,6 +37,8 @@ __all__ = [
     "cwy_apply",
     "cwy_linear",
     "householder_apply",
+    "cwy_factors",
+    "cwy_linear_factored",
     "householder_matrix",
     "householder_linear",
     "skew_from_raw",
@@ -105,10 +107,25 @@ def cwy_apply(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return x - u @ torch.linalg.solve_triangular(cwy_triangle(u), u.mH @ x, upper=True)
 
 
-def cwy_linear(
-    v: torch.Tensor, x: torch.Tensor, d: torch.Tensor | None = None, transposed: bool = False
+def cwy_factors(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""(U, S): the column-normalised reflection vectors and S = ½I + striu(UᴴU).
+
+    These are all the per-weight work of the operator form; computing them once
+    per rollout and calling :func:`cwy_linear_factored` at every step costs
+    O(nL) per vector instead of O(nL²) (Note [Factors once per rollout]).
+    """
+    u = normalize_columns(v)
+    return u, cwy_triangle(u)
+
+
+def cwy_linear_factored(
+    u: torch.Tensor,
+    s: torch.Tensor,
+    x: torch.Tensor,
+    d: torch.Tensor | None = None,
+    transposed: bool = False,
 ) -> torch.Tensor:
-    r"""``F.linear(x, W)`` for W = (I − US⁻¹Uᴴ)E_d (or Wᵀ if ``transposed``), W never formed.
+    r"""``F.linear(x, W)`` for W = (I − US⁻¹Uᴴ)E_d (or Wᵀ), given ``(U, S) = cwy_factors(V)``.
 
     Note [Operator form in row layout]
     ``F.linear`` computes x Wᵀ for rows x. For W = Q (n×m), x ∈ (…, m):
@@ -117,9 +134,7 @@ def cwy_linear(
     only the first m columns are needed. Both are O(nL) per row plus one L×L
     triangular solve shared by all rows (CWY paper §3.1: u = Uᴴh, S⁻¹u, h − U·).
     """
-    n, _ = v.shape[-2:]
-    u = normalize_columns(v)
-    s = cwy_triangle(u)
+    n = u.shape[-2]
     if not transposed:
         m = x.shape[-1]
         xd = x if d is None else x * d.unsqueeze(-2).to(x.dtype)
@@ -131,6 +146,18 @@ def cwy_linear(
     w = torch.linalg.solve_triangular(s, x @ u, upper=True, left=False)
     y = x[..., :m] - w @ u[..., :m, :].mH
     return y if d is None else y * d.unsqueeze(-2).to(y.dtype)
+
+
+def cwy_linear(
+    v: torch.Tensor, x: torch.Tensor, d: torch.Tensor | None = None, transposed: bool = False
+) -> torch.Tensor:
+    r"""``F.linear(x, W)`` for W = (I − US⁻¹Uᴴ)E_d (or Wᵀ if ``transposed``), W never formed.
+
+    One call: the factors of :func:`cwy_factors` are recomputed (O(nL²)); a
+    rollout should compute them once and call :func:`cwy_linear_factored`.
+    """
+    u, s = cwy_factors(v)
+    return cwy_linear_factored(u, s, x, d, transposed)
 
 
 def householder_matrix(

@@ -2,6 +2,7 @@ r"""``orthogonalize``: constrain a module's weight (or a bare tensor) to O(n), U
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import geoopt
@@ -161,17 +162,40 @@ class OrthogonalMatrix(nn.Module):
         fmap = self.map
         return fmap.manifold if fmap is not None else self.weight.manifold  # type: ignore
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, W())``, in the operator form where the map has one."""
+    def operator(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function x ↦ ``F.linear(x, W())`` for applying one W to many inputs.
+
+        For a rollout call it once per sequence: the map's per-weight work (for
+        ``cwy``/``tcwy`` the factors U and S, Note [Factors once per rollout])
+        is done here, and each call costs O(N·L) per vector without forming W.
+        Maps without an operator form, and ``parametrize.cached()``, form W once.
+
+        Example::
+
+            >>> import torch
+            >>> from stiefel import orthogonalize
+            >>> W = orthogonalize(torch.randn(64, 64), method="cwy", reflections=8)
+            >>> step = W.operator()
+            >>> h = torch.randn(5, 64)
+            >>> bool(torch.allclose(step(step(h)), h @ W().T @ W().T, atol=1e-5))
+            True
+        """
         fmap = self.map
         if fmap is None or parametrize._cache_enabled:
-            return _linear(x, self.weight)
-        vector = x.dim() == 1
-        xx = x.unsqueeze(0) if vector else x
-        y = fmap.operator(self.parametrizations.weight.original, xx)
-        if y is None:
-            return _linear(x, self.weight)
-        return y.squeeze(0) if vector else y
+            w = self.weight
+            return lambda x: _linear(x, w)
+        apply = fmap.prepare_operator(self.parametrizations.weight.original)
+
+        def op(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() == 1:
+                return apply(x.unsqueeze(0)).squeeze(0)
+            return apply(x)
+
+        return op
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, W())``, in the operator form where the map has one."""
+        return self.operator()(x)
 
     def extra_repr(self) -> str:
         return f"method={self.method!r}, manifold={self.manifold!r}"

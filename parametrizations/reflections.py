@@ -14,6 +14,8 @@ compact WY form I − US⁻¹Uᴴ and a triangular solve.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -179,6 +181,12 @@ class CWY(_Reflections):
 
     def operator(self, original: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return kernels.cwy_linear(original, x, self.diagonal(), self.transposed)
+
+    def prepare_operator(self, original: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        # Note [Factors once per rollout]: U and S once, O(nL) per application.
+        u, s = kernels.cwy_factors(original)
+        d, transposed = self.diagonal(), self.transposed
+        return lambda x: kernels.cwy_linear_factored(u, s, x, d, transposed)
 
 
 @register("tcwy")

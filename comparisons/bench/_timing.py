@@ -1,12 +1,53 @@
-"""Timing helpers shared by the benchmark scripts."""
+"""Timing helpers shared by the benchmark scripts.
+
+:func:`median_time` (fixed repeats, early stop on a time budget) and
+:func:`measure` (the number of runs follows the cost of the first call, so that
+an anchor taking seconds per call is run once or twice while a kernel taking
+microseconds is run many times), plus table and JSON formatting.
+
+Example::
+
+    >>> t = measure(lambda: sum(range(100)), repeats=5, budget_s=0.1)
+    >>> t.seconds > 0 and 1 <= t.runs <= 5
+    True
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import pathlib
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+__all__ = [
+    "Timing",
+    "median_time",
+    "measure",
+    "fmt_time",
+    "fmt_ratio",
+    "table",
+    "header",
+    "write_json",
+]
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0):
@@ -20,19 +61,56 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2, budget_
     times: list[float] = []
     start = time.perf_counter()
     for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append(_timed(fn))
         if len(times) >= 3 and time.perf_counter() - start > budget_s:
             break
     return statistics.median(times)
 
 
-def fmt_time(seconds: float) -> str:
+@dataclasses.dataclass
+class Timing:
+    """A measurement: the median time of ``runs`` timed calls (``cold``: the first call only)."""
+
+    seconds: float
+    runs: int
+    cold: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "runs": self.runs, "cold": self.cold}
+
+
+def measure(
+    fn: Callable[[], object],
+    repeats: int,
+    budget_s: float = 3.0,
+    warmup: int = 1,
+    cold_s: float = 0.5,
+) -> Timing:
+    """Median wall time of ``fn()`` with a number of runs adapted to its cost.
+
+    The first call is timed. If it alone took at least max(``budget_s``,
+    ``cold_s``), it is the measurement (``cold=True``, one run: an anchor taking
+    tens of seconds is not repeated). Otherwise it counts as warm-up (with
+    ``warmup − 1`` more calls), and up to ``repeats`` timed calls follow,
+    stopping once ``budget_s`` seconds have been spent on them (at least one).
+    """
+    first = _timed(fn)
+    if first >= max(budget_s, cold_s):
+        return Timing(first, 1, cold=True)
+    for _ in range(max(warmup - 1, 0)):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    for _ in range(max(repeats, 1)):
+        times.append(_timed(fn))
+        if time.perf_counter() - start > budget_s:
+            break
+    return Timing(statistics.median(times), len(times))
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
     if seconds < 1e-3:
         return f"{seconds * 1e6:8.1f} µs"
     if seconds < 1:
@@ -40,8 +118,32 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds:8.2f} s "
 
 
+def fmt_ratio(ratio: float | None) -> str:
+    """A speed ratio: 3 significant digits, '—' when undefined."""
+    if ratio is None or not math.isfinite(ratio):
+        return "—"
+    if ratio >= 100:
+        return f"{ratio:.0f}x"
+    if ratio >= 10:
+        return f"{ratio:.1f}x"
+    return f"{ratio:.2f}x"
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def header(title: str) -> str:
+    """A title line with the torch version, device and thread count."""
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return f"{title} — torch {torch.__version__}, {dev}, {torch.get_num_threads()} threads, float32"
+
+
+def write_json(path: str | pathlib.Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON (parent folders created)."""
+    p = pathlib.Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -108,8 +108,8 @@ class OrthogonalRNN(nn.Module):
         b, t, _ = x.shape
         x = x.to(self.inp.dtype)
         drive = x @ self.inp.T  # (b, T, n)
-        if self.use_operator:
-            step = self.transition.linear
+        if self.use_operator:  # factors once per sequence (Note [Factors once per rollout])
+            step = self.transition.operator()
         else:
             w = self.transition()
             step = lambda h: h @ w.T  # noqa: E731

@@ -84,6 +84,48 @@ def test_on_manifold_and_linear(method, case, precision):
         assert (w.linear(x[0, 0]) - ref[0, 0]).abs().max() < 100 * tol(dtype, n)
 
 
+@pytest.mark.parametrize("case", ["square_real", "square_complex", "tall_real", "wide_real"])
+@pytest.mark.parametrize("method", MAPS)
+def test_operator_rollout_values_and_gradients_match_dense(method, case):
+    """W.operator() applied three times ≡ three F.linear with W(); same gradients (float64)."""
+    shape, cplx = CASES[case]
+    if not orthogonalize_supports(method, shape, cplx):
+        pytest.skip(f"{method} does not serve {case}")
+    dtype = torch.complex128 if cplx else torch.float64
+    gen = torch.Generator().manual_seed(3)
+    opts = {"reflections": 2} if method in ("householder", "cwy") and shape[0] == shape[1] else {}
+    w = orthogonalize(torch.randn(*shape, dtype=dtype, generator=gen), method=method, **opts)
+    x = torch.randn(4, shape[-1], dtype=dtype, generator=gen)
+    params = [p for p in w.parameters() if p.requires_grad]
+
+    def rollout(apply):
+        h = x
+        for _ in range(3 if shape[0] == shape[1] else 1):
+            h = apply(h)
+        return h
+
+    step = w.operator()
+    fast = rollout(step)
+    grads_fast = torch.autograd.grad(fast.abs().pow(2).sum(), params)
+    q = w()
+    dense = rollout(lambda h: torch.nn.functional.linear(h, q))
+    grads_dense = torch.autograd.grad(dense.abs().pow(2).sum(), params)
+    n = max(shape)
+    assert (fast - dense).abs().max() < 100 * tol(dtype, n)
+    for a, b in zip(grads_fast, grads_dense, strict=True):
+        assert (a - b).abs().max() < 1000 * tol(dtype, n) * (1 + b.abs().max())
+
+
+def orthogonalize_supports(method, shape, cplx):
+    try:
+        orthogonalize(
+            torch.randn(*shape, dtype=torch.complex128 if cplx else torch.float64), method=method
+        )
+    except ValueError:
+        return False
+    return True
+
+
 SMALL = {
     "square_real": (3, 3),
     "square_complex": (3, 3),
@@ -223,6 +265,13 @@ def test_scaled_cayley_negatives_and_default_scaling():
         w.weight = torch.eye(5, dtype=torch.float64)
     with pytest.raises(ValueError, match="init='random'"):
         orthogonalize(torch.eye(5), method="scaled_cayley", negatives=2)
+    for seed in range(8):  # init="random" draws from the reachable half: det W = det D
+        for n, neg in [(4, 1), (4, 2), (5, 3)]:
+            torch.manual_seed(seed)
+            eye = torch.eye(n, dtype=torch.float64)
+            r = orthogonalize(eye, method="scaled_cayley", negatives=neg, init="random")
+            assert orth_err(r()) < 100 * tol(torch.float64, n)
+            assert float(torch.linalg.det(r())) == pytest.approx((-1) ** neg, abs=1e-12)
     v = orthogonalize(-torch.eye(5, dtype=torch.float64), method="scaled_cayley")
     assert (v() + torch.eye(5, dtype=torch.float64)).abs().max() < 1e-13
     assert v.map.scaling.tolist() == [-1] * 5  # chosen by right_inverse: A = 0

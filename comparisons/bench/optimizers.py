@@ -1,0 +1,271 @@
+"""Step time of our Riemannian optimizers against geoopt's, on St(N, M) and O(n).
+
+Run ``python -m stiefel.comparisons.bench.optimizers`` (``--quick`` for a short
+run, ``--json PATH`` to keep the numbers). For each shape (default St(4096, 64),
+St(1024, 256) and O(512), float32) and each optimizer, a
+``geoopt.ManifoldParameter`` starts at the same Haar-random point with the
+same fixed random ``.grad`` (set once), and only ``opt.step()`` is timed, in
+the same run for everyone:
+
+- ours, through ``stiefel.optimizers.create`` on ``stiefel.manifolds.Stiefel``
+  (``Orthogonal`` for a square shape): ``rgd`` with metric euclidean /
+  canonical × retraction cayley / qr, ``radam`` (cayley, qr) and ``landing``;
+- geoopt's ``RiemannianSGD`` and ``RiemannianAdam`` on ``geoopt.CanonicalStiefel``
+  (Cayley transform of an N×N matrix) and ``geoopt.EuclideanStiefel`` (QR).
+
+Ratios are "geoopt canonical SGD step / this step" (> 1: faster than geoopt)
+and "this / rgd (euclidean, cayley)". The number of runs follows the cost of a
+step (``--budget`` seconds per measurement; a slower step is timed once).
+
+Example::
+
+    python -m stiefel.comparisons.bench.optimizers --quick --json /tmp/opt.json
+    python -m stiefel.comparisons.bench.optimizers --shapes 4096x64,512x512 --repeats 20
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import geoopt
+import torch
+
+from ... import optimizers
+from ...manifolds import Orthogonal, Stiefel
+from ._timing import fmt_ratio, fmt_time, header, measure, table, write_json
+
+SHAPES = [(4096, 64), (1024, 256), (512, 512)]
+QUICK_SHAPES = [(64, 4), (32, 8), (16, 16)]
+LR = 1e-3
+
+RGD_E_C = "rgd (euclidean, cayley)"
+RGD_C_C = "rgd (canonical, cayley)"
+RADAM_C = "radam (cayley)"
+GEO_SGD_CANON = "geoopt RiemannianSGD, CanonicalStiefel"
+
+Build = Callable[[torch.nn.Parameter], torch.optim.Optimizer]
+
+OURS: dict[str, Build] = {
+    RGD_E_C: lambda p: optimizers.create(
+        "rgd", [p], lr=LR, metric="euclidean", retraction="cayley"
+    ),
+    RGD_C_C: lambda p: optimizers.create(
+        "rgd", [p], lr=LR, metric="canonical", retraction="cayley"
+    ),
+    "rgd (euclidean, qr)": lambda p: optimizers.create(
+        "rgd", [p], lr=LR, metric="euclidean", retraction="qr"
+    ),
+    "rgd (canonical, qr)": lambda p: optimizers.create(
+        "rgd", [p], lr=LR, metric="canonical", retraction="qr"
+    ),
+    RADAM_C: lambda p: optimizers.create("radam", [p], lr=LR, retraction="cayley"),
+    "radam (qr)": lambda p: optimizers.create("radam", [p], lr=LR, retraction="qr"),
+    "landing": lambda p: optimizers.create("landing", [p], lr=LR),
+}
+
+GEOOPT: dict[str, tuple[type, Build]] = {
+    GEO_SGD_CANON: (geoopt.CanonicalStiefel, lambda p: geoopt.optim.RiemannianSGD([p], lr=LR)),
+    "geoopt RiemannianSGD, EuclideanStiefel": (
+        geoopt.EuclideanStiefel,
+        lambda p: geoopt.optim.RiemannianSGD([p], lr=LR),
+    ),
+    "geoopt RiemannianAdam, CanonicalStiefel": (
+        geoopt.CanonicalStiefel,
+        lambda p: geoopt.optim.RiemannianAdam([p], lr=LR),
+    ),
+    "geoopt RiemannianAdam, EuclideanStiefel": (
+        geoopt.EuclideanStiefel,
+        lambda p: geoopt.optim.RiemannianAdam([p], lr=LR),
+    ),
+}
+
+
+def _label(n: int, m: int) -> str:
+    return f"O({n})" if n == m else f"St({n}, {m})"
+
+
+def _our_manifold(n: int, m: int) -> Stiefel:
+    return Orthogonal(n) if n == m else Stiefel(n, m)
+
+
+def step_time(
+    manifold: geoopt.Manifold,
+    build: Build,
+    x0: torch.Tensor,
+    grad: torch.Tensor,
+    repeats: int,
+    budget: float,
+):
+    """Median time of ``opt.step()`` on a fresh parameter at ``x0`` with a fixed ``.grad``."""
+    p = geoopt.ManifoldParameter(x0.clone(), manifold=manifold)
+    opt = build(p)
+    p.grad = grad.clone()
+    t = measure(opt.step, repeats, budget)
+    err = float(torch.linalg.matrix_norm(p.detach().mT @ p.detach() - torch.eye(x0.shape[-1])))
+    return t, err
+
+
+def run(
+    shapes: list[tuple[int, int]], repeats: int, budget: float, verbose: bool = False
+) -> list[dict[str, Any]]:
+    """One row per (shape, optimizer)."""
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for n, m in shapes:
+        ours = _our_manifold(n, m)
+        x0 = ours.random(dtype=torch.float32, generator=gen)
+        grad = torch.randn(n, m, generator=gen)
+        cases: list[tuple[str, str, geoopt.Manifold, Build]] = [
+            (name, "ours", ours, build) for name, build in OURS.items()
+        ]
+        cases += [(name, "geoopt", man(), build) for name, (man, build) in GEOOPT.items()]
+        for name, family, manifold, build in cases:
+            if verbose:
+                print(f"  … {_label(n, m)} {name}", flush=True)
+            t, err = step_time(manifold, build, x0, grad, repeats, budget)
+            rows.append(
+                {
+                    "shape": [n, m],
+                    "manifold": _label(n, m),
+                    "name": name,
+                    "family": family,
+                    "step_s": t.seconds,
+                    "runs": t.runs,
+                    "cold": t.cold,
+                    "orthogonality_error": err,
+                }
+            )
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def _get(rows, manifold: str, name: str) -> float | None:
+    for r in rows:
+        if r["manifold"] == manifold and r["name"] == name:
+            return r["step_s"]
+    return None
+
+
+def results_table(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for label in dict.fromkeys(r["manifold"] for r in rows):
+        geo = _get(rows, label, GEO_SGD_CANON)
+        rgd = _get(rows, label, RGD_E_C)
+        body = [
+            [
+                r["name"],
+                fmt_time(r["step_s"]),
+                str(r["runs"]),
+                fmt_ratio(_ratio(geo, r["step_s"])),
+                f"{_ratio(r['step_s'], rgd) or float('nan'):.2f}",
+                f"{r['orthogonality_error']:.1e}",
+            ]
+            for r in rows
+            if r["manifold"] == label
+        ]
+        hdr = [
+            "optimizer",
+            "step",
+            "runs",
+            "geoopt canonical SGD / this",
+            f"this / {RGD_E_C}",
+            "‖XᵀX − I‖_F after",
+        ]
+        out += [label, table(hdr, body), ""]
+    return "\n".join(out)
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets on the first shape (St(4096, 64) by default)."""
+    label = rows[0]["manifold"]
+    geo = _get(rows, label, GEO_SGD_CANON)
+    items = [
+        (f"{label}: geoopt canonical step / {RGD_E_C}", _ratio(geo, _get(rows, label, RGD_E_C))),
+        (f"{label}: geoopt canonical step / {RGD_C_C}", _ratio(geo, _get(rows, label, RGD_C_C))),
+    ]
+    out = [{"target": t, "measured": v, "op": ">=", "goal": 150} for t, v in items]
+    for lab in dict.fromkeys(r["manifold"] for r in rows):
+        v = _ratio(_get(rows, lab, RADAM_C), _get(rows, lab, RGD_E_C))
+        out.append(
+            {"target": f"{lab}: {RADAM_C} / {RGD_E_C}", "measured": v, "op": "<=", "goal": 2}
+        )
+    for r in out:
+        v = r["measured"]
+        r["met"] = None if v is None else (v >= r["goal"] if r["op"] == ">=" else v <= r["goal"])
+    return out
+
+
+def targets_table(rows: list[dict[str, Any]]) -> str:
+    body = []
+    for r in rows:
+        v = r["measured"]
+        met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
+        body.append([r["target"], f"{r['op']} {r['goal']}", "—" if v is None else f"{v:.3g}", met])
+    return table(["target", "goal", "measured", ""], body)
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        a, b = item.lower().split("x")
+        out.append((int(a), int(b)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="tiny shapes and few repeats (for tests)")
+    p.add_argument(
+        "--shapes", type=_shapes, default=None, help="NxM,... (default 4096x64,1024x256,512x512)"
+    )
+    p.add_argument("--repeats", type=int, default=None, help="most timed steps per measurement")
+    p.add_argument("--budget", type=float, default=None, help="seconds per measurement (default 2)")
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--verbose", action="store_true", help="print progress")
+    args = p.parse_args(argv)
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    repeats = args.repeats or (3 if args.quick else 20)
+    budget = args.budget if args.budget is not None else (0.05 if args.quick else 2.0)
+    torch.manual_seed(0)
+
+    rows = run(shapes, repeats, budget, args.verbose)
+    tg = targets(rows)
+    text = "\n".join(
+        [
+            header("One optimizer step (opt.step() with a fixed gradient)"),
+            f"up to {repeats} steps, {budget:g} s per measurement, lr = {LR:g}",
+            "",
+            results_table(rows),
+            "Targets (issue 4)",
+            targets_table(tg),
+        ]
+    )
+    print(text)
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "config": {
+                    "shapes": [list(s) for s in shapes],
+                    "repeats": repeats,
+                    "budget_s": budget,
+                    "lr": LR,
+                    "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                },
+                "results": rows,
+                "targets": tg,
+            },
+        )
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The benchmark scripts run end to end on tiny sizes (no timing assertions)."""
+
+import json
+
+import pytest
+
+from stiefel.comparisons.bench import _timing, maps, optimizers
+
+TINY_MAPS = [
+    "--quick",
+    "--sizes",
+    "8,16",
+    "--stiefel",
+    "32x4",
+    "--rollout",
+    "3,16",
+    "--repeats",
+    "1",
+    "--budget",
+    "0",
+]
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float) and x > 0
+
+
+def test_measure_counts_runs():
+    calls = []
+    t = _timing.measure(lambda: calls.append(1), repeats=4, budget_s=10.0, warmup=2)
+    assert t.runs == 4 and not t.cold and t.seconds >= 0
+    assert len(calls) == 2 + 4
+    # a call slower than the budget is timed once (the cold first call)
+    t = _timing.measure(lambda: calls.append(1), repeats=4, budget_s=0.0, cold_s=0.0)
+    assert t.runs == 1 and t.cold
+    assert _timing.fmt_ratio(None) == "—" and _timing.fmt_ratio(12.345) == "12.3x"
+
+
+def test_maps_quick(tmp_path, capsys):
+    pytest.importorskip("geotorch")
+    out = tmp_path / "maps.json"
+    text = maps.main([*TINY_MAPS, "--json", str(out)])
+    assert capsys.readouterr().out.strip() == text.strip()
+    for title in ("O(8)", "O(16)", "St(32, 4)", "RNN rollout", "Targets (issue 3)"):
+        assert title in text
+    data = json.loads(out.read_text())
+    names = {r["name"] for r in data["square"]}
+    assert {"householder", "cwy", "exp", "cayley", *maps.ANCHORS} <= names
+    # three reflection counts n/16, n/4, n per reflection map and size
+    assert sorted(r["L"] for r in data["square"] if r["name"] == "cwy" and r["n"] == 16) == [
+        1,
+        4,
+        16,
+    ]
+    for r in data["square"] + data["stiefel"]:
+        assert _positive(r["fwd_s"]) and _positive(r["fwd_bwd_s"]), r
+    assert {r["name"] for r in data["stiefel"]} >= {"tcwy", maps.GEO_EXP, maps.GEO_CAY}
+    assert len(data["rollout"]) == 5
+    assert all(_positive(r["fwd_bwd_s"]) for r in data["rollout"])
+    assert len(data["targets"]) == 7
+    assert all(t["measured"] is None or t["measured"] > 0 for t in data["targets"])
+    assert all(t["met"] in (True, False) for t in data["targets"])
+
+
+def test_optimizers_quick(tmp_path, capsys):
+    out = tmp_path / "opt.json"
+    argv = ["--quick", "--shapes", "16x2,8x8", "--repeats", "1", "--budget", "0"]
+    text = optimizers.main([*argv, "--json", str(out)])
+    assert capsys.readouterr().out.strip() == text.strip()
+    for title in ("St(16, 2)", "O(8)", "Targets (issue 4)"):
+        assert title in text
+    data = json.loads(out.read_text())
+    rows = data["results"]
+    expected = set(optimizers.OURS) | set(optimizers.GEOOPT)
+    for label in ("St(16, 2)", "O(8)"):
+        assert {r["name"] for r in rows if r["manifold"] == label} == expected
+    assert all(_positive(r["step_s"]) for r in rows)
+    assert all(r["orthogonality_error"] < 1e-2 for r in rows)
+    assert [t["goal"] for t in data["targets"]] == [150, 150, 2, 2]
