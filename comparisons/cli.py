@@ -76,6 +76,7 @@ QUICK = {
         n=24,
         m=8,
         record_every=10,
+        jobs=2,  # Note [Parallel runs]: the quick preset uses both cores
         strategies=[
             "cwy+adam",
             "exp+adam",
@@ -93,6 +94,7 @@ QUICK = {
         T=10,
         batch=32,
         record_every=10,
+        jobs=2,
         strategies=[
             "cwy+adam",
             "scaled_cayley+rmsprop",
@@ -142,6 +144,12 @@ def _training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--permute", action="store_true", default=None, help="permuted digits")
     p.add_argument("--others", default=None, help="optimizer of the unconstrained weights")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes, one torch thread each (default 1: runs in this process)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -56,17 +56,53 @@ def run_grid(opts: dict, desc: str) -> list[dict]:
                             opts["others"],
                         )
                     )
+    workers = opts.get("jobs")
+    workers = 1 if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"jobs={workers!r}; allowed: an integer >= 1")
     bar = _progress(sum(j.steps for j in jobs), desc)
-    runs = []
     try:
+        if workers > 1 and len(jobs) > 1:
+            return _run_parallel(jobs, workers, bar)
+        runs = []
         for job in jobs:
             if bar is not None:
                 bar.set_postfix_str(f"{job.task} {job.strategy} {job.dtype} seed {job.seed}")
             runs.append(run(job, bar))
+        return runs
     finally:
         if bar is not None:
             bar.close()
-    return runs
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _run_parallel(jobs: list[RunConfig], workers: int, bar) -> list[dict]:
+    """Note [Parallel runs]
+
+    Runs are independent and seeded, so ``jobs=k`` spreads them over k worker
+    processes of one torch thread each (small recurrent models use one core
+    badly with more threads). Results come back in the serial order; the wall
+    times of runs sharing the machine are only comparable with each other.
+    """
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_one_thread) as pool:
+        futures = {pool.submit(run, job, None): i for i, job in enumerate(jobs)}
+        runs: list[dict | None] = [None] * len(jobs)
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            runs[i] = fut.result()
+            if bar is not None:
+                bar.update(jobs[i].steps)
+                bar.set_postfix_str(f"{jobs[i].task} {jobs[i].strategy} seed {jobs[i].seed} done")
+    return runs  # type: ignore[return-value]
 
 
 def _out(opts: dict) -> pathlib.Path:

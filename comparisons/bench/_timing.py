@@ -147,3 +147,30 @@ def write_json(path: str | pathlib.Path, data: dict[str, Any]) -> None:
     p = pathlib.Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is not positive."""
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def target(label: str, measured: float | None, op: str, goal: float) -> dict[str, Any]:
+    """One target row: ``measured op goal`` judged (``met`` is None when not measured)."""
+    met = None if measured is None else (measured >= goal if op == ">=" else measured <= goal)
+    return {"target": label, "measured": measured, "op": op, "goal": goal, "met": met}
+
+
+def targets_table(rows: list[dict[str, Any]]) -> str:
+    """The targets as a markdown table: goal, measured value, met / NOT met."""
+    body = []
+    for r in rows:
+        v = r["measured"]
+        met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
+        body.append([r["target"], f"{r['op']} {r['goal']}", "—" if v is None else f"{v:.3g}", met])
+    return table(["target", "goal", "measured", ""], body)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'4096x64' → (4096, 64)."""
+    a, b = text.lower().split("x")
+    return int(a), int(b)

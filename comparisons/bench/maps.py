@@ -47,7 +47,18 @@ from torch import nn
 from torch.nn.utils.parametrizations import orthogonal as torch_orthogonal
 
 from ...parametrizations import kernels, orthogonalize
-from ._timing import fmt_ratio, fmt_time, header, measure, table, write_json
+from ._timing import (
+    fmt_ratio,
+    fmt_time,
+    header,
+    measure,
+    parse_shape,
+    ratio,
+    table,
+    target,
+    targets_table,
+    write_json,
+)
 
 try:  # geotorch is an optional dependency (extra [compare])
     import geotorch
@@ -144,10 +155,6 @@ def _row(section: str, name: str, family: str, fwd, bwd, **extra) -> dict[str, A
     }
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else a / b
-
-
 def _progress(verbose: bool, msg: str) -> None:
     if verbose:
         print(f"  … {msg}", flush=True)
@@ -197,8 +204,8 @@ def square_table(rows: list[dict[str, Any]]) -> str:
                 if r["family"] != "ours" or ar is None:
                     cells.append("—")
                     continue
-                f = fmt_ratio(_ratio(ar["fwd_s"], r["fwd_s"]))
-                b = fmt_ratio(_ratio(ar["fwd_bwd_s"], r["fwd_bwd_s"]))
+                f = fmt_ratio(ratio(ar["fwd_s"], r["fwd_s"]))
+                b = fmt_ratio(ratio(ar["fwd_bwd_s"], r["fwd_bwd_s"]))
                 cells.append(f"{f} / {b}")
             body.append(cells)
         hdr = ["method", "L", "fwd", "fwd+bwd"] + [f"{a} / ours (fwd / fwd+bwd)" for a in ANCHORS]
@@ -233,8 +240,8 @@ def stiefel_table(rows: list[dict[str, Any]]) -> str:
     body = []
     for r in rows:
         cells = [r["name"], fmt_time(r["fwd_s"]), fmt_time(r["fwd_bwd_s"])]
-        cells.append(fmt_ratio(_ratio(r["fwd_s"], ours_row["fwd_s"])))
-        cells.append(fmt_ratio(_ratio(r["fwd_bwd_s"], ours_row["fwd_bwd_s"])))
+        cells.append(fmt_ratio(ratio(r["fwd_s"], ours_row["fwd_s"])))
+        cells.append(fmt_ratio(ratio(r["fwd_bwd_s"], ours_row["fwd_bwd_s"])))
         body.append(cells)
     n, m = rows[0]["n"], rows[0]["m"]
     hdr = ["method", "fwd", "fwd+bwd", "this / tcwy (fwd)", "this / tcwy (fwd+bwd)"]
@@ -344,7 +351,7 @@ def _hoisted(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
 def rollout_table(rows: list[dict[str, Any]]) -> str:
     base = rows[0]["fwd_bwd_s"]
     body = [
-        [r["name"], fmt_time(r["fwd_bwd_s"]), f"{_ratio(r['fwd_bwd_s'], base) or math.nan:.2f}"]
+        [r["name"], fmt_time(r["fwd_bwd_s"]), f"{ratio(r['fwd_bwd_s'], base) or math.nan:.2f}"]
         for r in rows
     ]
     r0 = rows[0]
@@ -378,72 +385,54 @@ def targets(square: list[dict], stiefel: list[dict], roll: list[dict]) -> list[d
     out = [
         (
             f"cwy fwd+bwd, O({n}), L=n: torch householder / cwy",
-            _ratio(t_hh.get(fb), cwy.get(fb)),
+            ratio(t_hh.get(fb), cwy.get(fb)),
             ">=",
             12,
         ),
         (
             f"cwy fwd+bwd, O({n}), L=n: geotorch default / cwy",
-            _ratio(g_exp.get(fb), cwy.get(fb)),
+            ratio(g_exp.get(fb), cwy.get(fb)),
             ">=",
             12,
         ),
         (
             f"cwy fwd+bwd, O({n}), L=n: cwy / torch cayley",
-            _ratio(cwy.get(fb), t_cay.get(fb)),
+            ratio(cwy.get(fb), t_cay.get(fb)),
             "<=",
             1.2,
         ),
         (
             f"householder fwd+bwd, O({n}), L=n: torch householder / ours",
-            _ratio(t_hh.get(fb), hh.get(fb)),
+            ratio(t_hh.get(fb), hh.get(fb)),
             ">=",
             5,
         ),
         (
             f"T-CWY {st}: geotorch default (expm) / tcwy, "
             + ("fwd+bwd" if st_bwd is not None else "fwd (expm fwd+bwd needs --slow)"),
-            _ratio(st_bwd, tc.get(fb))
+            ratio(st_bwd, tc.get(fb))
             if st_bwd is not None
-            else _ratio(g_st.get("fwd_s"), tc.get("fwd_s")),
+            else ratio(g_st.get("fwd_s"), tc.get("fwd_s")),
             ">=",
             500,
         ),
         (
             f"T-CWY {st}: geotorch cayley / tcwy, fwd+bwd (cheaper than geotorch's default)",
-            _ratio(g_st_cay.get(fb), tc.get(fb)),
+            ratio(g_st_cay.get(fb), tc.get(fb)),
             ">=",
             500,
         ),
         (
             "rollout fwd+bwd: cwy W.linear / unconstrained",
-            _ratio(cw_op.get(fb), roll[0].get(fb)),
+            ratio(cw_op.get(fb), roll[0].get(fb)),
             "<=",
             0.6,
         ),
     ]
-    res = []
-    for label, value, op, goal in out:
-        met = None if value is None else (value >= goal if op == ">=" else value <= goal)
-        res.append({"target": label, "measured": value, "op": op, "goal": goal, "met": met})
-    return res
-
-
-def targets_table(rows: list[dict[str, Any]]) -> str:
-    body = []
-    for r in rows:
-        v = r["measured"]
-        met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
-        body.append([r["target"], f"{r['op']} {r['goal']}", "—" if v is None else f"{v:.3g}", met])
-    return table(["target", "goal", "measured", ""], body)
+    return [target(*row) for row in out]
 
 
 # --------------------------------------------------------------------------- main
-def _shape(text: str) -> tuple[int, int]:
-    a, b = text.lower().split("x")
-    return int(a), int(b)
-
-
 def _ints(text: str) -> list[int]:
     return [int(t) for t in text.split(",") if t.strip()]
 
@@ -458,7 +447,9 @@ def main(argv: list[str] | None = None) -> str:
     )
     p.add_argument("--repeats", type=int, default=None, help="most timed runs per measurement")
     p.add_argument("--budget", type=float, default=None, help="seconds per measurement (default 2)")
-    p.add_argument("--stiefel", type=_shape, default=None, help="St(N, M) shape as NxM (4096x64)")
+    p.add_argument(
+        "--stiefel", type=parse_shape, default=None, help="St(N, M) shape as NxM (4096x64)"
+    )
     p.add_argument("--rollout", type=_ints, default=None, help="T,n of the rollout (100,1024)")
     p.add_argument("--slow", action="store_true", help="also geotorch expm fwd+bwd on St(N, M)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")

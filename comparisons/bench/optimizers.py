@@ -34,7 +34,18 @@ import torch
 
 from ... import optimizers
 from ...manifolds import Orthogonal, Stiefel
-from ._timing import fmt_ratio, fmt_time, header, measure, table, write_json
+from ._timing import (
+    fmt_ratio,
+    fmt_time,
+    header,
+    measure,
+    parse_shape,
+    ratio,
+    table,
+    target,
+    targets_table,
+    write_json,
+)
 
 SHAPES = [(4096, 64), (1024, 256), (512, 512)]
 QUICK_SHAPES = [(64, 4), (32, 8), (16, 16)]
@@ -140,10 +151,6 @@ def run(
     return rows
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else a / b
-
-
 def _get(rows, manifold: str, name: str) -> float | None:
     for r in rows:
         if r["manifold"] == manifold and r["name"] == name:
@@ -161,8 +168,8 @@ def results_table(rows: list[dict[str, Any]]) -> str:
                 r["name"],
                 fmt_time(r["step_s"]),
                 str(r["runs"]),
-                fmt_ratio(_ratio(geo, r["step_s"])),
-                f"{_ratio(r['step_s'], rgd) or float('nan'):.2f}",
+                fmt_ratio(ratio(geo, r["step_s"])),
+                f"{ratio(r['step_s'], rgd) or float('nan'):.2f}",
                 f"{r['orthogonality_error']:.1e}",
             ]
             for r in rows
@@ -185,36 +192,18 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     label = rows[0]["manifold"]
     geo = _get(rows, label, GEO_SGD_CANON)
     items = [
-        (f"{label}: geoopt canonical step / {RGD_E_C}", _ratio(geo, _get(rows, label, RGD_E_C))),
-        (f"{label}: geoopt canonical step / {RGD_C_C}", _ratio(geo, _get(rows, label, RGD_C_C))),
+        (f"{label}: geoopt canonical step / {RGD_E_C}", ratio(geo, _get(rows, label, RGD_E_C))),
+        (f"{label}: geoopt canonical step / {RGD_C_C}", ratio(geo, _get(rows, label, RGD_C_C))),
     ]
-    out = [{"target": t, "measured": v, "op": ">=", "goal": 150} for t, v in items]
+    out = [target(t, v, ">=", 150) for t, v in items]
     for lab in dict.fromkeys(r["manifold"] for r in rows):
-        v = _ratio(_get(rows, lab, RADAM_C), _get(rows, lab, RGD_E_C))
-        out.append(
-            {"target": f"{lab}: {RADAM_C} / {RGD_E_C}", "measured": v, "op": "<=", "goal": 2}
-        )
-    for r in out:
-        v = r["measured"]
-        r["met"] = None if v is None else (v >= r["goal"] if r["op"] == ">=" else v <= r["goal"])
+        v = ratio(_get(rows, lab, RADAM_C), _get(rows, lab, RGD_E_C))
+        out.append(target(f"{lab}: {RADAM_C} / {RGD_E_C}", v, "<=", 2))
     return out
-
-
-def targets_table(rows: list[dict[str, Any]]) -> str:
-    body = []
-    for r in rows:
-        v = r["measured"]
-        met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
-        body.append([r["target"], f"{r['op']} {r['goal']}", "—" if v is None else f"{v:.3g}", met])
-    return table(["target", "goal", "measured", ""], body)
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
-    out = []
-    for item in text.split(","):
-        a, b = item.lower().split("x")
-        out.append((int(a), int(b)))
-    return out
+    return [parse_shape(item) for item in text.split(",")]
 
 
 def main(argv: list[str] | None = None) -> str:

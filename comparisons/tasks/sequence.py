@@ -62,9 +62,10 @@ class _SequenceTask(Task):
 class Copying(_SequenceTask):
     r"""The copying memory task (Arjovsky et al. 2016).
 
-    Ten symbols from 1–8, T blanks (0), a marker (9), then the ten symbols must be
-    reproduced: length T + 20, cross-entropy over every position. Outputting blanks
-    and then random symbols gives the baseline 10·log 8 / (T + 20).
+    Ten symbols from 1–8, T − 1 blanks (0), a marker (9) and ten more blanks,
+    during which the ten symbols must be reproduced: length T + 20, blanks are
+    the target everywhere else, cross-entropy over every position. Outputting
+    blanks and then random symbols gives the baseline 10·log 8 / (T + 20).
     """
 
     name = "copying"
@@ -81,7 +82,7 @@ class Copying(_SequenceTask):
         seq = torch.randint(1, 9, (batch, 10), generator=g)
         x = torch.zeros(batch, T + 20, dtype=torch.long)
         x[:, :10] = seq
-        x[:, T + 10] = 9
+        x[:, T + 9] = 9  # the marker; the answer starts on the next step
         y = torch.zeros(batch, T + 20, dtype=torch.long)
         y[:, -10:] = seq
         return F.one_hot(x, 10).float().to(self.device), y.to(self.device)

@@ -183,3 +183,42 @@ def test_complexity_subcommand(tmp_path):
 def test_report_without_results_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results"):
         cli.main(["report", "--out", str(tmp_path)])
+
+
+def test_parallel_jobs_give_the_serial_numbers(tmp_path):
+    """``jobs=2`` runs in worker processes and returns the serial runs, in order."""
+    from stiefel.comparisons.sections import run_grid
+
+    opts = dict(
+        tasks=["procrustes"],
+        strategies=["cwy+adam", "riemannian+rgd"],
+        dtypes=["float64"],
+        seeds=2,
+        steps=6,
+        device="cpu",
+        record_every=2,
+        n=5,
+        m=2,
+        others="adam(lr=1e-3)",
+    )
+    serial = run_grid(opts, "serial")
+    parallel = run_grid({**opts, "jobs": 2}, "parallel")
+    assert [(r["strategy"], r["seed"]) for r in parallel] == [
+        (r["strategy"], r["seed"]) for r in serial
+    ]
+    for a, b in zip(serial, parallel, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-12, abs=1e-14)
+    with pytest.raises(ValueError, match="jobs=0"):
+        run_grid({**opts, "jobs": 0}, "bad")
+
+
+def test_copying_layout_marker_then_answer():
+    task = Copying(torch.float32, torch.device("cpu"), 0, n=8, batch=4, T=12)
+    x, y = task.sample(4)
+    symbols = x.argmax(-1)
+    assert x.shape == (4, 32, 10) and y.shape == (4, 32)
+    assert bool((symbols[:, :10] >= 1).all() and (symbols[:, :10] <= 8).all())
+    assert bool((symbols[:, 10:21] == 0).all())  # T − 1 = 11 blanks
+    assert bool((symbols[:, 21] == 9).all())  # the marker at T + 9
+    assert bool((symbols[:, 22:] == 0).all())
+    assert torch.equal(y[:, -10:], symbols[:, :10]) and bool((y[:, :-10] == 0).all())
