@@ -34,6 +34,10 @@ def convergence_figure(runs: list[dict], task: str):
         groups.setdefault(r["strategy"], []).append(r)
     first = runs[0]
     optimum, baseline = first["optimum"], first["baseline"]
+    # log scale whenever the plotted values are positive (a gap to the optimum,
+    # cross-entropy, MSE): far below a baseline is only visible on a log axis
+    logy = optimum is not None or all(min(r["loss"], default=1.0) > 0 for r in runs)
+    floor = 1e-16 if logy else -np.inf
     for name, rs in groups.items():
         n = min(len(r["loss"]) for r in rs)
         steps = np.array(rs[0]["step"][:n])
@@ -41,24 +45,25 @@ def convergence_figure(runs: list[dict], task: str):
         times = np.array([r["time"][:n] for r in rs]).mean(0)
         if optimum is not None:  # each seed has its own optimum
             loss = loss - np.array([[r["optimum"]] for r in rs])
-        y = loss
-        if optimum is not None:
-            y = np.maximum(y, 1e-16)
-        m, s = y.mean(0), y.std(0)
+        if logy:  # geometric mean and spread: a symmetric band on the log axis
+            ly = np.log(np.maximum(loss, floor))
+            m, lo, hi = (np.exp(ly.mean(0) + k * ly.std(0)) for k in (0, -1, 1))
+        else:
+            m, sd = loss.mean(0), loss.std(0)
+            lo, hi = m - sd, m + sd
         for ax, x in ((a1, steps), (a2, times)):
             ax.plot(x, m, label=name)
-            ax.fill_between(
-                x, np.maximum(m - s, 1e-16 if optimum is not None else -np.inf), m + s, alpha=0.2
-            )
+            ax.fill_between(x, lo, hi, alpha=0.2)
     for ax, xl in ((a1, "step"), (a2, "wall time [s]")):
         ax.set_xlabel(xl)
         ax.set_ylabel("loss − optimum" if optimum is not None else "loss")
-        if optimum is not None:
+        if logy:
             ax.set_yscale("log")
         if baseline is not None and optimum is None:
             ax.axhline(baseline, color="k", ls="--", lw=1, label="baseline")
         ax.grid(alpha=0.3)
-    a1.set_title(f"{task}: mean ± std over seeds")
+    spread = "geometric mean ± std" if logy else "mean ± std"
+    a1.set_title(f"{task}: {spread} over seeds")
     a1.legend(fontsize=7)
     return fig
 
