@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
@@ -39,6 +41,7 @@ __all__ = [
     "householder_apply",
     "cwy_factors",
     "cwy_linear_factored",
+    "cwy_operator",
     "householder_matrix",
     "householder_linear",
     "skew_from_raw",
@@ -146,6 +149,52 @@ def cwy_linear_factored(
     w = torch.linalg.solve_triangular(s, x @ u, upper=True, left=False)
     y = x[..., :m] - w @ u[..., :m, :].mH
     return y if d is None else y * d.unsqueeze(-2).to(y.dtype)
+
+
+def cwy_operator(
+    u: torch.Tensor,
+    s: torch.Tensor,
+    d: torch.Tensor | None = None,
+    transposed: bool = False,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    r"""x ↦ ``cwy_linear_factored(u, s, x, d, transposed)`` with S⁻¹ folded in once.
+
+    Note [Operator with S⁻¹ folded in]
+    Applied to many vectors (a rollout), the triangular solve is moved off the
+    per-step path: A = diag(d) Ū₁ S⁻ᵀ (m×L) or B = U S⁻¹ (n×L) is formed once,
+    O(nL²), by the same backward-stable triangular solve, and each step is
+    then x ↦ x·d − (x A) Uᵀ (or x₁·d − (x B) U₁ᴴ diag d): two thin products, no
+    per-step solve, slice or pad. With batch 1 the per-step cost is dominated
+    by the number of autograd nodes, which this keeps to three.
+    """
+    n = u.shape[-2]
+    m = n if d is None else d.shape[-1]
+    dd = None if d is None else d.to(u.dtype)
+    if not transposed:
+        lhs = u[..., :m, :].conj()
+        if dd is not None:
+            lhs = lhs * dd.unsqueeze(-1)
+        a = torch.linalg.solve_triangular(s.mT, lhs, upper=False, left=False)
+        ut = u.mT
+
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            xd = x if dd is None else x * dd.unsqueeze(-2)
+            if m < n:
+                xd = torch.nn.functional.pad(xd, (0, n - m))
+            return xd - (x @ a) @ ut
+
+        return apply
+    b = torch.linalg.solve_triangular(s, u, upper=True, left=False)
+    uh = u[..., :m, :].mH
+    if dd is not None:
+        uh = uh * dd.unsqueeze(-2)
+
+    def apply_t(x: torch.Tensor) -> torch.Tensor:
+        x1 = x[..., :m] if m < n else x
+        x1 = x1 if dd is None else x1 * dd.unsqueeze(-2)
+        return x1 - (x @ b) @ uh
+
+    return apply_t
 
 
 def cwy_linear(

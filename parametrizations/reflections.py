@@ -186,7 +186,7 @@ class CWY(_Reflections):
         # Note [Factors once per rollout]: U and S once, O(nL) per application.
         u, s = kernels.cwy_factors(original)
         d, transposed = self.diagonal(), self.transposed
-        return lambda x: kernels.cwy_linear_factored(u, s, x, d, transposed)
+        return kernels.cwy_operator(u, s, d, transposed)  # Note [Operator with S⁻¹ folded in]
 
 
 @register("tcwy")
