@@ -55,7 +55,8 @@ def test_maps_quick(tmp_path, capsys):
     for r in data["square"] + data["stiefel"]:
         assert _positive(r["fwd_s"]) and _positive(r["fwd_bwd_s"]), r
     assert {r["name"] for r in data["stiefel"]} >= {"tcwy", maps.GEO_EXP, maps.GEO_CAY}
-    assert len(data["rollout"]) == 5
+    roll = {r["name"] for r in data["rollout"]}
+    assert len(roll) == 6 and "cwy step = W.operator() once per rollout" in roll
     assert all(_positive(r["fwd_bwd_s"]) for r in data["rollout"])
     assert len(data["targets"]) == 7
     assert all(t["measured"] is None or t["measured"] > 0 for t in data["targets"])
