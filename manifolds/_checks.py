@@ -24,6 +24,20 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+def int_in_range(
+    name: str, value: object, low: int, high: int, *, none_ok: bool = False, where: str = ""
+) -> int:
+    """Return ``value`` if it is an int (not a bool) in [low, high], else raise ValueError.
+
+    ``where`` is appended to "out of range" (e.g. " for Orthogonal(n=4)"), and
+    ``none_ok`` only changes the message (the caller handles None itself).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        allowed = ("None or " if none_ok else "") + f"an int with {low} <= {name} <= {high}"
+        raise ValueError(f"{name}={value!r} is out of range{where}; allowed: {allowed}")
+    return value
+
+
 def tensor(name: str, x: object) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

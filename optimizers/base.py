@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import geoopt
@@ -36,6 +36,7 @@ import torch
 
 from ..manifolds import METRICS, RETRACTIONS
 from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds._checks import choice as check_choice  # one check for the package
 from ..manifolds.kernels import orthogonality_error
 from .geometry import Geometry, _Binder, manifold_of
 
@@ -55,14 +56,6 @@ def check_number(
         bracket = "]" if closed_high else ")"
         raise ValueError(f"{name}={value!r} is out of range; allowed: [{low}, {high}{bracket}")
     return float(value)
-
-
-def check_choice(name: str, value: Any, allowed: Iterable[str]) -> str:
-    """``value`` if it is one of the strings ``allowed``, else ValueError naming both."""
-    allowed = tuple(allowed)
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
-    return value
 
 
 def _check_repair(value: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..manifolds._checks import int_in_range
 from . import kernels
 from ._inverse import Unreachable, cayley_scaling, complete
 from .base import OrthogonalMap, high, register
@@ -127,15 +128,7 @@ class ScaledCayley(OrthogonalMap):
                     f"negatives={negatives!r} is a real-only option (scoRNN's fixed ±1 scaling); "
                     "complex weights train the phases of D; allowed for complex: negatives=None"
                 )
-            if (
-                isinstance(negatives, bool)
-                or not isinstance(negatives, int)
-                or not 0 <= negatives <= self.m
-            ):
-                raise ValueError(
-                    f"negatives={negatives!r} is out of range; allowed: None or an int "
-                    f"with 0 <= negatives <= {self.m}"
-                )
+            int_in_range("negatives", negatives, 0, self.m, none_ok=True)
         self.negatives = negatives
         real = torch.empty((), dtype=dtype).real.dtype
         if self.is_complex:

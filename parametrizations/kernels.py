@@ -170,6 +170,7 @@ def cwy_operator(
     n = u.shape[-2]
     m = n if d is None else d.shape[-1]
     dd = None if d is None else d.to(u.dtype)
+    drow = None if dd is None else dd.unsqueeze(-2)  # formed once, not per step
     if not transposed:
         lhs = u[..., :m, :].conj()
         if dd is not None:
@@ -178,7 +179,7 @@ def cwy_operator(
         ut = u.mT
 
         def apply(x: torch.Tensor) -> torch.Tensor:
-            xd = x if dd is None else x * dd.unsqueeze(-2)
+            xd = x if drow is None else x * drow
             if m < n:
                 xd = torch.nn.functional.pad(xd, (0, n - m))
             return xd - (x @ a) @ ut
@@ -186,12 +187,12 @@ def cwy_operator(
         return apply
     b = torch.linalg.solve_triangular(s, u, upper=True, left=False)
     uh = u[..., :m, :].mH
-    if dd is not None:
-        uh = uh * dd.unsqueeze(-2)
+    if drow is not None:
+        uh = uh * drow
 
     def apply_t(x: torch.Tensor) -> torch.Tensor:
         x1 = x[..., :m] if m < n else x
-        x1 = x1 if dd is None else x1 * dd.unsqueeze(-2)
+        x1 = x1 if drow is None else x1 * drow
         return x1 - (x @ b) @ uh
 
     return apply_t

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..manifolds._checks import int_in_range
 from . import kernels
 from ._householder import DEFAULT_BLOCK
 from ._inverse import reflections_from_point
@@ -63,15 +64,7 @@ class _Reflections(OrthogonalMap):
         self.full = self.m
         if reflections is None:
             reflections = self.full
-        if (
-            isinstance(reflections, bool)
-            or not isinstance(reflections, int)
-            or not 1 <= reflections <= self.n
-        ):
-            raise ValueError(
-                f"reflections={reflections!r} is out of range for {self.manifold!r}; "
-                f"allowed: an int with 1 <= reflections <= {self.n}"
-            )
+        int_in_range("reflections", reflections, 1, self.n, where=f" for {self.manifold!r}")
         self.reflections = reflections
         real = torch.empty((), dtype=dtype).real.dtype
         if self.is_complex:
