@@ -18,6 +18,7 @@ import time
 import torch
 
 from . import tasks as tasks_mod
+from .complexity import GEOOPT_STEPS
 from .report import write_report
 from .sections import complexity_section, convergence_section, drift_section
 
@@ -41,6 +42,7 @@ CONVERGENCE_STRATEGIES = [
     "lstm+rmsprop",
 ]
 
+COMMANDS = ("drift", "convergence", "complexity", "report", "quick")
 DEFAULTS = {
     "drift": dict(
         tasks=["procrustes"],
@@ -67,6 +69,8 @@ DEFAULTS = {
         fractions=[1 / 16, 1 / 4, 1.0],
         repeats=7,
         shapes=[[1024, 64], [2048, 64], [4096, 64]],
+        # geoopt's canonical step forms an N×N matrix: 1 GiB and a minute at N = 16384
+        limits={label: 16384 for label in GEOOPT_STEPS if "Canonical" in label},
     ),
 }
 QUICK = {
@@ -152,6 +156,14 @@ def _training(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _shape(text: str) -> list[int]:
+    """``"4096x64"`` → ``[4096, 64]``."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}; allowed: NxM with integers, e.g. 4096x64")
+    return [int(p) for p in parts]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stiefel-compare",
@@ -166,6 +178,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--sizes", type=int, nargs="+", default=None)
     c.add_argument("--fractions", type=float, nargs="+", default=None, help="L / n")
     c.add_argument("--repeats", type=int, default=None)
+    c.add_argument(
+        "--shapes",
+        type=_shape,
+        nargs="+",
+        default=None,
+        help="St(N, M) shapes of the optimizer steps, as NxM (e.g. 4096x64)",
+    )
     r = sub.add_parser("report", help="gather results into report.md")
     _common(r)
     q = sub.add_parser("quick", help="a small run of everything and the report")
@@ -185,12 +204,47 @@ def _load_toml(path: pathlib.Path | None) -> dict:
     return tomllib.loads(path.read_text())
 
 
+def _option_names(command: str) -> set[str]:
+    """The option names ``command`` takes: its flags and its defaults."""
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        command
+    ]
+    names = {a.dest for a in sub._actions} - {"help", "config", "threads"}
+    return names | set(DEFAULTS.get(command, {})) | {"others", "k"}
+
+
+def _check_config(cfg: dict, path: pathlib.Path) -> None:
+    """Unknown tables or keys in a TOML config raise ValueError listing the known ones."""
+    every = set().union(*(_option_names(c) for c in COMMANDS if c != "quick"))
+    for key, value in cfg.items():
+        if isinstance(value, dict) and key not in every:
+            if key not in COMMANDS:
+                raise ValueError(
+                    f"--config {path}: unknown table [{key}]; available: {', '.join(COMMANDS)}"
+                )
+            known = _option_names(key) if key != "quick" else every
+            for k in value:
+                if k not in known:
+                    raise ValueError(
+                        f"--config {path}: unknown option {k!r} in [{key}]; "
+                        f"available: {', '.join(sorted(known))}"
+                    )
+        elif key not in every:
+            raise ValueError(
+                f"--config {path}: unknown option {key!r}; available: {', '.join(sorted(every))}"
+            )
+
+
 def _options(command: str, args: argparse.Namespace, preset: dict | None = None) -> dict:
     opts = dict(DEFAULTS.get(command, {}))
     opts.update(preset or {})
     cfg = _load_toml(getattr(args, "config", None))
-    opts.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
+    _check_config(cfg, getattr(args, "config", None))
+    limits = dict(opts.get("limits") or {})
+    opts.update({k: v for k, v in cfg.items() if not (isinstance(v, dict) and k in COMMANDS)})
     opts.update(cfg.get(command, {}))
+    if "limits" in opts:  # a config's limits add to the defaults' instead of replacing them
+        opts["limits"] = {**limits, **(opts["limits"] or {})}
     opts.update(
         {
             k: v

@@ -80,9 +80,7 @@ def run(cfg: RunConfig, progress=None) -> dict:
     task = tasks_mod.make(cfg.task, dtype, device, cfg.seed, **cfg.task_options)
     if strategy.is_baseline and task.kind != "sequence":
         raise ValueError(f"strategy {cfg.strategy!r}: the LSTM baseline needs a sequence task")
-    model = task.build(strategy.method, strategy.method_options)
-    if task.kind == "sequence" and dtype == torch.float64:
-        model = model.double()
+    model = task.build(strategy.method, strategy.method_options)  # in the task's dtype
     opts = build_optimizers(task, model, strategy, cfg.others)
 
     record = {

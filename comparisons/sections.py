@@ -6,6 +6,7 @@ Each takes the merged options of its subcommand and writes ``<section>.json``,
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 from . import complexity as cx
@@ -206,14 +207,41 @@ def convergence_section(opts: dict) -> list[dict]:
     return runs
 
 
+def _fits(rows: list[dict], size: str, keys: tuple[str, ...]) -> list[float | None]:
+    """Fitted log–log exponents of ``keys`` against ``size`` (None with one size only)."""
+    sizes = [r[size] for r in rows]
+    if len(set(sizes)) < 2:
+        return [None for _ in keys]
+    return [cx.fit_exponent(sizes, [r[k] for r in rows]) for k in keys]
+
+
+def _span(rows: list[dict], size: str) -> str:
+    sizes = sorted({r[size] for r in rows})
+    return f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+
+
+def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
+    """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
+    fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
+    return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
+
+
 def complexity_section(opts: dict) -> dict:
+    cx.check_options(opts)
     out = _out(opts)
     device, repeats = opts["device"], opts["repeats"]
-    rate = cx.gemm_rate(device=device)
+    limits = opts.get("limits") or {}
+    sizes, fractions = opts["sizes"], opts["fractions"]
     methods = list(cx.MAP_FLOPS)
-    maps = cx.map_costs(methods, opts["sizes"], opts["fractions"], repeats, device)
-    steps = cx.optimizer_costs([tuple(s) for s in opts["shapes"]], repeats, device)
-    rec = cx.recurrent_step_costs(opts["sizes"], 1 / 8, repeats)
+    shapes = [tuple(s) for s in opts["shapes"]]
+    total = len(cx.map_plan(methods, sizes, fractions, limits))
+    bar = _progress(total + len(cx.step_plan(shapes, limits)) + len(sizes), "complexity")
+    rate = cx.gemm_rate(n=min(max(sizes), 4096), device=device)
+    maps = cx.map_costs(methods, sizes, fractions, repeats, device, limits, bar)
+    steps = cx.optimizer_costs(shapes, repeats, device, limits, bar)
+    rec = cx.recurrent_step_costs(sizes, 1 / 8, repeats, bar)
+    if bar is not None:
+        bar.close()
     result = {
         "gemm_flops_per_s": rate,
         "maps": maps,
@@ -226,16 +254,20 @@ def complexity_section(opts: dict) -> dict:
     write_csv(out / "complexity_optimizers.csv", steps)
     write_csv(out / "complexity_recurrent.csv", rec)
 
-    text = [f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s.\n"]
-    nmax = max(opts["sizes"])
-    rows = []
+    text = [
+        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s. Times are the "
+        f"fastest of {opts['repeats']} runs. Exponents are "
+        "least-squares slopes of log time against log size over the sizes measured "
+        "(column *fitted over*); the model exponent is that of the FLOP model over the "
+        "same sizes.\n"
+    ]
+    rows, map_pairs = [], []
     for method in methods:
         for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
             rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
             big = max(rs, key=lambda r: r["n"])
-            sizes = [r["n"] for r in rs]
-            fit = cx.fit_exponent(sizes, [r["forward_s"] for r in rs]) if len(rs) > 1 else None
-            model = cx.fit_exponent(sizes, [r["flops"] for r in rs]) if len(rs) > 1 else None
+            fit_f, fit_fb, model = _fits(rs, "n", ("forward_s", "forward_backward_s", "flops"))
+            map_pairs += [(fit_f, model), (fit_fb, model)]
             formula, domain = cx.MAP_FORMULAS[method]
             rows.append(
                 [
@@ -243,16 +275,20 @@ def complexity_section(opts: dict) -> dict:
                     f"L = {frac:g}·n",
                     formula,
                     domain,
+                    big["n"],
                     big["flops"],
                     big["forward_s"],
                     big["flops"] / rate,
                     big["forward_backward_s"],
                     big["saved_bytes"] / 2**20,
-                    fit,
+                    big["peak_bytes"] / 2**20,
+                    fit_f,
+                    fit_fb,
                     model,
+                    _span(rs, "n"),
                 ]
             )
-    text.append(f"### Maps (CWY paper Table 1 layout), measured at n = {nmax}\n")
+    text.append("### Maps (CWY paper Table 1 layout), measured at the largest n\n")
     text.append(
         md_table(
             [
@@ -260,32 +296,41 @@ def complexity_section(opts: dict) -> dict:
                 "L",
                 "serial complexity",
                 "domain",
+                "n",
                 "FLOP model",
                 "forward [s]",
                 "roofline [s]",
                 "fwd+bwd [s]",
                 "saved [MiB]",
-                "fitted exponent",
+                "peak fwd+bwd [MiB]",
+                "exponent fwd",
+                "exponent fwd+bwd",
                 "model exponent",
+                "fitted over n",
             ],
             rows,
         )
     )
-    rows = []
+    rows, step_pairs = [], []
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
         big = max(rs, key=lambda r: r["N"])
-        fit = cx.fit_exponent([r["N"] for r in rs], [r["step_s"] for r in rs])
+        fit, model = _fits(rs, "N", ("step_s", "flops"))
+        modelled = label in cx.STEP_FLOPS  # geoopt's steps have no FLOP model here
+        step_pairs.append((fit, model if modelled else None))
         rows.append(
             [
                 label,
                 cx.PAPER_STEP_FLOPS.get(label, "–"),
                 big["N"],
                 big["M"],
-                big["flops"],
+                big["flops"] if modelled else "–",
                 big["step_s"],
-                big["flops"] / rate,
+                big["flops"] / rate if modelled else "–",
+                big["peak_bytes"] / 2**20,
                 fit,
+                model if modelled else "–",
+                _span(rs, "N"),
             ]
         )
     text.append("\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n")
@@ -299,10 +344,17 @@ def complexity_section(opts: dict) -> dict:
                 "FLOP model",
                 "step [s]",
                 "roofline [s]",
-                "exponent in N (model 1)",
+                "peak [MiB]",
+                "exponent in N",
+                "model exponent",
+                "fitted over N",
             ],
             rows,
         )
+    )
+    text.append(
+        f"\nFitted exponents within 0.3 of the FLOP model's: maps {_within(map_pairs)} "
+        f"(forward and forward+backward), optimizer steps {_within(step_pairs)}.\n"
     )
     text.append("\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n")
     text.append(

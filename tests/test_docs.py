@@ -133,6 +133,8 @@ MODULES = [
     "stiefel.optimizers.geometry",
     "stiefel.optimizers.kernels",
     "stiefel.comparisons.strategies",
+    "stiefel.comparisons.complexity",
+    "stiefel.comparisons.bench._timing",
 ]
 
 

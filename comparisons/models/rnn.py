@@ -58,6 +58,8 @@ class OrthogonalRNN(nn.Module):
         n_in, n_hidden, n_out: sizes.
         method, method_options: the strategy's map (``stiefel.orthogonalize``).
         complex: a complex cell (scuRNN-style) with W ∈ U(n).
+        dtype: the real floating dtype of the weights (float32 or float64); a
+            complex cell uses the matching complex dtype.
         init: ``"henaff"`` (block rotations), ``"haar"`` or ``"identity"``.
         operator: ``"auto"`` (default), ``True`` or ``False``: apply W at each step
             in the map's operator form ``W.linear`` (O(n·L) per vector, no n×n
@@ -77,8 +79,11 @@ class OrthogonalRNN(nn.Module):
         operator: bool | str = "auto",
         nonpositive_bias: bool = False,
         generator: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype={dtype}; allowed: torch.float32, torch.float64")
         self.n, self.complex = n_hidden, complex
         if init == "henaff":
             w0 = henaff_init(n_hidden, generator)
@@ -86,16 +91,15 @@ class OrthogonalRNN(nn.Module):
             w0 = torch.eye(n_hidden)
         else:
             w0 = torch.linalg.qr(torch.randn(n_hidden, n_hidden, generator=generator))[0]
-        if complex:
-            w0 = w0.to(torch.complex64)
+        cdtype = dtype.to_complex() if complex else dtype
+        w0 = w0.to(cdtype)
         self.transition = orthogonalize(w0, method=method, **(method_options or {}))
         self.use_operator = _use_operator(operator, self.transition, n_hidden)
-        cdtype = torch.complex64 if complex else torch.float32
         scale = 1 / math.sqrt(n_in)
         self.inp = nn.Parameter(torch.randn(n_hidden, n_in, generator=generator).to(cdtype) * scale)
-        self.act = ModReLU(n_hidden, nonpositive_bias)
+        self.act = ModReLU(n_hidden, nonpositive_bias).to(dtype)
         width = 2 * n_hidden if complex else n_hidden
-        self.out = nn.Linear(width, n_out)
+        self.out = nn.Linear(width, n_out, dtype=dtype)
         # h₀ away from zero (Note [modReLU singularity])
         h0 = torch.rand(n_hidden, generator=generator) * 0.1 + 0.05
         self.register_buffer("h0", h0.to(cdtype))
@@ -153,17 +157,17 @@ def _use_operator(operator: bool | str, w: nn.Module, n: int) -> bool:
 class LSTMBaseline(nn.Module):
     """The LSTM baseline (forget-gate bias 1, as in the scaled Cayley paper's settings)."""
 
-    def __init__(self, n_in: int, n_hidden: int, n_out: int):
+    def __init__(self, n_in: int, n_hidden: int, n_out: int, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.lstm = nn.LSTM(n_in, n_hidden, batch_first=True)
+        self.lstm = nn.LSTM(n_in, n_hidden, batch_first=True, dtype=dtype)
         with torch.no_grad():
             for name, p in self.lstm.named_parameters():
                 if name.startswith("bias"):
                     p.zero_()
                     p[n_hidden : 2 * n_hidden] = 0.5  # two biases add up to 1
-        self.out = nn.Linear(n_hidden, n_out)
+        self.out = nn.Linear(n_hidden, n_out, dtype=dtype)
 
     def forward(self, x: torch.Tensor, all_steps: bool = False) -> torch.Tensor:
-        hs, _ = self.lstm(x.float())
+        hs, _ = self.lstm(x.to(self.out.weight.dtype))
         y = self.out(hs)
         return y if all_steps else y[:, -1]

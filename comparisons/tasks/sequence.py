@@ -36,8 +36,9 @@ class _SequenceTask(Task):
         return self.dtype.is_complex
 
     def build(self, method: str, method_options: dict) -> nn.Module:
+        real = self.dtype.to_real()
         if method == "lstm":
-            return LSTMBaseline(self.n_in, self.n, self.n_out).to(self.device)
+            return LSTMBaseline(self.n_in, self.n, self.n_out, dtype=real).to(self.device)
         return OrthogonalRNN(
             self.n_in,
             self.n,
@@ -49,6 +50,7 @@ class _SequenceTask(Task):
             operator=self.operator,
             nonpositive_bias=self.nonpositive_bias,
             generator=self.generator,
+            dtype=real,
         ).to(self.device)
 
     def constrained(self, model: nn.Module) -> nn.Module | None:

@@ -36,6 +36,22 @@ def test_measure_counts_runs():
     assert _timing.fmt_ratio(None) == "—" and _timing.fmt_ratio(12.345) == "12.3x"
 
 
+def test_median_time_ends_warmup_after_a_slow_call(monkeypatch):
+    calls = []
+
+    def timed(fn):
+        calls.append(1)
+        return 2.0  # every call "takes" two seconds
+
+    monkeypatch.setattr(_timing, "_timed", timed)
+    assert _timing.median_time(lambda: None, repeats=3, warmup=2) == 2.0
+    assert len(calls) == 1 + 3  # one warm-up call, then the three timed ones
+    calls.clear()
+    monkeypatch.setattr(_timing, "_timed", lambda fn: calls.append(1) or 0.5)
+    _timing.median_time(lambda: None, repeats=3, warmup=2)
+    assert len(calls) == 2 + 3  # fast calls: the full warm-up
+
+
 def test_maps_quick(tmp_path, capsys):
     pytest.importorskip("geotorch")
     out = tmp_path / "maps.json"

@@ -154,11 +154,15 @@ def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
 
 
 def test_complexity_subcommand(tmp_path):
+    cfg = tmp_path / "cx.toml"
+    cfg.write_text("[complexity]\nlimits = { exp = 8, landing = 32 }\n")
     cli.main(
         [
             "complexity",
             "--out",
             str(tmp_path),
+            "--config",
+            str(cfg),
             "--sizes",
             "8",
             "16",
@@ -167,17 +171,105 @@ def test_complexity_subcommand(tmp_path):
             "1",
             "--repeats",
             "1",
+            "--shapes",
+            "32x4",
+            "64x4",
         ]
     )
     data = json.loads((tmp_path / "complexity.json").read_text())
     assert data["gemm_flops_per_s"] > 0
     methods = {r["method"] for r in data["maps"]}
     assert {"householder", "cwy", "exp", "cayley"} <= methods
+    # limits: exp only up to n = 8, landing only up to N = 32; the others at every size
+    assert {r["n"] for r in data["maps"] if r["method"] == "exp"} == {8}
+    assert {r["n"] for r in data["maps"] if r["method"] == "cwy"} == {8, 16}
+    assert {r["N"] for r in data["optimizer_steps"] if r["optimizer"] == "landing"} == {32}
+    # the default limit on geoopt's canonical N×N step stays beside the config's
+    assert data["options"]["limits"]["geoopt RiemannianSGD CanonicalStiefel"] == 16384
     assert _is_png(tmp_path / "complexity_maps.png")
     md = (tmp_path / "complexity.md").read_text()
-    assert "fitted exponent" in md and "CWY paper Table 2" in md
+    assert "exponent fwd+bwd" in md and "CWY paper Table 2" in md
+    assert "Fitted exponents within 0.3 of the FLOP model's: maps " in md
+    # the FLOP model of a reflection map is homogeneous of degree 3 in n at fixed L/n
+    cwy = _table_row(md, "| method |", "| cwy | L = 0.5·n")
+    assert cwy["model exponent"] == "3" and cwy["fitted over n"] == "8–16"
+    assert float(cwy["peak fwd+bwd [MiB]"]) > 0
+    landing = _table_row(md, "| optimizer |", "| landing")
+    assert landing["exponent in N"] == landing["model exponent"] == "–"  # one size
+    assert landing["fitted over N"] == "32" and float(landing["peak [MiB]"]) > 0
     report = cli.main(["report", "--out", str(tmp_path)])
     assert report == 0 and "## Complexity" in (tmp_path / "report.md").read_text()
+
+
+def _table_row(md: str, header: str, row: str) -> dict[str, str]:
+    """The cells of the markdown row starting with ``row``, keyed by the table's header."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    names = [c.strip() for c in lines[start].strip("|").split("|")]
+    line = next(line for line in lines[start:] if line.startswith(row))
+    return dict(zip(names, [c.strip() for c in line.strip("|").split("|")], strict=True))
+
+
+def test_fit_exponent_matches_a_least_squares_reference():
+    import numpy as np
+
+    from stiefel.comparisons.complexity import fit_exponent
+
+    sizes, times = [256, 512, 1024, 2048], [0.011, 0.07, 0.61, 4.2]
+    ref = np.polyfit(np.log(sizes), np.log(times), 1)[0]
+    assert math.isclose(fit_exponent(sizes, times), ref, rel_tol=1e-12)
+    assert math.isclose(fit_exponent([3, 6, 12], [2 * 3**1.5, 2 * 6**1.5, 2 * 12**1.5]), 1.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--fractions", "1.5"],
+            r"fractions=\[1.5\]; allowed: a non-empty list of L/n in \(0, 1\]",
+        ),
+        (["--sizes", "1", "4"], r"sizes=\[1, 4\]; allowed: a non-empty list of integers >= 2"),
+        (["--repeats", "0"], r"repeats=0; allowed: an integer >= 1"),
+        (["--shapes", "4x8"], r"shapes: \[4, 8\]; allowed: \[N, M\] with integers N >= M >= 1"),
+    ],
+)
+def test_complexity_bad_options_name_the_option(tmp_path, argv, message):
+    with pytest.raises(ValueError, match=message):
+        cli.main(["complexity", "--out", str(tmp_path), "--sizes", "8", *argv])
+    assert not (tmp_path / "complexity.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            "[complexity]\nlimits = { expm = 8 }\n",
+            r"limits: unknown name 'expm'; available: householder, cwy",
+        ),
+        ("[complexity]\nlimits = { exp = 0 }\n", r"limits\['exp'\]=0; allowed: an integer >= 1"),
+        (
+            "[complexity]\nsize = [8]\n",
+            r"unknown option 'size' in \[complexity\]; available: .*sizes",
+        ),
+        ("step = 3\n", r"unknown option 'step'; available: .*steps"),
+        (
+            "[convergance]\nsteps = 3\n",
+            r"unknown table \[convergance\]; available: drift, convergence",
+        ),
+    ],
+)
+def test_config_with_unknown_or_bad_options_says_what_exists(tmp_path, toml, message):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(toml)
+    with pytest.raises(ValueError, match=message):
+        cli.main(["complexity", "--out", str(tmp_path), "--config", str(cfg), "--sizes", "8"])
+    assert not (tmp_path / "complexity.json").exists()
+
+
+def test_shapes_flag_needs_n_x_m(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["complexity", "--shapes", "4096-64"])
+    assert "allowed: NxM with integers, e.g. 4096x64" in capsys.readouterr().err
 
 
 def test_report_without_results_says_so(tmp_path):

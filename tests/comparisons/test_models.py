@@ -1,0 +1,97 @@
+"""The harness's recurrent models: modReLU and its guard, the complex (scuRNN) cell, dtypes."""
+
+import math
+
+import pytest
+import torch
+
+from stiefel.comparisons.models import LSTMBaseline, ModReLU, OrthogonalRNN
+from stiefel.comparisons.runner import RunConfig, run
+
+
+def test_modrelu_real_and_complex_match_the_formula():
+    torch.manual_seed(0)
+    act = ModReLU(5)
+    with torch.no_grad():
+        act.bias.copy_(torch.tensor([-0.5, -0.1, 0.0, 0.2, 1.0], dtype=torch.float64))
+    act = act.double()
+    z = torch.randn(7, 5, dtype=torch.float64)
+    # real: sign(z)·relu(|z| + b), up to the ε = 1e-5 in the denominator
+    ref = torch.sign(z) * torch.relu(z.abs() + act.bias)
+    assert torch.allclose(act(z), ref, atol=1e-4 * (1 + float(ref.abs().max())))
+    # complex: (|z| + b)·z/|z| where |z| + b ≥ 0, with |z| smoothed as √(|z|² + ε)
+    zc = torch.randn(7, 5, dtype=torch.complex128)
+    mod = torch.sqrt(zc.abs() ** 2 + act.eps)
+    ref_c = torch.relu(mod + act.bias) * zc / mod
+    assert torch.allclose(act(zc), ref_c, atol=1e-12)
+
+
+def test_modrelu_nonpositive_bias_guard():
+    """With ``nonpositive_bias`` the bias in effect is min(b, 0): the derivative stays bounded."""
+    act = ModReLU(3, nonpositive_bias=True).double()
+    with torch.no_grad():
+        act.bias.copy_(torch.tensor([0.7, -0.2, 0.0], dtype=torch.float64))
+    z = torch.tensor([[1e-9, 0.5, -0.3]], dtype=torch.complex128, requires_grad=True)
+    out = act(z)
+    free = ModReLU(3).double()
+    with torch.no_grad():
+        free.bias.copy_(torch.tensor([0.0, -0.2, 0.0], dtype=torch.float64))
+    assert torch.allclose(out, free(z.detach()), atol=1e-15)
+    out.abs().sum().backward()
+    assert torch.isfinite(z.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_complex_cell_is_unitary_and_matches_a_dense_loop(dtype):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    model = OrthogonalRNN(2, 6, 3, method="scaled_cayley", complex=True, generator=gen, dtype=dtype)
+    cdtype = dtype.to_complex()
+    w = model.transition_matrix()
+    assert w.dtype == cdtype and model.inp.dtype == cdtype and model.out.weight.dtype == dtype
+    eye = torch.eye(6, dtype=cdtype)
+    assert float((w.mH @ w - eye).norm()) < 10 * 6 * torch.finfo(dtype).eps
+    x = torch.randn(4, 5, 2, dtype=dtype)
+    # the reference: h_t = modReLU(U x_t + W h_{t−1}) written out, y = V [Re h, Im h] + c
+    h = model.h0.expand(4, 6)
+    with torch.no_grad():
+        for t in range(5):
+            h = model.act(x[:, t].to(cdtype) @ model.inp.T + h @ w.T)
+        ref = model.out(torch.cat((h.real, h.imag), -1))
+        got = model(x)
+    assert got.shape == (4, 3) and got.dtype == dtype
+    assert torch.allclose(got, ref, atol=100 * torch.finfo(dtype).eps)
+    loss = model(x).square().sum()
+    loss.backward()
+    grads = [p.grad for p in model.transition.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_operator_and_matrix_forms_give_the_same_outputs():
+    gen = torch.Generator().manual_seed(2)
+    kw = dict(method="cwy", method_options={"reflections": 3}, dtype=torch.float64)
+    a = OrthogonalRNN(2, 8, 3, operator=True, generator=gen, **kw)
+    b = OrthogonalRNN(2, 8, 3, operator=False, **kw)
+    b.load_state_dict(a.state_dict())
+    assert a.use_operator and not b.use_operator
+    x = torch.randn(3, 7, 2, dtype=torch.float64)
+    assert torch.allclose(a(x, all_steps=True), b(x, all_steps=True), atol=1e-12)
+
+
+def test_model_dtype_follows_the_run():
+    """A float64 / complex128 run trains a float64 / complex128 model, LSTM included."""
+    opts = {"n": 4, "T": 3, "batch": 2}
+    for strategy, dtype, want in [
+        ("cwy+adam", "float64", torch.float64),
+        ("scaled_cayley+rmsprop", "complex128", torch.complex128),
+        ("lstm+adam", "float64", torch.float64),
+    ]:
+        rec = run(RunConfig("copying", strategy, steps=3, dtype=dtype, task_options=opts))
+        assert all(math.isfinite(v) for v in rec["loss"])
+        if not strategy.startswith("lstm"):
+            # drift of a float64/complex128 map: float64 rounding, not float32's
+            assert max(rec["drift"]) < 100 * 4 * torch.finfo(torch.float64).eps, (strategy, want)
+    lstm = LSTMBaseline(2, 4, 3, dtype=torch.float64)
+    assert lstm(torch.randn(1, 5, 2)).dtype == torch.float64
+    with pytest.raises(TypeError, match="dtype=torch.float16; allowed: torch.float32, torch"):
+        OrthogonalRNN(2, 4, 3, dtype=torch.float16)
