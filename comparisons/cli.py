@@ -204,25 +204,29 @@ def _load_toml(path: pathlib.Path | None) -> dict:
     return tomllib.loads(path.read_text())
 
 
-def _option_names(command: str) -> set[str]:
-    """The option names ``command`` takes: its flags and its defaults."""
-    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[
-        command
-    ]
-    names = {a.dest for a in sub._actions} - {"help", "config", "threads"}
-    return names | set(DEFAULTS.get(command, {})) | {"others", "k"}
+def _option_names() -> dict[str, set[str]]:
+    """The option names each subcommand but ``quick`` takes: its flags and its defaults."""
+    subs = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        command: {a.dest for a in subs.choices[command]._actions} - {"help", "config", "threads"}
+        | set(DEFAULTS.get(command, {}))
+        | {"others", "k"}
+        for command in COMMANDS
+        if command != "quick"
+    }
 
 
 def _check_config(cfg: dict, path: pathlib.Path) -> None:
     """Unknown tables or keys in a TOML config raise ValueError listing the known ones."""
-    every = set().union(*(_option_names(c) for c in COMMANDS if c != "quick"))
+    names = _option_names()
+    every = set().union(*names.values())
     for key, value in cfg.items():
         if isinstance(value, dict) and key not in every:
             if key not in COMMANDS:
                 raise ValueError(
                     f"--config {path}: unknown table [{key}]; available: {', '.join(COMMANDS)}"
                 )
-            known = _option_names(key) if key != "quick" else every
+            known = names.get(key, every)  # [quick] takes any subcommand's options
             for k in value:
                 if k not in known:
                     raise ValueError(

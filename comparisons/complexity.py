@@ -321,12 +321,12 @@ def optimizer_costs(
         GEOOPT_STEPS[1]: ("geoopt_rsgd", geoopt.EuclideanStiefel()),
         GEOOPT_STEPS[2]: ("geoopt_radam", geoopt.CanonicalStiefel()),
     }
-    points: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    shape = x0 = g = None  # the plan is grouped by shape: one point and gradient at a time
     for label, n, m in step_plan(shapes, limits):
-        if (n, m) not in points:
+        if shape != (n, m):
+            shape = (n, m)
             x0 = Stiefel(n, m).random(generator=gen).to(device)
-            points[(n, m)] = (x0, torch.randn(n, m, generator=gen).to(device))
-        x0, g = points[(n, m)]
+            g = torch.randn(n, m, generator=gen).to(device)
         if label in STEP_FLOPS:
             s = parse("riemannian+" + label)
             p = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(n, m))
@@ -343,7 +343,6 @@ def optimizer_costs(
             {"optimizer": label, "N": n, "M": m, "step_s": t, "peak_bytes": peak, "flops": flops}
         )
         _tick(bar, f"{label} N={n}")
-        points = {k: v for k, v in points.items() if k == (n, m)}  # free the done shapes
     return rows
 
 

@@ -37,7 +37,6 @@ def convergence_figure(runs: list[dict], task: str):
     # log scale whenever the plotted values are positive (a gap to the optimum,
     # cross-entropy, MSE): far below a baseline is only visible on a log axis
     logy = optimum is not None or all(min(r["loss"], default=1.0) > 0 for r in runs)
-    floor = 1e-16 if logy else -np.inf
     for name, rs in groups.items():
         n = min(len(r["loss"]) for r in rs)
         steps = np.array(rs[0]["step"][:n])
@@ -46,7 +45,7 @@ def convergence_figure(runs: list[dict], task: str):
         if optimum is not None:  # each seed has its own optimum
             loss = loss - np.array([[r["optimum"]] for r in rs])
         if logy:  # geometric mean and spread: a symmetric band on the log axis
-            ly = np.log(np.maximum(loss, floor))
+            ly = np.log(np.maximum(loss, 1e-16))  # a gap of exactly 0 stays on the axis
             m, lo, hi = (np.exp(ly.mean(0) + k * ly.std(0)) for k in (0, -1, 1))
         else:
             m, sd = loss.mean(0), loss.std(0)
