@@ -16,6 +16,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -23,6 +24,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```", re.S | re.M)
+#: a fenced block inside a docstring, indented as a whole (e.g. under "Example:")
+INDENTED_BLOCK = re.compile(r"^([ \t]*)```python[ \t]*\n(.*?)^\1```", re.S | re.M)
 SLOW_BLOCK_S = 20.0  # a docs example is meant to take well under 2 s; this catches runaways
 
 
@@ -145,7 +148,7 @@ def _docstrings():
 
 def _docstring_cases():
     for path, name, doc in _docstrings():
-        blocks = BLOCK.findall(doc + "\n")
+        blocks = [textwrap.dedent(b) for _, b in INDENTED_BLOCK.findall(doc + "\n")]
         if blocks:
             rel = path.relative_to(ROOT)
             yield pytest.param(rel, name, blocks, id=f"{rel}::{name}")
