@@ -38,6 +38,7 @@ from ..manifolds import METRICS, RETRACTIONS
 from ..manifolds import Stiefel as _OurStiefel
 from ..manifolds._checks import choice as check_choice  # one check for the package
 from ..manifolds.kernels import orthogonality_error
+from ..manifolds.sharded import ShardedGeometry
 from .geometry import Geometry, _Binder, manifold_of
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
@@ -128,6 +129,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         if "retraction" in group:
             check_choice("retraction", group["retraction"], RETRACTIONS)
         _check_repair(group.get("repair_every"))
+        man = group.get("manifold")
+        if man is not None and not isinstance(man, geoopt.Manifold):
+            raise TypeError(
+                f"manifold={man!r} is not allowed; allowed: None or a geoopt.Manifold "
+                "(e.g. stiefel.Stiefel(n, m)), the manifold of the group's plain parameters"
+            )
 
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict) -> None:
@@ -138,17 +145,30 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         self.check_group(merged)
         binders = []
         for i, p in enumerate(params):
+            # Note [Manifold from the param group]
+            # A wrapper that replaces parameters (FSDP2's fully_shard makes every
+            # parameter a plain DTensor Parameter) drops a ManifoldParameter's
+            # ``manifold``; the group's ``manifold=`` names it for the group's plain
+            # parameters. A parameter's own manifold wins.
             man = manifold_of(p)
+            if man is None and not isinstance(merged.get("manifold"), geoopt.Euclidean):
+                man = merged.get("manifold")
+            binder = _Binder(man, p)
             if man is not None and not self.accepts_off_manifold:
-                self._check_on_manifold(i, p, man)
-            binders.append(_Binder(man))
+                self._check_on_manifold(i, p, man, binder.bind(merged))
+            binders.append(binder)
         group["params"] = params
         super().add_param_group(group)
         self._binders.append(binders)
 
-    def _check_on_manifold(self, i: int, p: torch.Tensor, man) -> None:
+    def _check_on_manifold(self, i: int, p: torch.Tensor, man, geo: Geometry) -> None:
         x = p.detach()
-        ok, reason = man.check_point_on_manifold(x, explain=True)
+        if isinstance(geo, ShardedGeometry):  # the Gram of the shards, never a gather
+            err = float(geo.error(x).to_local().max())
+            bound = man.default_atol(x.dtype) if hasattr(man, "default_atol") else 1e-4
+            ok, reason = err <= bound, f"‖XᴴX − I‖_F = {err:.3e} exceeds {bound:.3e}"
+        else:
+            ok, reason = man.check_point_on_manifold(x, explain=True)
         if not ok and not isinstance(man, _OurStiefel):  # ours give ‖XᴴX − I‖_F already
             reason = f"{reason}; {_distance(man, x)}"
         if not ok:
@@ -204,7 +224,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         grad = p.grad
         if grad.is_sparse:
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-        if self._nonfinite(grad):
+        if isinstance(geo, ShardedGeometry):  # every rank must take the same decision
+            flag = torch.tensor([self._nonfinite(geo.local(grad))])
+            bad = bool(geo.any_rank(flag))
+        else:
+            bad = self._nonfinite(grad)
+        if bad:
             if not self._warned_nonfinite:
                 warnings.warn(
                     f"{type(self).__name__}: a parameter (index {i} of its group, shape "

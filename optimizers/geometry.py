@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import geoopt
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..manifolds import METRICS, RETRACTIONS, kernels
 from ..manifolds import Stiefel as _OurStiefel
 from ..manifolds._checks import choice
+from ..manifolds.sharded import ShardedGeometry, check_placements
 from . import kernels as ok
 
 __all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "GeooptGeometry", "geometry_for"]
@@ -82,6 +84,11 @@ class Geometry:
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The nearest point of the manifold (used by ``repair_every``)."""
         return x
+
+    def apply(self, kernel, x: torch.Tensor, *args, **kwargs):
+        """``kernel(x, *args, **kwargs)``: a kernel of `stiefel.manifolds.kernels` on this
+        parameter's points (a sharded geometry runs it on the local shards)."""
+        return kernel(x, *args, **kwargs)
 
     def error(self, x: torch.Tensor) -> torch.Tensor:
         """‖XᴴX − I‖_F per matrix (zeros where it does not apply)."""
@@ -200,12 +207,16 @@ class GeooptGeometry(Geometry):
 class _Binder:
     """Resolved once per parameter (outside any traced code); binds a group per step."""
 
-    def __init__(self, manifold):
+    def __init__(self, manifold, param: torch.Tensor | None = None):
         self.manifold = manifold
+        # a DTensor point: the same geometry on local shards (Note [Row-sharded kernels])
+        self.like = param.detach() if isinstance(param, DTensor) else None
         if manifold is None:
             self.kind, self._euclid = "euclidean", EuclideanGeometry()
         elif isinstance(manifold, (_OurStiefel, geoopt.Stiefel)):
             self.kind = "stiefel"  # Note [geoopt's Stiefel manifolds use our kernels]
+            if self.like is not None:
+                check_placements(self.like)  # refuse an unsupported layout at construction
         else:
             self.kind, self._geoopt = "geoopt", GeooptGeometry(manifold)
 
@@ -214,9 +225,8 @@ class _Binder:
             return self._euclid
         if self.kind == "geoopt":
             return self._geoopt
-        return StiefelGeometry(
-            self.manifold, group.get("metric"), group.get("retraction", "cayley")
-        )
+        geo = StiefelGeometry(self.manifold, group.get("metric"), group.get("retraction", "cayley"))
+        return geo if self.like is None else ShardedGeometry(geo, self.like)
 
 
 def manifold_of(p: torch.Tensor) -> geoopt.Manifold | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..manifolds.kernels import cayley_dense, sym, use_smw
+from ..manifolds.kernels.reduce import gram, row_group, rows_sum
 
 __all__ = [
     "newton_schulz",
@@ -37,6 +38,10 @@ Lr = float | torch.Tensor
 
 def _eye(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.eye(k, dtype=x.dtype, device=x.device)
+
+
+def _abs2(t: torch.Tensor) -> torch.Tensor:
+    return (t.conj() * t).real if t.is_complex() else t * t
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -61,7 +66,7 @@ def newton_schulz(y: torch.Tensor) -> torch.Tensor:
     rounding. On the manifold (E = 0) the map is the identity.
     """
     m = y.shape[-1]
-    k = 1.5 * _eye(y, m) - 0.5 * (y.mH @ y)
+    k = 1.5 * _eye(y, m) - 0.5 * gram(y, y)
     return y @ k
 
 
@@ -91,7 +96,7 @@ def _woodbury(
     m = x.shape[-1]
     eye = _eye(x, m)
     xpd = xhd - 0.5 * (xx @ xhd)  # XᴴPd
-    pdpd = pd.mH @ pd
+    pdpd = gram(pd, pd)
     top = torch.cat((lr * xpd, -xx), -1)
     bottom = torch.cat(((lr * lr) * pdpd, -lr * xpd.mH), -1)
     lhs = 0.5 * torch.cat((top, bottom), -2)
@@ -125,14 +130,14 @@ def cayley_descent(
     direction]), a dense N×N solve followed by :func:`newton_schulz` otherwise.
     """
     n, m = x.shape[-2:]
-    if not use_smw(n, m):
+    if not use_smw(n, m) and row_group() is None:
         if transport:
             y, td = cayley_dense(x, -lr * d, d)
             return newton_schulz(y), td
         return newton_schulz(cayley_dense(x, -lr * d))  # type: ignore[arg-type]
-    xhd = x.mH @ d
+    xhd = gram(x, d)
     pd = torch.baddbmm(_flat(d), _flat(x), _flat(xhd), alpha=-0.5).reshape(d.shape)
-    return _woodbury(x, pd, xhd, x.mH @ x, lr, d if transport else None)
+    return _woodbury(x, pd, xhd, gram(x, x), lr, d if transport else None)
 
 
 def cayley_gradient_step(
@@ -147,11 +152,11 @@ def cayley_gradient_step(
     costs six N×M×M products: XᴴG, XᴴX, Pd, PdᴴPd and the two of the update.
     """
     n, m = x.shape[-2:]
-    h = x.mH @ g
+    h = gram(x, g)
     w = sym(h) if metric == "euclidean" else h.mH
-    if not use_smw(n, m):
+    if not use_smw(n, m) and row_group() is None:
         return cayley_descent(x, g - x @ w, lr)  # type: ignore[return-value]
-    xx = x.mH @ x
+    xx = gram(x, x)
     xhd = h - xx @ w
     pd = torch.baddbmm(_flat(g), _flat(x), _flat(w + 0.5 * xhd), alpha=-1).reshape(g.shape)
     return _woodbury(x, pd, xhd, xx, lr, None)  # type: ignore[return-value]
@@ -172,13 +177,13 @@ def landing_direction(
     Returns Λ (shape of x), d and ‖ψX‖² (shapes (..., 1, 1)).
     """
     m = x.shape[-1]
-    s = x.mH @ x
+    s = gram(x, x)
     e = s - _eye(x, m)
-    h = g.mH @ x
+    h = gram(g, x)
     c = attraction * e - 0.5 * h
     field = _two_products(g, 0.5 * s, x, c, x.shape)
     dist = torch.linalg.matrix_norm(e, keepdim=True)
-    a2 = torch.linalg.matrix_norm(field, keepdim=True).square()
+    a2 = rows_sum(_abs2(field))
     xf = 0.5 * (h.mH @ s) + s @ c
     cross = (xf.conj() * e).sum((-2, -1), keepdim=True).real
     ese = (e.conj() * (s @ e)).sum((-2, -1), keepdim=True).real
@@ -207,7 +212,7 @@ def landing_safe_step(
     O(η²‖ψX‖²) growth caused by the relative gradient stays below the O(ηλd)
     decrease. No NaN or inf is produced (a = 0 gives η = lr).
     """
-    a2 = torch.linalg.matrix_norm(field, keepdim=True).square().to(dist.dtype)
+    a2 = rows_sum(_abs2(field)).to(dist.dtype)
     tiny = torch.finfo(dist.dtype).tiny
     b = attraction * dist * (1 - dist)
     disc = (b * b + a2 * (eps - dist)).clamp_min(0)

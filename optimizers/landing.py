@@ -89,9 +89,9 @@ class Landing(RiemannianOptimizer):
         if not geo.stiefel:
             return geo.gradient_step(x, grad, lr)
         lam = group["attraction"]
-        field, dist, psi2 = landing_direction(x, grad, lam)
+        field, dist, psi2 = geo.apply(landing_direction, x, grad, lam)
         if group["safe_step"]:
-            eta = landing_safe_step(field, dist, psi2, lr, lam, group["eps"])
+            eta = geo.apply(landing_safe_step, field, dist, psi2, lr, lam, group["eps"])
         else:
             eta = lr
         return x - eta * field

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .reduce import gram, row_group, rows_sum
+
 __all__ = [
     "sym",
     "skew",
@@ -62,7 +64,7 @@ def _eye_like(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def gram_minus_identity(x: torch.Tensor) -> torch.Tensor:
     """XᴴX − I, shape (..., M, M)."""
-    return x.mH @ x - _eye_like(x, x.shape[-1])
+    return gram(x, x) - _eye_like(x, x.shape[-1])
 
 
 def orthogonality_error(x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +84,7 @@ def proj_tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     canonical ``proju`` returns U − XUᴴX, which is the canonical Riemannian
     gradient, not a projection: applied twice it changes its input.)
     """
-    return u - x @ sym(x.mH @ u)
+    return u - x @ sym(gram(x, u))
 
 
 # Under the Euclidean metric the Riemannian gradient is the projection of G.
@@ -95,14 +97,18 @@ def egrad2rgrad_canonical(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     With ⟨ξ, η⟩_X = Re tr(ξᴴ(I − ½XXᴴ)η) the gradient is the unique tangent
     vector whose inner product with every tangent η equals Re tr(Gᴴη).
     """
-    return g - x @ (g.mH @ x)
+    return g - x @ gram(g, x)
 
 
-def _real_trace_product(u: torch.Tensor, v: torch.Tensor, keepdim: bool) -> torch.Tensor:
-    # Re tr(uᴴ v) = Σ Re(conj(u) v), summed over the two matrix dimensions.
+def _real_trace_product(
+    u: torch.Tensor, v: torch.Tensor, keepdim: bool, rows: bool = True
+) -> torch.Tensor:
+    # Re tr(uᴴ v) = Σ Re(conj(u) v), summed over the two matrix dimensions (over all
+    # ranks' rows when ``rows`` and the rows are split, Note [Row-sharded kernels]).
     prod = u.conj() * v if u.is_complex() else u * v
-    out = prod.sum(dim=(-2, -1), keepdim=keepdim)
-    return out.real if out.is_complex() else out
+    out = rows_sum(prod) if rows else prod.sum(dim=(-2, -1), keepdim=True)
+    out = out.real if out.is_complex() else out
+    return out if keepdim else out[..., 0, 0]
 
 
 def inner_euclidean(
@@ -116,8 +122,9 @@ def inner_canonical(
     x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False
 ) -> torch.Tensor:
     """Canonical metric Re tr(uᴴ(I − ½XXᴴ)v) = Re tr(uᴴv) − ½ Re tr((Xᴴu)ᴴ(Xᴴv))."""
-    xu, xv = x.mH @ u, x.mH @ v
-    return _real_trace_product(u, v, keepdim) - 0.5 * _real_trace_product(xu, xv, keepdim)
+    xu, xv = gram(x, u), gram(x, v)
+    inner = _real_trace_product(u, v, keepdim)
+    return inner - 0.5 * _real_trace_product(xu, xv, keepdim, rows=False)
 
 
 # --------------------------------------------------------------------------- factorizations
@@ -131,6 +138,8 @@ def qr_unique(a: torch.Tensor) -> torch.Tensor:
     QR of a Gaussian Haar distributed (Mezzadri 2007). A zero diagonal entry
     (rank-deficient A) keeps phase 1.
     """
+    if row_group() is not None:
+        return cholesky_qr2(a)
     q, r = torch.linalg.qr(a)
     d = torch.diagonal(r, dim1=-2, dim2=-1)
     phase = torch.sgn(d)
@@ -140,8 +149,41 @@ def qr_unique(a: torch.Tensor) -> torch.Tensor:
 
 def polar(a: torch.Tensor) -> torch.Tensor:
     """Polar factor U Vᴴ of A = U Σ Vᴴ: the point of St nearest to A in Frobenius norm."""
+    if row_group() is not None:
+        return gram_polar(a)
     u, _, vh = torch.linalg.svd(a, full_matrices=False)
     return u @ vh
+
+
+def cholesky_qr2(a: torch.Tensor) -> torch.Tensor:
+    r"""The Q of `qr_unique` through the Gram: Cholesky-QR, twice.
+
+    Note [Cholesky-QR2 for row-sharded matrices]
+    With AᴴA = RᴴR (Cholesky, R upper with a positive diagonal), Q₁ = AR⁻¹ has
+    orthonormal columns up to a rounding of order κ(A)²·eps; a second pass on
+    Q₁ (whose Gram is I + O(κ²eps)) brings it to O(eps) (Yamamoto et al. 2015).
+    Both R factors have positive diagonals, so Q = A(R₂R₁)⁻¹ is the unique thin
+    QR of `qr_unique`. Only the M×M Grams need the rows: for a row-sharded A
+    they are all-reduced and the triangular solves stay local. Needs A of full
+    column rank (a retraction argument X − lr·d is, for any finite step of the
+    scaled form, Note [Overflow-safe step]).
+    """
+    q = a
+    for _ in range(2):
+        r = torch.linalg.cholesky(gram(q, q), upper=True)
+        q = torch.linalg.solve_triangular(r, q, upper=True, left=False)
+    return q
+
+
+def gram_polar(a: torch.Tensor) -> torch.Tensor:
+    r"""The polar factor A(AᴴA)^{-1/2} through the eigendecomposition of the M×M Gram.
+
+    Equal to `polar` for A of full column rank (UΣVᴴ: A·VΣ⁻¹Vᴴ = UVᴴ); used when
+    the rows of A are split over ranks (Note [Row-sharded kernels]).
+    """
+    w, v = torch.linalg.eigh(gram(a, a))
+    inv_sqrt = w.clamp_min(torch.finfo(w.dtype).tiny).rsqrt().to(v.dtype)
+    return a @ ((v * inv_sqrt.unsqueeze(-2)) @ v.mH)
 
 
 def haar(

@@ -1,0 +1,92 @@
+r"""The one place where a kernel sums over the rows of St(N, M): Gram products and norms.
+
+Every kernel of this package writes a product contracted over the N rows
+(XᴴX, XᴴG, PdᴴPd, ...) as `gram`, and a sum or maximum of an N×M matrix as
+`rows_sum` / `rows_amax`. On plain tensors they are the plain operations. Inside
+`rows_split(group)` the kernels run on the local rows of a row-sharded matrix
+(the ``Shard(0)`` layout of FSDP2): each of these helpers computes the local
+M×M (or (..., 1, 1)) result and all-reduces it over ``group``, while every
+N-sized update (X·K, Pd·Z, ...) stays local. So one formula per kernel serves
+both, and a sharded step communicates M×M-sized reductions only, never the
+N×M matrix.
+
+Note [Row-sharded kernels]
+A product contracted over the rows splits over the ranks' row blocks,
+XᴴG = Σ_r X_rᴴG_r, and so do Frobenius sums and maxima; everything else a
+kernel does is either row-local (X_r·K, elementwise maps) or M×M (solves,
+Cholesky, eigh, computed redundantly and identically on every rank from the
+same all-reduced inputs). The factorizations of an N×M matrix are rewritten
+through its Gram: QR as Cholesky-QR2 and the polar factor as X(XᴴX)^{-1/2}.
+
+Example:
+    ```python
+    import torch
+    from stiefel.manifolds.kernels import reduce
+
+    x = torch.randn(50, 4, dtype=torch.float64)
+    assert torch.allclose(reduce.gram(x, x), x.T @ x)  # no group: the plain product
+    ```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["rows_split", "row_group", "gram", "rows_sum", "rows_amax"]
+
+_GROUP: list = [None]
+
+
+@contextmanager
+def rows_split(group) -> Iterator[None]:
+    """Run the kernels on local rows, reducing over ``group`` (None: no reduction).
+
+    Args:
+        group: the process group over which the rows (dimension −2) are split,
+            or None for plain (unsplit) tensors.
+    """
+    old = _GROUP[0]
+    _GROUP[0] = group
+    try:
+        yield
+    finally:
+        _GROUP[0] = old
+
+
+def row_group():
+    """The process group the rows are split over inside `rows_split`, else None."""
+    return _GROUP[0]
+
+
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
+    group = _GROUP[0]
+    if group is not None:
+        t = t.contiguous()
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """aᴴb, the product contracted over the rows: shape (..., a.shape[-1], b.shape[-1])."""
+    return _all_reduce(a.mH @ b, dist.ReduceOp.SUM)
+
+
+def rows_sum(t: torch.Tensor) -> torch.Tensor:
+    """Σ over the last two dimensions of an N×M tensor, shape (..., 1, 1)."""
+    return _all_reduce(t.sum(dim=(-2, -1), keepdim=True), dist.ReduceOp.SUM)
+
+
+def rows_amax(t: torch.Tensor) -> torch.Tensor:
+    """max over the last two dimensions of a non-negative N×M tensor, shape (..., 1, 1).
+
+    A rank may hold no rows (uneven sharding): its maximum is 0.
+    """
+    if t.shape[-2] * t.shape[-1] == 0:
+        local = t.new_zeros((*t.shape[:-2], 1, 1))
+    else:
+        local = t.amax(dim=(-2, -1), keepdim=True)
+    return _all_reduce(local, dist.ReduceOp.MAX)

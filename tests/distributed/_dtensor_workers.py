@@ -1,0 +1,110 @@
+"""Workers of test_dtensor: optimizer steps on DTensor points against the plain steps."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+from stiefel import Stiefel, optimizers
+from stiefel.manifolds import kernels
+from stiefel.optimizers import RiemannianOptimizer
+
+M, STEPS = 4, 3
+
+
+class Plugin(RiemannianOptimizer):
+    """A rule written on the public interface only: transported heavy-ball."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr, retraction="cayley", repair_every=None))
+
+    def update(self, geo, x, grad, state, group):
+        xi = geo.rgrad(x, grad)
+        buf = state.get("buf")
+        buf = xi if buf is None else 0.5 * buf + xi
+        scale = 1 / (1 + geo.component_inner(x, buf).sqrt())
+        new, state["buf"] = geo.descend_transport(x, buf * scale, group["lr"])
+        return new
+
+
+# (label, optimizer name or class, hyper-parameters): every retraction, both metrics
+CONFIGS = [
+    ("rgd-cayley", "rgd", dict(lr=0.2)),
+    ("rgd-cayley-canonical-momentum", "rgd", dict(lr=0.2, momentum=0.5, metric="canonical")),
+    ("rgd-qr-momentum", "rgd", dict(lr=0.2, momentum=0.5, retraction="qr")),
+    ("rgd-polar", "rgd", dict(lr=0.2, retraction="polar")),
+    ("radam", "radam", dict(lr=0.05)),
+    ("radam-qr", "radam", dict(lr=0.05, retraction="qr")),
+    ("landing", "landing", dict(lr=0.1)),
+    ("plugin", Plugin, dict(lr=0.1)),
+]
+
+
+def _data(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = kernels.haar(*shape[-2:], *shape[:-2], dtype=torch.float64, generator=g)
+    grads = [torch.randn(shape, dtype=torch.float64, generator=g) for _ in range(STEPS)]
+    return x.detach().clone(), grads
+
+
+def _optimizer(name, hyper, params, shape):
+    groups = [{"params": params, "manifold": Stiefel(*shape[-2:])}]
+    if isinstance(name, str):
+        return optimizers.create(name, groups, **hyper)
+    return name(groups, **hyper)
+
+
+def plain_steps(name, hyper, shape, seed) -> torch.Tensor:
+    x, grads = _data(shape, seed)
+    p = torch.nn.Parameter(x)
+    opt = _optimizer(name, hyper, [p], shape)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    return p.detach()
+
+
+def sharded_steps(name, hyper, shape, seed, mesh, placements):
+    """The same steps on a DTensor; (result, collectives, bytes) of the last step."""
+    x, grads = _data(shape, seed)
+    p = torch.nn.Parameter(distribute_tensor(x, mesh, placements))
+    opt = _optimizer(name, hyper, [p], shape)
+    from _comm import CommBytes
+
+    for g in grads:
+        p.grad = distribute_tensor(g, mesh, placements)
+        with CommDebugMode() as debug, CommBytes() as counter:
+            opt.step()
+    counts = {str(k): v for k, v in debug.get_comm_counts().items()}
+    return p.detach().full_tensor(), counts, counter.bytes
+
+
+def dtensor_worker(rank: int, world: int, out: str) -> None:
+    mesh = init_device_mesh("cpu", (world,))
+    results = {}
+    for label, name, hyper in CONFIGS:
+        for n in (64, 256):
+            shape = (n, M)
+            ref = plain_steps(name, hyper, shape, seed=n)
+            got, counts, nbytes = sharded_steps(name, hyper, shape, n, mesh, [Shard(0)])
+            results[(label, "rows", n)] = (float((got - ref).abs().max()), counts, nbytes)
+        for kind, shape, placements in (
+            ("replicate", (40, M), [Replicate()]),
+            ("batch", (world * 2, 40, M), [Shard(0)]),
+        ):
+            ref = plain_steps(name, hyper, shape, seed=7)
+            got, counts, nbytes = sharded_steps(name, hyper, shape, 7, mesh, placements)
+            results[(label, kind, shape[-2])] = (float((got - ref).abs().max()), counts, nbytes)
+    # an unsupported layout: the columns of St(N, M) sharded
+    p = torch.nn.Parameter(distribute_tensor(_data((64, M), 0)[0], mesh, [Shard(1)]))
+    try:
+        _optimizer("rgd", dict(lr=0.1), [p], (64, M))
+        results["shard1"] = "no error"
+    except ValueError as exc:
+        results["shard1"] = str(exc)
+    if rank == 0:
+        torch.save(results, os.path.join(out, f"dtensor_w{world}.pt"))

@@ -1,0 +1,68 @@
+"""Run a function on ``world`` gloo processes (CPU) with a hard timeout: CI never hangs.
+
+Each rank runs ``fn(rank, world, *args)`` after ``init_process_group``; a rank that
+raises writes its traceback to ``out/error_rank<r>.txt`` and the launcher raises it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import socket
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn, world: int, port: int, out: str, args: tuple) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),  # a dead peer fails the others, never hangs
+    )
+    try:
+        fn(rank, world, out, *args)
+    except BaseException:
+        pathlib.Path(out, f"error_rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(fn, world: int, out, *args, timeout: float = 80.0) -> None:
+    """Run ``fn(rank, world, out, *args)`` on ``world`` processes; raise on error or timeout."""
+    out = str(out)
+    ctx = mp.start_processes(
+        _entry,
+        args=(fn, world, free_port(), out, args),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{fn.__name__} on {world} processes ran over {timeout} s")
+    except mp.ProcessRaisedException as exc:
+        errors = sorted(pathlib.Path(out).glob("error_rank*.txt"))
+        detail = "\n".join(e.read_text() for e in errors)
+        raise RuntimeError(f"{fn.__name__} failed on {world} processes:\n{detail}") from exc
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
