@@ -11,7 +11,7 @@ from torch import nn
 
 from stiefel import optimizers, orthogonalize, parametrizations
 
-D_IN, D_OUT, BATCH, STEPS = 6, 12, 8, 20
+D_IN, D_OUT, BATCH, STEPS, RESUMED = 6, 12, 8, 20, 5
 LR = dict(lr=0.05, momentum=0.5)
 
 
@@ -60,10 +60,11 @@ def make_optimizer(model: Net) -> torch.optim.Optimizer:
     )
 
 
-def train(model: nn.Module, opt, rank: int = 0, world: int = 1) -> list[float]:
+def train(model: nn.Module, opt, rank=0, world=1, steps=range(STEPS)) -> list[float]:
+    """The global batch of each step split across ranks; each rank's loss is its mean."""
     losses = []
     share = BATCH // world
-    for step in range(STEPS):
+    for step in steps:
         x, y = batch(step)
         x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
         opt.zero_grad()
@@ -83,23 +84,65 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def reference() -> dict[str, torch.Tensor]:
+def reference() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Single process: the state after STEPS steps and after STEPS + RESUMED steps."""
     model = Net(seed=0)
-    train(model, make_optimizer(model))
-    return full_state(model)
+    opt = make_optimizer(model)
+    train(model, opt)
+    first = full_state(model)
+    train(model, opt, steps=range(STEPS, STEPS + RESUMED))
+    return first, full_state(model)
 
 
-def fsdp_worker(rank: int, world: int, out: str) -> None:
+def _sharded_net():
     from torch.distributed.fsdp import fully_shard
 
     model = Net(seed=0)
     for layer in [*model.body, model.head]:
         fully_shard(layer)
     fully_shard(model)
-    train(model, make_optimizer(model), rank, world)
-    state = full_state(model)
+    return model
+
+
+def fsdp_worker(rank: int, world: int, out: str, save: str | None, load: str | None) -> None:
+    """FSDP2 training; ``save``: write a sharded checkpoint (model and optimizer) after
+    STEPS steps; ``load``: start from that checkpoint (written by another world size)
+    and train RESUMED more steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    model = _sharded_net()
+    opt = make_optimizer(model)
+    if load is None:
+        train(model, opt, rank, world)
+        tag = f"fsdp_w{world}"
+    else:
+        state = {
+            "model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, opt),
+        }
+        dcp.load(state, checkpoint_id=load)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+        loaded = full_state(model)
+        if rank == 0:
+            torch.save(loaded, os.path.join(out, f"loaded_w{world}.pt"))
+        train(model, opt, rank, world, steps=range(STEPS, STEPS + RESUMED))
+        tag = f"resumed_w{world}"
+    if save is not None:
+        state = {
+            "model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, opt),
+        }
+        dcp.save(state, checkpoint_id=save)
+    final = full_state(model)
     if rank == 0:
-        torch.save(state, os.path.join(out, f"fsdp_w{world}.pt"))
+        torch.save(final, os.path.join(out, f"{tag}.pt"))
     dist.barrier()
 
 
