@@ -1,4 +1,4 @@
-"""Models for the sequence tasks: orthogonal/unitary RNNs and the LSTM baseline."""
+"""Models for the sequence tasks: the LSTM baseline, and the recurrent layers of stiefel.nn."""
 
 from .rnn import LSTMBaseline, ModReLU, OrthogonalRNN, henaff_init
 
