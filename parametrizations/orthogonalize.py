@@ -226,7 +226,9 @@ def orthogonalize(
         method: one of :func:`available` (``"householder"``, ``"cwy"``,
             ``"tcwy"``, ``"exp"``, ``"cayley"``, ``"scaled_cayley"``,
             ``"riemannian"``, and any registered by users).
-        **options: ``init`` ("nearest", "haar", "identity", "random"),
+        **options: ``conv_kernel=True`` (an ``nn.Conv1d/2d/3d`` weight constrained
+            through its kernel matrix, see `stiefel.parametrizations.conv`), ``init``
+            ("nearest", "haar", "identity", "random"),
             ``generator``, and the method's own options (``reflections=L`` for
             the reflection maps, ``block`` for ``householder``, ``negatives=ρ``
             for ``scaled_cayley``).
@@ -244,6 +246,13 @@ def orthogonalize(
         >>> bool(torch.allclose(W.linear(x), torch.nn.functional.linear(x, W()), atol=1e-5))
         True
     """
+    conv_kernel = options.pop("conv_kernel", False)  # begin: conv_kernel (helper "nn")
+    if not isinstance(conv_kernel, bool):
+        raise TypeError(f"conv_kernel must be True or False, got {conv_kernel!r}")
+    if conv_kernel:  # Stiefel convolution kernels: parametrizations/conv.py
+        from .conv import orthogonalize_conv
+
+        return orthogonalize_conv(module_or_tensor, name, method, options)  # end: conv_kernel
     if isinstance(module_or_tensor, nn.Module):
         return _orthogonalize_module(module_or_tensor, name, method, dict(options))
     if isinstance(module_or_tensor, torch.Tensor):

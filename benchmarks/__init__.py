@@ -1,0 +1,1 @@
+"""Benchmark scripts, run from a checkout as ``python -m benchmarks.<name>`` (not installed)."""
