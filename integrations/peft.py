@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from ..parametrizations import kernels
-from ..parametrizations.rotate import blockwise
 
 __all__ = ["accelerate", "restore", "cayley_neumann", "MIN_VERSION"]
 
@@ -64,11 +63,31 @@ def cayley_neumann(a: torch.Tensor, terms: int) -> torch.Tensor:
 
 
 def _skew(vec: torch.Tensor, size: int) -> torch.Tensor:
-    """A = X₊ − X₊ᵀ with PEFT's packed strict upper triangle ``vec`` (…, s(s−1)/2)."""
-    rows, cols = torch.triu_indices(size, size, 1, device=vec.device)
+    """A = X₊ − X₊ᵀ with PEFT's packed strict upper triangle ``vec`` (…, s(s−1)/2).
+
+    Same as ``kernels.skew_from_raw`` of the scattered triangle, one op shorter.
+    """
+    rows, cols = _triu(size, vec.device)
     raw = vec.new_zeros(*vec.shape[:-1], size, size)
     raw[..., rows, cols] = vec
-    return kernels.skew_from_raw(raw)
+    return raw - raw.mT
+
+
+_TRIU: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _triu(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (size, str(device))
+    if key not in _TRIU:
+        rows, cols = torch.triu_indices(size, size, 1, device=device)
+        _TRIU[key] = (rows, cols)
+    return _TRIU[key]
+
+
+def _blocks_apply(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """x (…, b·s) times diag(R_1, …, R_b) (rows): b products of s×s blocks, no transpose."""
+    b, s, _ = r.shape
+    return torch.einsum("...bk,bkc->...bc", x.reshape(*x.shape[:-1], b, s), r).reshape(x.shape)
 
 
 def _cayley(a: torch.Tensor) -> torch.Tensor:
@@ -116,7 +135,7 @@ def _oft_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if rot.block_share:
             r = r.expand(blocks, -1, -1)
         dt = x.dtype
-        x = blockwise(x.to(rot.weight.dtype), blocks, lambda z, r=r: z @ r).to(dt)
+        x = _blocks_apply(x.to(rot.weight.dtype), r).to(dt)
     return self.base_layer(x.to(previous), *args, **kwargs).to(previous)
 
 
@@ -138,7 +157,7 @@ def _boft_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             perm, inv = perms[i]
             if perm is not None:
                 x = x[..., inv.to(x.device)]
-            x = blockwise(x, d, lambda z, b=blocks[i]: z @ b)
+            x = _blocks_apply(x, blocks[i])
             if perm is not None:
                 x = x[..., perm.to(x.device)]
         s = self.boft_s[a]
