@@ -329,13 +329,17 @@ def rotate(
     setattr(module, ATTRIBUTE, rot)
     if side == "input":
 
-        def pre_hook(mod: nn.Module, args: tuple):
+        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict):
             if not args:
-                return None
+                raise TypeError(
+                    f"a rotated {type(mod).__name__} rotates its first positional argument; "
+                    f"got none (keyword arguments: {', '.join(kwargs) or 'none'}): pass the "
+                    "input positionally"
+                )
             x = _along(args[0], feature_dim, mod.rotation.operator(), mod.rotation.dtype)
-            return (x, *args[1:])
+            return (x, *args[1:]), kwargs
 
-        rot._handle = module.register_forward_pre_hook(pre_hook)
+        rot._handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
     else:
 
         def hook(mod: nn.Module, args: tuple, y: torch.Tensor):

@@ -230,6 +230,8 @@ def test_bad_input_leaves_module_untouched():
     with pytest.raises(TypeError, match="ConvTranspose2d"):
         rotate(nn.ConvTranspose2d(4, 4, 3))
     rotate(lin)
+    with pytest.raises(TypeError, match="positionally"):
+        lin(input=torch.randn(2, 12))
     with pytest.raises(ValueError, match="already rotated"):
         rotate(lin)
     assert stiefel.rotate is rotate
