@@ -235,3 +235,17 @@ def test_bad_input_leaves_module_untouched():
     with pytest.raises(ValueError, match="already rotated"):
         rotate(lin)
     assert stiefel.rotate is rotate
+
+
+@pytest.mark.parametrize("method", available())
+def test_complex_weight_unitary_q(method):
+    torch.manual_seed(5)
+    lin = nn.Linear(8, 4, dtype=torch.complex128)
+    x = torch.randn(3, 8, dtype=torch.complex128)
+    w0 = lin.weight.detach().clone()
+    rotate(lin, method, blocks=2)
+    assert lin.rotation.dtype == torch.complex128
+    _perturb(lin)
+    q = rotation(lin)
+    assert torch.allclose(q.mH @ q, torch.eye(8, dtype=q.dtype), atol=TOL)
+    assert torch.allclose(lin(x), F.linear(x, w0 @ q, lin.bias), atol=TOL)
