@@ -29,6 +29,7 @@ two gathers, O(n) each, never an n×n permutation matrix.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -111,21 +112,23 @@ class Rotation(nn.Module):
                 self.points.append(geoopt.ManifoldParameter(eye.clone(), manifold=manifold))
         else:
             assert isinstance(cls, type) and issubclass(cls, OrthogonalMap)
-            if not cls.serves(shape, dtype):
+            serves = getattr(cls, "serves", None)  # optional capability (OrthogonalMap's)
+            if serves is not None and not serves(shape, dtype):
                 raise ValueError(
                     f"method={method!r} cannot serve {blocks} block(s) of {size}×{size} in "
                     f"{dtype}; allowed: {', '.join(available())}"
                 )
-            unknown = sorted(set(options) - set(cls.option_names()))
+            names = _option_names(cls)
+            unknown = sorted(set(options) - set(names))
             if unknown:
                 raise TypeError(
                     f"unknown option(s) {', '.join(unknown)} for method={method!r}; "
-                    f"allowed: {', '.join(cls.option_names()) or 'none'}"
+                    f"allowed: {', '.join(names) or 'none'}"
                 )
             for _ in range(factors):
                 fmap = cls(shape, dtype, device, **options)
-                with torch.no_grad():
-                    original = fmap.initial(eye, "identity", None).to(dtype=dtype, device=device)
+                with torch.no_grad():  # the map's right inverse at Q = I (the contract's inverse)
+                    original = fmap.inverse(eye).to(dtype=dtype, device=device)
                 self.maps.append(fmap)
                 self.originals.append(nn.Parameter(original))
         for level in range(factors if butterfly else 0):
@@ -136,7 +139,7 @@ class Rotation(nn.Module):
     def _blocks(self, i: int) -> torch.Tensor:
         if self.points:
             return self.points[i]
-        return self.maps[i](self.originals[i])
+        return self.maps[i].matrix(self.originals[i])  # square blocks: tall = the matrix
 
     def operator(self) -> Callable[[torch.Tensor], torch.Tensor]:
         r"""x ↦ ``F.linear(x, Q)`` = x Qᵀ for x of shape (…, features), Q never formed.
@@ -182,6 +185,14 @@ class Rotation(nn.Module):
 
 
 # --------------------------------------------------------------------------- helpers
+def _option_names(cls: type) -> list[str]:
+    """The map's options: its ``option_names()`` or its constructor's other parameters."""
+    if hasattr(cls, "option_names"):
+        return list(cls.option_names())
+    params = inspect.signature(cls.__init__).parameters
+    return [p for p in params if p not in ("self", "shape", "dtype", "device")]
+
+
 def _feature_dim(module: nn.Module) -> int:
     return 1 if isinstance(module, nn.modules.conv._ConvNd) else -1
 
