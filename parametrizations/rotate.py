@@ -113,7 +113,8 @@ class Rotation(nn.Module):
         else:
             assert isinstance(cls, type) and issubclass(cls, OrthogonalMap)
             serves = getattr(cls, "serves", None)  # optional capability (OrthogonalMap's)
-            if serves is not None and not serves(shape, dtype):
+            refused = getattr(cls, "real_only", False) and dtype.is_complex
+            if refused or (serves is not None and not serves(shape, dtype)):
                 raise ValueError(
                     f"method={method!r} cannot serve {blocks} block(s) of {size}×{size} in "
                     f"{dtype}; allowed: {', '.join(available())}"
@@ -186,7 +187,9 @@ class Rotation(nn.Module):
 
 # --------------------------------------------------------------------------- helpers
 def _option_names(cls: type) -> list[str]:
-    """The map's options: its ``option_names()`` or its constructor's other parameters."""
+    """The map's options: ``options()``, ``option_names()`` or its constructor's arguments."""
+    if callable(getattr(cls, "options", None)):
+        return list(cls.options())
     if hasattr(cls, "option_names"):
         return list(cls.option_names())
     params = inspect.signature(cls.__init__).parameters
