@@ -96,7 +96,7 @@ class Rotation(nn.Module):
         size = features // blocks
         shape = (blocks, size, size)
         factors = max(butterfly, 1)
-        cls = get(method)
+        cls = RIEMANNIAN if method == RIEMANNIAN else get(method)  # riemannian is not a map
         self.maps = nn.ModuleList()
         self.originals = nn.ParameterList()
         self.points = nn.ParameterList()
@@ -313,7 +313,8 @@ def rotate(
     w = _check_module(module)
     if not isinstance(side, str) or side not in SIDES:
         raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
-    get(method)  # unknown names raise, listing the registry
+    if method != RIEMANNIAN:
+        get(method)  # unknown names raise, listing the registry
     features = int(w.shape[1] if side == "input" else w.shape[0])
     _check_int("blocks", blocks, 1)
     _check_int("butterfly", butterfly, 0)
