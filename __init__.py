@@ -8,6 +8,7 @@ harness that compares the two.
 from . import manifolds, optimizers, parametrizations
 from .manifolds import Orthogonal, Stiefel, Unitary
 from .parametrizations import orthogonalize
+from .parametrizations.rotate import merge, rotate, rotation  # noqa: F401  (orthogonal fine-tuning)
 
 __version__ = "0.1.0"
 

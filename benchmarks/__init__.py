@@ -1,1 +1,1 @@
-"""Benchmark scripts, run from a checkout as ``python -m benchmarks.<name>`` (not installed)."""
+"""Benchmark scripts, run from a checkout: ``python -m benchmarks.maps`` (not installed)."""

@@ -21,6 +21,7 @@ from .base import OrthogonalMap, _register_special, available, get, manifold_for
 from .dense import Cayley, Exp, ScaledCayley
 from .orthogonalize import RIEMANNIAN, OrthogonalMatrix, orthogonalize
 from .reflections import CWY, TCWY, Householder  # registers householder, cwy, tcwy (first)
+from .rotate import Rotation, merge, rotate, rotation  # noqa: F401 (orthogonal fine-tuning)
 
 _register_special(RIEMANNIAN)
 
