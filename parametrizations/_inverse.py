@@ -25,10 +25,10 @@ def _reflect(r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return r - (2 / torch.vdot(v, v).real) * torch.outer(v, v.conj() @ r)
 
 
-def _stable(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _stable_loop(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
     r"""Householder elimination of every column: Q = H(v₁)⋯H(v_m)[diag(d); 0].
 
-    Note [Stable reflections for the right inverse]
+    Note [Stable reflections, complex]
     Column k of the partly reduced R is x (zero above row k, ‖x‖ = 1). The
     reflection with v = x + phase(x_k)·e_k maps x to −phase(x_k)·e_k; because
     |v_k| = 1 + |x_k| ≥ 1 there is no cancellation and v is never small, so
@@ -52,6 +52,46 @@ def _stable(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         vs.append(v)
         d[k] = -ph
     return vs, d
+
+
+def _stable(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Q = H(v₁)⋯H(v_m)[diag(d); 0] for a batch (…, n, m) of orthonormal Q (real: LAPACK).
+
+    Note [Reflections from LAPACK's QR]
+    ``torch.geqrf`` (blocked Householder QR, LAPACK speed: n = 4096 in about a
+    second) writes Q = H₁⋯H_m R with H_k = I − τ_k v_k v_kᴴ, v_k zero above row
+    k and 1 in row k, and R upper triangular; for orthonormal Q, R is diagonal
+    up to rounding, with entries of unit modulus. Three conventions are fixed:
+    (1) LAPACK's choice of v_k maps the reduced column x to β_k e_k with
+    β_k = −sign(x_k)‖x‖, the stable choice (no cancellation in v_k, every
+    H_k well conditioned), and for real data τ_k = 2/‖v_k‖², so H_k is the
+    reflection H(v_k). (2) In the complex case LAPACK's H_k is not Hermitian
+    (τ_k complex, a reflection only when x_k is real), and making every x_k
+    real needs the phases of columns chosen one after another: complex points
+    use the column-by-column elimination of Note [Stable reflections, complex].
+    (3) A column that is already reduced gets
+    τ_k = 0 (H_k = I, e.g. for Q = I); it is written H(e_k)H(e_k), and the
+    second H(e_k), which commutes with H_j (j > k, as e_k ⊥ v_j), flips the sign
+    of d_k. The reflections are H(v_k) = I − 2v_kv_kᴴ/‖v_k‖² with LAPACK's v_k.
+    """
+    n, m = q.shape[-2:]
+    if q.is_complex():
+        flat = q.detach().cpu().reshape(-1, n, m)
+        pairs = [_stable_loop(qi) for qi in flat]
+        v = torch.stack([torch.stack(vs, dim=-1) for vs, _ in pairs]).reshape(q.shape)
+        d = torch.stack([di for _, di in pairs]).reshape(*q.shape[:-2], m)
+        return v.to(q.device), d.to(q.device)
+    rows = torch.arange(n, device=q.device).unsqueeze(-1)
+    cols = torch.arange(m, device=q.device)
+    a, tau = torch.geqrf(q)
+    d = torch.diagonal(a, dim1=-2, dim2=-1)[..., :m]
+    d = _phase(d)
+    v = torch.where(rows > cols, a[..., :, :m], torch.zeros((), dtype=q.dtype, device=q.device))
+    v = v + (rows == cols).to(q.dtype)
+    reduced = tau == 0
+    if bool(reduced.any()):
+        d = torch.where(reduced, -d, d)
+    return v, d
 
 
 def _greedy(q: torch.Tensor, budget: int, tol: float) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -162,7 +202,7 @@ def reflections_from_point(
     With L ≥ m (L = n for square Q) the stable elimination always succeeds and
     chooses d. With fewer reflections on a square Q the current ``diagonal``
     (default: ones) is kept, up to the sign of its first entry (Note [Padding to
-    exactly L reflections]), and :class:`Unreachable` is raised when QD⁻¹ is not
+    exactly L reflections]), and `Unreachable` is raised when QD⁻¹ is not
     a product of L reflections (Note [Fewer reflections: rank reduction]); on a
     tall Q a greedy search chooses d (Note [Fewer reflections than columns]).
 
@@ -174,16 +214,22 @@ def reflections_from_point(
     seed unless a generator is given) so that no two columns start out equal.
     """
     batch, (n, m) = q.shape[:-2], q.shape[-2:]
+    full = reflections >= m
+    if full:
+        v_full, d_full = _stable(q)
+        if reflections == m:
+            return v_full, d_full
+        v_full, d_full = v_full.reshape(-1, n, m), d_full.reshape(-1, m)
+    q = q.cpu()
     flat = q.reshape(-1, n, m)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    full = reflections >= m
     if diagonal is None:
         diagonal = torch.ones(*batch, m, dtype=q.dtype)
-    diag = diagonal.to(q.dtype).expand(*batch, m).reshape(-1, m)
+    diag = diagonal.to(dtype=q.dtype, device="cpu").expand(*batch, m).reshape(-1, m)
     out_v, out_d = [], []
-    for qi, di in zip(flat, diag, strict=False):
+    for i, (qi, di) in enumerate(zip(flat, diag, strict=False)):
         if full:
-            vs, d = _stable(qi)
+            vs, d = list(v_full[i].cpu().unbind(-1)), d_full[i].cpu()
         elif m == n:
             vs, d = _fixed_square(qi, di, reflections, tol)
         else:
