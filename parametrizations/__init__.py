@@ -31,8 +31,11 @@ from .base import (
 )
 
 # Built-ins register in import order: householder, cwy, tcwy, exp, cayley, scaled_cayley.
-from .reflections import CWY, TCWY, Householder  # noqa: I001
+# isort: off
+from .reflections import CWY, TCWY, Householder
 from .dense import Cayley, Exp, ScaledCayley
+
+# isort: on
 from .orthogonalize import OrthogonalMatrix, orthogonalize
 
 __all__ = [

@@ -43,6 +43,7 @@ class SignPhaseDiagonal:
         """Store d (signs, or unit-modulus complex numbers whose angle becomes θ)."""
         with torch.no_grad():
             if self.is_complex:  # type: ignore[attr-defined]
-                self.phases.copy_(torch.angle(d) if d.is_complex() else torch.where(d < 0, torch.pi, 0.0))
+                theta = torch.angle(d) if d.is_complex() else torch.where(d < 0, torch.pi, 0.0)
+                self.phases.copy_(theta)
             else:
                 getattr(self, self.diagonal_buffer).copy_(d.real)

@@ -11,10 +11,11 @@ orthogonal or unitary matrix, so they cost O(N³) whatever M is (prefer
 from __future__ import annotations
 
 import torch
+
 from ..manifolds._checks import int_in_range
 from . import kernels
-from ._inverse import Unreachable, cayley_scaling, complete
 from ._diagonal import SignPhaseDiagonal
+from ._inverse import Unreachable, cayley_scaling, complete
 from .base import OrthogonalMap, high, register
 
 __all__ = ["Exp", "Cayley", "ScaledCayley"]

@@ -20,9 +20,9 @@ import torch
 
 from ..manifolds._checks import int_in_range
 from . import kernels
+from ._diagonal import SignPhaseDiagonal
 from ._householder import DEFAULT_BLOCK
 from ._inverse import reflections_from_point
-from ._diagonal import SignPhaseDiagonal
 from .base import OrthogonalMap, high, register
 
 __all__ = ["Householder", "CWY", "TCWY"]
