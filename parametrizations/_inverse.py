@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ._householder import householder_apply
+
 __all__ = ["reflections_from_point", "complete", "cayley_scaling", "Unreachable"]
 
 
@@ -25,8 +27,8 @@ def _reflect(r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return r - (2 / torch.vdot(v, v).real) * torch.outer(v, v.conj() @ r)
 
 
-def _stable_loop(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    r"""Householder elimination of every column: Q = H(v₁)⋯H(v_m)[diag(d); 0].
+def _stable_loop(q: torch.Tensor, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Householder elimination of every column: Q = H(v₁)⋯H(v_m)[diag(d); 0], by blocks.
 
     Note [Stable reflections, complex]
     Column k of the partly reduced R is x (zero above row k, ‖x‖ = 1). The
@@ -37,20 +39,28 @@ def _stable_loop(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
     so after m steps R = [diag(d); 0] with d_k = −phase(x_k): a sign (real) or
     a phase (complex). For square Q the last step reflects the scalar x_n: the
     H₁ sign of the Householder paper. Theorem 1 of that paper (surjectivity onto
-    O(n)) is the statement that this elimination always succeeds.
+    O(n)) is the statement that this elimination always succeeds. The
+    reflections of a panel of ``block`` columns are found column by column on
+    the panel only (O(n·block) per column), then applied to the remaining
+    columns at once in compact WY form (GEMMs and a triangular solve).
     """
     n, m = q.shape
     r = q.clone()
-    vs, d = [], torch.empty(m, dtype=q.dtype)
-    for k in range(m):
-        x = r[k:, k]
-        ph = _phase(x[0])
-        v = torch.zeros(n, dtype=q.dtype)
-        v[k:] = x
-        v[k] = v[k] + ph * torch.linalg.vector_norm(x)
-        r[:, k:] = _reflect(r[:, k:], v)
-        vs.append(v)
-        d[k] = -ph
+    vs = torch.zeros(n, m, dtype=q.dtype, device=q.device)
+    d = torch.empty(m, dtype=q.dtype, device=q.device)
+    for j0 in range(0, m, block):
+        j1 = min(j0 + block, m)
+        panel = r[:, j0:j1]
+        for k in range(j0, j1):
+            x = panel[k:, k - j0]
+            ph = _phase(x[0])
+            v = vs[:, k]
+            v[k:] = x
+            v[k] = v[k] + ph * torch.linalg.vector_norm(x)
+            panel[:, k - j0 :] = _reflect(panel[:, k - j0 :], v)
+            d[k] = -ph
+        if j1 < m:  # H(v_{j1-1})⋯H(v_{j0}) applied to the trailing columns
+            r[:, j1:] = householder_apply(vs[:, j0:j1].flip(-1), r[:, j1:], block)
     return vs, d
 
 
@@ -76,11 +86,9 @@ def _stable(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     n, m = q.shape[-2:]
     if q.is_complex():
-        flat = q.detach().cpu().reshape(-1, n, m)
-        pairs = [_stable_loop(qi) for qi in flat]
-        v = torch.stack([torch.stack(vs, dim=-1) for vs, _ in pairs]).reshape(q.shape)
-        d = torch.stack([di for _, di in pairs]).reshape(*q.shape[:-2], m)
-        return v.to(q.device), d.to(q.device)
+        pairs = [_stable_loop(qi) for qi in q.detach().reshape(-1, n, m)]
+        v = torch.stack([vi for vi, _ in pairs]).reshape(q.shape)
+        return v, torch.stack([di for _, di in pairs]).reshape(*q.shape[:-2], m)
     rows = torch.arange(n, device=q.device).unsqueeze(-1)
     cols = torch.arange(m, device=q.device)
     a, tau = torch.geqrf(q)

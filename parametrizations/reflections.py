@@ -70,8 +70,10 @@ class _Reflections(SignPhaseDiagonal, OrthogonalMap):
         return v.to(like.device)
 
     def inverse(self, q: torch.Tensor) -> torch.Tensor:
+        # full: the point's own precision (Note [Initialisation in the weight's precision]);
+        # fewer reflections: rank decisions need float64
         v, d = reflections_from_point(
-            high(q),
+            q if self.reaches_every_point else high(q),
             self.reflections,
             self.tolerance(q.dtype),
             diagonal=high(self.diagonal().detach()).to(q.device),

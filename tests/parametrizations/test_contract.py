@@ -10,7 +10,7 @@ from torch import nn
 
 from stiefel.parametrizations import OrthogonalMap, available, base, get, maps, orthogonalize
 from stiefel.parametrizations._householder import householder_apply
-from stiefel.parametrizations._inverse import reflections_from_point
+from stiefel.parametrizations._inverse import _stable_loop, reflections_from_point
 from stiefel.parametrizations.kernels import householder_matrix
 
 MAPS = list(maps())
@@ -99,6 +99,16 @@ def test_reflections_of_special_points_reproduce_them(shape, dtype):
         v, d = reflections_from_point(target.to(dtype), m, 1e-10)
         assert (v.norm(dim=-2) > 0.5).all()
         assert (householder_matrix(v, d, m) - target).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_blocked_elimination_across_panels(dtype):
+    gen = torch.Generator().manual_seed(6)
+    for n, m in [(9, 9), (9, 5)]:
+        q = torch.linalg.qr(torch.randn(n, m, dtype=dtype, generator=gen))[0]
+        v, d = _stable_loop(q, block=2)  # five panels: the trailing WY update is exercised
+        assert (householder_matrix(v, d, m) - q).abs().max() < 1e-13
+        assert (d.abs() - 1).abs().max() < 1e-14
 
 
 # ---------------------------------------------------------------- torch.func
