@@ -47,7 +47,22 @@ __all__ = [
     "ENTRY_POINT_GROUP",
 ]
 
-DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.float16,
+    torch.bfloat16,
+)
+LOW = (torch.float16, torch.bfloat16)
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a map computes in: float32 for float16/bfloat16, else the dtype itself."""
+    return torch.float32 if dtype in LOW else dtype
+
+
 INITS = ("nearest", "haar", "identity", "random")
 RIEMANNIAN = "riemannian"
 ENTRY_POINT_GROUP = "stiefel.parametrizations"
@@ -312,7 +327,20 @@ class OrthogonalMap(nn.Module):
                 "parameter (module.to(a complex dtype) on a real weight, or the reverse, is "
                 "refused); orthogonalize the converted weight afresh"
             )
-        q = self.matrix(original)
+        # Note [Maps compute in float32 or wider]
+        # A bfloat16 Gram matrix is off by 1e-2: autocast must not lower the
+        # map's own products, and float16/bfloat16 parameters (and buffers, after
+        # module.half()) are cast to float32; the result comes back in the
+        # parameter's dtype. Gradients flow through the casts.
+        with torch.autocast(original.device.type, enabled=False):
+            if original.dtype in LOW:
+                state = {
+                    k: t.float() if t.is_floating_point() else t
+                    for k, t in [*self.named_parameters(), *self.named_buffers()]
+                }
+                q = torch.func.functional_call(self, state, (original.float(),))
+                return q.to(original.dtype)
+            q = self.matrix(original)
         return q.mT if self.transposed else q
 
     def right_inverse(self, value: torch.Tensor) -> torch.Tensor:
@@ -326,7 +354,9 @@ class OrthogonalMap(nn.Module):
             return self._initial
         q = self.check_point(value, "value")
         try:
-            return self.inverse(q).to(dtype=value.dtype, device=value.device)
+            return self.inverse(q.to(work_dtype(q.dtype))).to(
+                dtype=value.dtype, device=value.device
+            )
         except Unreachable as err:
             raise ValueError(f"value: {err}") from None
 
@@ -389,7 +419,7 @@ class OrthogonalMap(nn.Module):
                 f"use manifold.projx(Q) (the nearest point) first"
             )
         if err > 100 * self.n * torch.finfo(torch.float64).eps:
-            q = polar(high(q.detach())).to(q.dtype)
+            q = polar(high(q.detach())).to(work_dtype(q.dtype))
         return q
 
     def _haar(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -412,6 +442,7 @@ class OrthogonalMap(nn.Module):
         """
         if init is None:
             init = "nearest" if self.reaches_every_point else "random"
+        weight = weight.detach().to(work_dtype(weight.dtype))
         if init == "random":
             return self.random_original(generator, weight)
         if init == "haar":
@@ -420,8 +451,7 @@ class OrthogonalMap(nn.Module):
             q = torch.eye(self.n, self.m, dtype=weight.dtype, device=weight.device)
             q = q.expand(*self.batch, self.n, self.m)
         else:
-            w = weight.detach().mT if self.transposed else weight.detach()
-            q = polar(w)
+            q = polar(weight.mT if self.transposed else weight)
         try:
             return self.inverse(q)
         except Unreachable as err:

@@ -32,6 +32,15 @@ class _Based(OrthogonalMap):
     differential of f is the identity). ``right_inverse`` therefore re-bases:
     it stores B (the target, completed to N×N if needed) and returns A = 0.
     B is a persistent buffer, saved in the ``state_dict``.
+
+    Note [Changing the dtype of a based map]
+    ``module.to(dtype)`` converts B like any buffer. Down to float16/bfloat16
+    the stored weight stays within √m·eps of that dtype (B is used in float32,
+    Note [Maps compute in float32 or wider]); up (e.g. ``.double()`` of a
+    float32 module) B keeps its float32 rounding, ~1e-6 off in float64, until
+    ``module.weight = module.weight`` re-stores it (accepted as the float32
+    point it is, Note [Tolerance of right inverses], then projected in float64).
+    The reflection maps have no such buffer: any V maps onto the manifold.
     """
 
     base_columns_full = True

@@ -22,6 +22,7 @@ from .base import (
     get,
     manifold_for,
     methods_serving,
+    work_dtype,
 )
 
 __all__ = ["orthogonalize", "OrthogonalMatrix", "RIEMANNIAN"]
@@ -127,7 +128,7 @@ def _orthogonalize_module(module: nn.Module, name: str, method: object, options:
             f"unknown option(s) {', '.join(unknown)} for method={label!r}; "
             f"allowed: {', '.join(['init', 'generator', *allowed])}"
         )
-    fmap = cls(tuple(w.shape), w.dtype, w.device, **options)
+    fmap = cls(tuple(w.shape), work_dtype(w.dtype), w.device, **options)
     with torch.no_grad():
         original = fmap.initial(w, init, generator).to(dtype=w.dtype, device=w.device)
     with fmap.initialised_with(original):  # Note [Registering with a precomputed original]
