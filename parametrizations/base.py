@@ -24,7 +24,7 @@ import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import ClassVar, TypeVar
 
 import torch
@@ -332,7 +332,8 @@ class OrthogonalMap(nn.Module):
         # map's own products, and float16/bfloat16 parameters (and buffers, after
         # module.half()) are cast to float32; the result comes back in the
         # parameter's dtype. Gradients flow through the casts.
-        with torch.autocast(original.device.type, enabled=False):
+        meta = original.device.type == "meta"  # autocast has no meta device type
+        with nullcontext() if meta else torch.autocast(original.device.type, enabled=False):
             if original.dtype in LOW:
                 state = {
                     k: t.float() if t.is_floating_point() else t
@@ -443,6 +444,13 @@ class OrthogonalMap(nn.Module):
         if init is None:
             init = "nearest" if self.reaches_every_point else "random"
         weight = weight.detach().to(work_dtype(weight.dtype))
+        if weight.device.type == "meta":
+            # Note [Meta weights]: no values exist; the identity's original (computed on the
+            # CPU, its shape and the buffers' layout are all that is kept) stands in. After
+            # module.to_empty(device=...), assign a point: module.weight = Q (e.g.
+            # torch.nn.init.orthogonal_(torch.empty(shape))), which resets every buffer.
+            eye = torch.eye(self.n, self.m, dtype=weight.dtype).expand(*self.batch, self.n, self.m)
+            return self.inverse(eye).to("meta")
         if init == "random":
             return self.random_original(generator, weight)
         if init == "haar":

@@ -40,7 +40,8 @@ def _check_weight(label: str, w: object) -> torch.Tensor:
         )
     if w.numel() == 0:
         raise ValueError(f"{label} is empty (shape {tuple(w.shape)}); every dimension must be > 0")
-    _checks.finite(label, w.detach())
+    if w.device.type != "meta":  # no values on meta (deferred initialisation)
+        _checks.finite(label, w.detach())
     return w
 
 
@@ -151,7 +152,9 @@ def _make_riemannian(module, name, w, options, init, generator) -> None:
     ``manifold`` attribute) and the projected value is copied into its storage.
     Tied weights stay tied and an optimizer built before the call keeps
     stepping the same tensor (as a Euclidean one until it is rebuilt: only a
-    Riemannian optimizer keeps it on the manifold).
+    Riemannian optimizer keeps it on the manifold). On a meta weight nothing
+    is computed; ``module.to_empty(device=...)`` rebuilds a plain Parameter,
+    so call ``orthogonalize(..., method="riemannian")`` again afterwards.
     """
     if options:
         raise TypeError(

@@ -76,7 +76,7 @@ class _Reflections(SignPhaseDiagonal, OrthogonalMap):
             q if self.reaches_every_point else high(q),
             self.reflections,
             self.tolerance(q.dtype),
-            diagonal=high(self.diagonal().detach()).to(q.device),
+            diagonal=None if self.reaches_every_point else high(self.diagonal().detach()),
         )
         self.set_diagonal(d)
         return v.to(dtype=q.dtype, device=q.device)

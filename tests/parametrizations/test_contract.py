@@ -185,3 +185,26 @@ def test_real_map_refuses_a_complex_conversion():
     lin.to(torch.complex64)
     with pytest.raises(TypeError, match="refused"):
         _ = lin.weight
+
+
+# ---------------------------------------------------------------- meta device
+@pytest.mark.parametrize("method", MAPS)
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6)])
+def test_meta_then_to_empty_then_assign_a_point(method, shape):
+    with torch.device("meta"):
+        lin = nn.Linear(*shape)
+    orthogonalize(lin, method=method)  # no value is read on meta
+    assert lin.weight.device.type == "meta" and lin.weight.shape == (shape[1], shape[0])
+    lin.to_empty(device="cpu")
+    q = nn.init.orthogonal_(torch.empty(shape[1], shape[0]))  # Note [Meta weights]
+    lin.weight = q
+    assert (lin.weight - q).abs().max() < 1e-5 and orth_err(lin.weight) < 1e-5
+
+
+def test_meta_riemannian_is_converted_again_after_to_empty():
+    with torch.device("meta"):
+        lin = nn.Linear(4, 6)
+    orthogonalize(lin, method="riemannian")
+    lin.to_empty(device="cpu")  # torch rebuilds the Parameter (a plain one)
+    orthogonalize(lin, method="riemannian", init="haar")
+    assert isinstance(lin.weight, geoopt.ManifoldParameter) and orth_err(lin.weight) < 1e-5
