@@ -82,12 +82,8 @@ def henaff_init(n: int, generator: torch.Generator | None = None) -> torch.Tenso
 
 
 def has_operator(fmap: object) -> bool:
-    """Whether the map applies W without forming it (overrides ``OrthogonalMap.operator``).
-
-    The one place this capability is read; the v0.2 contract names it
-    ``type(map).has_operator()``.
-    """
-    return isinstance(fmap, OrthogonalMap) and type(fmap).operator is not OrthogonalMap.operator
+    """Whether ``fmap`` is a map with an operator form (its class's ``has_operator()``)."""
+    return isinstance(fmap, OrthogonalMap) and type(fmap).has_operator()
 
 
 def use_operator(operator: bool | str, w: nn.Module, n: int) -> bool:
