@@ -110,6 +110,7 @@ class RunStore:
             raise
         except OSError as exc:
             raise OSError(f"--out {self.out} cannot be written: {exc}") from exc
+        self._check_links()
         path = self.root / MANIFEST
         if path.exists():
             self.manifest = json.loads(path.read_text())
@@ -118,6 +119,18 @@ class RunStore:
             state="running", pid=os.getpid(), started=_now(), ended=None, versions=versions()
         )
         self.save_manifest()
+
+    def _check_links(self) -> None:
+        """Refuse a folder holding links that lead outside it (before anything is written)."""
+        for folder, dirs, files in os.walk(self.root):
+            for name in dirs + files:
+                p = pathlib.Path(folder, name)
+                if p.is_symlink() and not p.resolve().is_relative_to(self.root):
+                    self._unlock()
+                    raise ValueError(
+                        f"--out {self.out} holds {p}, a link to {p.resolve()} outside it; "
+                        "remove the link or choose another --out (nothing is written outside --out)"
+                    )
 
     def close(self, state: str) -> None:
         if self.root is None:
