@@ -144,3 +144,17 @@ def test_lr_flag_sets_strategies_that_name_none(tmp_path):
     cli.main([*argv, "--lr", "0.25", "--steps", "2", "--n", "4", "--m", "2", "--seeds", "1"])
     md = (tmp_path / "drift.md").read_text()
     assert "cwy+adam: 0.25, cwy+adam(lr=0.5): 0.5" in md
+
+
+def test_every_shipped_config_resolves():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert files
+    for path in files:
+        for section in config.SCHEMA:
+            if section in config.load_toml(path):
+                opts = config.resolve(section, {}, path)
+                if "tasks" in opts:
+                    plan(opts)  # names, strategies and task options all check
