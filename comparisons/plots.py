@@ -45,7 +45,7 @@ def drift_figure(runs: list[dict]):
         if vals:
             ax.semilogy(steps, vals, label=f"{r['strategy']} [{r['dtype']}]")
     ax.set_xlabel("step")
-    ax.set_ylabel("orthogonality error ‖XᴴX − I‖_F")
+    ax.set_ylabel(r"orthogonality error $\|X^H X - I\|_F$")
     ax.set_title("Orthogonality drift")
     _legend(ax)
     ax.grid(alpha=0.3)
@@ -96,13 +96,21 @@ def convergence_figure(runs: list[dict], task: str):
 
 
 def complexity_figure(
-    rows: list[dict], x: str, y: str, group: str, title: str, rate: float | None = None
+    rows: list[dict],
+    x: str,
+    y: str,
+    group: str,
+    title: str,
+    rate: float | None = None,
+    fit_min: int = 0,
 ):
     """Log–log time against size per series, ticks at the measured sizes.
 
     With ``rate`` (FLOP/s), each series with a FLOP model gets a dashed line
     at flops / rate in its colour: the time the model predicts at the GEMM rate.
+    Slopes are fitted over the sizes >= ``fit_min`` only (none with fewer than two).
     """
+    modelled = False
     fig, ax = plt.subplots(figsize=(8, 4.5))
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -110,13 +118,15 @@ def complexity_figure(
     for name, rs in groups.items():
         xs = [r[x] for r in rs]
         ys = [r[y] for r in rs]
-        if len(set(xs)) > 1:
-            name = f"{name} (slope {fit_exponent(xs, ys):.2f})"
+        fit = [(a, b) for a, b in zip(xs, ys, strict=True) if a >= fit_min]
+        if len({a for a, _ in fit}) > 1:
+            name = f"{name} (slope {fit_exponent(*zip(*fit, strict=True)):.2f})"
         (line,) = ax.loglog(xs, ys, "o-", label=name)
         flops = [r.get("flops", float("nan")) for r in rs]
         if rate and all(np.isfinite(flops)):
             ax.loglog(xs, [f / rate for f in flops], "--", color=line.get_color(), lw=0.8)
-    if rate:
+            modelled = True
+    if modelled:
         ax.plot([], [], "k--", lw=0.8, label="FLOP model / GEMM rate")
     sizes = sorted({r[x] for r in rows})
     ax.xaxis.set_major_locator(FixedLocator(sizes))

@@ -213,14 +213,20 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
     figs = _figure(
         store,
         plots.complexity_figure(
-            maps_fig, "n", "forward_backward_s", "series", "Maps: forward + backward", rate
+            maps_fig,
+            "n",
+            "forward_backward_s",
+            "series",
+            "Maps: forward + backward",
+            rate,
+            cx.FIT_MIN_N,
         ),
         "complexity_maps",
     )
     figs += _figure(
         store,
         plots.complexity_figure(
-            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate
+            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, cx.FIT_MIN_STEP_N
         ),
         "complexity_optimizers",
     )

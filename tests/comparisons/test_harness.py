@@ -326,3 +326,17 @@ def test_copying_layout_marker_then_answer():
     assert bool((symbols[:, 21] == 9).all())  # the marker at T + 9
     assert bool((symbols[:, 22:] == 0).all())
     assert torch.equal(y[:, -10:], symbols[:, :10]) and bool((y[:, :-10] == 0).all())
+
+
+def test_a_run_no_better_than_chance_counts_as_failed():
+    from stiefel.comparisons.runner import failure
+
+    digits = make("digits", torch.float32, torch.device("cpu"), 0, n=4)
+    rec = {"diverged": False, "final_loss": 0.5, "metrics": {"test_accuracy": 0.6}}
+    assert failure(rec, digits) is None
+    assert "above the baseline" in failure({**rec, "final_loss": 2.5}, digits)
+    assert "at or below chance" in failure({**rec, "metrics": {"test_accuracy": 0.1}}, digits)
+    assert failure({**rec, "diverged": True}, digits) == "diverged"
+    assert failure({**rec, "final_loss": float("nan")}, digits) == "diverged"
+    procrustes = make("procrustes", torch.float64, torch.device("cpu"), 0, n=4)
+    assert failure({**rec, "final_loss": 1e9, "metrics": {}}, procrustes) is None  # no baseline
