@@ -87,7 +87,11 @@ for _training in ("drift", "convergence"):
 #: tasks (copying, adding) need thousands of steps at T = 100 to leave their
 #: baseline, so they are left to configs/copying.toml and configs/adding.toml;
 #: complexity sizes this small are overhead-bound, so no exponent is fitted
-#: there (complexity.FIT_MIN_N).
+#: there (complexity.FIT_MIN_N). One learning rate serves every task of a run:
+#: rgd at 0.05 solves Procrustes in 200 steps but leaves the digits RNN at chance,
+#: 0.01 the reverse; landing, which shows its pull back to the manifold in the
+#: drift section, diverged on the digits RNN at 0.02 and 0.005 (measured), so it
+#: is left out of the quick convergence section.
 QUICK: dict[str, dict[str, Any]] = {
     "drift": dict(
         tasks=["procrustes"],
@@ -113,8 +117,7 @@ QUICK: dict[str, dict[str, Any]] = {
         strategies=[
             "cwy+adam(lr=0.01)",
             "scaled_cayley+rmsprop(lr=0.001)",
-            "riemannian+rgd(lr=0.05,metric=canonical,retraction=cayley)",
-            "riemannian+landing(lr=0.02)",
+            "riemannian+rgd(lr=0.02,metric=canonical,retraction=cayley)",
             "lstm+rmsprop(lr=0.003)",
         ],
     ),
