@@ -157,6 +157,8 @@ def _span(rows: list[dict], size: str, min_size: int) -> str:
 def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
     """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
     fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
+    if not fitted:
+        return "none fitted (sizes too small, or no FLOP model declared)"
     return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
 
 
