@@ -1,9 +1,9 @@
 """Timing and table helpers of the benchmark scripts (not installed: run from a checkout).
 
-The timed loop is the harness's (:mod:`stiefel.comparisons.timing`); the
+The timed loop is the harness's (`stiefel.comparisons.timing`); the
 benchmarks, which compare libraries measured side by side, report its median
-(:func:`median_time`) or adapt the number of runs to the cost of the first call
-(:func:`measure`). Tables and JSON go through :mod:`stiefel.comparisons.writers`.
+(`median_time`) or adapt the number of runs to the cost of the first call
+(`measure`). Tables and JSON go through `stiefel.comparisons.writers`.
 
 Example:
     ```text

@@ -28,10 +28,12 @@ that no map runs at a special point (``matrix_exp`` of 0 is much cheaper).
 The number of runs of each measurement follows its cost (``--budget`` seconds
 each; a call slower than that is timed once, marked "cold" in the JSON).
 
-Example::
+Example:
 
-    python -m benchmarks.maps --quick --json /tmp/maps.json
-    python -m benchmarks.maps --sizes 256,1024 --repeats 5
+```text
+python -m benchmarks.maps --quick --json /tmp/maps.json
+python -m benchmarks.maps --sizes 256,1024 --repeats 5
+```
 """
 
 from __future__ import annotations

@@ -17,10 +17,12 @@ Ratios are "geoopt canonical SGD step / this step" (> 1: faster than geoopt)
 and "this / rgd (euclidean, cayley)". The number of runs follows the cost of a
 step (``--budget`` seconds per measurement; a slower step is timed once).
 
-Example::
+Example:
 
-    python -m benchmarks.optimizers --quick --json /tmp/opt.json
-    python -m benchmarks.optimizers --shapes 4096x64,512x512 --repeats 20
+```text
+python -m benchmarks.optimizers --quick --json /tmp/opt.json
+python -m benchmarks.optimizers --shapes 4096x64,512x512 --repeats 20
+```
 """
 
 from __future__ import annotations

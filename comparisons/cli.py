@@ -1,9 +1,9 @@
 """Command line of the comparison harness: ``python -m stiefel.comparisons`` / ``stiefel-compare``.
 
 Argument parsing only: options are merged and checked in
-:mod:`stiefel.comparisons.config`, runs are stored by
-:mod:`stiefel.comparisons.store`, sections live in
-:mod:`stiefel.comparisons.sections`.
+`stiefel.comparisons.config`, runs are stored by
+`stiefel.comparisons.store`, sections live in
+`stiefel.comparisons.sections`.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ def map_plan(
     fractions: list[float],
     limits: Mapping[str, int] | None = None,
 ) -> list[tuple[str, float, int]]:
-    """The (method, L/n, n) measured by :func:`map_costs`: ``limits`` caps a method's n.
+    """The (method, L/n, n) measured by `map_costs`: ``limits`` caps a method's n.
 
     Maps that take ``reflections`` are measured at every fraction L/n.
     """
@@ -213,7 +213,7 @@ def map_plan(
 def step_plan(
     shapes: list[tuple[int, int]], limits: Mapping[str, int] | None = None
 ) -> list[tuple[str, int, int]]:
-    """The (optimizer, N, M) measured by :func:`optimizer_costs`: ``limits`` caps N."""
+    """The (optimizer, N, M) measured by `optimizer_costs`: ``limits`` caps N."""
     limits = limits or {}
     labels = [*registry.optimizer_steps(), *GEOOPT_STEPS]
     return [(label, n, m) for n, m in shapes for label in labels if n <= limits.get(label, n)]

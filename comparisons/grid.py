@@ -3,7 +3,7 @@
 Every combination is checked before the first run (task options, strategy
 names and options); one that cannot run (an LSTM baseline on a matrix task)
 is reported, never dropped silently; each finished run is stored at once
-(:mod:`stiefel.comparisons.store`), and a resumed grid skips stored runs.
+(`stiefel.comparisons.store`), and a resumed grid skips stored runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The three measured sections of the harness: drift, convergence, complexity.
 
 Each takes the checked options of its subcommand and a open
-:class:`~stiefel.comparisons.store.RunStore`, stores every run as it finishes,
+`stiefel.comparisons.store.RunStore`, stores every run as it finishes,
 then writes ``<section>.json``, ``<section>.csv``, ``<section>.md`` and its
 figures (PNG and SVG) from the stored runs and lists them in the manifest.
 """

@@ -8,10 +8,10 @@ Grammar:
     part      := NAME [ "(" key "=" value { "," key "=" value } ")" ]
 ```
 
-The first part is a parametrization method of :mod:`stiefel.parametrizations`
+The first part is a parametrization method of `stiefel.parametrizations`
 (``riemannian`` leaves the weight a manifold parameter) or ``lstm`` (the LSTM
 baseline, sequence tasks only); the second is an optimizer name of
-:mod:`stiefel.optimizers`. Values are parsed as Python literals where they can
+`stiefel.optimizers`. Values are parsed as Python literals where they can
 be (``lr=1e-3``, ``betas=(0.9,0.99)``) and kept as strings otherwise
 (``metric=canonical``).
 
@@ -25,7 +25,7 @@ Example:
     ```
 
 A strategy that names no ``lr`` gets the ``--lr`` of the run, else the
-optimizer's declared default learning rate (:mod:`stiefel.comparisons.registry`).
+optimizer's declared default learning rate (`stiefel.comparisons.registry`).
 """
 
 from __future__ import annotations

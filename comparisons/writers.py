@@ -69,7 +69,7 @@ def fmt(v: Any) -> str:
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:
-    """A markdown table; cells go through :func:`fmt` (strings are kept as they are).
+    """A markdown table; cells go through `fmt` (strings are kept as they are).
 
     Example:
         ```python

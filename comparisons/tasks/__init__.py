@@ -1,4 +1,4 @@
-"""Tasks of the comparison harness, registered by name (:func:`register`)."""
+"""Tasks of the comparison harness, registered by name (`register`)."""
 
 from __future__ import annotations
 

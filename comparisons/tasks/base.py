@@ -1,6 +1,6 @@
 """The task interface and the task registry of the harness.
 
-A task registers under a name with :func:`register`; its options are the
+A task registers under a name with `register`; its options are the
 keyword arguments of its ``__init__`` after ``dtype``, ``device`` and ``seed``
 (with those of its base classes when it passes ``**kw`` on), so the command
 line (``--task-option k=v``) and TOML configs reach them with no other edit.
@@ -75,7 +75,7 @@ class Task:
 
 
 def register(name: str) -> Callable[[T], T]:
-    """Class decorator registering a :class:`Task` subclass under ``name``.
+    """Class decorator registering a `Task` subclass under ``name``.
 
     Example:
         ```python
