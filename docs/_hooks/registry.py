@@ -34,10 +34,11 @@ def _methods(page_url: str, files) -> str:
             if files.get_file_from_path(doc)
             else f"`{name}`"
         )
+        summary = (inspect.getdoc(cls) or "").split("\n")[0].replace("|", "\\|")
         rows.append(
             [
                 link,
-                f"`{cls.__module__.replace('stiefel.', '')}.{cls.__name__}`",
+                summary or f"`{cls.__name__}`",
                 cls.formula or "–",
                 cls.domain or "–",
                 "yes" if cls.has_operator() else "no",
@@ -52,7 +53,7 @@ def _methods(page_url: str, files) -> str:
             "–",
         ]
     )
-    return _table(["method", "class", "serial cost", "reaches", "operator form"], rows)
+    return _table(["method", "the map", "serial cost", "reaches", "operator form"], rows)
 
 
 def _optimizers(page_url: str, files) -> str:
@@ -106,3 +107,45 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return TABLES[name](page.file.src_uri, files)
 
     return MARKER.sub(replace, markdown)
+
+
+def on_nav(nav, config, files):
+    """Add the page ``methods/<name>.md`` of every registered map to the Methods section.
+
+    mkdocs.yml lists only the section's index (and ``riemannian``, which is not a
+    map); the map pages follow the registry's order, so a new map's page appears
+    in the navigation with no edit of mkdocs.yml.
+    """
+    from mkdocs.structure.nav import Section
+    from mkdocs.structure.pages import Page
+
+    from stiefel import parametrizations
+
+    section = next((s for s in nav.items if isinstance(s, Section) and s.title == "Methods"), None)
+    if section is None:
+        raise ValueError("mkdocs.yml has no 'Methods' section for the map pages")
+    listed = {getattr(p, "file", None) and p.file.src_uri for p in section.children}
+    pages = []
+    for name in parametrizations.maps():
+        f = files.get_file_from_path(f"methods/{name}.md")
+        if f is None or f.src_uri in listed:
+            continue
+        page = f.page if f.page is not None else Page(None, f, config)
+        page.parent = section
+        pages.append(page)
+    # the index first, then the maps in registry order, then what mkdocs.yml lists after it
+    index, rest = section.children[:1], section.children[1:]
+    section.children = index + pages + rest
+    nav.pages = [p for p in _walk(nav.items)]
+    return nav
+
+
+def _walk(items):
+    from mkdocs.structure.nav import Section
+    from mkdocs.structure.pages import Page
+
+    for item in items:
+        if isinstance(item, Section):
+            yield from _walk(item.children)
+        elif isinstance(item, Page):
+            yield item
