@@ -35,7 +35,9 @@ __all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "METRICS", "EGRAD
 EGRAD2RGRAD = MappingProxyType(
     {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
 )
-INNER = MappingProxyType({"euclidean": kernels.inner_euclidean, "canonical": kernels.inner_canonical})
+INNER = MappingProxyType(
+    {"euclidean": kernels.inner_euclidean, "canonical": kernels.inner_canonical}
+)
 METRICS = tuple(EGRAD2RGRAD)
 
 # Note [Off-manifold points at a step]

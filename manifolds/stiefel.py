@@ -233,7 +233,9 @@ class Stiefel(geoopt.Manifold):
         """
         shape = self._size(size)
         dtype = self._dtype(dtype)
-        x = kernels.haar(self.n, self.m, *shape[:-2], dtype=dtype, device=device, generator=generator)
+        x = kernels.haar(
+            self.n, self.m, *shape[:-2], dtype=dtype, device=device, generator=generator
+        )
         return geoopt.ManifoldTensor(x, manifold=self)
 
     def projx(self, x: torch.Tensor) -> torch.Tensor:

@@ -231,7 +231,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         if bad_grad:
             self._warned_nonfinite = True
             self._warn_once(
-                "grad", f"{type(self).__name__}: {where} has a non-finite gradient; its step is skipped"
+                "grad",
+                f"{type(self).__name__}: {where} has a non-finite gradient; its step is skipped",
             )
             return
         if is_off:

@@ -325,7 +325,5 @@ def polar_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return polar_descent(x, u, -1.0)
 
 
-RETRACTIONS = MappingProxyType(
-    {"cayley": cayley_descent, "qr": qr_descent, "polar": polar_descent}
-)
+RETRACTIONS = MappingProxyType({"cayley": cayley_descent, "qr": qr_descent, "polar": polar_descent})
 """The retraction table: name → descent kernel ``fn(x, d, lr, v=None, *, xx=None)``."""
