@@ -105,12 +105,19 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     equals det(I − ½A) ≠ 0 (Sylvester), A having an imaginary spectrum. B and C
     are never concatenated: CᴴB = [[XᴴPu, XᴴX], [−PuᴴPu, −PuᴴX]], so the N-sized
     work is XᴴX, Xᴴd, Pd, PdᴴPd and the final two updates. XᴴX is computed, not
-    assumed to be I: A stays exactly skew-Hermitian, so Cayley(A) stays unitary,
-    and the Newton–Schulz factor K = (3I − XᴴX)/2 is folded into the M×M
-    coefficients of the update at no N-sized cost. The system is solved in the
-    scaled form of Note [Overflow-safe step]. A transported vector Ω = v costs
-    two more N-sized products (Xᴴv, Pdᴴv), none when v is the step direction d:
-    Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd.
+    assumed to be I: A stays exactly skew-Hermitian, so Cayley(A) stays unitary.
+
+    The Newton–Schulz factor K = (3I − XᴴX)/2 is folded into the M×M
+    coefficients of the update at no N-sized cost (Cayley(A) is unitary, so Y
+    has the Gram of X, which K corrects). A known limit: for a rank-deficient
+    step (e.g. a rank-1 gradient) with lr·‖Pd‖ between about 1e2 and 1e10 the
+    2M×2M system is ill-conditioned (its eigenvalues near γ, Note
+    [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
+    in float32 (the unscaled form did the same); the next steps' correction,
+    or the projection of Note [Off-manifold points at a step], brings it back.
+    The system is solved in the scaled form of Note [Overflow-safe step]. A
+    transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv), none
+    when v is the step direction d: Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd.
     """
     m = x.shape[-1]
     eye = eye_like(x, m)
@@ -158,9 +165,16 @@ def _dense(x, dn, lr, v, xx):
     a = ph @ x.mH
     a = a - a.mH  # P̂Xᴴ − XP̂ᴴ; A = −β(P̂Xᴴ − XP̂ᴴ)
     omega = x if v is None else torch.cat((x, v), -1)
+    # Cayley(A) = 2(I − ½A)⁻¹ − I and (I − ½A)⁻¹ = γ(γI + ½σ·(P̂Xᴴ − XP̂ᴴ))⁻¹: on
+    # the null space of A (where the solve meets the pivot γ) the answer is Ω itself.
+    # γ is kept above √eps, so that the rounding of that pivot (eps/γ) stays below
+    # √eps: a longer step is taken as one of length 1/√eps, a change of O(√eps) in Y
+    # towards the same limit, and the Newton–Schulz step on Y's own Gram (N ≤ 2M
+    # here, so it is cheap beside the N×N solve) takes the error to O(eps).
+    gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
     lhs = gamma * eye_like(x, n) + (0.5 * sigma) * a
-    out = torch.linalg.solve(lhs, gamma * omega - (0.5 * sigma) * (a @ omega))
-    y = out[..., :m] @ (1.5 * eye_like(x, m) - 0.5 * xx)  # Cayley(A)X K
+    out = (2 * gamma) * torch.linalg.solve(lhs, omega) - omega
+    y = newton_schulz(out[..., :m])
     return y if v is None else (y, out[..., m:])
 
 
