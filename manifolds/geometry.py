@@ -171,18 +171,22 @@ class StiefelGeometry(Geometry):
         return (err > OFF_MANIFOLD).any()
 
     def rgrad(self, x, g):
-        return EGRAD2RGRAD[self.metric](x, g)
+        # linear in g: computed for g/max|g| and scaled back, so that XᴴG cannot
+        # overflow for a huge finite G (Note [Overflow-safe step])
+        mu = g.abs().amax(dim=(-2, -1), keepdim=True)
+        mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
+        return EGRAD2RGRAD[self.metric](x, g / mu) * mu
+
+    def gradient_step(self, x, g, lr):
+        if self._fused is None:
+            return self.descend(x, self.rgrad(x, g), lr)
+        return self._fused(x, g, lr, self.metric, xx=self._xx(x))
 
     def descend(self, x, d, lr):
         return self._descent(x, d, lr, xx=self._xx(x))
 
     def descend_transport(self, x, d, lr):
         return self._descent(x, d, lr, d, xx=self._xx(x))
-
-    def gradient_step(self, x, g, lr):
-        if self._fused is None:
-            return self.descend(x, self.rgrad(x, g), lr)
-        return self._fused(x, g, lr, self.metric, xx=self._xx(x))
 
     def component_inner(self, x, u):
         return INNER[self.metric](x, u, u, keepdim=True)

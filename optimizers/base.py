@@ -251,13 +251,17 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
         state["step"] += 1
-        new = self.update(geo, x, grad, state, group)
-        if k is not None and int(state["step"]) % k == 0:
-            new = geo.project(new)
         # Note [Safe step]: the kernels are overflow-safe (Note [Overflow-safe step]),
         # but a rule's own arithmetic (e.g. a momentum that overflowed) or a singular
-        # limit can still produce inf/NaN: the old point is kept, never overwritten.
-        if not self._finite(new):
+        # limit can still produce inf/NaN (or make LAPACK refuse its input): the old
+        # point is kept, never overwritten.
+        try:
+            new = self.update(geo, x, grad, state, group)
+            if k is not None and int(state["step"]) % k == 0:
+                new = geo.project(new)
+        except torch.linalg.LinAlgError:
+            new = None
+        if new is None or not self._finite(new):
             self._warn_once(
                 "step",
                 f"{type(self).__name__}: the step of {where} is not finite (huge gradient or "
