@@ -2,6 +2,7 @@ r"""The Stiefel manifold St(N, M) and its square cases O(n) and U(n), as geoopt 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import geoopt
@@ -13,6 +14,32 @@ from .geometry import EGRAD2RGRAD, INNER, METRICS, StiefelGeometry
 __all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]
 
 RETRACTIONS = tuple(kernels.RETRACTIONS)
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _in_float32(fn):
+    """Run a method on float16/bfloat16 tensors in float32; return the input dtype.
+
+    Note [Low precision in float32]
+    A Gram matrix or a factorization in bfloat16 is off by ~1e-2 (8 bits of
+    mantissa), more than the whole tolerance of a stored bfloat16 point; the
+    work is done in float32 and only the result is rounded to the input dtype.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        low = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
+        if low is None:
+            return fn(self, *args, **kwargs)
+        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
+        out = fn(self, *up, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(o.to(low) for o in out)
+        return out.to(low)
+
+    return wrapper
+
+
 _EXPMAP = {"euclidean": kernels.expmap_euclidean, "canonical": kernels.expmap_canonical}
 
 
@@ -131,9 +158,12 @@ class Stiefel(geoopt.Manifold):
     ) -> tuple[bool, str | None]:
         if x.is_complex() != self.complex:
             return False, f"x is {'complex' if x.is_complex() else 'real'}, {self!r} is not"
+        if x.is_meta:  # no values to check (deferred initialisation)
+            return True, None
         atol = self.default_atol(x.dtype) if atol is None else atol
         rtol = 0.0 if rtol is None else rtol
-        err = float(kernels.orthogonality_error(x.detach()).max()) if x.numel() else 0.0
+        xv = x.detach().float() if x.dtype in _LOW else x.detach()
+        err = float(kernels.orthogonality_error(xv).max()) if x.numel() else 0.0
         bound = atol + rtol * math.sqrt(self.m)
         if not err <= bound:
             return False, f"‖XᴴX − I‖_F = {err:.3e} exceeds the tolerance {bound:.3e}"
@@ -142,7 +172,11 @@ class Stiefel(geoopt.Manifold):
     def _check_vector_on_tangent(
         self, x: torch.Tensor, u: torch.Tensor, *, atol: float | None = None, rtol=None
     ) -> tuple[bool, str | None]:
+        if x.is_meta or u.is_meta:
+            return True, None
         atol = self.default_atol(x.dtype) if atol is None else atol
+        if x.dtype in _LOW:
+            x, u = x.float(), u.float()
         err = float(torch.linalg.matrix_norm(kernels.sym(x.mH @ u)).max())
         scale = float(torch.linalg.matrix_norm(u).max()) + 1.0
         if not err <= atol * scale:
@@ -176,6 +210,7 @@ class Stiefel(geoopt.Manifold):
         if not ok:
             raise ValueError(f"x is not on {self!r}: {reason}; use projx(x) for the nearest point")
 
+    @_in_float32
     def orthogonality_error(self, x: torch.Tensor) -> torch.Tensor:
         """‖XᴴX − I‖_F per batch element: the drift metric of this package."""
         return kernels.orthogonality_error(self._point(x))
@@ -233,11 +268,13 @@ class Stiefel(geoopt.Manifold):
         """
         shape = self._size(size)
         dtype = self._dtype(dtype)
+        work = torch.float32 if dtype in _LOW else dtype  # Note [Low precision in float32]
         x = kernels.haar(
-            self.n, self.m, *shape[:-2], dtype=dtype, device=device, generator=generator
+            self.n, self.m, *shape[:-2], dtype=work, device=device, generator=generator
         )
-        return geoopt.ManifoldTensor(x, manifold=self)
+        return geoopt.ManifoldTensor(x.to(dtype), manifold=self)
 
+    @_in_float32
     def projx(self, x: torch.Tensor) -> torch.Tensor:
         """The nearest point of the manifold: the polar factor U Vᴴ of X = U Σ Vᴴ."""
         x = _checks.finite("x", self._point(x))
@@ -278,6 +315,7 @@ class Stiefel(geoopt.Manifold):
         return StiefelGeometry(self, metric, retraction, default_metric=self.metric)
 
     # ------------------------------------------------------------------ tangent vectors
+    @_in_float32
     def proju(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None) -> torch.Tensor:
         """Projection onto the tangent space, U − X sym(XᴴU).
 
@@ -289,6 +327,7 @@ class Stiefel(geoopt.Manifold):
         self._metric(metric)
         return kernels.proj_tangent(x, self._vector(x, u))
 
+    @_in_float32
     def egrad2rgrad(
         self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None
     ) -> torch.Tensor:
@@ -299,6 +338,7 @@ class Stiefel(geoopt.Manifold):
         x = self._point(x)
         return EGRAD2RGRAD[self._metric(metric)](x, self._vector(x, u))
 
+    @_in_float32
     def inner(
         self,
         x: torch.Tensor,
@@ -315,6 +355,7 @@ class Stiefel(geoopt.Manifold):
         return INNER[self._metric(metric)](x, u, v, keepdim)
 
     # ------------------------------------------------------------------ moving
+    @_in_float32
     def retr(self, x: torch.Tensor, u: torch.Tensor, method: str = "cayley") -> torch.Tensor:
         """Retraction of the tangent step ``u`` at ``x``: the optimizers' step with lr = −1.
 
@@ -331,18 +372,21 @@ class Stiefel(geoopt.Manifold):
         u = _checks.finite("u", self._vector(x, u))
         return self.geometry(retraction=method).retract(x, u)
 
+    @_in_float32
     def expmap(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None):
         """Exact geodesic of the chosen metric (Edelman, Arias & Smith 1998)."""
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
         return _EXPMAP[self._metric(metric)](x, u)
 
+    @_in_float32
     def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Vector transport by projection: the tangent part of ``v`` at ``y``."""
         x = self._point(x)
         y = self._point(y, "y")
         return kernels.proj_tangent(y, self._vector(y, v, "v"))
 
+    @_in_float32
     def retr_transp(
         self, x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, method: str = "cayley"
     ) -> tuple[torch.Tensor, torch.Tensor]:

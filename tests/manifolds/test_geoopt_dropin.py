@@ -77,3 +77,28 @@ def test_geoopt_sampler_accepts_our_manifold():
     for _ in range(3):
         sampler.step(closure)
     assert float(man.orthogonality_error(w.detach())) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_points_work_in_float32(dtype):
+    st = Stiefel(20, 4)
+    gen = torch.Generator().manual_seed(6)
+    x = st.random(2, 20, 4, dtype=dtype, generator=gen)
+    g = torch.randn(2, 20, 4, generator=gen).to(dtype)
+    xi = st.egrad2rgrad(x, g)
+    bound = 4**0.5 * torch.finfo(dtype).eps
+    for y in (x, st.retr(x, -0.1 * xi), st.retr_transp(x, -0.1 * xi, xi)[0], st.projx(g)):
+        assert y.dtype == dtype
+        err = torch.linalg.matrix_norm(y.double().mH @ y.double() - torch.eye(4).double())
+        assert float(err.max()) <= bound
+    # the float32 work: the result is the rounding of the float32 computation
+    u = -0.1 * xi
+    assert torch.equal(st.retr(x, u), st.retr(x.float(), u.float()).to(dtype))
+    assert st.inner(x, xi).dtype == dtype and st.check_point_on_manifold(x)
+
+
+def test_meta_device_random_origin_and_checks():
+    st = Stiefel(6, 2)
+    for x in (st.random(3, 6, 2, device="meta"), st.origin(device="meta")):
+        assert x.is_meta and x.shape[-2:] == (6, 2)
+        assert st.check_point_on_manifold(x)
