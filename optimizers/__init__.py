@@ -22,7 +22,6 @@ Example::
     True
 """
 
-from . import kernels
 from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
@@ -46,5 +45,4 @@ __all__ = [
     "RAdam",
     "Landing",
     "orthogonality_errors",
-    "kernels",
 ]

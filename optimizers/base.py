@@ -170,14 +170,33 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ stepping
     @staticmethod
     @torch.compiler.disable
-    def _nonfinite(grad: torch.Tensor) -> bool:
-        # Note [One reduction for the finiteness test]: the sum of finite entries is
-        # finite unless it overflows, so one reduction decides the common case. The
-        # answer steers Python control flow: it runs eagerly (a graph break under
-        # torch.compile) and costs one host synchronisation per parameter.
-        if bool(torch.isfinite(grad.sum())):
-            return False
-        return not bool(torch.isfinite(grad).all())
+    def _nonfinite(grad: torch.Tensor, off: torch.Tensor | None = None) -> tuple[bool, bool]:
+        """(grad has a non-finite entry, ``off`` is True), with one host synchronisation.
+
+        Note [One reduction for the finiteness test]: the sum of finite entries is
+        finite unless it overflows, so one reduction decides the common case. The
+        answer steers Python control flow: it runs eagerly (a graph break under
+        torch.compile) and costs one host synchronisation per parameter, shared
+        with the off-manifold test (Note [Off-manifold points at a step]).
+        """
+        flags = torch.isfinite(grad.sum()).logical_not().reshape(1)
+        if off is not None:
+            flags = torch.cat((flags, off.reshape(1).to(flags.device)))
+        bad, *rest = flags.tolist()
+        if bad:
+            bad = not bool(torch.isfinite(grad).all())
+        return bool(bad), bool(rest and rest[0])
+
+    @staticmethod
+    @torch.compiler.disable
+    def _finite(new: torch.Tensor) -> bool:
+        return bool(torch.isfinite(new).all())
+
+    def _warn_once(self, key: str, message: str) -> None:
+        warned = self.__dict__.setdefault("_warned", set())
+        if key not in warned:
+            warned.add(key)
+            warnings.warn(f"{message} (warned once per optimizer)", RuntimeWarning, stacklevel=4)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One step for every parameter with a gradient; returns ``closure()``'s loss."""
@@ -201,25 +220,52 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         return loss
 
     def _step_one(self, i: int, p: torch.Tensor, geo: Geometry, group: dict, k) -> None:
+        """Step one parameter; never writes a non-finite value (Note [Safe step])."""
         grad = p.grad
         if grad.is_sparse:
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-        if self._nonfinite(grad):
-            if not self._warned_nonfinite:
-                warnings.warn(
-                    f"{type(self).__name__}: a parameter (index {i} of its group, shape "
-                    f"{tuple(p.shape)}) has a non-finite gradient; its step is skipped "
-                    "(warned once per optimizer)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                self._warned_nonfinite = True
+        where = f"a parameter (index {i} of its group, shape {tuple(p.shape)})"
+        x = p.detach()
+        off = None if self.accepts_off_manifold else geo.off_manifold(x)
+        bad_grad, is_off = self._nonfinite(grad, off)
+        if bad_grad:
+            self._warned_nonfinite = True
+            self._warn_once(
+                "grad",
+                f"{type(self).__name__}: {where} has a non-finite gradient; its step is skipped",
+            )
             return
+        if is_off:
+            # Note [Off-manifold points at a step] in stiefel.manifolds.geometry
+            err = float(geo.error(x).max())
+            self._warn_once(
+                "off",
+                f"{type(self).__name__}: {where} is off its manifold (‖XᴴX − I‖_F = {err:.3e}, "
+                "e.g. after load_state_dict or an in-place edit); it is projected back "
+                "(polar factor) before the step",
+            )
+            p.copy_(geo.project(x))
+            x = p.detach()
+            geo.off_manifold(x)  # the step reuses the Gram of the projected point
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
         state["step"] += 1
-        new = self.update(geo, p.detach(), grad, state, group)
-        if k is not None and int(state["step"]) % k == 0:
-            new = geo.project(new)
+        # Note [Safe step]: the kernels are overflow-safe (Note [Overflow-safe step]),
+        # but a rule's own arithmetic (e.g. a momentum that overflowed) or a singular
+        # limit can still produce inf/NaN (or make LAPACK refuse its input): the old
+        # point is kept, never overwritten.
+        try:
+            new = self.update(geo, x, grad, state, group)
+            if k is not None and int(state["step"]) % k == 0:
+                new = geo.project(new)
+        except torch.linalg.LinAlgError:
+            new = None
+        if new is None or not self._finite(new):
+            self._warn_once(
+                "step",
+                f"{type(self).__name__}: the step of {where} is not finite (huge gradient or "
+                "learning rate); the parameter keeps its value",
+            )
+            return
         p.copy_(new)

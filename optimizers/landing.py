@@ -23,7 +23,7 @@ import torch
 
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
-from .kernels import landing_direction, landing_safe_step
+from ..manifolds.kernels import landing_direction, landing_safe_step
 from .registry import register
 
 __all__ = ["Landing"]
@@ -35,7 +35,7 @@ class Landing(RiemannianOptimizer):
 
     The first term follows the (relative) Riemannian gradient, the second pulls
     X back to the manifold; both cost O(NM²) (Note [Landing field in O(NM²)] in
-    :mod:`stiefel.optimizers.kernels`). With ``safe_step=True`` the step is
+    `stiefel.manifolds.kernels`). With ``safe_step=True`` the step is
     η = min(lr, η*(X)), which keeps ‖XᴴX − I‖_F ≤ ε once inside that region and
     brings an iterate started outside it back without overshooting (Note [Safe
     step of the landing method]). The iterate is near, not on, the manifold: at

@@ -39,7 +39,7 @@ class RGD(RiemannianOptimizer):
     (isometric); ``"qr"`` and ``"polar"`` transport by projection. The CWY paper's
     RGD-C-C, RGD-E-C, RGD-C-QR and RGD-E-QR are ``metric`` × ``retraction``.
     Without momentum a step costs six N×M×M products (Note [Fused gradient step]
-    in :mod:`stiefel.optimizers.kernels`). Plain tensors get torch's SGD
+    in `stiefel.manifolds.kernels`). Plain tensors get torch's SGD
     (momentum, no dampening) update.
 
     Args:
