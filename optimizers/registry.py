@@ -60,6 +60,28 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "stiefel.optimizers"
 
+
+def _int_steps(opt: torch.optim.Optimizer) -> None:
+    for state in opt.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and step.numel() == 1:
+            state["step"] = int(step.item())
+
+
+def _geoopt_radam(params, **hyper: Any) -> geoopt.optim.RiemannianAdam:
+    """geoopt's `RiemannianAdam`, resumable exactly.
+
+    Note [geoopt's integer step after load_state_dict]
+    geoopt keeps `state["step"]` as a Python int; torch's `load_state_dict`
+    turns it into a float32 tensor, so after a resume the bias corrections
+    1 − βᵗ are computed in float32 and the run departs from the uninterrupted
+    one by ~1e-7. A post-load hook turns the step back into an int.
+    """
+    opt = geoopt.optim.RiemannianAdam(params, **hyper)
+    opt.register_load_state_dict_post_hook(_int_steps)
+    return opt
+
+
 _REGISTRY: dict[str, Any] = {
     "sgd": torch.optim.SGD,
     "adam": torch.optim.Adam,
@@ -67,7 +89,7 @@ _REGISTRY: dict[str, Any] = {
     "rmsprop": torch.optim.RMSprop,
     "adagrad": torch.optim.Adagrad,
     "geoopt_rsgd": geoopt.optim.RiemannianSGD,
-    "geoopt_radam": geoopt.optim.RiemannianAdam,
+    "geoopt_radam": _geoopt_radam,
 }
 #: what `info` reports for names registered with keywords (the built-ins of torch
 #: and geoopt below, and `register(name, **info)`); wins over class attributes.
@@ -80,7 +102,7 @@ _INFO: dict[str, dict[str, Any]] = {
     "rmsprop": dict(default_lr=1e-3),
     "adagrad": dict(default_lr=0.1),
     "geoopt_rsgd": dict(default_lr=0.05),
-    "geoopt_radam": dict(default_lr=1e-2),
+    "geoopt_radam": dict(default_lr=1e-2, riemannian=True),
 }
 _INFO_FIELDS = ("default_lr", "riemannian", "feasible", "step_flops", "formula", "variants")
 _ENTRY_POINTS: dict[str, importlib.metadata.EntryPoint] = {}
