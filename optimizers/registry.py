@@ -53,6 +53,7 @@ __all__ = [
     "register",
     "available",
     "info",
+    "get",
     "OptimizerInfo",
     "load_entry_points",
     "ENTRY_POINT_GROUP",
@@ -286,6 +287,22 @@ def _resolve(name: str) -> Any:
         del _ENTRY_POINTS[name]
         return obj
     raise ValueError(f"unknown optimizer name={name!r}; available: {', '.join(available())}")
+
+
+def get(name: str) -> Any:
+    """The Optimizer subclass or factory registered as `name` (an entry point is loaded).
+
+    Args:
+        name: a name of `available()`.
+
+    Returns:
+        The registered class or factory.
+
+    Raises:
+        ValueError: unknown name (the available ones are listed).
+        TypeError: `name` is not a string.
+    """
+    return _resolve(name)
 
 
 def _default_riemannian(obj: Any) -> bool:
