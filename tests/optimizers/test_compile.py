@@ -28,7 +28,6 @@ STEPS = 3
 CONFIGS = [(name, dict(lr=optimizers.info(name).default_lr)) for name in rule_names()] + [
     ("rgd", dict(lr=0.1, momentum=0.5)),
     ("rgd", dict(lr=0.1, metric="canonical", retraction="qr")),
-    ("radam", dict(lr=0.05, betas=(0.8, 0.9))),
 ]
 
 
