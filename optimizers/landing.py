@@ -3,7 +3,7 @@ r"""The retraction-free landing method (`"landing"`).
 Ablin & Peyré 2022 (O(n)); Ablin, Vary, Gao & Absil 2024 (St(N, M)).
 
 Example:
-    ``python
+    ```python
     import torch, geoopt
     from stiefel.manifolds import Stiefel
     from stiefel import optimizers
@@ -17,7 +17,7 @@ Example:
         (0 * w).sum().backward()
         opt.step()
     assert st.orthogonality_error(w.detach()) < 1e-10
-    ``
+    ```
 """
 
 from __future__ import annotations
