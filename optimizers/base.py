@@ -97,6 +97,8 @@ def _distance(man, x: torch.Tensor) -> str:
     return f"‖x − projx(x)‖ = {dist:.3e}"
 
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
 #: param-group keys torch and its LR schedulers add besides the hyper-parameters
 _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names"})
 
@@ -322,6 +324,74 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             {k: v for k, v in saved.items() if k != "param_shapes"} for saved in saved_groups
         ]
         super().load_state_dict(state_dict)
+        self._restore_master_dtypes(saved_groups, state_dict.get("state", {}))
+
+    # ------------------------------------------------------------------ low precision
+    # Note [float32 master copy of a low-precision parameter]
+    # A float16/bfloat16 point cannot hold orthonormal columns to better than
+    # ~√M·eps(bf16) ≈ 1e-2, and a step computed from such a point and written
+    # back in bf16 loses the step itself when lr·‖d‖ is below the rounding of
+    # the entries. So the optimizer steps a float32 master copy kept
+    # in its state (`state["master"]`, saved in state_dict) and stores the
+    # rounding of the master in the parameter. The moments live in the master's
+    # dtype too. `_step_one` calls `_working` for the point and gradient it
+    # hands to `update`, and `_store` to write the result.
+
+    @staticmethod
+    def _working(
+        p: torch.Tensor, grad: torch.Tensor, state: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The point and gradient a rule works on: `p` itself, or its float32 master.
+
+        Args:
+            p: the parameter.
+            grad: its gradient.
+            state: its state dict (receives `"master"` for a float16/bfloat16
+                manifold parameter on first use).
+
+        Returns:
+            `(x, grad)`: `(p.detach(), grad)` for other dtypes; the float32 master
+            and the gradient in float32 for a float16/bfloat16 parameter.
+        """
+        if p.dtype not in _LOW_PRECISION:
+            return p.detach(), grad
+        master = state.get("master")
+        if master is None:
+            master = state["master"] = p.detach().to(torch.float32).clone()
+        return master, grad.to(master.dtype)
+
+    @staticmethod
+    def _store(p: torch.Tensor, state: dict, new: torch.Tensor) -> None:
+        """Write a step's result: into the master (and its rounding into `p`), or into `p`.
+
+        Args:
+            p: the parameter.
+            state: its state dict.
+            new: the new point, in the dtype `_working` returned.
+        """
+        master = state.get("master")
+        if master is not None and p.dtype in _LOW_PRECISION:
+            if new is not master:
+                master.copy_(new)
+            p.copy_(master)  # rounds to p's dtype
+        else:
+            p.copy_(new)
+
+    def _restore_master_dtypes(self, saved_groups: list, saved_state: dict) -> None:
+        """torch's load casts floating state to the parameter's dtype: undo it for masters.
+
+        For a float16/bfloat16 parameter, torch's `load_state_dict` would turn the
+        float32 master and moments into float16/bfloat16 (Note [float32 master copy
+        of a low-precision parameter]); they are reloaded in their saved dtype.
+        """
+        ids = [i for g in saved_groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params, strict=False):
+            if p.dtype not in _LOW_PRECISION or i not in saved_state:
+                continue
+            for key, value in saved_state[i].items():
+                if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device).clone()
 
     # ------------------------------------------------------------------ stepping
     @staticmethod
