@@ -138,6 +138,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     - `step_flops(n, m, **hyper) -> float` (a classmethod, or None): FLOPs of
       one step on St(n, m);
     - `formula` (""): the serial complexity of a step, as text;
+    - `paper_formula(**hyper) -> str` (a classmethod, or None): the FLOP count a
+      paper gives for a step with these hyper-parameters;
     - `variants` (`({},)`): hyper-parameter sets the complexity section measures;
     - `accepts_off_manifold` (False): whether a manifold parameter off its
       manifold is accepted at construction.
@@ -175,6 +177,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     feasible: ClassVar[bool] = True
     step_flops: ClassVar[Callable[..., float] | None] = None
     formula: ClassVar[str] = ""
+    paper_formula: ClassVar[Callable[..., str] | None] = None
     variants: ClassVar[tuple[dict, ...]] = ({},)
     accepts_off_manifold: ClassVar[bool] = False
 

@@ -105,7 +105,15 @@ _INFO: dict[str, dict[str, Any]] = {
     "geoopt_rsgd": dict(default_lr=0.05),
     "geoopt_radam": dict(default_lr=1e-2, riemannian=True),
 }
-_INFO_FIELDS = ("default_lr", "riemannian", "feasible", "step_flops", "formula", "variants")
+_INFO_FIELDS = (
+    "default_lr",
+    "riemannian",
+    "feasible",
+    "step_flops",
+    "formula",
+    "paper_formula",
+    "variants",
+)
 _ENTRY_POINTS: dict[str, importlib.metadata.EntryPoint] = {}
 _SCANNED = False
 
@@ -130,6 +138,9 @@ class OptimizerInfo:
             St(n, m) for the hyper-parameters `hyper` (NaN where it has no
             model), or None when it has no FLOP model at all.
         formula: the serial complexity of a step, as text ("" when unknown).
+        paper_formula: `(**hyper) -> str`, the FLOP count a paper gives for a
+            step with these hyper-parameters ("" where it gives none, e.g. the
+            CWY paper's Table 2 for `rgd`), or None.
         variants: hyper-parameter sets the complexity section measures
             (default `[{}]`: the defaults only).
     """
@@ -140,11 +151,16 @@ class OptimizerInfo:
     feasible: bool = True
     step_flops: Callable[..., float] | None = None
     formula: str = ""
+    paper_formula: Callable[..., str] | None = None
     variants: list[dict] = field(default_factory=lambda: [{}])
 
     def flops(self, n: int, m: int, **hyper: Any) -> float:
         """`step_flops(n, m, **hyper)`, or NaN when there is no FLOP model."""
         return math.nan if self.step_flops is None else float(self.step_flops(n, m, **hyper))
+
+    def paper(self, **hyper: Any) -> str:
+        """`paper_formula(**hyper)`, or "" when there is none."""
+        return "" if self.paper_formula is None else str(self.paper_formula(**hyper))
 
 
 def _check_target(name: str, obj: Any) -> None:
@@ -175,7 +191,7 @@ def register(name: str, **info: Any) -> Callable[[Any], Any]:
     Args:
         name: a Python identifier not taken by a registered optimizer.
         **info: fields of `OptimizerInfo` (`default_lr`, `riemannian`,
-            `feasible`, `step_flops`, `formula`, `variants`) for a target that
+            `feasible`, `step_flops`, `formula`, `paper_formula`, `variants`) for a target that
             does not declare them as class attributes (e.g. a factory); they
             win over class attributes.
 
@@ -320,7 +336,7 @@ def info(name: str) -> OptimizerInfo:
     Returns:
         The `OptimizerInfo`: `register` keywords, else class attributes
         (`default_lr`, `riemannian`, `feasible`, `step_flops`, `formula`,
-        `variants`), else the defaults.
+        `paper_formula`, `variants`), else the defaults.
 
     Raises:
         ValueError: unknown name (the available ones are listed).

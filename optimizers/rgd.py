@@ -123,6 +123,26 @@ class RGD(RiemannianOptimizer):
             return (10 if metric == "canonical" else 14) * n * m * m - 2 * m**3 / 3
         return math.nan
 
+    @classmethod
+    def paper_formula(cls, metric: str | None = None, retraction: str = "cayley", **hyper) -> str:
+        """The CWY paper's Table 2 FLOP count for this (metric, retraction), or "".
+
+        Args:
+            metric: `"canonical"` or `"euclidean"` (None: the manifold's, Euclidean).
+            retraction: `"cayley"` or `"qr"` (the paper has no `"polar"` row).
+            **hyper: other hyper-parameters (ignored).
+
+        Returns:
+            The formula as text.
+        """
+        table = {
+            ("canonical", "cayley"): "28NM² + 16M³ (2M×2M)",
+            ("euclidean", "cayley"): "72NM² + 25M³ in the paper (3M×3M); 2M×2M here",
+            ("canonical", "qr"): "10NM² − 2M³/3",
+            ("euclidean", "qr"): "14NM² − 2M³/3",
+        }
+        return table.get((metric or "euclidean", retraction), "")
+
     def __init__(
         self,
         params,

@@ -197,6 +197,24 @@ def test_plain_parameter_gets_euclidean_update(name):
     check_euclidean_parameter(name)
 
 
+def test_info_of_the_builtins_keeps_the_harness_numbers():
+    """The values moved from the harness's hand lists (CWY paper Table 2 and our fused step)."""
+    n, m = 1000, 10
+    rgd = optimizers.info("rgd")
+    assert rgd.flops(n, m, metric="canonical", retraction="qr") == 10 * n * m * m - 2 * m**3 / 3
+    assert rgd.flops(n, m, metric="euclidean", retraction="qr") == 14 * n * m * m - 2 * m**3 / 3
+    for metric in ("canonical", "euclidean"):
+        assert rgd.flops(n, m, metric=metric, retraction="cayley") == 12 * n * m * m + 6 * m**3
+    assert rgd.paper(metric="canonical", retraction="cayley").startswith("28NM² + 16M³")
+    assert {(v["metric"], v["retraction"]) for v in rgd.variants} == {
+        (a, b) for a in ("canonical", "euclidean") for b in ("cayley", "qr")
+    }
+    assert optimizers.info("radam").flops(n, m, retraction="cayley") == 16 * n * m * m + 6 * m**3
+    assert optimizers.info("landing").flops(n, m) == 8 * n * m * m
+    assert not optimizers.info("landing").feasible and optimizers.info("adam").default_lr == 1e-2
+    assert optimizers.info("geoopt_radam").riemannian and not optimizers.info("sgd").riemannian
+
+
 def test_info_fields_are_consistent():
     """Every registered optimizer has a usable info (the harness reads it)."""
     for name in _names():
@@ -207,6 +225,7 @@ def test_info_fields_are_consistent():
             optimizers.create(name, [torch.nn.Parameter(torch.zeros(2))], lr=0.1, **hyper)
             if info.step_flops is not None:
                 assert info.flops(256, 8, **hyper) > 0
+            assert isinstance(info.paper(**hyper), str)
 
 
 # ------------------------------------------------------------------ a plugin is covered
