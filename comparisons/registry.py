@@ -2,22 +2,19 @@
 
 The harness never lists maps or optimizers by hand: names, FLOP models,
 formulas, operator forms and default learning rates are declared on the
-registered classes (CONTRACT.md: ``stiefel.parametrizations.maps()`` and the
-class capabilities ``flops``, ``formula``, ``domain``, ``has_operator()``,
-``takes_reflections()``; ``stiefel.optimizers.info(name)`` with ``default_lr``,
-``riemannian``, ``step_flops``, ``formula``, ``variants``). Only this module
-calls those APIs; where a registry predates them, the same facts are read from
-the class attributes of the same names, with the contract's defaults.
+registered classes and read here: `stiefel.parametrizations.maps()` with the
+class capabilities `flops`, `formula`, `domain`, `has_operator()`,
+`takes_reflections()`, and `stiefel.optimizers.info(name)` with `default_lr`,
+`riemannian`, `step_flops`, `formula`, `variants`.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from .. import optimizers, parametrizations
+from ..optimizers import OptimizerInfo
 
 __all__ = [
     "MapInfo",
@@ -36,55 +33,36 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MapInfo:
-    """What the harness knows of a registered map class."""
+    """What the harness knows of a registered map class (read from the class)."""
 
     name: str
     cls: type
-    formula: str = ""
-    domain: str = ""
-    operator: bool = False
-    reflections: bool = False
+
+    @property
+    def formula(self) -> str:
+        return self.cls.formula
+
+    @property
+    def domain(self) -> str:
+        return self.cls.domain
+
+    @property
+    def operator(self) -> bool:
+        return self.cls.has_operator()
+
+    @property
+    def reflections(self) -> bool:
+        return self.cls.takes_reflections()
 
     def flops(self, n: int, m: int, reflections: int | None = None) -> float:
         """Forward FLOPs of the tall n×m matrix (NaN: the class declares no model)."""
-        fn = getattr(self.cls, "flops", None)
-        if fn is None:
-            return math.nan
-        value = fn(n, m, reflections)
-        return math.nan if value is None else float(value)
-
-
-@dataclass(frozen=True)
-class OptimizerInfo:
-    """What the harness knows of a registered optimizer (CONTRACT.md's ``OptimizerInfo``)."""
-
-    name: str
-    default_lr: float = 1e-3
-    riemannian: bool = False
-    step_flops: Any = None
-    formula: str = ""
-    variants: list = field(default_factory=lambda: [{}])
-
-    def flops(self, n: int, m: int, **hyper: Any) -> float:
-        """FLOPs of one step on St(n, m) with ``hyper`` (NaN: no model)."""
-        if self.step_flops is None:
-            return math.nan
-        value = self.step_flops(n, m, **hyper)
+        value = self.cls.flops(n, m, reflections)
         return math.nan if value is None else float(value)
 
 
 def maps() -> dict[str, type]:
     """Registered map classes by name (no ``riemannian``)."""
-    if hasattr(parametrizations, "maps"):
-        return dict(parametrizations.maps())
-    from ..parametrizations import base  # a registry that predates maps(): same content
-
-    return {n: base._REGISTRY[n] for n in base.available() if isinstance(base._REGISTRY[n], type)}
-
-
-def _flag(cls: type, name: str, default: bool = False) -> bool:
-    attr = getattr(cls, name, None)
-    return bool(attr()) if callable(attr) else default
+    return dict(parametrizations.maps())
 
 
 def map_info(name: str) -> MapInfo:
@@ -92,21 +70,7 @@ def map_info(name: str) -> MapInfo:
     registered = maps()
     if name not in registered:
         raise ValueError(f"unknown map {name!r}; available: {', '.join(registered)}")
-    cls = registered[name]
-    if hasattr(cls, "takes_reflections"):
-        refl = _flag(cls, "takes_reflections")
-    else:
-        refl = "reflections" in inspect.signature(cls.__init__).parameters
-    return MapInfo(
-        name,
-        cls,
-        formula=getattr(cls, "formula", "") or "",
-        domain=getattr(cls, "domain", "") or "",
-        operator=_flag(cls, "has_operator")
-        if hasattr(cls, "has_operator")
-        else getattr(cls, "operator", None) is not parametrizations.OrthogonalMap.operator,
-        reflections=refl,
-    )
+    return MapInfo(name, registered[name])
 
 
 def methods() -> list[str]:
@@ -124,41 +88,7 @@ def optimizer_info(name: str) -> OptimizerInfo:
         raise ValueError(
             f"unknown optimizer {name!r}; available: {', '.join(optimizers.available())}"
         )
-    if hasattr(optimizers, "info"):
-        i = optimizers.info(name)
-        return OptimizerInfo(
-            name,
-            float(i.default_lr),
-            bool(i.riemannian),
-            i.step_flops,
-            i.formula or "",
-            list(i.variants or [{}]),
-        )
-    return from_class(name)
-
-
-def from_class(name: str) -> OptimizerInfo:
-    """The facts of optimizer ``name`` read from its class attributes (contract defaults)."""
-    from ..optimizers import registry
-
-    obj = registry._resolve(name)
-    cls = obj if isinstance(obj, type) else None
-    riem = cls is not None and issubclass(cls, optimizers.RiemannianOptimizer)
-    if cls is not None and cls.__module__.startswith("geoopt"):
-        riem = True
-    lr = getattr(obj, "default_lr", None)
-    if lr is None and cls is not None:
-        lr_param = inspect.signature(cls.__init__).parameters.get("lr")
-        if lr_param is not None and isinstance(lr_param.default, (int, float)):
-            lr = lr_param.default
-    return OptimizerInfo(
-        name,
-        float(1e-3 if lr is None else lr),
-        bool(getattr(obj, "riemannian", riem)),
-        getattr(obj, "step_flops", None),
-        getattr(obj, "formula", "") or "",
-        list(getattr(obj, "variants", None) or [{}]),
-    )
+    return optimizers.info(name)
 
 
 def riemannian_optimizers() -> list[OptimizerInfo]:

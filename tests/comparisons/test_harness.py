@@ -153,7 +153,7 @@ def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
     assert "### copying" in md and "lstm+rmsprop" in md and "### brockett" in md
 
 
-def test_complexity_subcommand(tmp_path, capabilities, monkeypatch):
+def test_complexity_subcommand(tmp_path, monkeypatch):
     from stiefel.comparisons import complexity
 
     monkeypatch.setattr(complexity, "FIT_MIN_N", 8)  # fit these tiny sizes for the test
