@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; helper muon)
+
 __all__ = [
     "sym",
     "skew",
