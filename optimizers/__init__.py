@@ -26,6 +26,7 @@ from . import kernels
 from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
+from .muon import ManifoldMuon  # noqa: F401  (registers "manifold_muon")
 from .radam import RAdam
 from .registry import ENTRY_POINT_GROUP, available, create, load_entry_points, register
 from .rgd import RGD

@@ -210,3 +210,88 @@ def msign_flops(n: int, m: int, method: str = "polar_express", steps: int | None
     if method != "newton_schulz_cubic":
         per += 2.0 * small**3
     return steps * per + 2.0 * big * small
+
+
+def _hermitian_part(a: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (a + a.mH)
+
+
+def _real_trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # Re tr(AᴴB) per matrix, shape (..., 1, 1)
+    prod = a.conj() * b if a.is_complex() else a * b
+    out = prod.sum(dim=(-2, -1), keepdim=True)
+    return out.real if out.is_complex() else out
+
+
+def spectral_direction(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    inner_steps: int = 5,
+    method: str = "polar_express",
+    steps: int | None = None,
+    dual_step: float = 0.5,
+) -> torch.Tensor:
+    r"""The tangent Φ at X with ‖Φ‖₂ ≤ 1 maximising Re tr(GᴴΦ) (manifold Muon), by dual descent.
+
+    Solves max Re tr(GᴴΦ) s.t. ‖Φ‖₂ ≤ 1, sym(XᴴΦ) = 0 on St(N, M) (tall X, XᴴX = I).
+
+    Note [Dual of the spectral steepest-descent problem]
+    With a Hermitian multiplier Λ for the tangency constraint the Lagrangian is
+    Re tr((G + XΛ)ᴴΦ) (because Re tr(Λ sym(XᴴΦ)) = Re tr((XΛ)ᴴΦ)), whose maximum over
+    the spectral ball is the nuclear norm: the dual function is f(Λ) = ‖G + XΛ‖_*,
+    convex, with maximiser Φ(Λ) = msign(G + XΛ) and gradient ∇f(Λ) = sym(XᴴΦ(Λ))
+    (smooth where G + XΛ has full rank). Strong duality holds (Slater: Φ = 0 is
+    strictly feasible in the norm), so Φ(Λ*) at the minimiser Λ* is tangent and optimal
+    (J. Bernstein, Modula docs "Stiefel manifold" 2025; J. Su 2025). We descend f:
+    Λ ← Λ − t·sym(XᴴΦ), starting from Λ₀ = −sym(XᴴG), which makes G + XΛ₀ the
+    Euclidean Riemannian gradient. On O(n)/U(n) (N = M) that start is already
+    optimal: G + XΛ₀ = X skew(XᴴG) and msign of a skew-Hermitian matrix is
+    skew-Hermitian, so XᴴΦ is skew and no iteration is needed beyond the first msign.
+
+    Note [Step of the dual descent]
+    f is positively homogeneous of degree 1 and its curvature near Λ* is about
+    1/σ_min(G + XΛ), so the step is t = ``dual_step`` × ‖G + XΛ₀‖_F/√M (the rms
+    singular value), per matrix. A trial step that does not decrease f, evaluated as
+    Re tr(ΦᴴZ) = ‖Z‖_* with the step's own msign (up to a few ulps of rounding), is
+    rejected and t halved for that matrix: the iteration is monotone, needs no SVD,
+    and is batched. The result is projected onto the tangent space, Φ − X sym(XᴴΦ)
+    (a no-op at convergence), so every retraction moves along the same tangent.
+
+    Where 1 ≤ N − M < M the optimal G + XΛ* is often rank-deficient, f is not smooth
+    there, and the descent slows to a subgradient method's pace: the direction is then
+    approximate (still a descent direction: the first iterate is msign of the
+    Riemannian gradient, whose inner product with G is its nuclear norm).
+
+    Args:
+        x: points (..., N, M), N ≥ M.
+        g: Euclidean gradients, same shape.
+        inner_steps: msign evaluations (≥ 1); 1 returns msign(G + XΛ₀).
+        method: msign method (see :func:`msign`).
+        steps: msign iterations (None: the method's default).
+        dual_step: t as a multiple of the rms singular value of G + XΛ₀.
+
+    Returns:
+        Φ, shape of ``x``: tangent; ‖Φ‖₂ ≤ 1 + ‖sym(XᴴΦ)‖ with the dual residual
+        left after ``inner_steps``.
+    """
+    m = x.shape[-1]
+    lam = -_hermitian_part(x.mH @ g)
+    z = g + x @ lam
+    t = dual_step * torch.linalg.matrix_norm(z, keepdim=True) / m**0.5
+    phi = msign(z, method, steps)
+    c = _hermitian_part(x.mH @ phi)
+    if x.shape[-2] == m:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])
+        return phi - x @ c
+    f = _real_trace(phi, z)
+    slack = 8 * torch.finfo(f.dtype).eps
+    for _ in range(inner_steps - 1):
+        z_new = z - x @ (t.to(c.dtype) * c)
+        phi_new = msign(z_new, method, steps)
+        f_new = _real_trace(phi_new, z_new)
+        ok = f_new <= f + slack * f.abs()
+        z = torch.where(ok, z_new, z)
+        phi = torch.where(ok, phi_new, phi)
+        f = torch.where(ok, f_new, f)
+        c = torch.where(ok, _hermitian_part(x.mH @ phi_new), c)
+        t = torch.where(ok, t, 0.5 * t)
+    return phi - x @ c
