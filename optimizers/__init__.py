@@ -27,6 +27,7 @@ from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
 from .muon import ManifoldMuon  # noqa: F401  (registers "manifold_muon")
+from .pogo import POGO  # noqa: F401  (registers "pogo")
 from .radam import RAdam
 from .registry import ENTRY_POINT_GROUP, available, create, load_entry_points, register
 from .rgd import RGD

@@ -79,6 +79,9 @@ __all__ = [
     "MUON_QUINTIC_COEFFICIENTS",
     "msign",
     "msign_flops",
+    "spectral_direction",
+    "polar_correction",
+    "pogo_step",
 ]
 
 MSIGN_METHODS = ("newton_schulz", "newton_schulz_cubic", "polar_express", "svd")
@@ -295,3 +298,37 @@ def spectral_direction(
         c = torch.where(ok, _hermitian_part(x.mH @ phi_new), c)
         t = torch.where(ok, t, 0.5 * t)
     return phi - x @ c
+
+
+def polar_correction(y: torch.Tensor, lam: float | torch.Tensor = 0.5) -> torch.Tensor:
+    r"""Y + λ(Y − Y(YᴴY)): one polar-like correction towards St (λ = ½: a cubic Newton–Schulz step).
+
+    With YᴴY = I + E the corrected Gram matrix is I + (1 − 2λ)E + O(E²), so λ = ½
+    removes the first-order error (Note [Newton–Schulz drift correction] in
+    :mod:`stiefel.optimizers.kernels`). Costs two N×M×M products.
+    """
+    return y + lam * (y - y @ (y.mH @ y))
+
+
+def pogo_step(
+    x: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor, lam: float = 0.5
+) -> torch.Tensor:
+    r"""One POGO step on tall points (Javaloy & Vergari 2026, arXiv 2602.14656).
+
+    Note [POGO in column orientation]
+    pogo-torch works on row-orthonormal P×N matrices X' (X'X'ᴴ = I) with the relative
+    gradient ψ' = ½(X'X'ᴴG' − X'G'ᴴX'). For tall points X = X'ᵀ (XᴴX = I) and
+    G = G'ᵀ the same step reads
+
+        ψ = ½(G(XᴴX) − X(GᴴX)),   M = X − lr·ψ,   X ← M + λ(M − M(MᴴM)),
+
+    every product through an M×M matrix (O(NM²), no N×N matrix). XᴴX is computed,
+    not assumed to be I, exactly as pogo-torch does, so the two agree step for step.
+    For XᴴX = I, ψ is half the canonical Riemannian gradient G − XGᴴX; the
+    correction with λ = ½ is one Newton–Schulz step, which leaves a point at
+    distance O(lr²‖ψ‖²) from the manifold whose error does not accumulate.
+    """
+    xx = x.mH @ x
+    psi = 0.5 * (g @ xx - x @ (g.mH @ x))
+    mid = x - lr * psi
+    return polar_correction(mid, lam)
