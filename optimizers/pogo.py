@@ -76,7 +76,7 @@ class POGO(RiemannianOptimizer):
         betas: (β₁, β₂) in [0, 1) (``"adam"``).
         eps: ε > 0 added to the Adam denominator.
         weight_decay: ≥ 0, added to the gradient as weight_decay·X.
-        lam: λ of the correction (½ in pogo-torch by default).
+        lam: λ in [0, 1] of the correction (½, pogo-torch's default).
         repair_every: re-project (polar) after every k-th step, or None.
         telemetry: record the orthogonality error per step (keyword-only).
     """
@@ -135,7 +135,7 @@ class POGO(RiemannianOptimizer):
         if check_number("eps", group["eps"]) <= 0:
             raise ValueError(f"eps={group['eps']!r} is out of range; allowed: > 0")
         check_number("weight_decay", group["weight_decay"])
-        check_number("lam", group["lam"], low=-1e308)
+        check_number("lam", group["lam"], high=1.0, closed_high=True)
 
     def add_param_group(self, param_group: dict) -> None:
         params = param_group["params"]

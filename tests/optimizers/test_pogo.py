@@ -128,6 +128,7 @@ def test_info_attributes():
         ({"lr": 0.1, "eps": 0.0}, ValueError, r"eps=0\.0"),
         ({"lr": 0.1, "momentum": 1.0}, ValueError, r"momentum=1\.0"),
         ({"lr": 0.1, "nesterov": "yes"}, TypeError, r"nesterov='yes'"),
+        ({"lr": 0.1, "lam": 1.5}, ValueError, r"lam=1\.5.*\[0\.0, 1\.0\]"),
     ],
 )
 def test_bad_hyper_parameters(hyper, exc, match):
