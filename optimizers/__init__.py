@@ -28,6 +28,8 @@ Example:
 from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
+from .muon import ManifoldMuon  # noqa: F401  (registers "manifold_muon")
+from .pogo import POGO  # noqa: F401  (registers "pogo")
 from .radam import RAdam
 from .registry import (
     ENTRY_POINT_GROUP,

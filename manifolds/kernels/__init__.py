@@ -56,6 +56,8 @@ from .cayley import (
 )
 from .landing import landing_direction, landing_safe_step
 
+from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; helper muon)
+
 __all__ = [
     "sym",
     "skew",
