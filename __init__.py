@@ -5,17 +5,22 @@ optimizer can train and as manifolds for Riemannian optimizers, with a
 harness that compares the two.
 """
 
-from . import manifolds, optimizers, parametrizations
+from . import integrations, manifolds, nn, optimizers, parametrizations
 from .manifolds import Orthogonal, Stiefel, Unitary
-from .parametrizations import orthogonalize
+from .parametrizations import merge, orthogonalize, rotate, rotation
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "orthogonalize",
+    "rotate",
+    "merge",
+    "rotation",
     "manifolds",
     "parametrizations",
     "optimizers",
+    "nn",
+    "integrations",
     "Stiefel",
     "Orthogonal",
     "Unitary",

@@ -21,7 +21,8 @@ from torch.utils._pytree import tree_flatten
 from .. import optimizers
 from ..manifolds import Stiefel, kernels
 from ..parametrizations import orthogonalize
-from .bench._timing import fastest_time
+from . import registry
+from .timing import fastest_time
 
 __all__ = [
     "gemm_rate",
@@ -36,52 +37,27 @@ __all__ = [
     "GEOOPT_STEPS",
 ]
 
-#: forward FLOPs of materializing each map's n×n matrix with L reflections
-MAP_FLOPS = {
-    "householder": lambda n, L: 4 * n * n * L,
-    "cwy": lambda n, L: 2 * n * n * L + 3 * n * L * L + L**3 / 3,
-    "exp": lambda n, L: 24 * n**3,  # ≈ 12 n×n products (Padé degree 13 + squarings)
-    "cayley": lambda n, L: 8 * n**3 / 3 + 2 * n**3,
-    "scaled_cayley": lambda n, L: 8 * n**3 / 3 + 2 * n**3,
-}
-#: serial complexity and domain, as in the CWY paper's Table 1 (per map, for the matrix)
-MAP_FORMULAS = {
-    "householder": ("L n² (L sequential reflections)", "O_L(n); O(n) at L = n"),
-    "cwy": ("L n² + L² n + L³ (GEMMs + triangular solve)", "O_L(n); O(n) at L = n"),
-    "exp": ("n³", "O(n) with the det buffer"),
-    "cayley": ("n³", "O(n) without eigenvalue −1 (base buffer)"),
-    "scaled_cayley": ("n³", "O(n) with D = diag(±1)"),
-}
-#: FLOPs of one optimizer step on St(N, M) (CWY paper Table 2 where it has the row)
-STEP_FLOPS = {
-    "rgd(metric=canonical,retraction=qr)": lambda n, m: 10 * n * m * m - 2 * m**3 / 3,
-    "rgd(metric=euclidean,retraction=qr)": lambda n, m: 14 * n * m * m - 2 * m**3 / 3,
-    # our fused Cayley step: six N×M×M products and a 2M×2M solve, either metric
-    "rgd(metric=canonical,retraction=cayley)": lambda n, m: 12 * n * m * m + 6 * m**3,
-    "rgd(metric=euclidean,retraction=cayley)": lambda n, m: 12 * n * m * m + 6 * m**3,
-    "radam(retraction=cayley)": lambda n, m: 16 * n * m * m + 6 * m**3,
-    "landing": lambda n, m: 8 * n * m * m,
-}
 #: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
 GEOOPT_STEPS = (
     "geoopt RiemannianSGD CanonicalStiefel",
     "geoopt RiemannianSGD EuclideanStiefel",
     "geoopt RiemannianAdam CanonicalStiefel",
 )
-PAPER_STEP_FLOPS = {
-    "rgd(metric=canonical,retraction=cayley)": "28NM² + 16M³ (2M×2M)",
-    "rgd(metric=euclidean,retraction=cayley)": "72NM² + 25M³ in the paper (3M×3M); 2M×2M here",
-    "rgd(metric=canonical,retraction=qr)": "10NM² − 2M³/3",
-    "rgd(metric=euclidean,retraction=qr)": "14NM² − 2M³/3",
-}
+#: below these sizes per-call overhead and a still-rising GEMM efficiency flatten
+#: log–log slopes on a CPU (n = 256–2048 fitted 2.0–2.7 against 3; steps on
+#: N = 1024–4096 fitted 0.5–0.9 against 1): no exponent is fitted under them
+FIT_MIN_N = 512
+FIT_MIN_STEP_N = 8192
 
 
-def gemm_rate(n: int = 512, dtype=torch.float32, device="cpu", repeats: int = 5) -> float:
-    """Measured FLOP/s of an n×n GEMM: the roofline the FLOP models are divided by.
+def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7) -> float:
+    """Measured FLOP/s of an n×n GEMM (n >= 512): the roofline the FLOP models are divided by.
 
     The fastest of ``repeats`` runs (Note [Fastest run for cost models]): a
-    roofline is the rate the machine reaches.
+    roofline is the rate the machine reaches; a product smaller than 512×512
+    measures call overhead, not the rate.
     """
+    n = max(int(n), 512)
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     t = fastest_time(lambda: a @ b, repeats, warmup=1)
@@ -108,7 +84,7 @@ def check_options(opts: Mapping) -> None:
         ok = isinstance(shape, (list, tuple)) and len(shape) == 2
         if not (ok and all(isinstance(k, int) for k in shape) and shape[0] >= shape[1] >= 1):
             raise ValueError(f"shapes: {shape!r}; allowed: [N, M] with integers N >= M >= 1")
-    known = [*MAP_FLOPS, *STEP_FLOPS, *GEOOPT_STEPS]
+    known = [*registry.maps(), *registry.optimizer_steps(), *GEOOPT_STEPS]
     for label, size in (opts.get("limits") or {}).items():
         if label not in known:
             raise ValueError(f"limits: unknown name {label!r}; available: {', '.join(known)}")
@@ -119,10 +95,12 @@ def check_options(opts: Mapping) -> None:
 def fit_exponent(sizes: list[float], values: list[float]) -> float:
     """Least-squares slope of log(value) against log(size).
 
-    Example (an exact power law gives its exponent)::
+    Example:
+        ```python
+        from stiefel.comparisons.complexity import fit_exponent
 
-        >>> round(fit_exponent([1, 2, 4], [3.0, 24.0, 192.0]), 6)
-        3.0
+        assert round(fit_exponent([1, 2, 4], [3.0, 24.0, 192.0]), 6) == 3.0
+        ```
     """
     xs = [math.log(s) for s in sizes]
     ys = [math.log(max(v, 1e-12)) for v in values]
@@ -177,11 +155,14 @@ def peak_bytes(fn, device="cpu") -> int:
     are counted from their creation until they are freed (kernel-internal
     workspaces, e.g. LAPACK's, are not seen).
 
-    Example (a 256×256 float32 product allocates its 256 KiB result)::
+    Example:
+        ```python
+        import torch
+        from stiefel.comparisons.complexity import peak_bytes
 
-        >>> a = torch.randn(256, 256)
-        >>> peak_bytes(lambda: a @ a) == 256 * 256 * 4
-        True
+        a = torch.randn(256, 256)
+        assert peak_bytes(lambda: a @ a) == 256 * 256 * 4  # the 256 KiB result
+        ```
     """
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -215,12 +196,15 @@ def map_plan(
     fractions: list[float],
     limits: Mapping[str, int] | None = None,
 ) -> list[tuple[str, float, int]]:
-    """The (method, L/n, n) measured by :func:`map_costs`: ``limits`` caps a method's n."""
+    """The (method, L/n, n) measured by `map_costs`: ``limits`` caps a method's n.
+
+    Maps that take ``reflections`` are measured at every fraction L/n.
+    """
     limits = limits or {}
     return [
         (method, frac, n)
         for method in methods
-        for frac in (fractions if method in ("householder", "cwy") else [1.0])
+        for frac in (fractions if registry.map_info(method).reflections else [1.0])
         for n in sizes
         if n <= limits.get(method, n)
     ]
@@ -229,9 +213,9 @@ def map_plan(
 def step_plan(
     shapes: list[tuple[int, int]], limits: Mapping[str, int] | None = None
 ) -> list[tuple[str, int, int]]:
-    """The (optimizer, N, M) measured by :func:`optimizer_costs`: ``limits`` caps N."""
+    """The (optimizer, N, M) measured by `optimizer_costs`: ``limits`` caps N."""
     limits = limits or {}
-    labels = [*STEP_FLOPS, *GEOOPT_STEPS]
+    labels = [*registry.optimizer_steps(), *GEOOPT_STEPS]
     return [(label, n, m) for n, m in shapes for label in labels if n <= limits.get(label, n)]
 
 
@@ -258,7 +242,8 @@ def map_costs(
     rows = []
     gen = torch.Generator().manual_seed(0)
     for method, frac, n in map_plan(methods, sizes, fractions, limits):
-        reflections = method in ("householder", "cwy")
+        info = registry.map_info(method)
+        reflections = info.reflections
         L = max(1, int(round(frac * n)))
         x0 = kernels.haar(n, n, generator=gen).to(device)
         # Note [Random reflectors for timing]: the time of a reflection map does
@@ -266,11 +251,11 @@ def map_costs(
         # sequential inverse (minutes at n = 4096).
         opts = {"reflections": L, "init": "random"} if reflections else {}
         w = orthogonalize(x0, method=method, **opts)
-        if method == "exp":
-            # Note [Exp timing at a typical norm]: the map re-bases at registration,
+        if not reflections:
+            # Note [Exp timing at a typical norm]: dense maps re-base at registration,
             # so A = 0 there and torch.matrix_exp takes its degree-1 shortcut (one
-            # product instead of ~12). Time it at ‖A‖₂ ≈ 2, a rotation by angles up
-            # to ~2 radians, as after training.
+            # product instead of ~12). Time every map at ‖A‖₂ ≈ 2, a rotation by
+            # angles up to ~2 radians, as after training.
             with torch.no_grad():
                 for p in w.parameters():
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) / math.sqrt(n))
@@ -293,7 +278,7 @@ def map_costs(
                 "forward_backward_s": fastest_time(fwd_bwd, repeats),
                 "saved_bytes": _saved_bytes(lambda w=w, c=c: (w() * c).sum()),
                 "peak_bytes": peak_bytes(fwd_bwd, device),
-                "flops": MAP_FLOPS.get(method, lambda n, L: float("nan"))(n, L),
+                "flops": info.flops(n, n, L if reflections else None),
             }
         )
         _tick(bar, f"{method} n={n} L={L}")
@@ -312,8 +297,7 @@ def optimizer_costs(
     An optimizer named in ``limits`` is measured only up to its N there; ``bar``
     (a tqdm bar, optional) advances by one per row.
     """
-    from .strategies import parse
-
+    steps = registry.optimizer_steps()
     rows = []
     gen = torch.Generator().manual_seed(0)
     geoopt_setups = {
@@ -327,10 +311,10 @@ def optimizer_costs(
             shape = (n, m)
             x0 = Stiefel(n, m).random(generator=gen).to(device)
             g = torch.randn(n, m, generator=gen).to(device)
-        if label in STEP_FLOPS:
-            s = parse("riemannian+" + label)
+        if label in steps:
+            info, variant = steps[label]
             p = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(n, m))
-            opt = optimizers.create(s.optimizer, [p], lr=1e-3, **s.optimizer_options)
+            opt = optimizers.create(info.name, [p], lr=1e-3, **variant)
         else:
             kind, manifold = geoopt_setups[label]
             p = geoopt.ManifoldParameter(x0.clone(), manifold=manifold)
@@ -338,7 +322,7 @@ def optimizer_costs(
         p.grad = g.clone()
         t = fastest_time(opt.step, repeats)
         peak = peak_bytes(opt.step, device)
-        flops = STEP_FLOPS[label](n, m) if label in STEP_FLOPS else float("nan")
+        flops = steps[label][0].flops(n, m, **steps[label][1]) if label in steps else math.nan
         rows.append(
             {"optimizer": label, "N": n, "M": m, "step_s": t, "peak_bytes": peak, "flops": flops}
         )
@@ -354,12 +338,15 @@ def recurrent_step_costs(sizes: list[int], fraction: float, repeats: int, bar=No
     """
     rows = []
     gen = torch.Generator().manual_seed(1)
+    operators = [name for name in registry.maps() if registry.map_info(name).operator]
     for n in sizes:
         L = max(1, int(round(fraction * n)))
-        for method in ("householder", "cwy"):
-            w = orthogonalize(kernels.haar(n, n, generator=gen), method=method, reflections=L)
+        for method in operators:
+            opts = {"reflections": L} if registry.map_info(method).reflections else {}
+            w = orthogonalize(kernels.haar(n, n, generator=gen), method=method, **opts)
             h = torch.randn(1, n, generator=gen, requires_grad=True)
-            rows.append(_step_row(f"{method} operator (n, L={L})", n, L, w.linear, h, repeats))
+            label = f"{method} operator (n, L={L})" if opts else f"{method} operator (n)"
+            rows.append(_step_row(label, n, L if opts else n, w.linear, h, repeats))
         dense = torch.randn(n, n, generator=gen, requires_grad=True)
         h = torch.randn(1, n, generator=gen, requires_grad=True)
         rows.append(_step_row("sRNN dense", n, n, lambda x, d=dense: x @ d.T, h, repeats))

@@ -1,4 +1,10 @@
-"""matplotlib figures of the harness (Agg backend, no screen needed)."""
+"""matplotlib figures of the harness (Agg backend, no screen needed).
+
+Legends sit outside the axes, one title per figure, ticks at the measured
+sizes, axis labels in words; complexity plots carry the FLOP model at the
+measured GEMM rate as dashed reference lines; losses are floored at the
+resolution of the run's dtype.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +14,49 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
 from .complexity import fit_exponent  # noqa: E402
 
+LABELS = {
+    "forward_backward_s": "forward + backward time [s]",
+    "forward_s": "forward time [s]",
+    "step_s": "time of one step [s]",
+    "n": "n (matrix size)",
+    "N": "N (rows of St(N, M))",
+}
+
+
+def _legend(ax) -> None:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def _resolution(dtype: str) -> float:
+    """The smallest gap a loss of this dtype can show: its machine epsilon."""
+    return float(torch.finfo(getattr(torch, dtype)).eps)
+
 
 def drift_figure(runs: list[dict]):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in runs:
         steps = [s for s, d in zip(r["step"], r["drift"], strict=True) if d is not None]
         vals = [max(d, 1e-18) for d in r["drift"] if d is not None]
         if vals:
             ax.semilogy(steps, vals, label=f"{r['strategy']} [{r['dtype']}]")
     ax.set_xlabel("step")
-    ax.set_ylabel("‖XᴴX − I‖_F")
+    ax.set_ylabel(r"orthogonality error $\|X^H X - I\|_F$")
     ax.set_title("Orthogonality drift")
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax.grid(alpha=0.3)
     return fig
 
 
 def convergence_figure(runs: list[dict], task: str):
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     groups: dict[str, list[dict]] = {}
     for r in runs:
-        groups.setdefault(r["strategy"], []).append(r)
+        groups.setdefault(f"{r['strategy']} [{r['dtype']}]", []).append(r)
     first = runs[0]
     optimum, baseline = first["optimum"], first["baseline"]
     # log scale whenever the plotted values are positive (a gap to the optimum,
@@ -43,9 +68,12 @@ def convergence_figure(runs: list[dict], task: str):
         loss = np.array([r["loss"][:n] for r in rs])
         times = np.array([r["time"][:n] for r in rs]).mean(0)
         if optimum is not None:  # each seed has its own optimum
-            loss = loss - np.array([[r["optimum"]] for r in rs])
+            # Note [Loss floor]: a gap below eps·|optimum| is rounding noise of the
+            # dtype; floor it there instead of plotting zig-zags down to 1e-16
+            floor = _resolution(rs[0]["dtype"]) * max(1.0, abs(optimum))
+            loss = np.maximum(loss - np.array([[r["optimum"]] for r in rs]), floor)
         if logy:  # geometric mean and spread: a symmetric band on the log axis
-            ly = np.log(np.maximum(loss, 1e-16))  # a gap of exactly 0 stays on the axis
+            ly = np.log(np.maximum(loss, 1e-300))
             m, lo, hi = (np.exp(ly.mean(0) + k * ly.std(0)) for k in (0, -1, 1))
         else:
             m, sd = loss.mean(0), loss.std(0)
@@ -59,29 +87,54 @@ def convergence_figure(runs: list[dict], task: str):
         if logy:
             ax.set_yscale("log")
         if baseline is not None and optimum is None:
-            ax.axhline(baseline, color="k", ls="--", lw=1, label="baseline")
+            ax.axhline(baseline, color="k", ls="--", lw=1, label="baseline (chance)")
         ax.grid(alpha=0.3)
     spread = "geometric mean ± std" if logy else "mean ± std"
-    a1.set_title(f"{task}: {spread} over seeds")
-    a1.legend(fontsize=7)
+    fig.suptitle(f"{task}: {spread} over seeds")
+    _legend(a2)
     return fig
 
 
-def complexity_figure(rows: list[dict], x: str, y: str, group: str, title: str):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def complexity_figure(
+    rows: list[dict],
+    x: str,
+    y: str,
+    group: str,
+    title: str,
+    rate: float | None = None,
+    fit_min: int = 0,
+):
+    """Log–log time against size per series, ticks at the measured sizes.
+
+    With ``rate`` (FLOP/s), each series with a FLOP model gets a dashed line
+    at flops / rate in its colour: the time the model predicts at the GEMM rate.
+    Slopes are fitted over the sizes >= ``fit_min`` only (none with fewer than two).
+    """
+    modelled = False
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(str(r[group]), []).append(r)
     for name, rs in groups.items():
         xs = [r[x] for r in rs]
         ys = [r[y] for r in rs]
-        if len(xs) > 1:
-            slope = fit_exponent(xs, ys)
-            name = f"{name} (slope {slope:.2f})"
-        ax.loglog(xs, ys, "o-", label=name)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y.replace("_s", " [s]"))
+        fit = [(a, b) for a, b in zip(xs, ys, strict=True) if a >= fit_min]
+        if len({a for a, _ in fit}) > 1:
+            name = f"{name} (slope {fit_exponent(*zip(*fit, strict=True)):.2f})"
+        (line,) = ax.loglog(xs, ys, "o-", label=name)
+        flops = [r.get("flops", float("nan")) for r in rs]
+        if rate and all(np.isfinite(flops)):
+            ax.loglog(xs, [f / rate for f in flops], "--", color=line.get_color(), lw=0.8)
+            modelled = True
+    if modelled:
+        ax.plot([], [], "k--", lw=0.8, label="FLOP model / GEMM rate")
+    sizes = sorted({r[x] for r in rows})
+    ax.xaxis.set_major_locator(FixedLocator(sizes))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(s) for s in sizes])
+    ax.set_xlabel(LABELS.get(x, x))
+    ax.set_ylabel(LABELS.get(y, y))
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax.grid(alpha=0.3, which="both")
     return fig

@@ -1,61 +1,14 @@
-"""Writing results: JSON, CSV, markdown tables, PNG/SVG figures and report.md."""
+"""Summaries of stored runs and ``report.md``, built from the manifest's runs only."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import pathlib
 import statistics
 
-__all__ = ["write_json", "write_csv", "md_table", "save_figure", "summarize_runs", "write_report"]
+from .store import RunStore
+from .writers import write_text
 
-
-def write_json(path: pathlib.Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=1, default=str))
-
-
-def write_csv(path: pathlib.Path, rows: list[dict]) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k in keys})
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-            return f"{v:.2e}"
-        return f"{v:.4g}"
-    return str(v)
-
-
-def md_table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def save_figure(fig, out: pathlib.Path, stem: str) -> list[str]:
-    """Save ``fig`` as ``stem.png`` and ``stem.svg`` in ``out``; return the file names."""
-    import matplotlib.pyplot as plt
-
-    names = []
-    for ext in ("png", "svg"):
-        name = f"{stem}.{ext}"
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
-        names.append(name)
-    plt.close(fig)
-    return names
+__all__ = ["summarize_runs", "mean_std", "write_report"]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -85,6 +38,8 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
             "max_drift": max((d for r in rs for d in r["drift"] if d is not None), default=None),
             "time_s": statistics.fmean(r["time"][-1] for r in rs),
             "diverged": sum(bool(r["diverged"]) for r in rs),
+            "failed": sum(bool(r.get("failed")) for r in rs),
+            "lr": rs[0].get("lr"),
         }
         if rs[0]["optimum"] is not None:  # each seed draws its own problem and optimum
             row["optimum"], _ = mean_std([r["optimum"] for r in rs])
@@ -95,30 +50,43 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
     return out
 
 
-SECTIONS = [
-    ("drift", "Orthogonality drift"),
-    ("convergence", "Convergence"),
-    ("complexity", "Complexity"),
-]
+TITLES = {
+    "drift": "Orthogonality drift",
+    "convergence": "Convergence",
+    "complexity": "Complexity",
+}
 
 
-def write_report(out: pathlib.Path) -> pathlib.Path:
-    """Gather every ``<section>.md`` and its figures in ``out`` into ``out/report.md``."""
-    parts = ["# stiefel comparison report\n"]
-    found = False
-    for key, title in SECTIONS:
-        md = out / f"{key}.md"
-        if not md.exists():
-            continue
-        found = True
-        parts.append(f"## {title}\n")
-        parts.append(md.read_text())
-        for png in sorted(out.glob(f"{key}*.png")):
-            parts.append(f"![{png.stem}]({png.name})\n")
-    if not found:
+def write_report(store: RunStore) -> str:
+    """``report.md`` from the finished sections of the manifest and the files they list.
+
+    Figures and tables of earlier runs that the manifest does not list are
+    never picked up; a section that did not finish is named as such.
+    """
+    sections = store.manifest.get("sections", {})
+    if not sections:
         raise FileNotFoundError(
-            f"no results in {out}: run drift, convergence or complexity with --out {out} first"
+            f"no results in {store.out}: run drift, convergence or complexity with "
+            f"--out {store.out} first"
         )
-    path = out / "report.md"
-    path.write_text("\n".join(parts))
-    return path
+    v = store.manifest.get("versions", {})
+    parts = [
+        "# stiefel comparison report\n",
+        f"python {v.get('python')}, torch {v.get('torch')}, stiefel {v.get('stiefel')}.\n",
+    ]
+    for key, sec in sections.items():
+        title = TITLES.get(key, key)
+        if sec["state"] != "finished":
+            parts.append(
+                f"## {title}\n\n*{sec['state']}*: {len(sec['runs'])} runs stored; rerun the "
+                f"subcommand with `--resume --out {store.out}` to finish it.\n"
+            )
+            continue
+        parts.append(f"## {title}\n")
+        for name in sec["outputs"]:
+            if name.endswith(".md"):
+                parts.append((store.root / name).read_text())
+            elif name.endswith(".png"):
+                parts.append(f"![{name[:-4]}]({name})\n")
+    write_text(store.path("report.md"), "\n".join(parts))
+    return "report.md"

@@ -9,21 +9,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import optimizers, parametrizations
+from .. import optimizers
 from ..manifolds import kernels
+from . import registry
 from . import tasks as tasks_mod
 from .strategies import Strategy, parse
 
 __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 
 
-def _methods() -> list[str]:
-    return sorted(set(parametrizations.available()) | {"lstm"})
-
-
 def parse_strategy(text: str) -> Strategy:
     """Parse a strategy name, checking it against the registered maps and optimizers."""
-    return parse(text, methods=_methods(), optimizers=sorted(optimizers.available()))
+    return parse(text, methods=[*registry.methods(), "lstm"], optimizers=registry.optimizer_names())
 
 
 @dataclass
@@ -37,10 +34,18 @@ class RunConfig:
     record_every: int = 10
     task_options: dict = field(default_factory=dict)
     others: str = "adam(lr=1e-3)"  # optimizer of the unconstrained weights (sequence tasks)
+    lr: float | None = None  # learning rate of strategies that name none (--lr)
+
+
+def _create(strategy: Strategy, name: str, params, lr: float, options: dict):
+    try:
+        return optimizers.create(name, params, lr=lr, **options)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"strategy {strategy.name!r}, optimizer {name!r}: {exc}") from exc
 
 
 def build_optimizers(
-    task: tasks_mod.Task, model: nn.Module, strategy: Strategy, others: str
+    task: tasks_mod.Task, model: nn.Module, strategy: Strategy, others: str, lr: float | None = None
 ) -> list[torch.optim.Optimizer]:
     """The strategy's optimizer for the constrained matrix, ``others`` for the rest.
 
@@ -51,16 +56,16 @@ def build_optimizers(
     params = [p for p in model.parameters() if p.requires_grad]
     opt_kw = {k: v for k, v in strategy.optimizer_options.items() if k != "lr"}
     if strategy.is_baseline:
-        return [optimizers.create(strategy.optimizer, params, lr=strategy.lr(), **opt_kw)]
+        return [_create(strategy, strategy.optimizer, params, strategy.lr(lr), opt_kw)]
     constrained = task.constrained(model)
     cparams = [p for p in constrained.parameters() if p.requires_grad]
     ids = {id(p) for p in cparams}
     rest = [p for p in params if id(p) not in ids]
-    out = [optimizers.create(strategy.optimizer, cparams, lr=strategy.lr(), **opt_kw)]
+    out = [_create(strategy, strategy.optimizer, cparams, strategy.lr(lr), opt_kw)]
     if rest:
         other = parse("none+" + others)
         kw = {k: v for k, v in other.optimizer_options.items() if k != "lr"}
-        out.append(optimizers.create(other.optimizer, rest, lr=other.lr(), **kw))
+        out.append(_create(other, other.optimizer, rest, other.lr(), kw))
     return out
 
 
@@ -81,7 +86,7 @@ def run(cfg: RunConfig, progress=None) -> dict:
     if strategy.is_baseline and task.kind != "sequence":
         raise ValueError(f"strategy {cfg.strategy!r}: the LSTM baseline needs a sequence task")
     model = task.build(strategy.method, strategy.method_options)  # in the task's dtype
-    opts = build_optimizers(task, model, strategy, cfg.others)
+    opts = build_optimizers(task, model, strategy, cfg.others, cfg.lr)
 
     record = {
         "task": cfg.task,
@@ -89,7 +94,8 @@ def run(cfg: RunConfig, progress=None) -> dict:
         "seed": cfg.seed,
         "dtype": cfg.dtype,
         "device": cfg.device,
-        "task_options": cfg.task_options,
+        "task_options": task.describe(),
+        "lr": strategy.lr(cfg.lr),
         "optimum": task.optimum,
         "baseline": task.baseline,
         "step": [],
@@ -125,7 +131,25 @@ def run(cfg: RunConfig, progress=None) -> dict:
     record["metrics"] = task.evaluate(model)
     if task.optimum is not None:
         record["gap"] = record["final_loss"] - task.optimum
+    record["failed"] = failure(record, task)
     return record
+
+
+def failure(record: dict, task: tasks_mod.Task) -> str | None:
+    """Why a run failed, or None: it diverged, or did no better than chance.
+
+    A loss above the task's baseline at the end (the loss of a chance-level
+    answer) or a held-out metric at or below its chance level counts as failed.
+    """
+    if record["diverged"] or not math.isfinite(record["final_loss"]):
+        return "diverged"
+    if task.baseline is not None and task.optimum is None and record["final_loss"] > task.baseline:
+        return f"final loss {record['final_loss']:.3g} above the baseline {task.baseline:.3g}"
+    for key, level in task.chance.items():
+        value = record["metrics"].get(key)
+        if value is not None and value <= level:
+            return f"{key} {value:.3g} at or below chance {level:.3g}"
+    return None
 
 
 @torch.no_grad()

@@ -1,121 +1,54 @@
 """The three measured sections of the harness: drift, convergence, complexity.
 
-Each takes the merged options of its subcommand and writes ``<section>.json``,
-``<section>.csv``, ``<section>.md`` and its figures (PNG and SVG) into ``out``.
+Each takes the checked options of its subcommand and a open
+`stiefel.comparisons.store.RunStore`, stores every run as it finishes,
+then writes ``<section>.json``, ``<section>.csv``, ``<section>.md`` and its
+figures (PNG and SVG) from the stored runs and lists them in the manifest.
 """
 
 from __future__ import annotations
 
 import math
-import pathlib
+from typing import Any
 
 from . import complexity as cx
-from . import plots
-from .report import md_table, save_figure, summarize_runs, write_csv, write_json
-from .runner import RunConfig, parse_strategy, run
+from . import plots, registry
+from .grid import run_grid
+from .report import summarize_runs
+from .store import RunStore, run_key
+from .writers import md_table, save_figure, write_csv, write_json, write_text
 
-__all__ = ["drift_section", "convergence_section", "complexity_section", "run_grid"]
-
-
-def _progress(total: int, desc: str):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional: no bar then
-        return None
-    return tqdm(total=total, desc=desc, leave=False)
+__all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
 
 
-def run_grid(opts: dict, desc: str) -> list[dict]:
-    """Every task × strategy × dtype × seed of ``opts``; LSTM only on sequence tasks."""
-    from .cli import task_options  # the flags each task takes
-    from .tasks import TASKS
+def _figure(store: RunStore, fig, stem: str) -> list[str]:
+    store.path(stem + ".png")
+    store.path(stem + ".svg")
+    return save_figure(fig, store.root, stem)
 
-    for name in opts["tasks"]:
-        if name not in TASKS:
-            raise ValueError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS))}")
-    strategies = [parse_strategy(s) for s in opts["strategies"]]
-    jobs = []
+
+def _skipped_text(skipped: list[str]) -> str:
+    return "".join(f"- not run: {s}\n" for s in skipped) + ("\n" if skipped else "")
+
+
+def _setup_text(opts: dict, runs: list[dict]) -> str:
+    """Task sizes and learning rates, so a reader can tell what was run."""
+    lines = []
     for task in opts["tasks"]:
-        sequence = TASKS[task].kind == "sequence"
-        for s in strategies:
-            if s.is_baseline and not sequence:
-                continue  # the LSTM baseline has no matrix to constrain
-            for dtype in opts["dtypes"]:
-                if s.is_baseline and dtype.startswith("complex"):
-                    continue
-                for seed in range(opts["seeds"]):
-                    jobs.append(
-                        RunConfig(
-                            task,
-                            s.name,
-                            seed,
-                            opts["steps"],
-                            dtype,
-                            opts["device"],
-                            opts["record_every"],
-                            task_options(task, opts),
-                            opts["others"],
-                        )
-                    )
-    workers = opts.get("jobs")
-    workers = 1 if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"jobs={workers!r}; allowed: an integer >= 1")
-    bar = _progress(sum(j.steps for j in jobs), desc)
-    try:
-        if workers > 1 and len(jobs) > 1:
-            return _run_parallel(jobs, workers, bar)
-        runs = []
-        for job in jobs:
-            if bar is not None:
-                bar.set_postfix_str(f"{job.task} {job.strategy} {job.dtype} seed {job.seed}")
-            runs.append(run(job, bar))
-        return runs
-    finally:
-        if bar is not None:
-            bar.close()
+        r = next((r for r in runs if r["task"] == task), None)
+        if r is not None:
+            sizes = ", ".join(f"{k}={v}" for k, v in r["task_options"].items())
+            lines.append(f"- {task}: {sizes}")
+    lrs = {r["strategy"]: r["lr"] for r in runs}
+    lines.append("- learning rates: " + ", ".join(f"{s}: {lr:g}" for s, lr in lrs.items()))
+    if any(r["task"] in ("copying", "adding", "digits") for r in runs):
+        lines.append(f"- other weights of the recurrent models: {opts['others']}")
+    return "\n".join(lines) + "\n\n"
 
 
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def _run_parallel(jobs: list[RunConfig], workers: int, bar) -> list[dict]:
-    """Note [Parallel runs]
-
-    Runs are independent and seeded, so ``jobs=k`` spreads them over k worker
-    processes of one torch thread each (small recurrent models use one core
-    badly with more threads). Results come back in the serial order; the wall
-    times of runs sharing the machine are only comparable with each other.
-    """
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_one_thread) as pool:
-        futures = {pool.submit(run, job, None): i for i, job in enumerate(jobs)}
-        runs: list[dict | None] = [None] * len(jobs)
-        for fut in cf.as_completed(futures):
-            i = futures[fut]
-            runs[i] = fut.result()
-            if bar is not None:
-                bar.update(jobs[i].steps)
-                bar.set_postfix_str(f"{jobs[i].task} {jobs[i].strategy} seed {jobs[i].seed} done")
-    return runs  # type: ignore[return-value]
-
-
-def _out(opts: dict) -> pathlib.Path:
-    out = pathlib.Path(opts["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def drift_section(opts: dict) -> list[dict]:
-    out = _out(opts)
-    runs = run_grid(opts, "drift")
-    write_json(out / "drift.json", {"options": opts, "runs": runs})
+def drift_section(store: RunStore, opts: dict) -> list[dict]:
+    runs, skipped = run_grid(store, "drift", opts)
+    write_json(store.path("drift.json"), {"options": opts, "runs": runs})
     rows = [
         {
             "task": r["task"],
@@ -129,14 +62,15 @@ def drift_section(opts: dict) -> list[dict]:
         for r in runs
         for s, d, v in zip(r["step"], r["drift"], r["loss"], strict=True)
     ]
-    write_csv(out / "drift.csv", rows)
+    write_csv(store.path("drift.csv"), rows)
     table = md_table(
-        ["task", "strategy", "dtype", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"],
+        ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"],
         [
             [
                 r["task"],
                 r["strategy"],
                 r["dtype"],
+                r["lr"],
                 r["step"][-1] + 1,
                 r["drift"][-1],
                 max(d for d in r["drift"] if d is not None),
@@ -145,21 +79,31 @@ def drift_section(opts: dict) -> list[dict]:
             if r["drift"][-1] is not None
         ],
     )
-    save_figure(plots.drift_figure(runs), out, "drift")
-    (out / "drift.md").write_text(
+    figs = _figure(store, plots.drift_figure(runs), "drift")
+    text = (
         f"{opts['steps']} steps per run on {', '.join(opts['tasks'])}; the drift of the "
-        "constrained matrix after each recorded step.\n\n" + table
+        "constrained matrix after each recorded step.\n\n"
+        + _setup_text(opts, runs)
+        + _skipped_text(skipped)
+        + table
     )
+    write_text(store.path("drift.md"), text)
+    store.end_section("drift", ["drift.md", *figs], skipped)
     return runs
 
 
-def convergence_section(opts: dict) -> list[dict]:
-    out = _out(opts)
-    runs = run_grid(opts, "convergence")
+def convergence_section(store: RunStore, opts: dict) -> list[dict]:
+    runs, skipped = run_grid(store, "convergence", opts)
     summary = summarize_runs(runs)
-    write_json(out / "convergence.json", {"options": opts, "runs": runs, "summary": summary})
-    write_csv(out / "convergence.csv", summary)
-    text = [f"{opts['steps']} steps, {opts['seeds']} seeds, mean ± std over seeds.\n"]
+    write_json(store.path("convergence.json"), {"options": opts, "runs": runs, "summary": summary})
+    write_csv(store.path("convergence.csv"), summary)
+    text = [
+        f"{opts['steps']} steps, {opts['seeds']} seeds, mean ± std over seeds. A run *failed* "
+        "when it diverged or ended no better than chance (loss above the baseline, or a "
+        "held-out accuracy at chance).\n",
+        _setup_text(opts, runs) + _skipped_text(skipped),
+    ]
+    figs = []
     for task in opts["tasks"]:
         rows = [s for s in summary if s["task"] == task]
         if not rows:
@@ -171,77 +115,77 @@ def convergence_section(opts: dict) -> list[dict]:
                 f"mean optimum over seeds (each seed draws a problem): {rows[0]['optimum']:.6g}\n\n"
             )
         elif rows[0]["baseline"] is not None:
-            text.append(f"baseline: {rows[0]['baseline']:.6g}\n\n")
+            text.append(f"baseline (chance level): {rows[0]['baseline']:.6g}\n\n")
         text.append(
             md_table(
-                [
-                    "strategy",
-                    "dtype",
-                    "final loss",
-                    "± std",
-                    "gap to optimum",
-                    "max drift",
-                    "time [s]",
-                    "diverged",
-                ]
+                ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
+                + ["max drift", "time [s]", "failed"]
                 + extra,
                 [
-                    [
-                        s["strategy"],
-                        s["dtype"],
-                        s["final_loss"],
-                        s["final_loss_std"],
-                        s.get("gap"),
-                        s["max_drift"],
-                        s["time_s"],
-                        s["diverged"],
-                    ]
+                    [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
+                    + [s.get("gap"), s["max_drift"], s["time_s"], f"{s['failed']} of {s['seeds']}"]
                     + [s[k] for k in extra]
                     for s in rows
                 ],
             )
         )
         task_runs = [r for r in runs if r["task"] == task]
-        save_figure(plots.convergence_figure(task_runs, task), out, f"convergence_{task}")
-    (out / "convergence.md").write_text("\n".join(text))
+        figs += _figure(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
+    write_text(store.path("convergence.md"), "\n".join(text))
+    store.end_section("convergence", ["convergence.md", *figs], skipped)
     return runs
 
 
-def _fits(rows: list[dict], size: str, keys: tuple[str, ...]) -> list[float | None]:
-    """Fitted log–log exponents of ``keys`` against ``size`` (None with one size only)."""
-    sizes = [r[size] for r in rows]
-    if len(set(sizes)) < 2:
+def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> list[float | None]:
+    """Fitted log–log exponents of ``keys`` against ``size`` over the sizes >= ``min_size``."""
+    rows = [r for r in rows if r[size] >= min_size]
+    if len({r[size] for r in rows}) < 2:
         return [None for _ in keys]
-    return [cx.fit_exponent(sizes, [r[k] for r in rows]) for k in keys]
+    out = []
+    for k in keys:
+        vals = [r[k] for r in rows]
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
+        out.append(cx.fit_exponent([r[size] for r in rows], vals) if ok else None)
+    return out
 
 
-def _span(rows: list[dict], size: str) -> str:
-    sizes = sorted({r[size] for r in rows})
-    return f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+def _span(rows: list[dict], size: str, min_size: int) -> str:
+    sizes = sorted({r[size] for r in rows if r[size] >= min_size})
+    return f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else "–"
 
 
 def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
     """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
     fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
+    if not fitted:
+        return "none fitted (sizes too small, or no FLOP model declared)"
     return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
 
 
-def complexity_section(opts: dict) -> dict:
+def _measure(store: RunStore, part: str, fn) -> Any:
+    key = run_key(part=part)
+    done = store.load_run("complexity", key)
+    if done is not None:
+        return done["value"]
+    value = fn()
+    store.save_run("complexity", key, {"value": value})
+    return value
+
+
+def complexity_section(store: RunStore, opts: dict) -> dict:
     cx.check_options(opts)
-    out = _out(opts)
+    store.begin_section("complexity", opts)
     device, repeats = opts["device"], opts["repeats"]
     limits = opts.get("limits") or {}
     sizes, fractions = opts["sizes"], opts["fractions"]
-    methods = list(cx.MAP_FLOPS)
+    methods = list(registry.maps())
     shapes = [tuple(s) for s in opts["shapes"]]
-    total = len(cx.map_plan(methods, sizes, fractions, limits))
-    bar = _progress(total + len(cx.step_plan(shapes, limits)) + len(sizes), "complexity")
-    rate = cx.gemm_rate(n=min(max(sizes), 4096), device=device)
-    maps = cx.map_costs(methods, sizes, fractions, repeats, device, limits, bar)
-    steps = cx.optimizer_costs(shapes, repeats, device, limits, bar)
-    rec = cx.recurrent_step_costs(sizes, 1 / 8, repeats, bar)
-    if bar is not None:
-        bar.close()
+    rate = _measure(store, "gemm", lambda: cx.gemm_rate(n=min(max(sizes), 2048), device=device))
+    maps = _measure(
+        store, "maps", lambda: cx.map_costs(methods, sizes, fractions, repeats, device, limits)
+    )
+    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
+    rec = _measure(store, "recurrent", lambda: cx.recurrent_step_costs(sizes, 1 / 8, repeats))
     result = {
         "gemm_flops_per_s": rate,
         "maps": maps,
@@ -249,113 +193,13 @@ def complexity_section(opts: dict) -> dict:
         "recurrent_steps": rec,
         "options": opts,
     }
-    write_json(out / "complexity.json", result)
-    write_csv(out / "complexity_maps.csv", maps)
-    write_csv(out / "complexity_optimizers.csv", steps)
-    write_csv(out / "complexity_recurrent.csv", rec)
-
-    text = [
-        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s. Times are the "
-        f"fastest of {opts['repeats']} runs. Exponents are "
-        "least-squares slopes of log time against log size over the sizes measured "
-        "(column *fitted over*); the model exponent is that of the FLOP model over the "
-        "same sizes.\n"
-    ]
-    rows, map_pairs = [], []
-    for method in methods:
-        for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
-            rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
-            big = max(rs, key=lambda r: r["n"])
-            fit_f, fit_fb, model = _fits(rs, "n", ("forward_s", "forward_backward_s", "flops"))
-            map_pairs += [(fit_f, model), (fit_fb, model)]
-            formula, domain = cx.MAP_FORMULAS[method]
-            rows.append(
-                [
-                    method,
-                    f"L = {frac:g}·n",
-                    formula,
-                    domain,
-                    big["n"],
-                    big["flops"],
-                    big["forward_s"],
-                    big["flops"] / rate,
-                    big["forward_backward_s"],
-                    big["saved_bytes"] / 2**20,
-                    big["peak_bytes"] / 2**20,
-                    fit_f,
-                    fit_fb,
-                    model,
-                    _span(rs, "n"),
-                ]
-            )
-    text.append("### Maps (CWY paper Table 1 layout), measured at the largest n\n")
-    text.append(
-        md_table(
-            [
-                "method",
-                "L",
-                "serial complexity",
-                "domain",
-                "n",
-                "FLOP model",
-                "forward [s]",
-                "roofline [s]",
-                "fwd+bwd [s]",
-                "saved [MiB]",
-                "peak fwd+bwd [MiB]",
-                "exponent fwd",
-                "exponent fwd+bwd",
-                "model exponent",
-                "fitted over n",
-            ],
-            rows,
-        )
-    )
-    rows, step_pairs = [], []
-    for label in dict.fromkeys(r["optimizer"] for r in steps):
-        rs = [r for r in steps if r["optimizer"] == label]
-        big = max(rs, key=lambda r: r["N"])
-        fit, model = _fits(rs, "N", ("step_s", "flops"))
-        modelled = label in cx.STEP_FLOPS  # geoopt's steps have no FLOP model here
-        step_pairs.append((fit, model if modelled else None))
-        rows.append(
-            [
-                label,
-                cx.PAPER_STEP_FLOPS.get(label, "–"),
-                big["N"],
-                big["M"],
-                big["flops"] if modelled else "–",
-                big["step_s"],
-                big["flops"] / rate if modelled else "–",
-                big["peak_bytes"] / 2**20,
-                fit,
-                model if modelled else "–",
-                _span(rs, "N"),
-            ]
-        )
-    text.append("\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n")
-    text.append(
-        md_table(
-            [
-                "optimizer",
-                "paper FLOPs",
-                "N",
-                "M",
-                "FLOP model",
-                "step [s]",
-                "roofline [s]",
-                "peak [MiB]",
-                "exponent in N",
-                "model exponent",
-                "fitted over N",
-            ],
-            rows,
-        )
-    )
-    text.append(
-        f"\nFitted exponents within 0.3 of the FLOP model's: maps {_within(map_pairs)} "
-        f"(forward and forward+backward), optimizer steps {_within(step_pairs)}.\n"
-    )
+    write_json(store.path("complexity.json"), result)
+    write_csv(store.path("complexity_maps.csv"), maps)
+    write_csv(store.path("complexity_optimizers.csv"), steps)
+    write_csv(store.path("complexity_recurrent.csv"), rec)
+    text = [_complexity_intro(rate, opts, sizes, shapes)]
+    text += _map_table(maps, methods, rate)
+    text += _step_table(steps, rate)
     text.append("\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n")
     text.append(
         md_table(
@@ -366,18 +210,105 @@ def complexity_section(opts: dict) -> dict:
             ],
         )
     )
-    (out / "complexity.md").write_text("\n".join(text))
+    write_text(store.path("complexity.md"), "\n".join(text))
     maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
-    save_figure(
+    figs = _figure(
+        store,
         plots.complexity_figure(
-            maps_fig, "n", "forward_backward_s", "series", "Maps: forward + backward"
+            maps_fig,
+            "n",
+            "forward_backward_s",
+            "series",
+            "Maps: forward + backward",
+            rate,
+            cx.FIT_MIN_N,
         ),
-        out,
         "complexity_maps",
     )
-    save_figure(
-        plots.complexity_figure(steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)"),
-        out,
+    figs += _figure(
+        store,
+        plots.complexity_figure(
+            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, cx.FIT_MIN_STEP_N
+        ),
         "complexity_optimizers",
     )
+    store.end_section("complexity", ["complexity.md", *figs])
     return result
+
+
+def _complexity_intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
+    text = (
+        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s (the fastest of several "
+        f"products of size ≥ 512). Times are the fastest of {opts['repeats']} runs. Exponents are "
+        f"least-squares slopes of log time against log size over the sizes ≥ {cx.FIT_MIN_N} "
+        f"(maps) and N ≥ {cx.FIT_MIN_STEP_N} (steps), column *fitted over*; the model exponent "
+        "is that of the FLOP model over the same sizes.\n"
+    )
+    small = max(sizes) < cx.FIT_MIN_N or max(s[0] for s in shapes) < cx.FIT_MIN_STEP_N
+    if small:
+        text += (
+            "\n**These sizes are too small to show how cost grows**: below them per-call "
+            "overhead dominates, so the exponents are not fitted (–). For the paper-scale "
+            "measurement run `python -m stiefel.comparisons complexity --config "
+            "configs/complexity.toml`.\n"
+        )
+    return text
+
+
+def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
+    rows, pairs = [], []
+    for method in methods:
+        info = registry.map_info(method)
+        for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
+            rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
+            big = max(rs, key=lambda r: r["n"])
+            fit_f, fit_fb, model = _fits(
+                rs, "n", ("forward_s", "forward_backward_s", "flops"), cx.FIT_MIN_N
+            )
+            pairs += [(fit_f, model), (fit_fb, model)]
+            rows.append(
+                [method, f"L = {frac:g}·n" if info.reflections else "–", info.formula or "–"]
+                + [info.domain or "–", big["n"], big["flops"], big["forward_s"]]
+                + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
+                + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
+            )
+    head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
+    head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
+    head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
+    return [
+        "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
+        md_table(head, rows),
+        f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
+        f"{_within(pairs)}.\n",
+    ]
+
+
+def _step_table(steps: list[dict], rate: float) -> list[str]:
+    known = registry.optimizer_steps()
+    rows, pairs = [], []
+    for label in dict.fromkeys(r["optimizer"] for r in steps):
+        rs = [r for r in steps if r["optimizer"] == label]
+        big = max(rs, key=lambda r: r["N"])
+        fit, model = _fits(rs, "N", ("step_s", "flops"), cx.FIT_MIN_STEP_N)
+        modelled = math.isfinite(big["flops"])
+        pairs.append((fit, model if modelled else None))
+        formula = known[label][0].formula if label in known else ""
+        rows.append(
+            [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
+            + [big["step_s"], big["flops"] / rate if modelled else "–", big["peak_bytes"] / 2**20]
+            + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
+        )
+    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
+    head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
+    return [
+        "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
+        md_table(head, rows),
+        f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
+    ]
+
+
+SECTIONS = {
+    "drift": drift_section,
+    "convergence": convergence_section,
+    "complexity": complexity_section,
+}

@@ -1,22 +1,31 @@
 """Strategies: a map (or ``riemannian``) plus an optimizer, named like ``cwy+adam``.
 
-Grammar::
+Grammar:
+
+```text
 
     strategy  := part "+" part
     part      := NAME [ "(" key "=" value { "," key "=" value } ")" ]
+```
 
-The first part is a parametrization method of :mod:`stiefel.parametrizations`
+The first part is a parametrization method of `stiefel.parametrizations`
 (``riemannian`` leaves the weight a manifold parameter) or ``lstm`` (the LSTM
 baseline, sequence tasks only); the second is an optimizer name of
-:mod:`stiefel.optimizers`. Values are parsed as Python literals where they can
+`stiefel.optimizers`. Values are parsed as Python literals where they can
 be (``lr=1e-3``, ``betas=(0.9,0.99)``) and kept as strings otherwise
 (``metric=canonical``).
 
-Example::
+Example:
+    ```python
+    from stiefel.comparisons.strategies import parse
 
-    >>> s = parse("riemannian+rgd(metric=canonical,retraction=cayley)")
-    >>> s.method, s.optimizer, s.optimizer_options
-    ('riemannian', 'rgd', {'metric': 'canonical', 'retraction': 'cayley'})
+    s = parse("riemannian+rgd(metric=canonical,retraction=cayley)")
+    assert (s.method, s.optimizer) == ("riemannian", "rgd")
+    assert s.optimizer_options == {"metric": "canonical", "retraction": "cayley"}
+    ```
+
+A strategy that names no ``lr`` gets the ``--lr`` of the run, else the
+optimizer's declared default learning rate (`stiefel.comparisons.registry`).
 """
 
 from __future__ import annotations
@@ -25,24 +34,9 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Strategy", "parse", "DEFAULT_LR"]
+__all__ = ["Strategy", "parse"]
 
 _PART = re.compile(r"^\s*([A-Za-z_][\w\-]*)\s*(?:\((.*)\))?\s*$")
-
-#: learning rates used when a strategy names none (per optimizer; the Riemannian
-#: optimizers move on the manifold, the Euclidean ones move the map's parameters)
-DEFAULT_LR = {
-    "sgd": 0.05,
-    "adam": 1e-2,
-    "adamw": 1e-2,
-    "rmsprop": 1e-3,
-    "adagrad": 0.1,
-    "rgd": 0.05,
-    "radam": 1e-2,
-    "landing": 0.02,
-    "geoopt_rsgd": 0.05,
-    "geoopt_radam": 1e-2,
-}
 
 
 @dataclass(frozen=True)
@@ -59,8 +53,15 @@ class Strategy:
     def is_baseline(self) -> bool:
         return self.method == "lstm"
 
-    def lr(self) -> float:
-        return float(self.optimizer_options.get("lr", DEFAULT_LR.get(self.optimizer, 1e-3)))
+    def lr(self, default: float | None = None) -> float:
+        """The strategy's ``lr``, else ``default``, else the optimizer's declared default."""
+        if "lr" in self.optimizer_options:
+            return float(self.optimizer_options["lr"])
+        if default is not None:
+            return float(default)
+        from .registry import default_lr
+
+        return default_lr(self.optimizer)
 
 
 def _value(text: str):
@@ -130,5 +131,10 @@ def parse(
     if optimizers is not None and opt not in optimizers:
         raise ValueError(
             f"strategy {text!r}: unknown optimizer {opt!r}; available: {', '.join(optimizers)}"
+        )
+    lr = oopts.get("lr")
+    if "lr" in oopts and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0):
+        raise ValueError(
+            f"strategy {text!r}: optimizer {opt!r} option lr={lr!r}; allowed: a number > 0"
         )
     return Strategy(text.replace(" ", ""), method, opt, mopts, oopts)

@@ -51,6 +51,8 @@ def finite(name: str, x: torch.Tensor) -> torch.Tensor:
     huge values), so one reduction is the fast path; only a non-finite sum
     pays for the element-wise test that counts the bad entries.
     """
+    if x.is_meta:  # no values (deferred initialisation): nothing to check
+        return x
     if x.numel() and not bool(torch.isfinite(x.sum())):
         bad = int((~torch.isfinite(x)).sum())
         if bad == 0:  # the sum overflowed, the entries are fine

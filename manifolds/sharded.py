@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from .geometry import Geometry
 from .kernels.reduce import rows_split
 
 __all__ = ["ShardedGeometry", "SUPPORTED_PLACEMENTS", "check_placements"]
@@ -74,7 +75,7 @@ def check_placements(x: DTensor) -> int | None:
     return rows[0] if rows else None
 
 
-class ShardedGeometry:
+class ShardedGeometry(Geometry):
     """The operations of ``inner`` on DTensor points with the placements of ``like``.
 
     Args:
@@ -172,5 +173,5 @@ class ShardedGeometry:
         return tuple(wrap(t) for t in out) if isinstance(out, tuple) else wrap(out)
 
     def off_manifold(self, x):
-        off = self._run(getattr(self.inner, "off_manifold", lambda _: None), x)
-        return None if off is None else self.any_rank(off.reshape(1)).reshape(())
+        # this rank's answer: the optimizer ORs it over the ranks with its other flags
+        return self._run(self.inner.off_manifold, x)

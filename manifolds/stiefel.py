@@ -2,28 +2,44 @@ r"""The Stiefel manifold St(N, M) and its square cases O(n) and U(n), as geoopt 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import geoopt
 import torch
 
 from . import _checks, kernels
+from .geometry import EGRAD2RGRAD, INNER, METRICS, StiefelGeometry
 
 __all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]
 
-METRICS = ("euclidean", "canonical")
-RETRACTIONS = ("cayley", "qr", "polar")
+RETRACTIONS = tuple(kernels.RETRACTIONS)
+_LOW = (torch.float16, torch.bfloat16)
 
-_EGRAD2RGRAD = {
-    "euclidean": kernels.egrad2rgrad_euclidean,
-    "canonical": kernels.egrad2rgrad_canonical,
-}
-_INNER = {"euclidean": kernels.inner_euclidean, "canonical": kernels.inner_canonical}
-_RETR = {
-    "cayley": kernels.cayley_retraction,
-    "qr": kernels.qr_retraction,
-    "polar": kernels.polar_retraction,
-}
+
+def _in_float32(fn):
+    """Run a method on float16/bfloat16 tensors in float32; return the input dtype.
+
+    Note [Low precision in float32]
+    A Gram matrix or a factorization in bfloat16 is off by ~1e-2 (8 bits of
+    mantissa), more than the whole tolerance of a stored bfloat16 point; the
+    work is done in float32 and only the result is rounded to the input dtype.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        low = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
+        if low is None:
+            return fn(self, *args, **kwargs)
+        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
+        out = fn(self, *up, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(o.to(low) for o in out)
+        return out.to(low)
+
+    return wrapper
+
+
 _EXPMAP = {"euclidean": kernels.expmap_euclidean, "canonical": kernels.expmap_canonical}
 
 
@@ -32,8 +48,8 @@ class Stiefel(geoopt.Manifold):
 
     Points are tensors of shape (..., n, m); leading dimensions are a batch.
     The metric (``"euclidean"``: Re tr(ξᴴη); ``"canonical"``:
-    Re tr(ξᴴ(I − ½XXᴴ)η)) sets the default of :meth:`egrad2rgrad` and
-    :meth:`inner`; every such method also takes ``metric=`` per call.
+    Re tr(ξᴴ(I − ½XXᴴ)η)) sets the default of `egrad2rgrad` and
+    `inner`; every such method also takes ``metric=`` per call.
 
     Args:
         n: number of rows N.
@@ -41,20 +57,30 @@ class Stiefel(geoopt.Manifold):
         complex: complex Stiefel manifold (points have a complex dtype).
         metric: ``"euclidean"`` or ``"canonical"``.
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.manifolds import Stiefel
 
-        >>> import torch
-        >>> from stiefel.manifolds import Stiefel
-        >>> st = Stiefel(50, 4)
-        >>> x = st.random(dtype=torch.float64)
-        >>> g = torch.randn(50, 4, dtype=torch.float64)
-        >>> y = st.retr(x, -0.1 * st.egrad2rgrad(x, g))
-        >>> bool(st.orthogonality_error(y) < 1e-12)
-        True
+        st = Stiefel(50, 4)
+        x = st.random(dtype=torch.float64)
+        g = torch.randn(50, 4, dtype=torch.float64)
+        y = st.retr(x, -0.1 * st.egrad2rgrad(x, g))
+        assert float(st.orthogonality_error(y)) < 1e-12
+        ```
+
+    Note [One retraction table]
+    ``retractions`` (class attribute, by default `kernels.RETRACTIONS`) maps a
+    name to a descent kernel; `retr`, `retr_transp` and the optimizers' steps
+    (through `geometry`) all read it, so a subclass that replaces an entry, or
+    overrides `geometry`, changes the map everywhere with no optimizer edit.
     """
 
     ndim = 2
-    reversible = False
+    # the default retraction (Cayley) with its own transport is reversible: retracting
+    # back along the transported −u returns the start (geoopt's samplers need this)
+    reversible = True
+    retractions = kernels.RETRACTIONS
 
     def __init__(self, n: int, m: int, complex: bool = False, metric: str = "euclidean"):
         super().__init__()
@@ -132,9 +158,12 @@ class Stiefel(geoopt.Manifold):
     ) -> tuple[bool, str | None]:
         if x.is_complex() != self.complex:
             return False, f"x is {'complex' if x.is_complex() else 'real'}, {self!r} is not"
+        if x.is_meta:  # no values to check (deferred initialisation)
+            return True, None
         atol = self.default_atol(x.dtype) if atol is None else atol
         rtol = 0.0 if rtol is None else rtol
-        err = float(kernels.orthogonality_error(x.detach()).max()) if x.numel() else 0.0
+        xv = x.detach().float() if x.dtype in _LOW else x.detach()
+        err = float(kernels.orthogonality_error(xv).max()) if x.numel() else 0.0
         bound = atol + rtol * math.sqrt(self.m)
         if not err <= bound:
             return False, f"‖XᴴX − I‖_F = {err:.3e} exceeds the tolerance {bound:.3e}"
@@ -143,7 +172,11 @@ class Stiefel(geoopt.Manifold):
     def _check_vector_on_tangent(
         self, x: torch.Tensor, u: torch.Tensor, *, atol: float | None = None, rtol=None
     ) -> tuple[bool, str | None]:
+        if x.is_meta or u.is_meta:
+            return True, None
         atol = self.default_atol(x.dtype) if atol is None else atol
+        if x.dtype in _LOW:
+            x, u = x.float(), u.float()
         err = float(torch.linalg.matrix_norm(kernels.sym(x.mH @ u)).max())
         scale = float(torch.linalg.matrix_norm(u).max()) + 1.0
         if not err <= atol * scale:
@@ -160,7 +193,7 @@ class Stiefel(geoopt.Manifold):
     ) -> bool | tuple[bool, str | None]:
         """Whether ‖XᴴX − I‖_F ≤ atol + rtol·√m for every batch element.
 
-        The default ``atol`` is 100·n·eps of x's dtype (:meth:`default_atol`). With ``explain=True``
+        The default ``atol`` is 100·n·eps of x's dtype (`default_atol`). With ``explain=True``
         returns ``(ok, reason)`` (geoopt's convention).
         """
         ok, reason = self._check_shape(tuple(x.shape), "x")
@@ -177,62 +210,124 @@ class Stiefel(geoopt.Manifold):
         if not ok:
             raise ValueError(f"x is not on {self!r}: {reason}; use projx(x) for the nearest point")
 
+    @_in_float32
     def orthogonality_error(self, x: torch.Tensor) -> torch.Tensor:
         """‖XᴴX − I‖_F per batch element: the drift metric of this package."""
         return kernels.orthogonality_error(self._point(x))
 
     # ------------------------------------------------------------------ points
-    def random(
-        self,
-        *batch: int,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Haar-distributed points, shape (*batch, n, m).
+    def _size(self, size: tuple) -> tuple[int, ...]:
+        """geoopt's size convention: the whole shape (..., n, m), tuple or ints, () → (n, m)."""
+        shape = geoopt.utils.size2shape(*size) if size else (self.n, self.m)
+        for b in shape:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+                raise ValueError(f"size must be non-negative ints, got {size!r}")
+        if len(shape) < 2 or tuple(shape[-2:]) != (self.n, self.m):
+            raise ValueError(
+                f"size={tuple(shape)!r} does not fit {self!r}: the whole shape (..., "
+                f"{self.n}, {self.m}) is expected (empty means ({self.n}, {self.m}))"
+            )
+        return tuple(shape)
 
-        ``dtype`` defaults to torch's default dtype (its complex counterpart on
-        a complex manifold).
-        """
+    def _dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         if dtype is None:
             dtype = torch.get_default_dtype()
             if self.complex:
                 dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-        elif (dtype in _checks.COMPLEX_DTYPES) != self.complex or not (
-            dtype in _checks.COMPLEX_DTYPES or dtype in _checks.REAL_DTYPES
-        ):
-            allowed = _checks.COMPLEX_DTYPES if self.complex else _checks.REAL_DTYPES
+            return dtype
+        allowed = _checks.COMPLEX_DTYPES if self.complex else _checks.REAL_DTYPES
+        if dtype not in allowed:
             raise TypeError(
                 f"dtype={dtype} does not fit {self!r}; allowed: {', '.join(map(str, allowed))}"
             )
-        for b in batch:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-                raise ValueError(f"batch sizes must be non-negative ints, got {batch!r}")
-        return kernels.haar(self.n, self.m, *batch, dtype=dtype, device=device, generator=generator)
+        return dtype
 
+    def random(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> geoopt.ManifoldTensor:
+        """Haar-distributed points as a `geoopt.ManifoldTensor` on this manifold.
+
+        Args:
+            *size: the whole shape (..., n, m), as a tuple or ints (geoopt's
+                convention); empty means (n, m).
+            dtype: default torch's default dtype (its complex counterpart on a
+                complex manifold).
+            device: the device.
+            generator: a `torch.Generator` for reproducible draws.
+
+        Returns:
+            A ManifoldTensor of shape ``size``.
+
+        Raises:
+            ValueError: a shape not ending in (n, m).
+            TypeError: a dtype of the wrong field.
+        """
+        shape = self._size(size)
+        dtype = self._dtype(dtype)
+        work = torch.float32 if dtype in _LOW else dtype  # Note [Low precision in float32]
+        x = kernels.haar(
+            self.n, self.m, *shape[:-2], dtype=work, device=device, generator=generator
+        )
+        return geoopt.ManifoldTensor(x.to(dtype), manifold=self)
+
+    @_in_float32
     def projx(self, x: torch.Tensor) -> torch.Tensor:
         """The nearest point of the manifold: the polar factor U Vᴴ of X = U Σ Vᴴ."""
         x = _checks.finite("x", self._point(x))
         return kernels.polar(x)
 
-    def origin(self, *batch: int, dtype=None, device=None, seed=None) -> torch.Tensor:
-        """The point [I; 0] (broadcast over ``batch``)."""
-        x = self.random(dtype=dtype, device=device) * 0
-        x.diagonal(dim1=-2, dim2=-1).fill_(1)
-        return x.expand(*batch, self.n, self.m).clone()
+    def origin(
+        self,
+        *size: int | tuple[int, ...],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        seed: int | None = None,
+    ) -> geoopt.ManifoldTensor:
+        """The point [I; 0] broadcast to ``size`` (geoopt's convention), no random numbers.
+
+        Args:
+            *size: the whole shape (..., n, m), tuple or ints; empty means (n, m).
+            dtype: as in `random`.
+            device: the device.
+            seed: accepted for geoopt's signature and ignored (nothing is random).
+
+        Returns:
+            A ManifoldTensor of shape ``size``.
+        """
+        shape = self._size(size)
+        x = torch.eye(self.n, self.m, dtype=self._dtype(dtype), device=device)
+        return geoopt.ManifoldTensor(x.expand(shape).clone(), manifold=self)
+
+    def geometry(self, metric: str | None = None, retraction: str = "cayley") -> StiefelGeometry:
+        """The operations an optimizer's update rule calls, bound to a metric and a retraction.
+
+        Args:
+            metric: ``"euclidean"``, ``"canonical"`` or None (this manifold's).
+            retraction: a name of `retractions`.
+
+        Returns:
+            A `StiefelGeometry` using this manifold's retraction table.
+        """
+        return StiefelGeometry(self, metric, retraction, default_metric=self.metric)
 
     # ------------------------------------------------------------------ tangent vectors
+    @_in_float32
     def proju(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None) -> torch.Tensor:
         """Projection onto the tangent space, U − X sym(XᴴU).
 
         ``metric`` is accepted for a uniform signature and validated; the
         result does not depend on it (see Note [Projection does not depend on
-        the metric] in :mod:`stiefel.manifolds.kernels`).
+        the metric] in `stiefel.manifolds.kernels`).
         """
         x = self._point(x)
         self._metric(metric)
         return kernels.proj_tangent(x, self._vector(x, u))
 
+    @_in_float32
     def egrad2rgrad(
         self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None
     ) -> torch.Tensor:
@@ -241,8 +336,9 @@ class Stiefel(geoopt.Manifold):
         Euclidean metric: G − X sym(XᴴG); canonical metric: G − XGᴴX.
         """
         x = self._point(x)
-        return _EGRAD2RGRAD[self._metric(metric)](x, self._vector(x, u))
+        return EGRAD2RGRAD[self._metric(metric)](x, self._vector(x, u))
 
+    @_in_float32
     def inner(
         self,
         x: torch.Tensor,
@@ -256,34 +352,41 @@ class Stiefel(geoopt.Manifold):
         x = self._point(x)
         u = self._vector(x, u)
         v = u if v is None else self._vector(x, v, "v")
-        return _INNER[self._metric(metric)](x, u, v, keepdim)
+        return INNER[self._metric(metric)](x, u, v, keepdim)
 
     # ------------------------------------------------------------------ moving
+    @_in_float32
     def retr(self, x: torch.Tensor, u: torch.Tensor, method: str = "cayley") -> torch.Tensor:
-        """Retraction of the tangent step ``u`` at ``x``.
+        """Retraction of the tangent step ``u`` at ``x``: the optimizers' step with lr = −1.
 
         ``"cayley"``: (I − ½A)⁻¹(I + ½A)X with A = (Pu)Xᴴ − X(Pu)ᴴ, through a
         2M×2M Sherman–Morrison–Woodbury system when 2M < N (no N×N matrix),
         a dense solve otherwise; ``"qr"``: qf(X + U) with R's diagonal made
-        positive; ``"polar"``: polar factor of X + U.
+        positive; ``"polar"``: polar factor of X + U. Each is followed by the
+        Newton–Schulz factor (3I − YᴴY)/2 (the identity on the manifold, Note
+        [Newton–Schulz drift correction]), exactly as an optimizer step with
+        ``retraction=method`` (Note [One retraction table]).
         """
-        method = _checks.choice("method", method, RETRACTIONS)
+        method = _checks.choice("method", method, self.retractions)
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
-        return _RETR[method](x, u)
+        return self.geometry(retraction=method).retract(x, u)
 
+    @_in_float32
     def expmap(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None):
         """Exact geodesic of the chosen metric (Edelman, Arias & Smith 1998)."""
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
         return _EXPMAP[self._metric(metric)](x, u)
 
+    @_in_float32
     def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Vector transport by projection: the tangent part of ``v`` at ``y``."""
         x = self._point(x)
         y = self._point(y, "y")
         return kernels.proj_tangent(y, self._vector(y, v, "v"))
 
+    @_in_float32
     def retr_transp(
         self, x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, method: str = "cayley"
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,24 +396,22 @@ class Stiefel(geoopt.Manifold):
         in one solve (an isometric transport, Wen & Yin 2013); with ``"qr"`` and
         ``"polar"`` ``v`` is projected onto the new tangent space.
         """
-        method = _checks.choice("method", method, RETRACTIONS)
+        method = _checks.choice("method", method, self.retractions)
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
         v = self._vector(x, v, "v")
-        if method == "cayley":
-            return kernels.cayley_retraction_transport(x, u, v)
-        y = _RETR[method](x, u)
-        return y, kernels.proj_tangent(y, v)
+        return self.retractions[method](x, u, -1.0, v)
 
 
 class Orthogonal(Stiefel):
     """The orthogonal group O(n) = St(n, n), real.
 
-    Example::
+    Example:
+        ```python
+        from stiefel.manifolds import Orthogonal
 
-        >>> from stiefel.manifolds import Orthogonal
-        >>> Orthogonal(3).dim
-        3
+        assert Orthogonal(3).dim == 3
+        ```
     """
 
     def __init__(self, n: int, metric: str = "euclidean"):
@@ -326,11 +427,12 @@ class Orthogonal(Stiefel):
 class Unitary(Stiefel):
     """The unitary group U(n) = complex St(n, n); ``dim`` is its real dimension n².
 
-    Example::
+    Example:
+        ```python
+        from stiefel.manifolds import Unitary
 
-        >>> from stiefel.manifolds import Unitary
-        >>> Unitary(3).dim
-        9
+        assert Unitary(3).dim == 9
+        ```
     """
 
     def __init__(self, n: int, metric: str = "euclidean"):

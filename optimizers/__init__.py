@@ -1,33 +1,46 @@
 r"""Riemannian optimizers and the optimizer registry.
 
-``create(name, params, **hyper)`` builds any registered optimizer by name
-(``available()`` lists them); ``register(name)`` adds one (a decorator on an
-``Optimizer`` subclass or a factory); third-party packages register through the
-entry-point group ``stiefel.optimizers``. The built-in Riemannian optimizers
-``rgd``, ``radam`` and ``landing`` subclass :class:`RiemannianOptimizer` and
-implement only its per-parameter rule against a
-:class:`~stiefel.optimizers.geometry.Geometry`.
+`create(name, params, **hyper)` builds any registered optimizer by name
+(`available()` lists them, `info(name)` says what each declares: default
+learning rate, FLOP model, variants); `register(name)` adds one (a decorator
+on an `Optimizer` subclass or a factory); third-party packages register
+through the entry-point group `stiefel.optimizers`. The built-in Riemannian
+optimizers `rgd`, `radam` and `landing` subclass `RiemannianOptimizer` and
+implement only its per-parameter rule against a `Geometry`.
 
-Example::
+Example:
+    ```python
+    import torch, geoopt
+    from stiefel.manifolds import Stiefel
+    from stiefel import optimizers
 
-    >>> import torch, geoopt
-    >>> from stiefel.manifolds import Stiefel
-    >>> from stiefel import optimizers
-    >>> st = Stiefel(64, 4)
-    >>> w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
-    >>> b = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
-    >>> opt = optimizers.create("radam", [w, b], lr=1e-2)
-    >>> opt.zero_grad(); ((w.sum(0) - b) ** 2).sum().backward(); opt.step()
-    >>> bool(st.check_point_on_manifold(w))
-    True
+    st = Stiefel(64, 4)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    b = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    opt = optimizers.create("radam", [w, b], lr=1e-2)
+    opt.zero_grad()
+    ((w.sum(0) - b) ** 2).sum().backward()
+    opt.step()
+    assert st.check_point_on_manifold(w)
+    ```
 """
 
-from . import kernels
 from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
+from .muon import ManifoldMuon  # noqa: F401  (registers "manifold_muon")
+from .pogo import POGO  # noqa: F401  (registers "pogo")
 from .radam import RAdam
-from .registry import ENTRY_POINT_GROUP, available, create, load_entry_points, register
+from .registry import (
+    ENTRY_POINT_GROUP,
+    OptimizerInfo,
+    available,
+    create,
+    get,
+    info,
+    load_entry_points,
+    register,
+)
 from .rgd import RGD
 from .telemetry import orthogonality_errors
 
@@ -35,6 +48,9 @@ __all__ = [
     "create",
     "register",
     "available",
+    "info",
+    "get",
+    "OptimizerInfo",
     "load_entry_points",
     "ENTRY_POINT_GROUP",
     "RiemannianOptimizer",
@@ -46,5 +62,4 @@ __all__ = [
     "RAdam",
     "Landing",
     "orthogonality_errors",
-    "kernels",
 ]

@@ -1,29 +1,32 @@
-r"""The retraction-free landing method (``"landing"``).
+r"""The retraction-free landing method (`"landing"`).
 
 Ablin & Peyré 2022 (O(n)); Ablin, Vary, Gao & Absil 2024 (St(N, M)).
 
-Example::
+Example:
+    ```python
+    import torch, geoopt
+    from stiefel.manifolds import Stiefel
+    from stiefel import optimizers
 
-    >>> import torch, geoopt
-    >>> from stiefel.manifolds import Stiefel
-    >>> from stiefel import optimizers
-    >>> st = Stiefel(50, 3)
-    >>> x0 = st.random(dtype=torch.float64) + 0.05 * torch.randn(50, 3, dtype=torch.float64)
-    >>> w = geoopt.ManifoldParameter(x0, manifold=st)  # off the manifold: accepted
-    >>> opt = optimizers.create("landing", [w], lr=0.1)
-    >>> for _ in range(200):
-    ...     opt.zero_grad(); (0 * w).sum().backward(); opt.step()
-    >>> bool(st.orthogonality_error(w.detach()) < 1e-10)
-    True
+    st = Stiefel(50, 3)
+    x0 = st.random(dtype=torch.float64) + 0.05 * torch.randn(50, 3, dtype=torch.float64)
+    w = geoopt.ManifoldParameter(x0, manifold=st)  # off the manifold: accepted
+    opt = optimizers.create("landing", [w], lr=0.1)
+    for _ in range(200):
+        opt.zero_grad()
+        (0 * w).sum().backward()
+        opt.step()
+    assert st.orthogonality_error(w.detach()) < 1e-10
+    ```
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..manifolds.kernels import landing_direction, landing_safe_step
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
-from .kernels import landing_direction, landing_safe_step
 from .registry import register
 
 __all__ = ["Landing"]
@@ -35,7 +38,7 @@ class Landing(RiemannianOptimizer):
 
     The first term follows the (relative) Riemannian gradient, the second pulls
     X back to the manifold; both cost O(NM²) (Note [Landing field in O(NM²)] in
-    :mod:`stiefel.optimizers.kernels`). With ``safe_step=True`` the step is
+    `stiefel.manifolds.kernels`). With `safe_step=True` the step is
     η = min(lr, η*(X)), which keeps ‖XᴴX − I‖_F ≤ ε once inside that region and
     brings an iterate started outside it back without overshooting (Note [Safe
     step of the landing method]). The iterate is near, not on, the manifold: at
@@ -54,6 +57,23 @@ class Landing(RiemannianOptimizer):
     """
 
     accepts_off_manifold = True
+    feasible = False
+    default_lr = 0.02
+    formula = "8NM² (two N×M×M products for XᴴX and XᴴG, two for the update)"
+
+    @classmethod
+    def step_flops(cls, n: int, m: int, **hyper) -> float:
+        """FLOPs of one step on St(n, m): 8NM² (the hyper-parameters do not change it).
+
+        Args:
+            n: rows N.
+            m: columns M.
+            **hyper: hyper-parameters (ignored).
+
+        Returns:
+            The FLOP count.
+        """
+        return 8 * n * m * m
 
     def __init__(
         self,

@@ -1,43 +1,87 @@
-r"""The optimizer registry: ``create``, ``register``, ``available``, entry points.
+r"""The optimizer registry: `create`, `register`, `available`, `info`, entry points.
 
-Every name maps to a :class:`torch.optim.Optimizer` subclass or to a factory
-``f(params, **hyper) -> Optimizer``. Built in: this package's ``rgd``,
-``radam``, ``landing``; torch's ``sgd``, ``adam``, ``adamw``, ``rmsprop``,
-``adagrad``; geoopt's ``geoopt_rsgd``, ``geoopt_radam``. Third-party packages
-add names through the entry-point group ``stiefel.optimizers``, e.g. in their
-pyproject.toml::
+Every name maps to a `torch.optim.Optimizer` subclass or to a factory
+`f(params, **hyper) -> Optimizer`. Built in: this package's `rgd`, `radam`,
+`landing`; torch's `sgd`, `adam`, `adamw`, `rmsprop`, `adagrad`; geoopt's
+`geoopt_rsgd`, `geoopt_radam`. Third-party packages add names through the
+entry-point group `stiefel.optimizers`, e.g. in their pyproject.toml:
 
-    [project.entry-points."stiefel.optimizers"]
-    my_opt = "my_package.optim:MyOptimizer"
+```toml
+[project.entry-points."stiefel.optimizers"]
+my_opt = "my_package.optim:MyOptimizer"
+```
 
-Entry points are looked up once, on first use, and loaded when their name is
-created.
+Entry points are looked up on first use (never while `stiefel` is imported)
+and loaded when their name is created or asked about. A registered name wins
+over an entry point of the same name, which is ignored with a warning naming
+it: a plugin can never shadow, or break, a built-in.
 
-Example::
+What the harness and the conformance tests need to know about an optimizer
+(default learning rate, whether it steps manifold parameters, a FLOP model of
+one step, the variants worth measuring) is `info(name)`, read from class
+attributes with defaults.
 
-    >>> import torch
-    >>> from stiefel import optimizers
-    >>> "rgd" in optimizers.available()
-    True
-    >>> opt = optimizers.create("adam", [torch.nn.Parameter(torch.zeros(3))], lr=0.1)
-    >>> type(opt).__name__
-    'Adam'
+Example:
+    ```python
+    import torch
+    from stiefel import optimizers
+
+    assert "rgd" in optimizers.available()
+    opt = optimizers.create("adam", [torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+    assert type(opt).__name__ == "Adam"
+    assert optimizers.info("rgd").riemannian and not optimizers.info("adam").riemannian
+    ```
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import geoopt
 import torch
 
-__all__ = ["create", "register", "available", "load_entry_points", "ENTRY_POINT_GROUP"]
+from .base import RiemannianOptimizer
+
+__all__ = [
+    "create",
+    "register",
+    "available",
+    "info",
+    "get",
+    "OptimizerInfo",
+    "load_entry_points",
+    "ENTRY_POINT_GROUP",
+]
 
 ENTRY_POINT_GROUP = "stiefel.optimizers"
+
+
+def _int_steps(opt: torch.optim.Optimizer) -> None:
+    for state in opt.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and step.numel() == 1:
+            state["step"] = int(step.item())
+
+
+def _geoopt_radam(params, **hyper: Any) -> geoopt.optim.RiemannianAdam:
+    """geoopt's `RiemannianAdam`, resumable exactly.
+
+    Note [geoopt's integer step after load_state_dict]
+    geoopt keeps `state["step"]` as a Python int; torch's `load_state_dict`
+    turns it into a float32 tensor, so after a resume the bias corrections
+    1 − βᵗ are computed in float32 and the run departs from the uninterrupted
+    one by ~1e-7. A post-load hook turns the step back into an int.
+    """
+    opt = geoopt.optim.RiemannianAdam(params, **hyper)
+    opt.register_load_state_dict_post_hook(_int_steps)
+    return opt
+
 
 _REGISTRY: dict[str, Any] = {
     "sgd": torch.optim.SGD,
@@ -46,10 +90,77 @@ _REGISTRY: dict[str, Any] = {
     "rmsprop": torch.optim.RMSprop,
     "adagrad": torch.optim.Adagrad,
     "geoopt_rsgd": geoopt.optim.RiemannianSGD,
-    "geoopt_radam": geoopt.optim.RiemannianAdam,
+    "geoopt_radam": _geoopt_radam,
 }
+#: what `info` reports for names registered with keywords (the built-ins of torch
+#: and geoopt below, and `register(name, **info)`); wins over class attributes.
+#: The learning rates are the harness defaults: torch's move a map's free
+#: parameters, geoopt's move points on the manifold.
+_INFO: dict[str, dict[str, Any]] = {
+    "sgd": dict(default_lr=0.05),
+    "adam": dict(default_lr=1e-2),
+    "adamw": dict(default_lr=1e-2),
+    "rmsprop": dict(default_lr=1e-3),
+    "adagrad": dict(default_lr=0.1),
+    "geoopt_rsgd": dict(default_lr=0.05),
+    "geoopt_radam": dict(default_lr=1e-2, riemannian=True),
+}
+_INFO_FIELDS = (
+    "default_lr",
+    "riemannian",
+    "feasible",
+    "step_flops",
+    "formula",
+    "paper_formula",
+    "variants",
+)
 _ENTRY_POINTS: dict[str, importlib.metadata.EntryPoint] = {}
 _SCANNED = False
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    """What is known about a registered optimizer, declared on its class.
+
+    Read by `info` from class attributes of the same names when present, else
+    the defaults below; `register(name, **info)` keywords win over both.
+
+    Attributes:
+        name: the registered name.
+        default_lr: the learning rate used when a caller names none (1e-3).
+        riemannian: True when it steps manifold parameters on their manifold
+            (default: True for `RiemannianOptimizer` subclasses and geoopt's
+            optimizers, False otherwise).
+        feasible: True when its iterates are on the manifold to rounding; False
+            for infeasible methods such as landing, which stay near the manifold
+            and reach it where the gradient vanishes (default True).
+        step_flops: `(n, m, **hyper) -> float`, the FLOPs of one step on
+            St(n, m) for the hyper-parameters `hyper` (NaN where it has no
+            model), or None when it has no FLOP model at all.
+        formula: the serial complexity of a step, as text ("" when unknown).
+        paper_formula: `(**hyper) -> str`, the FLOP count a paper gives for a
+            step with these hyper-parameters ("" where it gives none, e.g. the
+            CWY paper's Table 2 for `rgd`), or None.
+        variants: hyper-parameter sets the complexity section measures
+            (default `[{}]`: the defaults only).
+    """
+
+    name: str
+    default_lr: float = 1e-3
+    riemannian: bool = False
+    feasible: bool = True
+    step_flops: Callable[..., float] | None = None
+    formula: str = ""
+    paper_formula: Callable[..., str] | None = None
+    variants: list[dict] = field(default_factory=lambda: [{}])
+
+    def flops(self, n: int, m: int, **hyper: Any) -> float:
+        """`step_flops(n, m, **hyper)`, or NaN when there is no FLOP model."""
+        return math.nan if self.step_flops is None else float(self.step_flops(n, m, **hyper))
+
+    def paper(self, **hyper: Any) -> str:
+        """`paper_formula(**hyper)`, or "" when there is none."""
+        return "" if self.paper_formula is None else str(self.paper_formula(**hyper))
 
 
 def _check_target(name: str, obj: Any) -> None:
@@ -65,43 +176,94 @@ def _check_target(name: str, obj: Any) -> None:
         )
 
 
-def register(name: str) -> Callable[[Any], Any]:
-    """Decorator registering an Optimizer subclass or a factory under ``name``.
+def _check_info(name: str, declared: dict[str, Any]) -> None:
+    unknown = sorted(set(declared) - set(_INFO_FIELDS))
+    if unknown:
+        raise TypeError(
+            f"register({name!r}, ...): unknown info keyword(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(_INFO_FIELDS)}"
+        )
 
-    Raises ValueError when ``name`` is taken (built-in, registered or from an
-    entry point) and TypeError when the target is neither.
 
-    Example (not run: a name can be registered once per process)::
+def register(name: str, **info: Any) -> Callable[[Any], Any]:
+    """Decorator registering an Optimizer subclass or a factory under `name`.
 
-        @optimizers.register("half_sgd")
+    Args:
+        name: a Python identifier not taken by a registered optimizer.
+        **info: fields of `OptimizerInfo` (`default_lr`, `riemannian`,
+            `feasible`, `step_flops`, `formula`, `paper_formula`, `variants`) for a target that
+            does not declare them as class attributes (e.g. a factory); they
+            win over class attributes.
+
+    Returns:
+        The decorator, which returns its argument unchanged.
+
+    Raises:
+        ValueError: `name` is not an identifier or is already registered (an
+            entry point of that name not yet loaded is dropped with a warning:
+            the registered one wins).
+        TypeError: the target is neither an Optimizer subclass nor callable,
+            or an `info` keyword is unknown.
+
+    Example:
+        ```python
+        import torch
+        from stiefel import optimizers
+
+        @optimizers.register("half_sgd_doc", default_lr=0.2, riemannian=False)
         def half_sgd(params, lr):
             return torch.optim.SGD(params, lr=lr / 2)
 
-        opt = optimizers.create("half_sgd", model.parameters(), lr=1.0)
+        opt = optimizers.create("half_sgd_doc", [torch.nn.Parameter(torch.ones(2))], lr=1.0)
+        assert opt.param_groups[0]["lr"] == 0.5
+        assert optimizers.info("half_sgd_doc").default_lr == 0.2
+        ```
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name={name!r} is not allowed; allowed: a Python identifier string")
+    _check_info(name, info)
 
     def decorator(obj: Any) -> Any:
         _check_target(name, obj)
-        load_entry_points()
-        if name in _REGISTRY or name in _ENTRY_POINTS:
-            where = "an entry point" if name in _ENTRY_POINTS else repr(_REGISTRY[name])
+        if name in _REGISTRY:
             raise ValueError(
-                f"an optimizer is already registered under name={name!r} ({where}); "
-                f"choose another name; taken: {', '.join(available())}"
+                f"an optimizer is already registered under name={name!r} "
+                f"({_REGISTRY[name]!r}); choose another name; taken: {', '.join(available())}"
             )
+        if name in _ENTRY_POINTS:
+            _warn_shadowed(_ENTRY_POINTS.pop(name))
         _REGISTRY[name] = obj
+        if info:
+            _INFO[name] = dict(info)
         return obj
 
     return decorator
 
 
-def load_entry_points(force: bool = False) -> list[str]:
-    """Scan the entry-point group ``stiefel.optimizers`` (once, or again with ``force``).
+def _warn_shadowed(ep: importlib.metadata.EntryPoint) -> None:
+    dist = getattr(ep, "dist", None)
+    origin = f" (from distribution {dist.name!r})" if dist is not None else ""
+    warnings.warn(
+        f"entry point {ep.name!r} = {ep.value!r}{origin} in group {ENTRY_POINT_GROUP!r} "
+        f"clashes with the optimizer registered under that name; the registered one "
+        "is used and the entry point is ignored",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
-    Returns the names found. A name that clashes with a registered one is skipped
-    with a warning (the registered one wins).
+
+def load_entry_points(force: bool = False) -> list[str]:
+    """Scan the entry-point group `stiefel.optimizers` (once, or again with `force`).
+
+    A name that clashes with a registered one is skipped with a warning naming
+    the entry point (the registered one wins). A broken environment warns and
+    finds nothing; it never raises.
+
+    Args:
+        force: scan again even if scanned before.
+
+    Returns:
+        The sorted names found and not yet loaded.
     """
     global _SCANNED
     if _SCANNED and not force:
@@ -115,19 +277,14 @@ def load_entry_points(force: bool = False) -> list[str]:
         return []
     for ep in eps:
         if ep.name in _REGISTRY or ep.name in _ENTRY_POINTS:
-            warnings.warn(
-                f"entry point {ep.name!r} = {ep.value!r} clashes with an optimizer already "
-                "registered under that name; it is ignored",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            _warn_shadowed(ep)
             continue
         _ENTRY_POINTS[ep.name] = ep
     return sorted(_ENTRY_POINTS)
 
 
 def available() -> list[str]:
-    """Sorted names of every optimizer that :func:`create` accepts."""
+    """Sorted names of every optimizer that `create` accepts (entry points included)."""
     load_entry_points()
     return sorted({*_REGISTRY, *_ENTRY_POINTS})
 
@@ -148,11 +305,80 @@ def _resolve(name: str) -> Any:
     raise ValueError(f"unknown optimizer name={name!r}; available: {', '.join(available())}")
 
 
-def create(name: str, params, **hyper: Any) -> torch.optim.Optimizer:
-    """Build the optimizer registered as ``name`` over ``params`` with ``hyper``.
+def get(name: str) -> Any:
+    """The Optimizer subclass or factory registered as `name` (an entry point is loaded).
 
-    Raises ValueError for an unknown name (listing the available ones); the
-    optimizer's own checks raise for bad hyper-parameters.
+    Args:
+        name: a name of `available()`.
+
+    Returns:
+        The registered class or factory.
+
+    Raises:
+        ValueError: unknown name (the available ones are listed).
+        TypeError: `name` is not a string.
+    """
+    return _resolve(name)
+
+
+def _default_riemannian(obj: Any) -> bool:
+    return inspect.isclass(obj) and issubclass(
+        obj, (RiemannianOptimizer, geoopt.optim.mixin.OptimMixin)
+    )
+
+
+def info(name: str) -> OptimizerInfo:
+    """What is declared about the optimizer registered as `name`.
+
+    Args:
+        name: a name of `available()` (an entry point is loaded to read it).
+
+    Returns:
+        The `OptimizerInfo`: `register` keywords, else class attributes
+        (`default_lr`, `riemannian`, `feasible`, `step_flops`, `formula`,
+        `paper_formula`, `variants`), else the defaults.
+
+    Raises:
+        ValueError: unknown name (the available ones are listed).
+        TypeError: `name` is not a string.
+
+    Example:
+        ```python
+        from stiefel import optimizers
+
+        rgd = optimizers.info("rgd")
+        assert rgd.riemannian and rgd.default_lr > 0
+        print(rgd.flops(1024, 64, metric="euclidean", retraction="qr"))
+        ```
+    """
+    obj = _resolve(name)
+    declared = _INFO.get(name, {})
+    values: dict[str, Any] = {"riemannian": _default_riemannian(obj)}
+    for key in _INFO_FIELDS:
+        if key in declared:
+            values[key] = declared[key]
+        elif hasattr(obj, key):
+            values[key] = getattr(obj, key)
+    if "variants" in values:
+        values["variants"] = [dict(v) for v in values["variants"]]
+    return OptimizerInfo(name=name, **values)
+
+
+def create(name: str, params, **hyper: Any) -> torch.optim.Optimizer:
+    """Build the optimizer registered as `name` over `params` with `hyper`.
+
+    Args:
+        name: a name of `available()`.
+        params: parameters or param groups, as for any torch optimizer.
+        **hyper: the optimizer's hyper-parameters.
+
+    Returns:
+        The optimizer.
+
+    Raises:
+        ValueError: unknown name (the available ones are listed); the
+            optimizer's own checks raise for bad hyper-parameters.
+        TypeError: the registered factory did not return an Optimizer.
     """
     obj = _resolve(name)
     opt = obj(params, **hyper)

@@ -1,23 +1,29 @@
-r"""Riemannian gradient descent with transported momentum (``"rgd"``).
+r"""Riemannian gradient descent with transported momentum (`"rgd"`).
 
-Example::
+Example:
+    ```python
+    import torch, geoopt
+    from stiefel.manifolds import Stiefel
+    from stiefel import optimizers
 
-    >>> import torch, geoopt
-    >>> from stiefel.manifolds import Stiefel
-    >>> from stiefel import optimizers
-    >>> st = Stiefel(100, 4)
-    >>> w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
-    >>> opt = optimizers.create("rgd", [w], lr=0.05, momentum=0.9, metric="canonical")
-    >>> for _ in range(3):
-    ...     opt.zero_grad(); (w[:4] ** 2).sum().neg().backward(); opt.step()
-    >>> bool(st.orthogonality_error(w.detach()) < 1e-12)
-    True
+    st = Stiefel(100, 4)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    opt = optimizers.create("rgd", [w], lr=0.05, momentum=0.9, metric="canonical")
+    for _ in range(3):
+        opt.zero_grad()
+        (w[:4] ** 2).sum().neg().backward()
+        opt.step()
+    assert st.orthogonality_error(w.detach()) < 1e-12
+    ```
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..manifolds.kernels import proj_tangent
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import register
@@ -25,32 +31,117 @@ from .registry import register
 __all__ = ["RGD"]
 
 
+def _transport(geo: Geometry, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Vector transport of `v` from `x` to `y` for Nesterov's buffer (by projection)."""
+    transport = getattr(geo, "transport", None)
+    if transport is not None:
+        return transport(x, y, v)
+    if not geo.riemannian:
+        return v
+    if geo.stiefel:
+        return proj_tangent(y, v)
+    return geo.manifold.transp(x, y, v)
+
+
 @register("rgd")
 class RGD(RiemannianOptimizer):
-    r"""Riemannian SGD on St(N, M), O(n), U(n); SGD with momentum on plain tensors.
+    r"""Riemannian SGD on St(N, M), O(n), U(n); torch's SGD on plain tensors.
 
-    With ξ = rgrad(X, G) under ``metric`` (Euclidean: G − X sym(XᴴG); canonical:
-    G − XGᴴX) and momentum μ:
+    With G ← G + w·X (`weight_decay` w, on the Euclidean gradient, as in
+    geoopt and torch), ξ = rgrad(X, G) under `metric` (Euclidean:
+    G − X sym(XᴴG); canonical: G − XGᴴX), momentum μ and dampening δ:
 
-        B ← μ·τ(B) + ξ,   X ← retr(X, −lr·B),   τ(B) ← B transported to the new X.
+        B ← μ·τ(B) + (1 − δ)ξ   (B = ξ at the first step),
+        d = ξ + μB (nesterov) or d = B,   X ← retr(X, −lr·d),
 
-    ``retraction="cayley"`` (default) is the Cayley retraction done with a 2M×2M
-    Sherman–Morrison–Woodbury solve, and the transport is the same orthogonal map
-    (isometric); ``"qr"`` and ``"polar"`` transport by projection. The CWY paper's
-    RGD-C-C, RGD-E-C, RGD-C-QR and RGD-E-QR are ``metric`` × ``retraction``.
-    Without momentum a step costs six N×M×M products (Note [Fused gradient step]
-    in :mod:`stiefel.optimizers.kernels`). Plain tensors get torch's SGD
-    (momentum, no dampening) update.
+    and τ(B) is B transported to the new X. `retraction="cayley"` (default) is
+    the Cayley retraction done with a 2M×2M Sherman–Morrison–Woodbury solve,
+    whose transport is the same orthogonal map (isometric); `"qr"` and
+    `"polar"` transport by projection, and so does Nesterov's buffer for every
+    retraction. The CWY paper's RGD-C-C, RGD-E-C, RGD-C-QR and RGD-E-QR are
+    `metric` × `retraction` (`variants`). Without momentum a step costs six
+    N×M×M products and a 2M×2M solve (`step_flops`). Plain tensors get exactly
+    torch's `SGD` update (momentum, dampening, nesterov, weight decay).
+
+    The options of geoopt's `RiemannianSGD` are accepted with its meaning:
+    `nesterov`, `dampening`, `weight_decay`, and `stabilize` as an alias of
+    `repair_every`. Two differences, both deliberate: the first momentum
+    buffer is ξ as in torch's SGD (geoopt starts from μ·G + (1 − δ)ξ, the same
+    when δ = μ); weight decay is a no-op on Stiefel manifolds in both (the
+    Riemannian gradient of ½‖X‖² vanishes there, since ‖X‖² = M is constant).
 
     Args:
         params: parameters or param groups.
         lr: step size (≥ 0).
         momentum: μ in [0, 1).
-        metric: ``"euclidean"``, ``"canonical"`` or None (the manifold's own).
-        retraction: ``"cayley"``, ``"qr"`` or ``"polar"``.
+        metric: `"euclidean"`, `"canonical"` or None (the manifold's own).
+        retraction: `"cayley"`, `"qr"` or `"polar"`.
         repair_every: re-project (polar) after every k-th step, or None.
+        dampening: δ in [0, 1].
+        weight_decay: w ≥ 0.
+        nesterov: Nesterov momentum (needs μ > 0 and δ = 0, as in torch).
+        stabilize: geoopt's name for `repair_every` (give one of the two).
         telemetry: record the orthogonality error per step (keyword-only).
+
+    Raises:
+        ValueError: a hyper-parameter out of range (named, with its range).
+        TypeError: a hyper-parameter of the wrong type.
     """
+
+    default_lr = 0.05
+    formula = (
+        "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve); "
+        "qr: 10NM² − 2M³/3 canonical, 14NM² − 2M³/3 Euclidean"
+    )
+    variants = (
+        {"metric": "canonical", "retraction": "qr"},
+        {"metric": "euclidean", "retraction": "qr"},
+        {"metric": "canonical", "retraction": "cayley"},
+        {"metric": "euclidean", "retraction": "cayley"},
+    )
+
+    @classmethod
+    def step_flops(
+        cls, n: int, m: int, metric: str | None = None, retraction: str = "cayley", **hyper
+    ) -> float:
+        """FLOPs of one step without momentum on St(n, m) (CWY paper Table 2 for QR).
+
+        Args:
+            n: rows N.
+            m: columns M.
+            metric: `"euclidean"` (also for None, the default manifold's) or
+                `"canonical"`.
+            retraction: `"cayley"`, `"qr"` (`"polar"` has no model: NaN).
+            **hyper: other hyper-parameters (ignored).
+
+        Returns:
+            The FLOP count, NaN where there is no model.
+        """
+        if retraction == "cayley":  # our fused step, either metric
+            return 12 * n * m * m + 6 * m**3
+        if retraction == "qr":
+            return (10 if metric == "canonical" else 14) * n * m * m - 2 * m**3 / 3
+        return math.nan
+
+    @classmethod
+    def paper_formula(cls, metric: str | None = None, retraction: str = "cayley", **hyper) -> str:
+        """The CWY paper's Table 2 FLOP count for this (metric, retraction), or "".
+
+        Args:
+            metric: `"canonical"` or `"euclidean"` (None: the manifold's, Euclidean).
+            retraction: `"cayley"` or `"qr"` (the paper has no `"polar"` row).
+            **hyper: other hyper-parameters (ignored).
+
+        Returns:
+            The formula as text.
+        """
+        table = {
+            ("canonical", "cayley"): "28NM² + 16M³ (2M×2M)",
+            ("euclidean", "cayley"): "72NM² + 25M³ in the paper (3M×3M); 2M×2M here",
+            ("canonical", "qr"): "10NM² − 2M³/3",
+            ("euclidean", "qr"): "14NM² − 2M³/3",
+        }
+        return table.get((metric or "euclidean", retraction), "")
 
     def __init__(
         self,
@@ -60,30 +151,62 @@ class RGD(RiemannianOptimizer):
         metric: str | None = None,
         retraction: str = "cayley",
         repair_every: int | None = None,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        stabilize: int | None = None,
         *,
         telemetry: bool = False,
     ):
+        if stabilize is not None:
+            if repair_every is not None:
+                raise ValueError(
+                    f"stabilize={stabilize!r} and repair_every={repair_every!r} both given; "
+                    "allowed: one of them (stabilize is geoopt's name for repair_every)"
+                )
+            repair_every = stabilize
         defaults = dict(
             lr=lr,
             momentum=momentum,
             metric=metric,
             retraction=retraction,
             repair_every=repair_every,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
         )
         super().__init__(params, defaults, telemetry=telemetry)
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
         check_number("momentum", group["momentum"], high=1.0)
+        check_number("dampening", group["dampening"], high=1.0, closed_high=True)
+        check_number("weight_decay", group["weight_decay"])
+        if not isinstance(group["nesterov"], bool):
+            raise TypeError(f"nesterov={group['nesterov']!r} is not allowed; allowed: True, False")
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(
+                f"nesterov=True with momentum={group['momentum']!r}, "
+                f"dampening={group['dampening']!r}; allowed: momentum > 0 and dampening = 0"
+            )
 
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
         lr, mu = group["lr"], group["momentum"]
+        if group["weight_decay"]:
+            grad = grad.add(x, alpha=group["weight_decay"])
         if mu == 0:
             return geo.gradient_step(x, grad, lr)
         xi = geo.rgrad(x, grad)
         buf = state.get("momentum_buffer")
-        buf = xi.clone() if buf is None else buf.mul_(mu).add_(xi)
-        new, state["momentum_buffer"] = geo.descend_transport(x, buf, lr)
+        if buf is None:
+            buf = xi.clone()
+        else:
+            buf = buf.mul_(mu).add_(xi, alpha=1 - group["dampening"])
+        if not group["nesterov"]:
+            new, state["momentum_buffer"] = geo.descend_transport(x, buf, lr)
+            return new
+        new = geo.descend(x, xi.add(buf, alpha=mu), lr)
+        state["momentum_buffer"] = _transport(geo, x, new, buf)
         return new

@@ -1,15 +1,16 @@
 r"""Orthogonality telemetry for any optimizer (torch's and geoopt's included).
 
-Example::
+Example:
+    ```python
+    import torch, geoopt
+    from stiefel.manifolds import Stiefel
+    from stiefel.optimizers import orthogonality_errors
 
-    >>> import torch, geoopt
-    >>> from stiefel.manifolds import Stiefel
-    >>> from stiefel.optimizers import orthogonality_errors
-    >>> st = Stiefel(20, 3)
-    >>> w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
-    >>> opt = torch.optim.SGD([w, torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    >>> orthogonality_errors(opt).shape
-    torch.Size([1])
+    st = Stiefel(20, 3)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    opt = torch.optim.SGD([w, torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert orthogonality_errors(opt).shape == (1,)
+    ```
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ __all__ = ["orthogonality_errors"]
 
 
 def orthogonality_errors(optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """‖XᴴX − I‖_F (max over a batch) of each Stiefel-like parameter of ``optimizer``.
+    """‖XᴴX − I‖_F (max over a batch) of each Stiefel-like parameter of `optimizer`.
 
-    Works for every ``torch.optim.Optimizer``; the order is the param-group
-    order. Returns an empty tensor when there is no such parameter. For this
-    package's optimizers, ``telemetry=True`` records the same values after
-    every step without a call.
+    For this package's optimizers, `telemetry=True` records the same values
+    after every step without a call.
+
+    Args:
+        optimizer: any `torch.optim.Optimizer`.
+
+    Returns:
+        One float per Stiefel-like parameter, in param-group order (empty when
+        there is none).
     """
     out = []
     with torch.no_grad():

@@ -1,32 +1,48 @@
-r"""Maps from free parameters onto O(n), U(n) and St(N, M), and :func:`orthogonalize`.
+r"""Maps from free parameters onto O(n), U(n) and St(N, M), and `orthogonalize`.
 
-Methods (see :func:`available`): ``householder``, ``cwy``, ``tcwy``, ``exp``,
+Methods (see `available`): ``householder``, ``cwy``, ``tcwy``, ``exp``,
 ``cayley``, ``scaled_cayley`` (``nn.Module`` parametrizations for
-``torch.nn.utils.parametrize``) and ``riemannian`` (the weight becomes a
-``geoopt.ManifoldParameter`` for the Riemannian optimizers). The pure tensor
-kernels are in :mod:`stiefel.parametrizations.kernels`.
+``torch.nn.utils.parametrize``, registered in this order) and ``riemannian``
+(the weight itself becomes a ``geoopt.ManifoldParameter`` for the Riemannian
+optimizers; ``orthogonalize`` handles it, it is not a map). `maps` gives the
+registered map classes, with their capabilities declared on the class. The
+pure tensor kernels are in ``stiefel.parametrizations.kernels``.
 
-Example::
+Example:
+    ```python
+    import torch
+    from stiefel.parametrizations import available, maps, orthogonalize
 
-    >>> import torch
-    >>> from stiefel.parametrizations import available, orthogonalize
-    >>> available()[:7]
-    ['householder', 'cwy', 'tcwy', 'exp', 'cayley', 'scaled_cayley', 'riemannian']
-    >>> rnn = torch.nn.RNN(8, 8)
-    >>> rnn = orthogonalize(rnn, "weight_hh_l0", method="householder")
+    assert available()[-1] == "riemannian" and "riemannian" not in maps()
+    rnn = orthogonalize(torch.nn.RNN(8, 8), "weight_hh_l0", method="householder")
+    ```
 """
 
 from . import kernels
-from .base import OrthogonalMap, _register_special, available, get, manifold_for, register
-from .dense import Cayley, Exp, ScaledCayley
-from .orthogonalize import RIEMANNIAN, OrthogonalMatrix, orthogonalize
-from .reflections import CWY, TCWY, Householder  # registers householder, cwy, tcwy (first)
+from .base import (
+    ENTRY_POINT_GROUP,
+    RIEMANNIAN,
+    OrthogonalMap,
+    available,
+    get,
+    manifold_for,
+    maps,
+    register,
+)
 
-_register_special(RIEMANNIAN)
+# Built-ins register in import order: householder, cwy, tcwy, exp, cayley, scaled_cayley.
+# isort: off
+from .reflections import CWY, TCWY, Householder
+from .dense import Cayley, Exp, ScaledCayley
+
+# isort: on
+from .orthogonalize import OrthogonalMatrix, orthogonalize
+from .rotate import Rotation, merge, rotate, rotation
 
 __all__ = [
     "orthogonalize",
     "available",
+    "maps",
     "register",
     "get",
     "manifold_for",
@@ -38,5 +54,11 @@ __all__ = [
     "Exp",
     "Cayley",
     "ScaledCayley",
+    "rotate",
+    "merge",
+    "rotation",
+    "Rotation",
+    "RIEMANNIAN",
+    "ENTRY_POINT_GROUP",
     "kernels",
 ]

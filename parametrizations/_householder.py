@@ -65,15 +65,23 @@ class _HouseholderApply(torch.autograd.Function):
     matrix-matrix products. The cost is O(n·L·p) time and O(n·p + L·b) memory.
     """
 
+    # torch.func (vmap, grad, jacrev) needs forward without ctx and setup_context;
+    # the forward and backward are batched tensor code, so vmap's rule is generated.
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, v: torch.Tensor, x: torch.Tensor, block: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(v: torch.Tensor, x: torch.Tensor, block: int) -> torch.Tensor:  # type: ignore[override]
         y = x
         for i, j in reversed(_blocks(v.shape[-1], block)):
             vb = v[..., i:j]
             y = y - vb @ _solve_t(wy_triangle(vb), vb.mH @ y)
-        ctx.block = block
-        ctx.save_for_backward(v, y)
         return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        v, _, block = inputs
+        ctx.block = block
+        ctx.save_for_backward(v, output)
 
     @staticmethod
     @once_differentiable
@@ -106,15 +114,17 @@ def householder_apply(v: torch.Tensor, x: torch.Tensor, block: int = DEFAULT_BLO
     blocks of ``block`` reflections (see Note [Algorithm 1 by blocks,
     recomputed from the output]).
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations._householder import householder_apply
 
-        >>> import torch
-        >>> v = torch.randn(5, 3, dtype=torch.float64)
-        >>> x = torch.randn(5, 2, dtype=torch.float64)
-        >>> h = lambda u: torch.eye(5, dtype=u.dtype) - 2 * torch.outer(u, u) / (u @ u)
-        >>> ref = h(v[:, 0]) @ h(v[:, 1]) @ h(v[:, 2]) @ x
-        >>> bool(torch.allclose(householder_apply(v, x), ref))
-        True
+        v = torch.randn(5, 3, dtype=torch.float64)
+        x = torch.randn(5, 2, dtype=torch.float64)
+        h = lambda u: torch.eye(5, dtype=u.dtype) - 2 * torch.outer(u, u) / (u @ u)
+        ref = h(v[:, 0]) @ h(v[:, 1]) @ h(v[:, 2]) @ x
+        assert torch.allclose(householder_apply(v, x), ref)
+        ```
     """
     batch = torch.broadcast_shapes(v.shape[:-2], x.shape[:-2])
     v = v.expand(*batch, *v.shape[-2:])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ._householder import householder_apply
+
 __all__ = ["reflections_from_point", "complete", "cayley_scaling", "Unreachable"]
 
 
@@ -25,10 +27,10 @@ def _reflect(r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return r - (2 / torch.vdot(v, v).real) * torch.outer(v, v.conj() @ r)
 
 
-def _stable(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    r"""Householder elimination of every column: Q = H(v₁)⋯H(v_m)[diag(d); 0].
+def _stable_loop(q: torch.Tensor, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Householder elimination of every column: Q = H(v₁)⋯H(v_m)[diag(d); 0], by blocks.
 
-    Note [Stable reflections for the right inverse]
+    Note [Stable reflections, complex]
     Column k of the partly reduced R is x (zero above row k, ‖x‖ = 1). The
     reflection with v = x + phase(x_k)·e_k maps x to −phase(x_k)·e_k; because
     |v_k| = 1 + |x_k| ≥ 1 there is no cancellation and v is never small, so
@@ -37,21 +39,67 @@ def _stable(q: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
     so after m steps R = [diag(d); 0] with d_k = −phase(x_k): a sign (real) or
     a phase (complex). For square Q the last step reflects the scalar x_n: the
     H₁ sign of the Householder paper. Theorem 1 of that paper (surjectivity onto
-    O(n)) is the statement that this elimination always succeeds.
+    O(n)) is the statement that this elimination always succeeds. The
+    reflections of a panel of ``block`` columns are found column by column on
+    the panel only (O(n·block) per column), then applied to the remaining
+    columns at once in compact WY form (GEMMs and a triangular solve).
     """
     n, m = q.shape
     r = q.clone()
-    vs, d = [], torch.empty(m, dtype=q.dtype)
-    for k in range(m):
-        x = r[k:, k]
-        ph = _phase(x[0])
-        v = torch.zeros(n, dtype=q.dtype)
-        v[k:] = x
-        v[k] = v[k] + ph * torch.linalg.vector_norm(x)
-        r[:, k:] = _reflect(r[:, k:], v)
-        vs.append(v)
-        d[k] = -ph
+    vs = torch.zeros(n, m, dtype=q.dtype, device=q.device)
+    d = torch.empty(m, dtype=q.dtype, device=q.device)
+    for j0 in range(0, m, block):
+        j1 = min(j0 + block, m)
+        panel = r[:, j0:j1]
+        for k in range(j0, j1):
+            x = panel[k:, k - j0]
+            ph = _phase(x[0])
+            v = vs[:, k]
+            v[k:] = x
+            v[k] = v[k] + ph * torch.linalg.vector_norm(x)
+            panel[:, k - j0 :] = _reflect(panel[:, k - j0 :], v)
+            d[k] = -ph
+        if j1 < m:  # H(v_{j1-1})⋯H(v_{j0}) applied to the trailing columns
+            r[:, j1:] = householder_apply(vs[:, j0:j1].flip(-1), r[:, j1:], block)
     return vs, d
+
+
+def _stable(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Q = H(v₁)⋯H(v_m)[diag(d); 0] for a batch (…, n, m) of orthonormal Q (real: LAPACK).
+
+    Note [Reflections from LAPACK's QR]
+    ``torch.geqrf`` (blocked Householder QR, LAPACK speed: n = 4096 in about a
+    second) writes Q = H₁⋯H_m R with H_k = I − τ_k v_k v_kᴴ, v_k zero above row
+    k and 1 in row k, and R upper triangular; for orthonormal Q, R is diagonal
+    up to rounding, with entries of unit modulus. Three conventions are fixed:
+    (1) LAPACK's choice of v_k maps the reduced column x to β_k e_k with
+    β_k = −sign(x_k)‖x‖, the stable choice (no cancellation in v_k, every
+    H_k well conditioned), and for real data τ_k = 2/‖v_k‖², so H_k is the
+    reflection H(v_k). (2) In the complex case LAPACK's H_k is not Hermitian
+    (τ_k complex, a reflection only when x_k is real), and making every x_k
+    real needs the phases of columns chosen one after another: complex points
+    use the column-by-column elimination of Note [Stable reflections, complex].
+    (3) A column that is already reduced gets
+    τ_k = 0 (H_k = I, e.g. for Q = I); it is written H(e_k)H(e_k), and the
+    second H(e_k), which commutes with H_j (j > k, as e_k ⊥ v_j), flips the sign
+    of d_k. The reflections are H(v_k) = I − 2v_kv_kᴴ/‖v_k‖² with LAPACK's v_k.
+    """
+    n, m = q.shape[-2:]
+    if q.is_complex():
+        pairs = [_stable_loop(qi) for qi in q.detach().reshape(-1, n, m)]
+        v = torch.stack([vi for vi, _ in pairs]).reshape(q.shape)
+        return v, torch.stack([di for _, di in pairs]).reshape(*q.shape[:-2], m)
+    rows = torch.arange(n, device=q.device).unsqueeze(-1)
+    cols = torch.arange(m, device=q.device)
+    a, tau = torch.geqrf(q)
+    d = torch.diagonal(a, dim1=-2, dim2=-1)[..., :m]
+    d = _phase(d)
+    v = torch.where(rows > cols, a[..., :, :m], torch.zeros((), dtype=q.dtype, device=q.device))
+    v = v + (rows == cols).to(q.dtype)
+    reduced = tau == 0
+    if bool(reduced.any()):
+        d = torch.where(reduced, -d, d)
+    return v, d
 
 
 def _greedy(q: torch.Tensor, budget: int, tol: float) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -162,7 +210,7 @@ def reflections_from_point(
     With L ≥ m (L = n for square Q) the stable elimination always succeeds and
     chooses d. With fewer reflections on a square Q the current ``diagonal``
     (default: ones) is kept, up to the sign of its first entry (Note [Padding to
-    exactly L reflections]), and :class:`Unreachable` is raised when QD⁻¹ is not
+    exactly L reflections]), and `Unreachable` is raised when QD⁻¹ is not
     a product of L reflections (Note [Fewer reflections: rank reduction]); on a
     tall Q a greedy search chooses d (Note [Fewer reflections than columns]).
 
@@ -174,16 +222,22 @@ def reflections_from_point(
     seed unless a generator is given) so that no two columns start out equal.
     """
     batch, (n, m) = q.shape[:-2], q.shape[-2:]
+    full = reflections >= m
+    if full:
+        v_full, d_full = _stable(q)
+        if reflections == m:
+            return v_full, d_full
+        v_full, d_full = v_full.reshape(-1, n, m), d_full.reshape(-1, m)
+    q = q.cpu()
     flat = q.reshape(-1, n, m)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    full = reflections >= m
     if diagonal is None:
         diagonal = torch.ones(*batch, m, dtype=q.dtype)
-    diag = diagonal.to(q.dtype).expand(*batch, m).reshape(-1, m)
+    diag = diagonal.to(dtype=q.dtype, device="cpu").expand(*batch, m).reshape(-1, m)
     out_v, out_d = [], []
-    for qi, di in zip(flat, diag, strict=False):
+    for i, (qi, di) in enumerate(zip(flat, diag, strict=False)):
         if full:
-            vs, d = _stable(qi)
+            vs, d = list(v_full[i].cpu().unbind(-1)), d_full[i].cpu()
         elif m == n:
             vs, d = _fixed_square(qi, di, reflections, tol)
         else:

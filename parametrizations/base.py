@@ -5,12 +5,26 @@ takes the free parameter tensor ("original") and returns the constrained weight;
 ``right_inverse`` takes a point of the manifold and returns an original that maps
 back to it (possibly updating the map's own buffers and parameters, such as a
 sign or phase diagonal or a base point).
+
+A new map subclasses [`OrthogonalMap`][stiefel.parametrizations.OrthogonalMap],
+implements ``matrix`` and ``inverse`` and is registered with
+[`register`][stiefel.parametrizations.register]; third-party packages can
+instead declare it in the entry-point group ``stiefel.parametrizations``:
+
+```text
+[project.entry-points."stiefel.parametrizations"]
+polar = "my_package.maps:PolarMap"
+```
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
-from collections.abc import Callable, Sequence
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import ClassVar, TypeVar
 
 import torch
@@ -20,12 +34,41 @@ from ..manifolds import Orthogonal, Stiefel, Unitary, _checks
 from ..manifolds.kernels import haar, orthogonality_error, polar
 from ._inverse import Unreachable
 
-__all__ = ["OrthogonalMap", "register", "available", "get", "manifold_for", "INITS", "DTYPES"]
+__all__ = [
+    "OrthogonalMap",
+    "register",
+    "available",
+    "maps",
+    "get",
+    "manifold_for",
+    "INITS",
+    "DTYPES",
+    "RIEMANNIAN",
+    "ENTRY_POINT_GROUP",
+]
 
-DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.float16,
+    torch.bfloat16,
+)
+LOW = (torch.float16, torch.bfloat16)
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a map computes in: float32 for float16/bfloat16, else the dtype itself."""
+    return torch.float32 if dtype in LOW else dtype
+
+
 INITS = ("nearest", "haar", "identity", "random")
+RIEMANNIAN = "riemannian"
+ENTRY_POINT_GROUP = "stiefel.parametrizations"
 
-_REGISTRY: dict[str, type | str] = {}
+_REGISTRY: dict[str, type[OrthogonalMap]] = {}
+_ENTRY_POINTS_LOADED = False
 M = TypeVar("M", bound=type)
 
 
@@ -39,24 +82,42 @@ def manifold_for(shape: Sequence[int], is_complex: bool) -> Stiefel:
 
 
 def register(name: str) -> Callable[[M], M]:
-    """Class decorator adding an :class:`OrthogonalMap` subclass under ``name``.
+    """Class decorator adding an `OrthogonalMap` subclass under ``name``.
 
-    Example::
+    Built-in maps register in a fixed order when the package is imported; user
+    maps come after them, in registration order.
 
-        >>> import torch
-        >>> from stiefel.parametrizations import OrthogonalMap, register, available
-        >>> @register("polar_demo")
-        ... class PolarDemo(OrthogonalMap):
-        ...     def matrix(self, x):
-        ...         return torch.linalg.svd(x, full_matrices=False)[0] @ \\
-        ...             torch.linalg.svd(x, full_matrices=False)[2]
-        ...     def inverse(self, q):
-        ...         return q
-        >>> "polar_demo" in available()
-        True
+    Args:
+        name: the method name ``orthogonalize`` will accept.
+
+    Returns:
+        The decorator (it returns the class unchanged, with ``method = name``).
+
+    Raises:
+        ValueError: ``name`` is empty, ``"riemannian"`` or already taken.
+        TypeError: the decorated object is not an `OrthogonalMap` subclass.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import OrthogonalMap, available, register
+
+        @register("polar_demo")
+        class PolarDemo(OrthogonalMap):
+            def matrix(self, a):
+                u, _, vh = torch.linalg.svd(a, full_matrices=False)
+                return u @ vh
+
+            def inverse(self, q):
+                return q
+
+        assert "polar_demo" in available()
+        ```
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
+    if name == RIEMANNIAN:
+        raise ValueError(f"name={name!r} is reserved for Riemannian weights; choose another name")
 
     def decorate(cls: M) -> M:
         if not (isinstance(cls, type) and issubclass(cls, OrthogonalMap)):
@@ -70,53 +131,123 @@ def register(name: str) -> Callable[[M], M]:
     return decorate
 
 
-def _register_special(name: str) -> None:
-    _REGISTRY[name] = name
+def load_entry_points() -> None:
+    """Load the maps of the entry-point group ``stiefel.parametrizations`` (once).
+
+    Note [Plugin maps never break the import]
+    Entry points are read on the first call to `maps`, `available` or `get`,
+    never at import. A plugin whose name is taken (by a built-in or a map
+    registered before) is ignored with a warning: the registered map wins.
+    A plugin that fails to load, or is not an `OrthogonalMap` subclass, is
+    skipped with a warning too.
+    """
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    try:
+        eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as exc:  # noqa: BLE001 - a broken environment must not break the registry
+        warnings.warn(f"could not read entry points {ENTRY_POINT_GROUP!r}: {exc}", stacklevel=2)
+        return
+    for ep in eps:
+        if ep.name in _REGISTRY or ep.name == RIEMANNIAN:
+            warnings.warn(
+                f"entry point {ep.name!r} = {ep.value!r} clashes with the method already "
+                "registered under that name; it is ignored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        try:
+            cls = ep.load()
+            register(ep.name)(cls)
+        except Exception as exc:  # noqa: BLE001 - one bad plugin must not hide the others
+            warnings.warn(
+                f"entry point {ep.name!r} = {ep.value!r} could not be loaded: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
-_BUILTIN_ORDER = ("householder", "cwy", "tcwy", "exp", "cayley", "scaled_cayley", "riemannian")
+def maps() -> dict[str, type[OrthogonalMap]]:
+    """The registered maps, name → class: built-ins, then user and plugin maps."""
+    load_entry_points()
+    return dict(_REGISTRY)
 
 
 def available() -> list[str]:
-    """Names of the registered methods: built-ins first, then user maps in registration order."""
-    builtin = [n for n in _BUILTIN_ORDER if n in _REGISTRY]
-    return builtin + [n for n in _REGISTRY if n not in _BUILTIN_ORDER]
+    """Names ``orthogonalize`` accepts: the registered maps, then ``"riemannian"``."""
+    return [*maps(), RIEMANNIAN]
 
 
-def get(name: object) -> type | str:
-    """The class registered under ``name`` (a str for the non-parametrization ``"riemannian"``)."""
-    return _REGISTRY[_checks.choice("method", name, available())]
+def get(name: object) -> type[OrthogonalMap]:
+    """The map class registered under ``name`` (ValueError listing `available` otherwise)."""
+    registered = maps()
+    _checks.choice("method", name, available())
+    if name == RIEMANNIAN:
+        raise ValueError(
+            "method='riemannian' is not a map: it makes the weight itself a manifold "
+            "parameter (orthogonalize handles it); maps: " + ", ".join(registered)
+        )
+    return registered[name]  # type: ignore[index]
 
 
 def methods_serving(shape: Sequence[int], dtype: torch.dtype) -> list[str]:
     """Names of the methods that can serve a weight of this shape and dtype."""
-    out = []
-    for name, cls in _REGISTRY.items():
-        if isinstance(cls, str):
-            if shape[-2] >= shape[-1]:
-                out.append(name)
-        elif cls.serves(shape, dtype):
-            out.append(name)
-    return out
+    out = [name for name, cls in maps().items() if not (cls.real_only and dtype.is_complex)]
+    return out + ([RIEMANNIAN] if shape[-2] >= shape[-1] else [])
+
+
+def represented_dtype(x: torch.Tensor) -> torch.dtype:
+    r"""The coarsest of float32/float64 (complex64/complex128) that holds ``x`` exactly.
+
+    A float64 tensor whose every entry is a float32 number was produced in
+    float32 (e.g. trained in float32, then ``.double()``): Note [Tolerance of
+    right inverses].
+    """
+    if x.dtype in (torch.float64, torch.complex128) and x.device.type != "meta":
+        low = torch.complex64 if x.is_complex() else torch.float32
+        if torch.equal(x.to(low).to(x.dtype), x):
+            return low
+    return x.dtype
 
 
 class OrthogonalMap(nn.Module):
     r"""A smooth map from free parameters onto St(n, m), O(n) or U(n).
 
-    Subclasses implement :meth:`matrix` (original → the tall point, shape
-    (…, n, m) with n ≥ m) and :meth:`inverse` (a tall point → an original), and
-    may override :meth:`operator` (the operator form of ``F.linear``),
-    :meth:`random_original` and :meth:`default_init`. The base class handles
-    wide weights (stored as their transpose), argument checks and the
-    manifold. Constructor keyword arguments are the method's options.
+    Subclasses implement ``matrix`` (original → the tall point, shape (…, n, m)
+    with n ≥ m) and ``inverse`` (a tall point, float64-safe → an original), and
+    may override ``operator`` (the operator form of ``F.linear``) and
+    ``prepare_operator``. The base class handles wide weights (stored as their
+    transpose), argument checks, the manifold and initialisation. The method's
+    options are keyword-only arguments of ``__init__``.
+
+    Capabilities the harness reads are declared on the class: ``formula`` and
+    ``domain`` (text), `flops` (a FLOP model), `has_operator` and
+    `takes_reflections`; ``real_only`` refuses complex weights.
 
     Args:
         shape: shape of the weight, (…, rows, cols).
         dtype: its dtype (float32, float64, complex64 or complex128).
         device: its device.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import CWY
+
+        fmap = CWY((6, 3), torch.float64, reflections=3)
+        v = torch.randn(6, 3, dtype=torch.float64)
+        q = fmap(v)
+        assert torch.allclose(q.mT @ q, torch.eye(3, dtype=torch.float64))
+        assert CWY.has_operator() and CWY.takes_reflections()
+        ```
     """
 
-    method: ClassVar[str] = "?"
+    method: ClassVar[str] = ""
+    formula: ClassVar[str] = ""
+    domain: ClassVar[str] = ""
     real_only: ClassVar[bool] = False
 
     def __init__(
@@ -130,31 +261,44 @@ class OrthogonalMap(nn.Module):
         self.batch = shape[:-2]
         self.is_complex = dtype.is_complex
         self.manifold = manifold_for(shape, self.is_complex)
-        self._pending: torch.Tensor | None = None
+        #: False when ``init="nearest"`` may be out of reach (default init: random)
+        self.reaches_every_point = True
+        self._initial: torch.Tensor | None = None
 
-    # ------------------------------------------------------------------ capability
+    # ------------------------------------------------------------------ capabilities
     @classmethod
-    def serves(cls, shape: Sequence[int], dtype: torch.dtype) -> bool:
-        """Whether this map can represent weights of this shape and dtype."""
-        return not (cls.real_only and dtype.is_complex)
+    def options(cls) -> list[str]:
+        """The method's options: the keyword-only arguments of ``__init__``."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
     @classmethod
-    def option_names(cls) -> list[str]:
-        params = inspect.signature(cls.__init__).parameters
-        return [p for p in params if p not in ("self", "shape", "dtype", "device")]
+    def has_operator(cls) -> bool:
+        """True iff the class has an operator form (it overrides ``operator``)."""
+        return cls.operator is not OrthogonalMap.operator
+
+    @classmethod
+    def takes_reflections(cls) -> bool:
+        """True iff ``reflections`` is one of the method's options."""
+        return "reflections" in cls.options()
+
+    @classmethod
+    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
+        """Forward FLOPs of materializing the tall n×m matrix (NaN: no model)."""
+        return math.nan
 
     # ------------------------------------------------------------------ to implement
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         """The point of the manifold, tall: shape (…, n, m)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement matrix(original)")
 
     def inverse(self, q: torch.Tensor) -> torch.Tensor:
         """An original with ``matrix(original) == q`` (q tall, on the manifold, float64-safe)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement inverse(q)")
 
-    def operator(self, original: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-        """``F.linear(x, W)`` without forming W, or None if the map has no operator form."""
-        return None
+    def operator(self, original: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, W)`` without forming W (maps with an operator form override this)."""
+        return x @ self.forward(original).mT
 
     def prepare_operator(self, original: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """A function x ↦ ``F.linear(x, W)`` for many x with one W (a rollout).
@@ -162,23 +306,13 @@ class OrthogonalMap(nn.Module):
         Note [Factors once per rollout]
         A recurrent rollout applies the same W at every step. Maps whose
         operator form needs per-weight work (CWY's U and S, O(nL²)) override
-        this to do it once; the default calls :meth:`operator` each time and
-        falls back to forming W once when the map has no operator form.
+        this to do it once; the default calls ``operator`` each time, and forms
+        W once when the map has no operator form.
         """
-
-        if type(self).operator is OrthogonalMap.operator:  # no operator form: W once
+        if not self.has_operator():
             w = self.forward(original)
             return lambda x: x @ w.mT
-
-        def apply(x: torch.Tensor) -> torch.Tensor:
-            y = self.operator(original, x)
-            return x @ self.forward(original).mT if y is None else y
-
-        return apply
-
-    def default_init(self) -> str:
-        """The ``init`` used when none is given: the nearest point of the current weight."""
-        return "nearest"
+        return lambda x: self.operator(original, x)
 
     def random_original(self, generator: torch.Generator | None, like: torch.Tensor):
         """An original for ``init="random"``; by default that of a Haar-random point."""
@@ -186,23 +320,83 @@ class OrthogonalMap(nn.Module):
 
     # ------------------------------------------------------------------ parametrize interface
     def forward(self, original: torch.Tensor) -> torch.Tensor:
-        q = self.matrix(original)
+        if original.is_complex() != self.is_complex:
+            raise TypeError(
+                f"the {self.method!r} map was built for {self.manifold!r} "
+                f"({'complex' if self.is_complex else 'real'}) but got a {original.dtype} "
+                "parameter (module.to(a complex dtype) on a real weight, or the reverse, is "
+                "refused); orthogonalize the converted weight afresh"
+            )
+        # Note [Maps compute in float32 or wider]
+        # A bfloat16 Gram matrix is off by 1e-2: autocast must not lower the
+        # map's own products, and float16/bfloat16 parameters (and buffers, after
+        # module.half()) are cast to float32; the result comes back in the
+        # parameter's dtype. Gradients flow through the casts.
+        meta = original.device.type == "meta"  # autocast has no meta device type
+        with nullcontext() if meta else torch.autocast(original.device.type, enabled=False):
+            if original.dtype in LOW:
+                state = {
+                    k: t.float() if t.is_floating_point() else t
+                    for k, t in [*self.named_parameters(), *self.named_buffers()]
+                }
+                q = torch.func.functional_call(self, state, (original.float(),))
+                return q.to(original.dtype)
+            q = self.matrix(original)
         return q.mT if self.transposed else q
 
     def right_inverse(self, value: torch.Tensor) -> torch.Tensor:
         r"""Parameters mapping back to ``value``, a manifold point (any shape the weight has).
 
-        Raises ValueError if ``value`` is off the manifold (giving ‖QᴴQ − I‖_F
-        and pointing to ``projx``) or not reachable with this map's options.
+        Raises:
+            ValueError: ``value`` is off the manifold (giving ‖QᴴQ − I‖_F and
+                pointing to ``projx``) or not reachable with this map's options.
         """
-        if self._pending is not None:  # the value computed by orthogonalize() at registration
-            pending, self._pending = self._pending, None
-            return pending
+        if self._initial is not None:  # inside initialised_with(): Note [Registering ...]
+            return self._initial
         q = self.check_point(value, "value")
-        return self.inverse(q)
+        try:
+            return self.inverse(q.to(work_dtype(q.dtype))).to(
+                dtype=value.dtype, device=value.device
+            )
+        except Unreachable as err:
+            raise ValueError(f"value: {err}") from None
+
+    @contextmanager
+    def initialised_with(self, original: torch.Tensor) -> Iterator[None]:
+        r"""Inside the block, ``right_inverse`` returns ``original`` (used to register).
+
+        Note [Registering with a precomputed original]
+        ``parametrize.register_parametrization`` calls ``right_inverse`` on the
+        current weight, which is in general not on the manifold (a fresh
+        ``nn.Linear``). ``orthogonalize`` computes the original of the initial
+        point first (checking everything before the module is touched) and
+        registers inside this block, so that the one call torch makes returns
+        it. Writing the point into the weight first instead would modify the
+        user's weight before success is known and compute the inverse twice.
+        The block always resets, also when registration fails.
+        """
+        self._initial = original
+        try:
+            yield
+        finally:
+            self._initial = None
 
     def check_point(self, value: object, name: str) -> torch.Tensor:
-        """Check ``value`` (shape, dtype, finite, on the manifold) and return it tall."""
+        r"""Check ``value`` (shape, dtype, finite, on the manifold) and return it tall.
+
+        Note [Tolerance of right inverses]
+        Anything a map produced must be assignable back (geotorch's
+        ``update_base`` pattern, torch's ``module.weight = module.weight``).
+        A map computed in precision p (eps ε) lands within a few n·ε of the
+        manifold, more for large arguments of expm. The point is therefore
+        judged in the precision it is represented in (a float64 tensor whose
+        entries are all float32 numbers came from float32, e.g. through
+        ``.double()`` after training) and accepted when ‖QᴴQ − I‖_F ≤
+        max(100·n·ε, √ε); an accepted point that is not orthonormal to
+        100·n·eps(float64) is replaced by its polar factor computed in float64
+        (the nearest point, a change of the size of the error) before the
+        inverse, so the stored parameters map onto the manifold exactly.
+        """
         value = _checks.tensor(name, value)
         if tuple(value.shape) != self.weight_shape:
             raise ValueError(
@@ -213,15 +407,20 @@ class OrthogonalMap(nn.Module):
                 f"{name} has dtype {value.dtype}; {self.manifold!r} needs a "
                 f"{'complex' if self.is_complex else 'real'} dtype"
             )
-        _checks.finite(name, value)
         q = value.mT if self.transposed else value
-        err = float(orthogonality_error(q.detach()).max()) if q.numel() else 0.0
-        tol = self.manifold.default_atol(value.dtype)
+        if q.device.type == "meta":
+            return q
+        _checks.finite(name, value)
+        err = float(orthogonality_error(high(q.detach())).max()) if q.numel() else 0.0
+        eps = torch.finfo(represented_dtype(value.detach())).eps
+        tol = max(100 * self.n * eps, math.sqrt(eps))
         if not err <= tol:
             raise ValueError(
                 f"{name} is not on {self.manifold!r}: ‖QᴴQ − I‖_F = {err:.3e} > {tol:.3e}; "
                 f"use manifold.projx(Q) (the nearest point) first"
             )
+        if err > 100 * self.n * torch.finfo(torch.float64).eps:
+            q = polar(high(q.detach())).to(work_dtype(q.dtype))
         return q
 
     def _haar(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -230,9 +429,28 @@ class OrthogonalMap(nn.Module):
         return q.to(device=like.device)
 
     def initial(
-        self, weight: torch.Tensor, init: str, generator: torch.Generator | None
+        self, weight: torch.Tensor, init: str | None, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """The original for ``init`` ("nearest", "haar", "identity" or "random") and ``weight``."""
+        """The original for ``init`` ("nearest", "haar", "identity", "random") and ``weight``.
+
+        ``init=None`` is "nearest" when the map reaches every point, else "random".
+
+        Note [Initialisation in the weight's precision]
+        The point is computed in the weight's own precision (a float32 weight:
+        polar factor and reflections in float32, half the time of float64 at
+        n = 4096): the stored original is rounded to that precision anyway, and
+        the map's output is then orthonormal to a few n·eps of it.
+        """
+        if init is None:
+            init = "nearest" if self.reaches_every_point else "random"
+        weight = weight.detach().to(work_dtype(weight.dtype))
+        if weight.device.type == "meta":
+            # Note [Meta weights]: no values exist; the identity's original (computed on the
+            # CPU, its shape and the buffers' layout are all that is kept) stands in. After
+            # module.to_empty(device=...), assign a point: module.weight = Q (e.g.
+            # torch.nn.init.orthogonal_(torch.empty(shape))), which resets every buffer.
+            eye = torch.eye(self.n, self.m, dtype=weight.dtype).expand(*self.batch, self.n, self.m)
+            return self.inverse(eye).to("meta")
         if init == "random":
             return self.random_original(generator, weight)
         if init == "haar":
@@ -241,9 +459,7 @@ class OrthogonalMap(nn.Module):
             q = torch.eye(self.n, self.m, dtype=weight.dtype, device=weight.device)
             q = q.expand(*self.batch, self.n, self.m)
         else:
-            w = weight.detach().mT if self.transposed else weight.detach()
-            hi = torch.complex128 if self.is_complex else torch.float64
-            q = polar(w.to(hi)).to(weight.dtype)
+            q = polar(weight.mT if self.transposed else weight)
         try:
             return self.inverse(q)
         except Unreachable as err:

@@ -11,10 +11,10 @@ orthogonal or unitary matrix, so they cost O(N³) whatever M is (prefer
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..manifolds._checks import int_in_range
 from . import kernels
+from ._diagonal import SignPhaseDiagonal
 from ._inverse import Unreachable, cayley_scaling, complete
 from .base import OrthogonalMap, high, register
 
@@ -32,9 +32,24 @@ class _Based(OrthogonalMap):
     differential of f is the identity). ``right_inverse`` therefore re-bases:
     it stores B (the target, completed to N×N if needed) and returns A = 0.
     B is a persistent buffer, saved in the ``state_dict``.
+
+    Note [Changing the dtype of a based map]
+    ``module.to(dtype)`` converts B like any buffer. Down to float16/bfloat16
+    the stored weight stays within √m·eps of that dtype (B is used in float32,
+    Note [Maps compute in float32 or wider]); up (e.g. ``.double()`` of a
+    float32 module) B keeps its float32 rounding, ~1e-6 off in float64, until
+    ``module.weight = module.weight`` re-stores it (accepted as the float32
+    point it is, Note [Tolerance of right inverses], then projected in float64).
+    The reflection maps have no such buffer: any V maps onto the manifold.
     """
 
     base_columns_full = True
+    formula = "n³"
+
+    @classmethod
+    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
+        """8n³/3 + 2n³: one LU solve of (I + A) against an n×n right-hand side."""
+        return 8 * n**3 / 3 + 2 * n**3
 
     def __init__(self, shape, dtype: torch.dtype, device: torch.device | str | None = None):
         super().__init__(shape, dtype, device)
@@ -55,15 +70,23 @@ class Exp(_Based):
 
     O(n³) per call (``torch.linalg.matrix_exp``), also on St(n, m).
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import orthogonalize
 
-        >>> import torch
-        >>> from stiefel.parametrizations import orthogonalize
-        >>> q = -torch.eye(3, dtype=torch.float64)          # det −1, not reachable by expm
-        >>> w = orthogonalize(q.clone(), method="exp")
-        >>> bool(torch.allclose(w(), q))
-        True
+        q = -torch.eye(3, dtype=torch.float64)  # det −1, not reachable by expm alone
+        w = orthogonalize(q.clone(), method="exp")
+        assert torch.allclose(w(), q)
+        ```
     """
+
+    domain = "O(n) with the base buffer"
+
+    @classmethod
+    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
+        """24n³: about 12 n×n products (Padé degree 13 and squarings)."""
+        return 24.0 * n**3
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.exp_map(kernels.skew_from_raw(original), self.base, self.m)
@@ -75,23 +98,25 @@ class Cayley(_Based):
 
     O(n³) per call, also on St(n, m) (B then has m columns).
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import orthogonalize
 
-        >>> import torch
-        >>> from stiefel.parametrizations import orthogonalize
-        >>> w = orthogonalize(torch.randn(5, 3, dtype=torch.complex128), method="cayley")
-        >>> w.manifold
-        Stiefel(n=5, m=3, complex=True, metric='euclidean')
+        w = orthogonalize(torch.randn(5, 3, dtype=torch.complex128), method="cayley")
+        assert (w.manifold.n, w.manifold.m) == (5, 3)
+        ```
     """
 
     base_columns_full = False
+    domain = "O(n) without eigenvalue −1 (base buffer)"
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.cayley_map(kernels.skew_from_raw(original), self.base)
 
 
 @register("scaled_cayley")
-class ScaledCayley(OrthogonalMap):
+class ScaledCayley(SignPhaseDiagonal, OrthogonalMap):
     r"""W = ((I + A)⁻¹(I − A)·D)[:, :m]: scoRNN (real) and scuRNN (complex).
 
     Real: D = diag(±1) is a fixed buffer. With ``negatives=ρ`` it holds ρ
@@ -103,22 +128,28 @@ class ScaledCayley(OrthogonalMap):
     gradient is the closed form of Theorem 2 of the scaled Cayley paper,
     ∂L/∂θ = 2 Re(i((∂L/∂W)ᵀK) ⊙ I)d, K = (I + A)⁻¹(I − A). O(n³) per call.
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import orthogonalize
 
-        >>> import torch
-        >>> from stiefel.parametrizations import orthogonalize
-        >>> w = orthogonalize(torch.eye(4), method="scaled_cayley", negatives=2, init="random")
-        >>> w.parametrizations.weight[0].scaling
-        tensor([ 1.,  1., -1., -1.])
-        >>> bool(torch.allclose(w() @ w().T, torch.eye(4), atol=1e-6))
-        True
+        w = orthogonalize(torch.eye(4), method="scaled_cayley", negatives=2, init="random")
+        assert w.map.scaling.tolist() == [1.0, 1.0, -1.0, -1.0]
+        assert torch.allclose(w() @ w().T, torch.eye(4), atol=1e-6)
+        ```
     """
+
+    diagonal_buffer = "scaling"
+    formula = "n³"
+    domain = "O(n) with D = diag(±1)"
+    flops = Cayley.flops
 
     def __init__(
         self,
         shape,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        *,
         negatives: int | None = None,
     ):
         super().__init__(shape, dtype, device)
@@ -131,18 +162,10 @@ class ScaledCayley(OrthogonalMap):
             int_in_range("negatives", negatives, 0, self.m, none_ok=True)
         self.negatives = negatives
         real = torch.empty((), dtype=dtype).real.dtype
-        if self.is_complex:
-            self.phases = nn.Parameter(torch.zeros(*self.batch, self.m, dtype=real, device=device))
-        else:
-            d = torch.ones(*self.batch, self.m, dtype=real, device=device)
-            if negatives:
-                d[..., self.m - negatives :] = -1
-            self.register_buffer("scaling", d)
-
-    def diagonal(self) -> torch.Tensor:
-        if self.is_complex:
-            return torch.polar(torch.ones_like(self.phases), self.phases)
-        return self.scaling
+        d = torch.ones(*self.batch, self.m, dtype=real, device=device)
+        if negatives:
+            d[..., self.m - negatives :] = -1
+        self._init_diagonal(d)
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.scaled_cayley_map(kernels.skew_from_raw(original), self.diagonal())
@@ -167,7 +190,7 @@ class ScaledCayley(OrthogonalMap):
         p = complete(high(q))
         d = cayley_scaling(p)
         if self.negatives is not None:
-            d[..., : self.m] = self.scaling.to(d.dtype).cpu().to(d.device)
+            d[..., : self.m] = self.scaling.to(device=d.device, dtype=d.dtype)
         eye = torch.eye(self.n, dtype=p.dtype)
         k = p * d.conj().unsqueeze(-2)  # K = P D⁻¹
         a, info = torch.linalg.solve_ex(eye + k, eye - k)
@@ -182,11 +205,7 @@ class ScaledCayley(OrthogonalMap):
                 f"the point is not reachable with negatives={self.negatives} (I + QD⁻¹ is "
                 f"singular or ill-conditioned; error {err:.3e}); use negatives=None"
             )
-        with torch.no_grad():
-            if self.is_complex:
-                self.phases.copy_(torch.angle(d[..., : self.m]))
-            else:
-                self.scaling.copy_(d[..., : self.m].real)
+        self.set_diagonal(d[..., : self.m])
         return raw.to(dtype=q.dtype, device=q.device)
 
     def extra_repr(self) -> str:

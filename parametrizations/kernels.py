@@ -9,16 +9,16 @@ Notation: the reflection H(v) = I − 2vvᴴ/‖v‖²; V = [v₁ … v_L] of sh
 phases (complex) and E_d = [diag(d); 0] of shape (n, m). Every reflection map
 here is Q = H(v₁)⋯H(v_L)·E_d, which lies on St(n, m) (O(n) or U(n) if m = n).
 
-Example::
+Example:
+    ```python
+    import torch
+    from stiefel.parametrizations import kernels
 
-    >>> import torch
-    >>> from stiefel.parametrizations import kernels
-    >>> v = torch.randn(6, 6, dtype=torch.float64)
-    >>> q = kernels.cwy_matrix(v)
-    >>> bool(torch.allclose(q, kernels.householder_matrix(v)))
-    True
-    >>> bool(torch.allclose(q.mT @ q, torch.eye(6, dtype=torch.float64)))
-    True
+    v = torch.randn(6, 6, dtype=torch.float64)
+    q = kernels.cwy_matrix(v)
+    assert torch.allclose(q, kernels.householder_matrix(v))
+    assert torch.allclose(q.mT @ q, torch.eye(6, dtype=torch.float64))
+    ```
 """
 
 from __future__ import annotations
@@ -94,12 +94,15 @@ def cwy_matrix(
 def tcwy_matrix(v: torch.Tensor, m: int, d: torch.Tensor | None = None) -> torch.Tensor:
     r"""T-CWY γ(V) = [I; 0] − U S⁻¹ U₁ᴴ on St(n, m) (with phases: E_d − U S⁻¹ U₁ᴴ diag(d)).
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations.kernels import tcwy_matrix
 
-        >>> import torch
-        >>> q = tcwy_matrix(torch.randn(100, 4, dtype=torch.float64), 4)
-        >>> q.shape, bool(torch.allclose(q.mT @ q, torch.eye(4, dtype=torch.float64)))
-        (torch.Size([100, 4]), True)
+        q = tcwy_matrix(torch.randn(100, 4, dtype=torch.float64), 4)
+        assert q.shape == (100, 4)
+        assert torch.allclose(q.mT @ q, torch.eye(4, dtype=torch.float64))
+        ```
     """
     return cwy_matrix(v, d, m)
 
@@ -114,7 +117,7 @@ def cwy_factors(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     r"""(U, S): the column-normalised reflection vectors and S = ½I + striu(UᴴU).
 
     These are all the per-weight work of the operator form; computing them once
-    per rollout and calling :func:`cwy_linear_factored` at every step costs
+    per rollout and calling `cwy_linear_factored` at every step costs
     O(nL) per vector instead of O(nL²) (Note [Factors once per rollout]).
     """
     u = normalize_columns(v)
@@ -203,8 +206,8 @@ def cwy_linear(
 ) -> torch.Tensor:
     r"""``F.linear(x, W)`` for W = (I − US⁻¹Uᴴ)E_d (or Wᵀ if ``transposed``), W never formed.
 
-    One call: the factors of :func:`cwy_factors` are recomputed (O(nL²)); a
-    rollout should compute them once and call :func:`cwy_linear_factored`.
+    One call: the factors of `cwy_factors` are recomputed (O(nL²)); a
+    rollout should compute them once and call `cwy_linear_factored`.
     """
     u, s = cwy_factors(v)
     return cwy_linear_factored(u, s, x, d, transposed)
@@ -258,7 +261,7 @@ def skew_from_raw(x: torch.Tensor) -> torch.Tensor:
 
 
 def raw_from_skew(a: torch.Tensor) -> torch.Tensor:
-    """Right inverse of :func:`skew_from_raw`: the upper triangle of A, imaginary diagonal."""
+    """Right inverse of `skew_from_raw`: the upper triangle of A, imaginary diagonal."""
     x = torch.triu(a, 1)
     if a.is_complex():
         x = x + torch.diag_embed(1j * torch.diagonal(a, dim1=-2, dim2=-1).imag)

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from ..manifolds._checks import int_in_range
 from . import kernels
+from ._diagonal import SignPhaseDiagonal
 from ._householder import DEFAULT_BLOCK
 from ._inverse import reflections_from_point
 from .base import OrthogonalMap, high, register
@@ -28,82 +28,57 @@ from .base import OrthogonalMap, high, register
 __all__ = ["Householder", "CWY", "TCWY"]
 
 
-class _Reflections(OrthogonalMap):
-    r"""Shared state of the reflection maps: the sign buffer or the phase parameter.
-
-    Note [Signs live in a buffer, phases in a parameter]
-    With L = n reflections on O(n) the determinant is (−1)^n·Π dᵢ, so no
-    continuous change of V can flip it; Theorem 1 of the Householder paper
-    reaches det −1 through H₁(±1). Here the signs d are a non-trainable buffer
-    set by ``right_inverse``: stored inside a trainable tensor (as torch's
-    householder map stores them in the diagonal of its parameter), weight decay
-    shrinks them and eventually flips the matrix to another component. For
-    U(n) the determinant is a continuous phase, so, as in §4.3 of the paper, the
-    phases θ are trainable parameters (weight decay moves θ continuously, it
-    cannot make the map degenerate). Complex T-CWY needs them too: a complex
-    reflection maps x to y only when xᴴy is real, so without phases the first
-    entry of every column of Q would be real.
+class _Reflections(SignPhaseDiagonal, OrthogonalMap):
+    r"""Shared state of the reflection maps: V (the original) and the sign/phase diagonal.
 
     Note [How many reflections reach every point]
     Householder elimination writes every point of St(n, m) as m reflections
-    times [diag(d); 0] (Note [Stable reflections for the right inverse]); a
-    square matrix needs L = n (the last one is the H₁ sign). With fewer, the
-    image is a lower-dimensional set: ``init`` defaults to random reflections
-    and ``right_inverse`` raises ValueError for a point outside it. With more
-    than m on St(n, m) the extra ones act on the last n − m rows only.
+    times [diag(d); 0] (Note [Reflections from LAPACK's QR]); a square matrix
+    needs L = n (the last one is the H₁ sign). With fewer, the image is a
+    lower-dimensional set: ``init`` defaults to random reflections and
+    ``right_inverse`` raises ValueError for a point outside it. With more than
+    m on St(n, m) the extra ones act on the last n − m rows only. Complex
+    T-CWY needs the phases (Note [Signs live in a buffer, phases in a
+    parameter]): a complex reflection maps x to y only when xᴴy is real, so
+    without them the first entry of every column of Q would be real.
     """
+
+    domain = "O_L(n); O(n) at L = n"
 
     def __init__(
         self,
         shape,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        *,
         reflections: int | None = None,
     ):
         super().__init__(shape, dtype, device)
-        self.full = self.m
         if reflections is None:
-            reflections = self.full
+            reflections = self.m
         int_in_range("reflections", reflections, 1, self.n, where=f" for {self.manifold!r}")
         self.reflections = reflections
+        self.reaches_every_point = reflections >= self.m
         real = torch.empty((), dtype=dtype).real.dtype
-        if self.is_complex:
-            self.phases = nn.Parameter(torch.zeros(*self.batch, self.m, dtype=real, device=device))
-        else:
-            self.register_buffer(
-                "signs", torch.ones(*self.batch, self.m, dtype=real, device=device)
-            )
-
-    def diagonal(self) -> torch.Tensor:
-        """d: the signs (real) or e^{iθ} (complex), shape (…, m)."""
-        if self.is_complex:
-            return torch.polar(torch.ones_like(self.phases), self.phases)
-        return self.signs
-
-    def default_init(self) -> str:
-        return "nearest" if self.reflections >= self.full else "random"
+        self._init_diagonal(torch.ones(*self.batch, self.m, dtype=real, device=device))
 
     def random_original(self, generator: torch.Generator | None, like: torch.Tensor):
+        """Random unit-variance reflection vectors and d = 1 (``init="random"``)."""
         shape = (*self.batch, self.n, self.reflections)
         v = torch.randn(shape, generator=generator, dtype=like.dtype, device="cpu")
-        self._set_diagonal(torch.ones(*self.batch, self.m, dtype=torch.float64))
+        self.set_diagonal(torch.ones(*self.batch, self.m, dtype=torch.float64))
         return v.to(like.device)
 
-    def _set_diagonal(self, d: torch.Tensor) -> None:
-        with torch.no_grad():
-            if self.is_complex:
-                self.phases.copy_(torch.angle(d) if d.is_complex() else torch.zeros_like(d))
-            else:
-                self.signs.copy_(d.real)
-
     def inverse(self, q: torch.Tensor) -> torch.Tensor:
+        # full: the point's own precision (Note [Initialisation in the weight's precision]);
+        # fewer reflections: rank decisions need float64
         v, d = reflections_from_point(
-            high(q).cpu(),
+            q if self.reaches_every_point else high(q),
             self.reflections,
             self.tolerance(q.dtype),
-            diagonal=high(self.diagonal().detach()).cpu(),
+            diagonal=None if self.reaches_every_point else high(self.diagonal().detach()),
         )
-        self._set_diagonal(d)
+        self.set_diagonal(d)
         return v.to(dtype=q.dtype, device=q.device)
 
     def extra_repr(self) -> str:
@@ -120,28 +95,38 @@ class Householder(_Reflections):
     default m, i.e. n on O(n)/U(n)) trades capacity for speed; ``linear`` applies
     Q to a batch of vectors in O(nL) without forming it.
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import orthogonalize
 
-        >>> import torch
-        >>> from stiefel.parametrizations import orthogonalize
-        >>> w = orthogonalize(torch.randn(8, 8, dtype=torch.float64), method="householder")
-        >>> q = w()
-        >>> bool(torch.allclose(q.mT @ q, torch.eye(8, dtype=torch.float64)))
-        True
+        w = orthogonalize(torch.randn(8, 8, dtype=torch.float64), method="householder")
+        q = w()
+        assert torch.allclose(q.mT @ q, torch.eye(8, dtype=torch.float64))
+        ```
     """
+
+    formula = "L n² (L sequential reflections)"
 
     def __init__(
         self,
         shape,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        *,
         reflections: int | None = None,
         block: int = DEFAULT_BLOCK,
     ):
-        super().__init__(shape, dtype, device, reflections)
+        super().__init__(shape, dtype, device, reflections=reflections)
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"block={block!r} is not allowed; allowed: a positive int")
         self.block = block
+
+    @classmethod
+    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
+        """4·n·m·L: L reflections applied to the n×m matrix [diag(d); 0]."""
+        L = m if reflections is None else reflections
+        return 4.0 * n * m * L
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.householder_matrix(original, self.diagonal(), self.m, self.block)
@@ -159,15 +144,24 @@ class CWY(_Reflections):
     weight it is the truncated form T-CWY and never forms an n×n matrix.
     ``linear`` is the rollout form of §3.1 (u = Uᴴh, v = S⁻¹u, h − Uv), O(nL).
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import orthogonalize
 
-        >>> import torch
-        >>> from stiefel.parametrizations import orthogonalize
-        >>> lin = orthogonalize(torch.nn.Linear(6, 6), method="cwy")
-        >>> w = lin.weight
-        >>> bool(torch.allclose(w @ w.mT, torch.eye(6), atol=1e-5))
-        True
+        lin = orthogonalize(torch.nn.Linear(6, 6), method="cwy")
+        w = lin.weight
+        assert torch.allclose(w @ w.mT, torch.eye(6), atol=1e-5)
+        ```
     """
+
+    formula = "L n² + L² n + L³ (GEMMs + triangular solve)"
+
+    @classmethod
+    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
+        """2·n·m·L + 3·n·L² + L³/3: UᴴU, the triangular solve and U·(S⁻¹U₁ᴴ)."""
+        L = m if reflections is None else reflections
+        return 2.0 * n * m * L + 3.0 * n * L * L + L**3 / 3
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.cwy_matrix(original, self.diagonal(), self.m)
@@ -190,11 +184,15 @@ class TCWY(CWY):
     diagonal (Note [Signs live in a buffer, phases in a parameter]). On a
     square weight it coincides with ``cwy``.
 
-    Example::
+    Example:
+        ```python
+        import torch
+        from stiefel.parametrizations import orthogonalize
 
-        >>> import torch
-        >>> from stiefel.parametrizations import orthogonalize
-        >>> w = orthogonalize(torch.randn(1000, 3), method="tcwy")
-        >>> w.manifold, tuple(w().shape)
-        (Stiefel(n=1000, m=3, metric='euclidean'), (1000, 3))
+        w = orthogonalize(torch.randn(1000, 3), method="tcwy")
+        assert tuple(w().shape) == (1000, 3) and w.manifold.m == 3
+        ```
     """
+
+    formula = "N M² + M³ (GEMMs + triangular solve, never N×N)"
+    domain = "St(N, M)"

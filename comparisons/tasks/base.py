@@ -1,9 +1,32 @@
-"""The task interface shared by the harness."""
+"""The task interface and the task registry of the harness.
+
+A task registers under a name with `register`; its options are the
+keyword arguments of its ``__init__`` after ``dtype``, ``device`` and ``seed``
+(with those of its base classes when it passes ``**kw`` on), so the command
+line (``--task-option k=v``) and TOML configs reach them with no other edit.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import torch
 from torch import nn
+
+__all__ = ["Task", "register", "available", "get", "options", "make", "check_options"]
+
+_TASKS: dict[str, type[Task]] = {}
+_FIXED = ("self", "dtype", "device", "seed")
+T = TypeVar("T", bound=type)
+
+
+def positive_int(task: str, name: str, value: Any) -> int:
+    """``value`` as an int >= 1, or ValueError naming the task and option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"task {task!r}: {name}={value!r}; allowed: an integer >= 1")
+    return value
 
 
 class Task:
@@ -11,7 +34,9 @@ class Task:
 
     Subclasses build a model for a strategy, give its loss for a training step,
     the constrained matrix (for drift), and where known the optimum and the
-    baseline of the loss.
+    baseline of the loss (a run that ends above the baseline did no better than
+    chance) and ``chance`` levels of held-out metrics (a run at or below them
+    failed).
     """
 
     name = "task"
@@ -19,6 +44,8 @@ class Task:
     kind = "matrix"
     optimum: float | None = None
     baseline: float | None = None
+    #: held-out metrics at chance level, e.g. {"test_accuracy": 0.1}
+    chance: dict[str, float] = {}
 
     def __init__(self, dtype: torch.dtype, device: torch.device, seed: int):
         self.dtype, self.device, self.seed = dtype, device, seed
@@ -41,3 +68,98 @@ class Task:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Held-out metrics (accuracy, test loss); empty by default."""
         return {}
+
+    def describe(self) -> dict[str, Any]:
+        """The option values of this instance (for reports)."""
+        return {k: getattr(self, k) for k in options(self.name) if hasattr(self, k)}
+
+
+def register(name: str) -> Callable[[T], T]:
+    """Class decorator registering a `Task` subclass under ``name``.
+
+    Example:
+        ```python
+        from stiefel.comparisons import tasks
+
+        assert "procrustes" in tasks.available()
+        assert tasks.options("procrustes")["n"] == 32
+        ```
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"task name={name!r}; allowed: a Python identifier string")
+
+    def decorator(cls: T) -> T:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"task {name!r}: {cls!r} is not a Task subclass")
+        if name in _TASKS and _TASKS[name] is not cls:
+            raise ValueError(f"task {name!r} is already registered ({_TASKS[name]!r})")
+        cls.name = name
+        _TASKS[name] = cls
+        return cls
+
+    return decorator
+
+
+def available() -> list[str]:
+    """Sorted names of the registered tasks."""
+    return sorted(_TASKS)
+
+
+def get(name: str) -> type[Task]:
+    """The task class registered as ``name`` (ValueError listing the tasks)."""
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; available: {', '.join(available())}")
+    return _TASKS[name]
+
+
+def options(name: str) -> dict[str, Any]:
+    """The options of task ``name`` and their defaults, read from the signatures.
+
+    Walks the class's ``__init__`` and, while it takes ``**kw``, its bases'.
+    """
+    out: dict[str, Any] = {}
+    for klass in get(name).__mro__:
+        if "__init__" not in vars(klass) or klass is Task:
+            continue
+        params = inspect.signature(klass.__init__).parameters
+        for p in params.values():
+            if p.name in _FIXED or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            out.setdefault(p.name, None if p.default is p.empty else p.default)
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            break
+    return out
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool) or (isinstance(value, str) and isinstance(default, str))
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, (str, bool))  # e.g. operator: bool | "auto"
+    return True
+
+
+def check_options(name: str, given: dict[str, Any]) -> None:
+    """ValueError for an option task ``name`` does not take, TypeError for a wrong type."""
+    known = options(name)
+    listing = ", ".join(f"{k}={v!r}" for k, v in known.items())
+    for k, v in given.items():
+        if k not in known:
+            raise ValueError(f"task {name!r}: unknown option {k!r}; its options: {listing}")
+        if not _type_ok(v, known[k]):
+            raise TypeError(
+                f"task {name!r}: option {k}={v!r} ({type(v).__name__}); "
+                f"allowed: a {type(known[k]).__name__} like the default {known[k]!r}"
+            )
+
+
+def make(name: str, dtype: torch.dtype, device: torch.device, seed: int, **opts: Any) -> Task:
+    """Instantiate the task ``name`` with its options (checked against its signature)."""
+    check_options(name, opts)
+    return get(name)(dtype, device, seed, **opts)

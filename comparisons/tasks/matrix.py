@@ -7,7 +7,7 @@ from torch import nn
 
 from ...manifolds import kernels
 from ...parametrizations import orthogonalize
-from .base import Task
+from .base import Task, positive_int, register
 
 
 class _MatrixModel(nn.Module):
@@ -24,9 +24,10 @@ class _MatrixTask(Task):
 
     def __init__(self, dtype, device, seed, n: int = 32, m: int | None = None):
         super().__init__(dtype, device, seed)
-        self.n, self.m = n, (n if m is None else m)
-        if not 1 <= self.m <= self.n:
-            raise ValueError(f"m={self.m} must satisfy 1 <= m <= n={self.n}")
+        self.n = positive_int(self.name, "n", n)
+        self.m = n if m is None else positive_int(self.name, "m", m)
+        if self.m > self.n:
+            raise ValueError(f"task {self.name!r}: m={self.m}; allowed: 1 <= m <= n={self.n}")
 
     def _randn(self, *shape) -> torch.Tensor:
         return torch.randn(*shape, dtype=self.dtype, generator=self.generator).to(self.device)
@@ -36,6 +37,7 @@ class _MatrixTask(Task):
         return _MatrixModel(x0.to(self.device), method, method_options)
 
 
+@register("procrustes")
 class Procrustes(_MatrixTask):
     r"""min ½‖XP − R‖²_F / k over St(n, m) (O(n) when m = n), P ∈ 𝔽^{m×k}, R ∈ 𝔽^{n×k}.
 
@@ -45,10 +47,9 @@ class Procrustes(_MatrixTask):
     model starts there.
     """
 
-    name = "procrustes"
-
     def __init__(self, dtype, device, seed, n: int = 32, m: int | None = None, k: int = 64):
         super().__init__(dtype, device, seed, n, m)
+        k = positive_int(self.name, "k", k)
         self.p = self._randn(self.m, k)
         truth = kernels.haar(self.n, self.m, dtype=self.dtype, generator=self.generator)
         self.r = truth.to(self.device) @ self.p + 0.5 * self._randn(self.n, k)
@@ -72,6 +73,7 @@ class Procrustes(_MatrixTask):
         return self._value(model())
 
 
+@register("brockett")
 class Brockett(_MatrixTask):
     r"""min Re tr(XᴴAXD) over St(n, m): A Hermitian, D = diag(m, m−1, …, 1)/m.
 
@@ -80,8 +82,6 @@ class Brockett(_MatrixTask):
     Σ_i d_i λ_i with the λ ascending. With m = n this is the full
     eigendecomposition; with m < n it is PCA of −A.
     """
-
-    name = "brockett"
 
     def __init__(self, dtype, device, seed, n: int = 32, m: int | None = None):
         super().__init__(dtype, device, seed, n, m)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import LSTMBaseline, OrthogonalRNN
-from .base import Task
+from .base import Task, positive_int, register
 
 
 class _SequenceTask(Task):
@@ -28,7 +28,9 @@ class _SequenceTask(Task):
         nonpositive_bias: bool = False,
     ):
         super().__init__(dtype, device, seed)
-        self.n, self.batch, self.operator = n, batch, operator
+        self.n = positive_int(self.name, "n", n)
+        self.batch = positive_int(self.name, "batch", batch)
+        self.operator = operator
         self.nonpositive_bias = nonpositive_bias
 
     @property
@@ -61,6 +63,7 @@ class _SequenceTask(Task):
         return None if mod is None else mod()
 
 
+@register("copying")
 class Copying(_SequenceTask):
     r"""The copying memory task (Arjovsky et al. 2016).
 
@@ -70,13 +73,12 @@ class Copying(_SequenceTask):
     blanks and then random symbols gives the baseline 10·log 8 / (T + 20).
     """
 
-    name = "copying"
     n_in = 10
     n_out = 10
 
     def __init__(self, dtype, device, seed, n: int = 64, batch: int = 64, T: int = 100, **kw):
         super().__init__(dtype, device, seed, n=n, batch=batch, **kw)
-        self.T = T
+        self.T = positive_int(self.name, "T", T)
         self.baseline = 10 * math.log(8) / (T + 20)
 
     def sample(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +97,7 @@ class Copying(_SequenceTask):
         return F.cross_entropy(logits.reshape(-1, 10), y.reshape(-1))
 
 
+@register("adding")
 class Adding(_SequenceTask):
     r"""The adding problem (Hochreiter & Schmidhuber 1997, as in Helfrich et al. 2018).
 
@@ -103,13 +106,14 @@ class Adding(_SequenceTask):
     values. Always answering 1 gives the baseline MSE 1/6 ≈ 0.167.
     """
 
-    name = "adding"
     n_in = 2
     n_out = 1
     baseline = 1 / 6
 
     def __init__(self, dtype, device, seed, n: int = 64, batch: int = 64, T: int = 100, **kw):
         super().__init__(dtype, device, seed, n=n, batch=batch, **kw)
+        if positive_int(self.name, "T", T) < 2:
+            raise ValueError(f"task 'adding': T={T}; allowed: an integer >= 2")
         self.T = T
 
     def sample(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +133,7 @@ class Adding(_SequenceTask):
         return F.mse_loss(model(x), y)
 
 
+@register("digits")
 class Digits(_SequenceTask):
     """Pixel-by-pixel classification of scikit-learn's bundled 8×8 digits (64 steps).
 
@@ -137,7 +142,6 @@ class Digits(_SequenceTask):
     Real data that is available offline.
     """
 
-    name = "digits"
     n_in = 1
     n_out = 10
 
@@ -160,6 +164,8 @@ class Digits(_SequenceTask):
         self.x_train, self.y_train = x[train, :, None].to(device), y[train].to(device)
         self.x_test, self.y_test = x[test, :, None].to(device), y[test].to(device)
         self.baseline = math.log(10)
+        self.chance = {"test_accuracy": 0.1}
+        self.permute = permute
 
     def loss(self, model: nn.Module, step: int) -> torch.Tensor:
         idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)

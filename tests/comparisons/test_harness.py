@@ -153,7 +153,11 @@ def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
     assert "### copying" in md and "lstm+rmsprop" in md and "### brockett" in md
 
 
-def test_complexity_subcommand(tmp_path):
+def test_complexity_subcommand(tmp_path, monkeypatch):
+    from stiefel.comparisons import complexity
+
+    monkeypatch.setattr(complexity, "FIT_MIN_N", 8)  # fit these tiny sizes for the test
+    monkeypatch.setattr(complexity, "FIT_MIN_STEP_N", 32)
     cfg = tmp_path / "cx.toml"
     cfg.write_text("[complexity]\nlimits = { exp = 8, landing = 32 }\n")
     cli.main(
@@ -189,14 +193,20 @@ def test_complexity_subcommand(tmp_path):
     assert _is_png(tmp_path / "complexity_maps.png")
     md = (tmp_path / "complexity.md").read_text()
     assert "exponent fwd+bwd" in md and "CWY paper Table 2" in md
-    assert "Fitted exponents within 0.3 of the FLOP model's: maps " in md
+    assert "Fitted exponents within 0.3 of the FLOP model's (maps" in md
+    # every registered map and every riemannian optimizer × variant is measured
+    from stiefel.comparisons import registry
+
+    assert methods == set(registry.maps())
+    assert {r["optimizer"] for r in data["optimizer_steps"]} >= set(registry.optimizer_steps())
     # the FLOP model of a reflection map is homogeneous of degree 3 in n at fixed L/n
     cwy = _table_row(md, "| method |", "| cwy | L = 0.5·n")
     assert cwy["model exponent"] == "3" and cwy["fitted over n"] == "8–16"
+    assert cwy["serial complexity"] == registry.map_info("cwy").formula
     assert float(cwy["peak fwd+bwd [MiB]"]) > 0
     landing = _table_row(md, "| optimizer |", "| landing")
     assert landing["exponent in N"] == landing["model exponent"] == "–"  # one size
-    assert landing["fitted over N"] == "32" and float(landing["peak [MiB]"]) > 0
+    assert landing["fitted over N"] == "–" and float(landing["peak [MiB]"]) > 0
     report = cli.main(["report", "--out", str(tmp_path)])
     assert report == 0 and "## Complexity" in (tmp_path / "report.md").read_text()
 
@@ -226,11 +236,11 @@ def test_fit_exponent_matches_a_least_squares_reference():
     [
         (
             ["--fractions", "1.5"],
-            r"fractions=\[1.5\]; allowed: a non-empty list of L/n in \(0, 1\]",
+            r"fractions\[0\]=1.5; allowed: L/n in \(0, 1\]",
         ),
-        (["--sizes", "1", "4"], r"sizes=\[1, 4\]; allowed: a non-empty list of integers >= 2"),
+        (["--sizes", "1", "4"], r"sizes\[0\]=1; allowed: an integer >= 2"),
         (["--repeats", "0"], r"repeats=0; allowed: an integer >= 1"),
-        (["--shapes", "4x8"], r"shapes: \[4, 8\]; allowed: \[N, M\] with integers N >= M >= 1"),
+        (["--shapes", "4x8"], r"shapes\[0\]=\[4, 8\]; allowed: \[N, M\] with integers N >= M >= 1"),
     ],
 )
 def test_complexity_bad_options_name_the_option(tmp_path, argv, message):
@@ -251,10 +261,10 @@ def test_complexity_bad_options_name_the_option(tmp_path, argv, message):
             "[complexity]\nsize = [8]\n",
             r"unknown option 'size' in \[complexity\]; available: .*sizes",
         ),
-        ("step = 3\n", r"unknown option 'step'; available: .*steps"),
+        ("step = 3\n", r"unknown option or table 'step'; options: .*steps"),
         (
             "[convergance]\nsteps = 3\n",
-            r"unknown table \[convergance\]; available: drift, convergence",
+            r"unknown option or table 'convergance'; .*tables: drift, convergence",
         ),
     ],
 )
@@ -279,29 +289,31 @@ def test_report_without_results_says_so(tmp_path):
 
 def test_parallel_jobs_give_the_serial_numbers(tmp_path):
     """``jobs=2`` runs in worker processes and returns the serial runs, in order."""
-    from stiefel.comparisons.sections import run_grid
+    from stiefel.comparisons.config import resolve
+    from stiefel.comparisons.grid import run_grid
+    from stiefel.comparisons.store import RunStore
 
-    opts = dict(
+    flags = dict(
         tasks=["procrustes"],
         strategies=["cwy+adam", "riemannian+rgd"],
         dtypes=["float64"],
         seeds=2,
         steps=6,
-        device="cpu",
         record_every=2,
         n=5,
         m=2,
-        others="adam(lr=1e-3)",
     )
-    serial = run_grid(opts, "serial")
-    parallel = run_grid({**opts, "jobs": 2}, "parallel")
+    with RunStore(tmp_path / "a") as store:
+        serial, _ = run_grid(store, "convergence", resolve("convergence", flags))
+    with RunStore(tmp_path / "b") as store:
+        parallel, _ = run_grid(store, "convergence", resolve("convergence", {**flags, "jobs": 2}))
     assert [(r["strategy"], r["seed"]) for r in parallel] == [
         (r["strategy"], r["seed"]) for r in serial
     ]
     for a, b in zip(serial, parallel, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-12, abs=1e-14)
-    with pytest.raises(ValueError, match="jobs=0"):
-        run_grid({**opts, "jobs": 0}, "bad")
+    with pytest.raises(ValueError, match="jobs=0; allowed: an integer >= 1"):
+        resolve("convergence", {**flags, "jobs": 0})
 
 
 def test_copying_layout_marker_then_answer():
@@ -314,3 +326,17 @@ def test_copying_layout_marker_then_answer():
     assert bool((symbols[:, 21] == 9).all())  # the marker at T + 9
     assert bool((symbols[:, 22:] == 0).all())
     assert torch.equal(y[:, -10:], symbols[:, :10]) and bool((y[:, :-10] == 0).all())
+
+
+def test_a_run_no_better_than_chance_counts_as_failed():
+    from stiefel.comparisons.runner import failure
+
+    digits = make("digits", torch.float32, torch.device("cpu"), 0, n=4)
+    rec = {"diverged": False, "final_loss": 0.5, "metrics": {"test_accuracy": 0.6}}
+    assert failure(rec, digits) is None
+    assert "above the baseline" in failure({**rec, "final_loss": 2.5}, digits)
+    assert "at or below chance" in failure({**rec, "metrics": {"test_accuracy": 0.1}}, digits)
+    assert failure({**rec, "diverged": True}, digits) == "diverged"
+    assert failure({**rec, "final_loss": float("nan")}, digits) == "diverged"
+    procrustes = make("procrustes", torch.float64, torch.device("cpu"), 0, n=4)
+    assert failure({**rec, "final_loss": 1e9, "metrics": {}}, procrustes) is None  # no baseline

@@ -142,6 +142,6 @@ def test_fused_rgd_step_equals_unfused_and_dense(dtype, metric, shape):
     rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
     u = -0.3 * rgrad[metric](x, g)
     ref = _dense_cayley_reference(x, u)
-    assert _rel(kernels.rgd_cayley_step(x, g, 0.3, metric), ref) < 1e-10
+    assert _rel(kernels.cayley_gradient_step(x, g, 0.3, metric), ref) < 1e-10
     with pytest.raises(ValueError, match="metric='flat'"):
-        kernels.rgd_cayley_step(x, g, 0.3, "flat")
+        kernels.cayley_gradient_step(x, g, 0.3, "flat")

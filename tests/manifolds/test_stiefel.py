@@ -30,7 +30,7 @@ def _tol(man, dtype):
 @pytest.mark.parametrize("man,dtype", CASES)
 @pytest.mark.parametrize("method", ["cayley", "qr", "polar"])
 def test_retr_lands_on_manifold(man, dtype, method):
-    x = man.random(4, dtype=dtype, generator=_gen())
+    x = man.random(4, man.n, man.m, dtype=dtype, generator=_gen())
     g = torch.randn(x.shape, dtype=dtype, generator=_gen(1))
     y = man.retr(x, -0.5 * man.egrad2rgrad(x, g), method=method)
     assert y.shape == x.shape and y.dtype == dtype
@@ -40,7 +40,7 @@ def test_retr_lands_on_manifold(man, dtype, method):
 
 @pytest.mark.parametrize("man,dtype", CASES)
 def test_retr_transp_is_tangent(man, dtype):
-    x = man.random(2, dtype=dtype, generator=_gen())
+    x = man.random(2, man.n, man.m, dtype=dtype, generator=_gen())
     u = man.proju(x, torch.randn(x.shape, dtype=dtype, generator=_gen(1)))
     v = man.proju(x, torch.randn(x.shape, dtype=dtype, generator=_gen(2)))
     for method in ("cayley", "qr", "polar"):
@@ -55,7 +55,7 @@ def test_retr_transp_is_tangent(man, dtype):
 
 @pytest.mark.parametrize("man,dtype", CASES)
 def test_projection_idempotent_and_skew(man, dtype):
-    x = man.random(3, dtype=dtype, generator=_gen())
+    x = man.random(3, man.n, man.m, dtype=dtype, generator=_gen())
     u = torch.randn(x.shape, dtype=dtype, generator=_gen(1))
     for metric in ("euclidean", "canonical"):
         xi = man.proju(x, u, metric=metric)
@@ -121,7 +121,7 @@ def test_haar_statistics(complex_):
     n = 16
     dtype = torch.complex128 if complex_ else torch.float64
     man = Unitary(n) if complex_ else Orthogonal(n)
-    q = man.random(4000, dtype=dtype, generator=_gen(11))
+    q = man.random(4000, man.n, man.m, dtype=dtype, generator=_gen(11))
     entries = q.reshape(-1)
     count = entries.numel()
     # E[q_ij] = 0 and E|q_ij|² = 1/n; standard errors from the sample size
@@ -140,9 +140,9 @@ def test_haar_statistics(complex_):
 
 def test_random_shapes_dtypes_and_generator():
     man = Stiefel(7, 3, complex=True)
-    x = man.random(2, 5, generator=_gen(1))
+    x = man.random(2, 5, man.n, man.m, generator=_gen(1))
     assert x.shape == (2, 5, 7, 3) and x.dtype == torch.complex64
-    y = man.random(2, 5, generator=_gen(1))
+    y = man.random(2, 5, man.n, man.m, generator=_gen(1))
     assert torch.equal(x, y)
     assert Stiefel(7, 3).random(dtype=torch.float64).dtype == torch.float64
 
@@ -171,7 +171,7 @@ def test_check_point_on_manifold_and_reasons():
 
 def test_orthogonality_error_per_batch_element():
     man = Stiefel(6, 2)
-    x = man.random(3, dtype=torch.float64)
+    x = man.random(3, man.n, man.m, dtype=torch.float64)
     x[1] *= 2
     err = man.orthogonality_error(x)
     assert err.shape == (3,)

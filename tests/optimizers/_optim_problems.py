@@ -6,6 +6,7 @@ import geoopt
 import numpy as np
 import torch
 
+from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
 # (label, n, m, complex): St real, St complex, O(n)
@@ -72,3 +73,18 @@ def start_point(rng, n, m, cplx, target=None) -> torch.Tensor:
 def manifold_param(x: torch.Tensor, man=None) -> geoopt.ManifoldParameter:
     n, m = x.shape[-2:]
     return geoopt.ManifoldParameter(x.clone(), manifold=man or manifold(n, m, x.is_complex()))
+
+
+def rule_names() -> list[str]:
+    """Registered optimizers written on the package's rule interface (RiemannianOptimizer)."""
+    return [
+        n
+        for n in optimizers.available()
+        if isinstance(optimizers.get(n), type)
+        and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)
+    ]
+
+
+def retraction_rule_names() -> list[str]:
+    """Those of `rule_names` that refuse a point off the manifold (they retract)."""
+    return [n for n in rule_names() if not optimizers.get(n).accepts_off_manifold]

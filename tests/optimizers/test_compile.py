@@ -15,7 +15,7 @@ import geoopt
 import numpy as np
 import pytest
 import torch
-from _optim_problems import haar_np
+from _optim_problems import haar_np, rule_names
 
 from stiefel import optimizers, orthogonalize
 from stiefel.manifolds import Stiefel
@@ -23,11 +23,11 @@ from stiefel.manifolds import Stiefel
 RNG = np.random.default_rng(5)
 STEPS = 3
 
-CONFIGS = [
+# every optimizer written on the rule interface at its defaults (registry-driven),
+# and a few options that take other branches of the rules
+CONFIGS = [(name, dict(lr=optimizers.info(name).default_lr)) for name in rule_names()] + [
     ("rgd", dict(lr=0.1, momentum=0.5)),
     ("rgd", dict(lr=0.1, metric="canonical", retraction="qr")),
-    ("radam", dict(lr=0.05, betas=(0.8, 0.9))),
-    ("landing", dict(lr=0.1)),
 ]
 
 

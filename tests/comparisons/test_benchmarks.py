@@ -1,10 +1,32 @@
-"""The benchmark scripts run end to end on tiny sizes (no timing assertions)."""
+"""The benchmark scripts (benchmarks/, not installed) run end to end on tiny sizes.
 
+No timing assertions; the wheel holds no benchmark script.
+"""
+
+import importlib
 import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import zipfile
 
 import pytest
 
-from stiefel.comparisons.bench import _timing, maps, optimizers
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The benchmarks package of this checkout (imported as ``python -m benchmarks.X`` would)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        yield {
+            n: importlib.import_module(f"benchmarks.{n}") for n in ("_timing", "maps", "optimizers")
+        }
+    finally:
+        sys.path.remove(str(ROOT))
+
 
 TINY_MAPS = [
     "--quick",
@@ -25,7 +47,8 @@ def _positive(x) -> bool:
     return isinstance(x, float) and x > 0
 
 
-def test_measure_counts_runs():
+def test_measure_counts_runs(bench):
+    _timing = bench["_timing"]
     calls = []
     t = _timing.measure(lambda: calls.append(1), repeats=4, budget_s=10.0, warmup=2)
     assert t.runs == 4 and not t.cold and t.seconds >= 0
@@ -36,23 +59,27 @@ def test_measure_counts_runs():
     assert _timing.fmt_ratio(None) == "—" and _timing.fmt_ratio(12.345) == "12.3x"
 
 
-def test_median_time_ends_warmup_after_a_slow_call(monkeypatch):
+def test_median_time_ends_warmup_after_a_slow_call(bench, monkeypatch):
+    from stiefel.comparisons import timing
+
+    _timing = bench["_timing"]
     calls = []
 
     def timed(fn):
         calls.append(1)
         return 2.0  # every call "takes" two seconds
 
-    monkeypatch.setattr(_timing, "_timed", timed)
+    monkeypatch.setattr(timing, "timed", timed)
     assert _timing.median_time(lambda: None, repeats=3, warmup=2) == 2.0
     assert len(calls) == 1 + 3  # one warm-up call, then the three timed ones
     calls.clear()
-    monkeypatch.setattr(_timing, "_timed", lambda fn: calls.append(1) or 0.5)
+    monkeypatch.setattr(timing, "timed", lambda fn: calls.append(1) or 0.5)
     _timing.median_time(lambda: None, repeats=3, warmup=2)
     assert len(calls) == 2 + 3  # fast calls: the full warm-up
 
 
-def test_maps_quick(tmp_path, capsys):
+def test_maps_quick(bench, tmp_path, capsys):
+    maps = bench["maps"]
     pytest.importorskip("geotorch")
     out = tmp_path / "maps.json"
     text = maps.main([*TINY_MAPS, "--json", str(out)])
@@ -79,7 +106,8 @@ def test_maps_quick(tmp_path, capsys):
     assert all(t["met"] in (True, False) for t in data["targets"])
 
 
-def test_optimizers_quick(tmp_path, capsys):
+def test_optimizers_quick(bench, tmp_path, capsys):
+    optimizers = bench["optimizers"]
     out = tmp_path / "opt.json"
     argv = ["--quick", "--shapes", "16x2,8x8", "--repeats", "1", "--budget", "0"]
     text = optimizers.main([*argv, "--json", str(out)])
@@ -94,3 +122,17 @@ def test_optimizers_quick(tmp_path, capsys):
     assert all(_positive(r["step_s"]) for r in rows)
     assert all(r["orthogonality_error"] < 1e-2 for r in rows)
     assert [t["goal"] for t in data["targets"]] == [150, 150, 2, 2]
+
+
+def test_wheel_holds_no_benchmark(tmp_path):
+    """The wheel built from this checkout has the harness but no benchmark script."""
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, src, ignore=ignore)  # build outside the checkout: no build/ left there
+    cmd = [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation"]
+    subprocess.run([*cmd, "-q", "-w", str(tmp_path)], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("stiefel-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "stiefel/comparisons/cli.py" in names and "stiefel/comparisons/timing.py" in names
+    bad = [n for n in names if "benchmarks/" in n or "/bench/" in n or "bench" in n.split("/")[-1]]
+    assert bad == [], bad

@@ -1,6 +1,6 @@
 """One Riemannian gradient step on St(N, M): our Cayley-SMW and QR against geoopt.
 
-Run ``python -m stiefel.comparisons.bench.retraction`` (``--quick`` for a short run).
+Run ``python -m benchmarks.retraction`` (``--quick`` for a short run).
 Prints step times with ratios measured in the same run, then the orthogonality
 drift after many random-gradient steps in float32. "stiefel cayley" and
 "stiefel qr" are ``egrad2rgrad`` + ``retr`` through the manifold class (argument
@@ -15,7 +15,8 @@ import argparse
 import geoopt
 import torch
 
-from ...manifolds import Stiefel, kernels
+from stiefel.manifolds import Stiefel, kernels
+
 from ._timing import fmt_time, median_time, table
 
 SHAPES = [(4096, 64), (1024, 16), (1024, 64), (1024, 256)]

@@ -1,12 +1,16 @@
-"""The harness's recurrent models: modReLU and its guard, the complex (scuRNN) cell, dtypes."""
+"""stiefel.nn recurrent layers: modReLU and its guard, the complex (scuRNN) model, the cell."""
 
 import math
 
 import pytest
 import torch
+from torch.nn.utils import parametrize
 
-from stiefel.comparisons.models import LSTMBaseline, ModReLU, OrthogonalRNN
+from stiefel.comparisons.models import LSTMBaseline
 from stiefel.comparisons.runner import RunConfig, run
+from stiefel.nn import ModReLU, OrthogonalRNN, OrthogonalRNNCell
+from stiefel.nn.recurrent import has_operator
+from stiefel.parametrizations import available
 
 
 def test_modrelu_real_and_complex_match_the_formula():
@@ -95,3 +99,54 @@ def test_model_dtype_follows_the_run():
     assert lstm(torch.randn(1, 5, 2)).dtype == torch.float64
     with pytest.raises(TypeError, match="dtype=torch.float16; allowed: torch.float32, torch"):
         OrthogonalRNN(2, 4, 3, dtype=torch.float16)
+
+
+def test_harness_reexports_the_layers():
+    import stiefel.comparisons.models as models
+    import stiefel.nn
+
+    assert models.OrthogonalRNN is stiefel.nn.OrthogonalRNN
+    assert models.ModReLU is stiefel.nn.ModReLU
+
+
+def test_operator_capability_comes_from_the_map_class():
+    """No hand list: a map has an operator form iff its ``operator`` returns F.linear(x, W)."""
+    from stiefel import orthogonalize
+
+    x = torch.randn(3, 6, dtype=torch.float64)
+    for name in available():
+        if name == "riemannian":
+            continue
+        w = orthogonalize(torch.eye(6, dtype=torch.float64), method=name)
+        y = w.map.operator(w.parametrizations.weight.original, x)
+        assert has_operator(w.map) == (y is not None), name
+        if y is not None:
+            assert torch.allclose(y, x @ w().T, atol=1e-12), name
+    assert has_operator(orthogonalize(torch.eye(6), method="cwy").map)
+    assert not has_operator(orthogonalize(torch.eye(6), method="cayley").map)
+    assert not has_operator(None)
+
+
+@pytest.mark.parametrize("complex_", [False, True])
+def test_cell_steps_match_the_model(complex_):
+    gen = torch.Generator().manual_seed(3)
+    kw = dict(method="cwy", complex=complex_, generator=gen, dtype=torch.float64)
+    model = OrthogonalRNN(2, 6, 3, **kw)
+    x = torch.randn(2, 5, 2, dtype=torch.float64)
+    h = model.h0.expand(2, 6)
+    with torch.no_grad(), parametrize.cached():
+        for t in range(5):
+            h = model.cell(x[:, t], h)
+        hs = torch.cat((h.real, h.imag), -1) if complex_ else h
+        assert torch.allclose(model.out(hs), model(x), atol=1e-12)
+    step = model.cell.rollout_step(operator=True)
+    h1 = model.cell(x[:, 0], model.h0.expand(2, 6), step)
+    h2 = model.cell(x[:, 0], model.h0.expand(2, 6))
+    assert torch.allclose(h1, h2, atol=1e-12)
+
+
+def test_cell_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="init='nope'; allowed: henaff, haar, identity"):
+        OrthogonalRNNCell(2, 4, init="nope")
+    with pytest.raises(ValueError, match="operator='x'; allowed"):
+        OrthogonalRNN(2, 4, 3, operator="x")

@@ -1,6 +1,6 @@
 """Step time of our Riemannian optimizers against geoopt's, on St(N, M) and O(n).
 
-Run ``python -m stiefel.comparisons.bench.optimizers`` (``--quick`` for a short
+Run ``python -m benchmarks.optimizers`` (``--quick`` for a short
 run, ``--json PATH`` to keep the numbers). For each shape (default St(4096, 64),
 St(1024, 256) and O(512), float32) and each optimizer, a
 ``geoopt.ManifoldParameter`` starts at the same Haar-random point with the
@@ -17,10 +17,12 @@ Ratios are "geoopt canonical SGD step / this step" (> 1: faster than geoopt)
 and "this / rgd (euclidean, cayley)". The number of runs follows the cost of a
 step (``--budget`` seconds per measurement; a slower step is timed once).
 
-Example::
+Example:
 
-    python -m stiefel.comparisons.bench.optimizers --quick --json /tmp/opt.json
-    python -m stiefel.comparisons.bench.optimizers --shapes 4096x64,512x512 --repeats 20
+```text
+python -m benchmarks.optimizers --quick --json /tmp/opt.json
+python -m benchmarks.optimizers --shapes 4096x64,512x512 --repeats 20
+```
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from typing import Any
 import geoopt
 import torch
 
-from ... import optimizers
-from ...manifolds import Orthogonal, Stiefel
+from stiefel import optimizers
+from stiefel.manifolds import Orthogonal, Stiefel
+
 from ._timing import (
     fmt_ratio,
     fmt_time,

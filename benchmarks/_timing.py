@@ -1,24 +1,21 @@
-"""Timing helpers shared by the benchmark scripts.
+"""Timing and table helpers of the benchmark scripts (not installed: run from a checkout).
 
-:func:`median_time` and :func:`fastest_time` (fixed repeats, early stop on a
-time budget) and
-:func:`measure` (the number of runs follows the cost of the first call, so that
-an anchor taking seconds per call is run once or twice while a kernel taking
-microseconds is run many times), plus table and JSON formatting.
+The timed loop is the harness's (`stiefel.comparisons.timing`); the
+benchmarks, which compare libraries measured side by side, report its median
+(`median_time`) or adapt the number of runs to the cost of the first call
+(`measure`). Tables and JSON go through `stiefel.comparisons.writers`.
 
-Example::
-
-    >>> t = measure(lambda: sum(range(100)), repeats=5, budget_s=0.1)
-    >>> t.seconds > 0 and 1 <= t.runs <= 5
-    True
+Example:
+    ```text
+    t = measure(lambda: sum(range(100)), repeats=5, budget_s=0.1)
+    assert t.seconds > 0 and 1 <= t.runs <= 5
+    ```
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import pathlib
 import statistics
 import time
 from collections.abc import Callable
@@ -26,43 +23,25 @@ from typing import Any
 
 import torch
 
+from stiefel.comparisons import timing
+from stiefel.comparisons.config import parse_shape
+from stiefel.comparisons.writers import md_table as table
+from stiefel.comparisons.writers import write_json
+
 __all__ = [
     "Timing",
     "median_time",
-    "fastest_time",
     "measure",
     "fmt_time",
     "fmt_ratio",
     "table",
     "header",
     "write_json",
+    "parse_shape",
+    "ratio",
+    "target",
+    "targets_table",
 ]
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    _sync()
-    t0 = time.perf_counter()
-    fn()
-    _sync()
-    return time.perf_counter() - t0
-
-
-def _run_times(fn: Callable[[], object], repeats: int, warmup: int, budget_s: float) -> list[float]:
-    for _ in range(warmup):
-        if _timed(fn) > 1.0:
-            break
-    times: list[float] = []
-    start = time.perf_counter()
-    for _ in range(repeats):
-        times.append(_timed(fn))
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    return times
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0):
@@ -73,20 +52,7 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2, budget_
     warm-up call taking over a second ends the warm-up (such a call is not
     dominated by first-call allocations and caches).
     """
-    return statistics.median(_run_times(fn, repeats, warmup, budget_s))
-
-
-def fastest_time(fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0):
-    """Fastest wall time of ``fn()`` over ``repeats`` runs (warm-up, budget: :func:`median_time`).
-
-    Note [Fastest run for cost models]
-    On a shared machine other processes only ever slow a run down, so the
-    fastest of several runs is the closest to the cost of the computation
-    itself (the advice of Python's ``timeit``). The complexity section fits
-    exponents to these; the benchmarks, which compare libraries measured side
-    by side, keep the median.
-    """
-    return min(_run_times(fn, repeats, warmup, budget_s))
+    return statistics.median(timing.run_times(fn, repeats, warmup, budget_s))
 
 
 @dataclasses.dataclass
@@ -116,7 +82,7 @@ def measure(
     ``warmup − 1`` more calls), and up to ``repeats`` timed calls follow,
     stopping once ``budget_s`` seconds have been spent on them (at least one).
     """
-    first = _timed(fn)
+    first = timing.timed(fn)
     if first >= max(budget_s, cold_s):
         return Timing(first, 1, cold=True)
     for _ in range(max(warmup - 1, 0)):
@@ -124,7 +90,7 @@ def measure(
     times: list[float] = []
     start = time.perf_counter()
     for _ in range(max(repeats, 1)):
-        times.append(_timed(fn))
+        times.append(timing.timed(fn))
         if time.perf_counter() - start > budget_s:
             break
     return Timing(statistics.median(times), len(times))
@@ -151,24 +117,10 @@ def fmt_ratio(ratio: float | None) -> str:
     return f"{ratio:.2f}x"
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def header(title: str) -> str:
     """A title line with the torch version, device and thread count."""
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return f"{title} — torch {torch.__version__}, {dev}, {torch.get_num_threads()} threads, float32"
-
-
-def write_json(path: str | pathlib.Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as indented JSON (parent folders created)."""
-    p = pathlib.Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -190,9 +142,3 @@ def targets_table(rows: list[dict[str, Any]]) -> str:
         met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
         body.append([r["target"], f"{r['op']} {r['goal']}", "—" if v is None else f"{v:.3g}", met])
     return table(["target", "goal", "measured", ""], body)
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    """'4096x64' → (4096, 64)."""
-    a, b = text.lower().split("x")
-    return int(a), int(b)

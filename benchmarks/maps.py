@@ -1,6 +1,6 @@
 """Forward and forward+backward time of the maps onto O(n) and St(N, M), against torch and geotorch.
 
-Run ``python -m stiefel.comparisons.bench.maps`` (``--quick`` for a short run,
+Run ``python -m benchmarks.maps`` (``--quick`` for a short run,
 ``--json PATH`` to keep the numbers). Everything is float32 and measured in the
 same run:
 
@@ -28,30 +28,28 @@ that no map runs at a special point (``matrix_exp`` of 0 is much cheaper).
 The number of runs of each measurement follows its cost (``--budget`` seconds
 each; a call slower than that is timed once, marked "cold" in the JSON).
 
-Example::
+Example:
 
-    python -m stiefel.comparisons.bench.maps --quick --json /tmp/maps.json
-    python -m stiefel.comparisons.bench.maps --sizes 256,1024 --repeats 5
+```text
+python -m benchmarks.maps --quick --json /tmp/maps.json
+python -m benchmarks.maps --sizes 256,1024 --repeats 5
+```
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.utils.parametrizations import orthogonal as torch_orthogonal
 
-from ...parametrizations import orthogonalize
+from ._maps_common import Fns, _progress, _row, _time_pair, geotorch, geotorch_map, ours, torch_map
+from ._rollout import rollout, rollout_table
 from ._timing import (
     fmt_ratio,
     fmt_time,
     header,
-    measure,
     parse_shape,
     ratio,
     table,
@@ -59,11 +57,6 @@ from ._timing import (
     targets_table,
     write_json,
 )
-
-try:  # geotorch is an optional dependency (extra [compare])
-    import geotorch
-except ImportError:  # pragma: no cover - exercised only without geotorch
-    geotorch = None
 
 SIZES = [64, 256, 1024]
 QUICK_SIZES = [16, 32]
@@ -77,87 +70,6 @@ QUICK_ROLLOUT = (5, 32)
 TORCH_HH, TORCH_EXP, TORCH_CAY = "torch householder", "torch matrix_exp", "torch cayley"
 GEO_EXP, GEO_CAY = "geotorch expm (default)", "geotorch cayley"
 ANCHORS = [TORCH_HH, TORCH_EXP, TORCH_CAY, GEO_EXP, GEO_CAY]
-
-Fns = tuple[Callable[[], object], Callable[[], object]]
-
-
-# --------------------------------------------------------------------------- helpers
-def _randomize(module: nn.Module, scale: float, gen: torch.Generator) -> None:
-    """Set every parametrized original of ``module`` to scale·N(0, 1)."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
-
-
-def _fns(module: nn.Module, get: Callable[[], torch.Tensor]) -> Fns:
-    """(forward under no_grad, forward + backward of the sum) of a matrix-valued call."""
-
-    def fwd() -> object:
-        with torch.no_grad():
-            return get()
-
-    def fwd_bwd() -> object:
-        module.zero_grad(set_to_none=True)
-        get().sum().backward()
-        return None
-
-    return fwd, fwd_bwd
-
-
-def ours(method: str, shape: tuple[int, int], reflections: int | None, gen) -> Fns:
-    """Our map from ``orthogonalize(tensor, method)``, W() timed."""
-    options: dict[str, Any] = {}
-    if reflections is not None:
-        options = {"reflections": reflections, "init": "random"}
-    else:
-        options = {"init": "identity"}
-    w = orthogonalize(torch.randn(shape, generator=gen), method=method, generator=gen, **options)
-    _randomize(w, 1 / math.sqrt(max(shape)), gen)
-    return _fns(w, w)
-
-
-def torch_map(orthogonal_map: str, shape: tuple[int, int], gen) -> Fns:
-    """``torch.nn.utils.parametrizations.orthogonal`` on a bias-free Linear of this shape."""
-    lin = nn.Linear(shape[1], shape[0], bias=False)
-    torch_orthogonal(lin, orthogonal_map=orthogonal_map)
-    _randomize(lin, 1 / math.sqrt(max(shape)), gen)
-    return _fns(lin, lambda: lin.weight)
-
-
-def geotorch_map(triv: str, shape: tuple[int, int], gen) -> Fns | None:
-    """``geotorch.orthogonal(..., triv=triv)`` on a bias-free Linear (None without geotorch)."""
-    if geotorch is None:
-        return None
-    lin = nn.Linear(shape[1], shape[0], bias=False)
-    geotorch.orthogonal(lin, triv=triv)
-    _randomize(lin, 1 / math.sqrt(max(shape)), gen)
-    return _fns(lin, lambda: lin.weight)
-
-
-def _time_pair(fns: Fns | None, repeats: int, budget: float, backward: bool = True):
-    if fns is None:
-        return None, None
-    fwd = measure(fns[0], repeats, budget)
-    bwd = measure(fns[1], repeats, budget) if backward else None
-    return fwd, bwd
-
-
-def _row(section: str, name: str, family: str, fwd, bwd, **extra) -> dict[str, Any]:
-    return {
-        "section": section,
-        "name": name,
-        "family": family,
-        "fwd_s": None if fwd is None else fwd.seconds,
-        "fwd_bwd_s": None if bwd is None else bwd.seconds,
-        "fwd": None if fwd is None else fwd.as_dict(),
-        "fwd_bwd": None if bwd is None else bwd.as_dict(),
-        **extra,
-    }
-
-
-def _progress(verbose: bool, msg: str) -> None:
-    if verbose:
-        print(f"  … {msg}", flush=True)
 
 
 # --------------------------------------------------------------------------- sections
@@ -246,110 +158,6 @@ def stiefel_table(rows: list[dict[str, Any]]) -> str:
     n, m = rows[0]["n"], rows[0]["m"]
     hdr = ["method", "fwd", "fwd+bwd", "this / tcwy (fwd)", "this / tcwy (fwd+bwd)"]
     return f"St({n}, {m}), L = {m}\n" + table(hdr, body)
-
-
-def _rollout_fn(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, xs, n):
-    """Forward + backward of an RNN h_t = step(h_{t−1}, x_t) from h_0 = 0; loss = sum(h_T)."""
-
-    def run() -> object:
-        for p in params:
-            p.grad = None
-        h = torch.zeros(1, n)
-        for x in xs:
-            h = step(h, x)
-        h.sum().backward()
-        return None
-
-    return run
-
-
-def rollout(
-    steps: int, n: int, repeats: int, budget: float, gen, verbose: bool = False
-) -> list[dict[str, Any]]:
-    """RNN rollouts (T = ``steps``, batch 1, L = n/8), forward + backward."""
-    L = max(1, n // 8)
-    xs = torch.randn(steps, 1, n, generator=gen)
-    free = nn.Parameter(torch.randn(n, n, generator=gen) / math.sqrt(n))
-    cases: list[tuple[str, Callable[[], object]]] = [
-        (
-            "unconstrained (tanh(h Wᵀ + x))",
-            _rollout_fn(lambda h, x: torch.tanh(F.linear(h, free) + x), [free], xs, n),
-        )
-    ]
-    for method in ("cwy", "householder"):
-        w = orthogonalize(
-            torch.randn(n, n, generator=gen),
-            method=method,
-            reflections=L,
-            init="random",
-            generator=gen,
-        )
-        _randomize(w, 1.0, gen)
-        cases.append((f"{method} step = W.operator() once per rollout", _operator(w, xs, n)))
-        cases.append(
-            (
-                f"{method} W.linear(h) at every step (factors recomputed)",
-                _rollout_fn(
-                    lambda h, x, w=w: torch.tanh(w.linear(h) + x), list(w.parameters()), xs, n
-                ),
-            )
-        )
-        if method == "cwy":
-            cases.append((f"{method} Q = W() once per rollout", _materialized(w, xs, n)))
-    rows = []
-    for name, fn in cases:
-        _progress(verbose, f"rollout {name}")
-        t = measure(fn, repeats, budget)
-        rows.append(_row("rollout", name, "ours", None, t, n=n, L=L, T=steps))
-    return rows
-
-
-def _materialized(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
-    params = list(w.parameters())
-
-    def run() -> object:
-        for p in params:
-            p.grad = None
-        q = w()
-        h = torch.zeros(1, n)
-        for x in xs:
-            h = torch.tanh(F.linear(h, q) + x)
-        h.sum().backward()
-        return None
-
-    return run
-
-
-def _operator(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
-    """``step = W.operator()`` once per rollout (Note [Factors once per rollout]).
-
-    For ``cwy`` the factors U and S are computed once; each step then costs
-    two n×L products and one L×L triangular solve (§3.1 of the CWY paper).
-    """
-    params = list(w.parameters())
-
-    def run() -> object:
-        for p in params:
-            p.grad = None
-        step = w.operator()
-        h = torch.zeros(1, n)
-        for x in xs:
-            h = torch.tanh(step(h) + x)
-        h.sum().backward()
-        return None
-
-    return run
-
-
-def rollout_table(rows: list[dict[str, Any]]) -> str:
-    base = rows[0]["fwd_bwd_s"]
-    body = [
-        [r["name"], fmt_time(r["fwd_bwd_s"]), f"{ratio(r['fwd_bwd_s'], base) or math.nan:.2f}"]
-        for r in rows
-    ]
-    r0 = rows[0]
-    title = f"RNN rollout, T = {r0['T']}, n = {r0['n']}, batch 1, L = {r0['L']}, forward + backward"
-    return title + "\n" + table(["model", "fwd+bwd", "time / unconstrained"], body)
 
 
 # --------------------------------------------------------------------------- targets

@@ -1,0 +1,1 @@
+"""Benchmark scripts, run from a checkout: ``python -m benchmarks.maps`` (not installed)."""

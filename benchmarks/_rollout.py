@@ -1,0 +1,120 @@
+"""RNN rollouts of the map benchmark: operator forms against an unconstrained RNN."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stiefel.parametrizations import orthogonalize
+
+from ._maps_common import _progress, _randomize, _row
+from ._timing import fmt_time, measure, ratio, table
+
+
+def _rollout_fn(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, xs, n):
+    """Forward + backward of an RNN h_t = step(h_{t−1}, x_t) from h_0 = 0; loss = sum(h_T)."""
+
+    def run() -> object:
+        for p in params:
+            p.grad = None
+        h = torch.zeros(1, n)
+        for x in xs:
+            h = step(h, x)
+        h.sum().backward()
+        return None
+
+    return run
+
+
+def rollout(
+    steps: int, n: int, repeats: int, budget: float, gen, verbose: bool = False
+) -> list[dict[str, Any]]:
+    """RNN rollouts (T = ``steps``, batch 1, L = n/8), forward + backward."""
+    L = max(1, n // 8)
+    xs = torch.randn(steps, 1, n, generator=gen)
+    free = nn.Parameter(torch.randn(n, n, generator=gen) / math.sqrt(n))
+    cases: list[tuple[str, Callable[[], object]]] = [
+        (
+            "unconstrained (tanh(h Wᵀ + x))",
+            _rollout_fn(lambda h, x: torch.tanh(F.linear(h, free) + x), [free], xs, n),
+        )
+    ]
+    for method in ("cwy", "householder"):
+        w = orthogonalize(
+            torch.randn(n, n, generator=gen),
+            method=method,
+            reflections=L,
+            init="random",
+            generator=gen,
+        )
+        _randomize(w, 1.0, gen)
+        cases.append((f"{method} step = W.operator() once per rollout", _operator(w, xs, n)))
+        cases.append(
+            (
+                f"{method} W.linear(h) at every step (factors recomputed)",
+                _rollout_fn(
+                    lambda h, x, w=w: torch.tanh(w.linear(h) + x), list(w.parameters()), xs, n
+                ),
+            )
+        )
+        if method == "cwy":
+            cases.append((f"{method} Q = W() once per rollout", _materialized(w, xs, n)))
+    rows = []
+    for name, fn in cases:
+        _progress(verbose, f"rollout {name}")
+        t = measure(fn, repeats, budget)
+        rows.append(_row("rollout", name, "ours", None, t, n=n, L=L, T=steps))
+    return rows
+
+
+def _materialized(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
+    params = list(w.parameters())
+
+    def run() -> object:
+        for p in params:
+            p.grad = None
+        q = w()
+        h = torch.zeros(1, n)
+        for x in xs:
+            h = torch.tanh(F.linear(h, q) + x)
+        h.sum().backward()
+        return None
+
+    return run
+
+
+def _operator(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
+    """``step = W.operator()`` once per rollout (Note [Factors once per rollout]).
+
+    For ``cwy`` the factors U and S are computed once; each step then costs
+    two n×L products and one L×L triangular solve (§3.1 of the CWY paper).
+    """
+    params = list(w.parameters())
+
+    def run() -> object:
+        for p in params:
+            p.grad = None
+        step = w.operator()
+        h = torch.zeros(1, n)
+        for x in xs:
+            h = torch.tanh(step(h) + x)
+        h.sum().backward()
+        return None
+
+    return run
+
+
+def rollout_table(rows: list[dict[str, Any]]) -> str:
+    base = rows[0]["fwd_bwd_s"]
+    body = [
+        [r["name"], fmt_time(r["fwd_bwd_s"]), f"{ratio(r['fwd_bwd_s'], base) or math.nan:.2f}"]
+        for r in rows
+    ]
+    r0 = rows[0]
+    title = f"RNN rollout, T = {r0['T']}, n = {r0['n']}, batch 1, L = {r0['L']}, forward + backward"
+    return title + "\n" + table(["model", "fwd+bwd", "time / unconstrained"], body)

@@ -1,0 +1,119 @@
+r"""Many small orthogonal matrices (the regime POGO targets): step time and drift.
+
+Run from a checkout: ``python -m benchmarks.batched`` (``--quick`` for a short run).
+Two problems, float32: a batch of 4096 points on St(64, 16) and of 1024 on O(64).
+For each optimizer (this package's ``rgd``, ``landing``, ``pogo``,
+``manifold_muon`` through ``stiefel.optimizers.create``; pogo-torch's ``POGO``
+and geoopt's ``RiemannianSGD`` as anchors, in the same run) it prints the median
+time of ``step()`` on a fixed gradient, the ratio to pogo-torch's step, and the
+orthogonality drift max ‖XᴴX − I‖_F over the batch after ``--steps`` steps of
+the loss ‖X − T‖²_F towards a fixed random target T (gradient 2(X − T),
+formed by hand so that only the optimizer is timed). Timings on a shared
+machine are noisy: compare ratios measured in the same run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import geoopt
+import torch
+
+from stiefel import optimizers
+from stiefel.manifolds import Orthogonal, Stiefel
+
+
+def _haar(batch: int, n: int, m: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.linalg.qr(torch.randn(batch, n, m, generator=gen))[0]
+
+
+def _candidates(lr: float, muon_inner: int):
+    """(label, factory(x0) -> (param, optimizer))."""
+
+    def ours(name, **hyper):
+        def make(x0, man):
+            p = geoopt.ManifoldParameter(x0.clone(), manifold=man)
+            return p, optimizers.create(name, [p], **hyper)
+
+        return make
+
+    def pogo_torch(x0, man):
+        import pogo
+        import pogo.base
+
+        p = torch.nn.Parameter(x0.clone())
+        return p, pogo.POGO([p], pogo.base.SGD(), lr=lr, rows=False)
+
+    def geoopt_rsgd(x0, man):
+        p = geoopt.ManifoldParameter(x0.clone(), manifold=geoopt.Stiefel())
+        return p, geoopt.optim.RiemannianSGD([p], lr=lr)
+
+    # pogo-torch first (the reference of the ratio column), the slowest last.
+    return [
+        ("pogo-torch (sgd)", pogo_torch),
+        ("geoopt rsgd", geoopt_rsgd),
+        ("rgd (cayley)", ours("rgd", lr=lr)),
+        ("rgd (qr)", ours("rgd", lr=lr, retraction="qr")),
+        ("landing", ours("landing", lr=lr)),
+        ("pogo (sgd)", ours("pogo", lr=lr, base="sgd")),
+        (
+            f"manifold_muon inner={muon_inner}",
+            ours("manifold_muon", lr=lr, inner_steps=muon_inner),
+        ),
+        ("manifold_muon", ours("manifold_muon", lr=lr)),
+    ]
+
+
+def _run(label, make, x0, man, target, steps: int, timed: int):
+    p, opt = make(x0, man)
+    times = []
+    for k in range(steps):
+        with torch.no_grad():
+            p.grad = 2 * (p.detach() - target)
+        t = time.perf_counter()
+        opt.step()
+        if k < timed:
+            times.append(time.perf_counter() - t)
+    x = p.detach()
+    eye = torch.eye(x.shape[-1], dtype=x.dtype)
+    drift = float(torch.linalg.matrix_norm(x.mH @ x - eye).max())
+    loss = float(((x - target) ** 2).sum() / x.shape[0])
+    return statistics.median(times[1:] if len(times) > 1 else times), drift, loss
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small batches, 20 steps")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--timed", type=int, default=10, help="steps timed (the first is dropped)")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--muon-inner", type=int, default=2)
+    args = parser.parse_args(argv)
+    steps = 20 if args.quick else args.steps
+    problems = [("St(64, 16)", 4096, 64, 16), ("O(64)", 1024, 64, 64)]
+    if args.quick:
+        problems = [("St(64, 16)", 64, 64, 16), ("O(64)", 16, 64, 64)]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
+        f"lr={args.lr}, {steps} steps (drift after them), step time = median of {args.timed - 1}"
+    )
+    for title, batch, n, m in problems:
+        man = Orthogonal(n) if n == m else Stiefel(n, m)
+        x0, target = _haar(batch, n, m, 0), _haar(batch, n, m, 1)
+        print(f"\n{title}, batch {batch}")
+        print(f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'drift':>10} {'loss':>9}")
+        ref = None
+        for label, make in _candidates(args.lr, args.muon_inner):
+            t, drift, loss = _run(label, make, x0, man, target, steps, args.timed)
+            ref = ref or t  # the first row is pogo-torch's
+            print(
+                f"{label:>26} {1e3 * t:>9.2f} {t / ref:>13.2f} {drift:>10.2e} {loss:>9.3f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,0 @@
-"""Benchmarks of the kernels, maps and optimizers against geoopt, geotorch and torch."""

@@ -1,0 +1,140 @@
+"""The training grid of a section: every task × strategy × dtype × seed, run durably.
+
+Every combination is checked before the first run (task options, strategy
+names and options); one that cannot run (an LSTM baseline on a matrix task)
+is reported, never dropped silently; each finished run is stored at once
+(`stiefel.comparisons.store`), and a resumed grid skips stored runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import tasks as tasks_mod
+from .config import task_options_for
+from .runner import RunConfig, parse_strategy, run
+from .store import RunStore, run_key
+from .strategies import parse
+
+__all__ = ["plan", "run_grid"]
+
+
+def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
+    """The runs of ``opts`` and the combinations that cannot run (with the reason).
+
+    Raises:
+        ValueError: an unknown name, a bad task option, or a task no strategy can run on.
+    """
+    strategies = [parse_strategy(s) for s in opts["strategies"]]
+    parse("none+" + opts["others"])  # the optimizer of the other weights parses
+    jobs, skipped = [], []
+    for task in opts["tasks"]:
+        cls = tasks_mod.get(task)
+        topts = task_options_for(task, opts)
+        tasks_mod.make(task, torch.float32, torch.device("cpu"), 0, **topts)  # checks options
+        runnable = []
+        for s in strategies:
+            if s.is_baseline and cls.kind != "sequence":
+                skipped.append(f"{s.name} on {task}: the LSTM baseline needs a sequence task")
+            else:
+                runnable.append(s)
+        if not runnable:
+            raise ValueError(
+                f"task {task!r} is a {cls.kind} task and every strategy given "
+                f"({', '.join(opts['strategies'])}) is an LSTM baseline, which needs a sequence "
+                "task; add a METHOD+OPTIMIZER strategy such as cwy+adam"
+            )
+        for s in runnable:
+            for dtype in opts["dtypes"]:
+                if s.is_baseline and dtype.startswith("complex"):
+                    skipped.append(f"{s.name} on {task} [{dtype}]: the LSTM baseline is real")
+                    continue
+                for seed in range(opts["seeds"]):
+                    jobs.append(
+                        RunConfig(
+                            task,
+                            s.name,
+                            seed,
+                            opts["steps"],
+                            dtype,
+                            opts["device"],
+                            opts["record_every"],
+                            topts,
+                            opts["others"],
+                            opts.get("lr"),
+                        )
+                    )
+    return jobs, skipped
+
+
+def _key(job: RunConfig) -> str:
+    return run_key(task=job.task, strategy=job.strategy, dtype=job.dtype, seed=job.seed)
+
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is optional: no bar then
+        return None
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[dict], list[str]]:
+    """Run (or resume) the grid of ``opts`` into ``store``; return all records and the skipped."""
+    jobs, skipped = plan(opts)
+    for line in skipped:
+        print(f"not run: {line}", flush=True)
+    store.begin_section(section, opts)
+    records: list[dict | None] = [store.load_run(section, _key(j)) for j in jobs]
+    todo = [i for i, r in enumerate(records) if r is None]
+    if len(todo) < len(jobs):
+        print(f"{section}: {len(jobs) - len(todo)} of {len(jobs)} runs already done", flush=True)
+    bar = _progress(sum(jobs[i].steps for i in todo), section)
+    try:
+        if opts.get("jobs", 1) > 1 and len(todo) > 1:
+            _run_parallel(store, section, jobs, todo, records, opts["jobs"], bar)
+        else:
+            for i in todo:
+                if bar is not None:
+                    j = jobs[i]
+                    bar.set_postfix_str(f"{j.task} {j.strategy} {j.dtype} seed {j.seed}")
+                records[i] = run(jobs[i], bar)
+                store.save_run(section, _key(jobs[i]), records[i])
+    finally:
+        if bar is not None:
+            bar.close()
+    return records, skipped  # type: ignore[return-value]
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_parallel(store, section, jobs, todo, records, workers, bar) -> None:
+    """Note [Parallel runs]
+
+    Runs are independent and seeded, so ``jobs=k`` spreads them over k worker
+    processes of one torch thread each (small recurrent models use one core
+    badly with more threads). Each record is stored as it arrives; the wall
+    times of runs sharing the machine are only comparable with each other.
+    """
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
+    pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_one_thread)
+    try:
+        futures = {pool.submit(run, jobs[i], None): i for i in todo}
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            records[i] = fut.result()
+            store.save_run(section, _key(jobs[i]), records[i])
+            if bar is not None:
+                bar.update(jobs[i].steps)
+                bar.set_postfix_str(f"{jobs[i].task} {jobs[i].strategy} seed {jobs[i].seed} done")
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()

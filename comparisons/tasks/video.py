@@ -1,0 +1,169 @@
+"""One-step-ahead video prediction on moving scikit-learn digits (offline stand-in for KTH).
+
+Sequences of ``size``×``size`` frames in which 1–2 of scikit-learn's bundled
+8×8 digits (brightness in [0, 1]) move with constant integer velocity and
+bounce off the borders; overlapping digits combine by max. Train and test
+sequences use disjoint digit images (1397 / 400, split by the seed); the test
+set is a fixed set of sequences. The model predicts frame t + 1 from frames
+1…t; the loss is the mean absolute error (the CWY paper trains its video
+models with the ℓ₁ loss).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.video import VARIANTS, VideoPredictor, parameter_count
+from .base import Task
+
+__all__ = ["MovingDigits", "moving_digits"]
+
+
+def _digit_images(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the moving_digits task needs scikit-learn: pip install 'stiefel[compare]'"
+        ) from exc
+    images = torch.tensor(load_digits().images, dtype=torch.float32) / 16.0
+    order = torch.randperm(len(images), generator=generator)
+    return images[order[400:]], images[order[:400]]
+
+
+def moving_digits(
+    images: torch.Tensor,
+    batch: int,
+    frames: int,
+    size: int = 32,
+    max_digits: int = 2,
+    max_speed: int = 3,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Sequences of bouncing digits: (batch, frames, 1, size, size) in [0, 1].
+
+    Args:
+        images: digit images (N, 8, 8) in [0, 1].
+        batch: number of sequences.
+        frames: frames per sequence.
+        size: frame height and width (≥ 8).
+        max_digits: each sequence has 1…max_digits digits.
+        max_speed: velocities are integers in [−max_speed, max_speed] per axis.
+        generator: random generator.
+
+    Returns:
+        The sequences.
+    """
+    span = size - 8
+    video = torch.zeros(batch, frames, 1, size, size)
+    for b in range(batch):
+        count = int(torch.randint(1, max_digits + 1, (1,), generator=generator))
+        for _ in range(count):
+            img = images[int(torch.randint(len(images), (1,), generator=generator))]
+            pos = torch.randint(0, span + 1, (2,), generator=generator)
+            vel = torch.randint(-max_speed, max_speed + 1, (2,), generator=generator)
+            for t in range(frames):
+                r, c = int(pos[0]), int(pos[1])
+                patch = video[b, t, 0, r : r + 8, c : c + 8]
+                torch.maximum(patch, img, out=patch)
+                pos = pos + vel
+                for axis in range(2):  # bounce: reflect the position and the velocity
+                    if pos[axis] < 0:
+                        pos[axis], vel[axis] = -pos[axis], -vel[axis]
+                    elif pos[axis] > span:
+                        pos[axis], vel[axis] = 2 * span - pos[axis], -vel[axis]
+    return video
+
+
+class MovingDigits(Task):
+    """One-step-ahead prediction of moving digits with the CWY paper's recurrent bottleneck.
+
+    ``build(method)`` takes ``"convlstm"``, ``"zeros"``, ``"glorot"``,
+    ``"orthinit"`` (the unconstrained rows of the paper's Table 5) or a map of
+    ``orthogonalize`` (``"tcwy"``, ``"riemannian"``, ...) constraining the
+    ConvNERU kernels. Metrics: test MAE per pixel, per-frame MAE (summed over a
+    frame's pixels, averaged over frames, as the paper's Table 5), the number
+    of parameters, and the peak CUDA memory of a training step (NaN on CPU).
+    """
+
+    name = "moving_digits"
+    kind = "video"
+
+    def __init__(
+        self,
+        dtype,
+        device,
+        seed,
+        frames: int = 10,
+        batch: int = 4,
+        size: int = 32,
+        width: int = 8,
+        kernel_size: int = 3,
+        test_sequences: int = 32,
+    ):
+        super().__init__(dtype, device, seed)
+        if dtype.is_complex:
+            raise ValueError(f"dtype={dtype}; moving_digits is real: float32 or float64")
+        if size % 8 or size < 16:
+            raise ValueError(f"size={size}; allowed: a multiple of 8, at least 16")
+        self.frames, self.batch, self.size = frames, batch, size
+        self.channels = (width, 2 * width, 4 * width)
+        self.kernel_size = kernel_size
+        self.train_images, self.test_images = _digit_images(self.generator)
+        test_gen = torch.Generator().manual_seed(seed + 1)
+        self.test = moving_digits(
+            self.test_images, test_sequences, frames, size, generator=test_gen
+        ).to(device=device, dtype=dtype)
+        # the better of two trivial predictors: the last frame, and a black frame
+        target = self.test[:, 1:]
+        copy_last = float((target - self.test[:, :-1]).abs().mean())
+        self.baseline = min(copy_last, float(target.abs().mean()))
+
+    def build(self, method: str, method_options: dict) -> nn.Module:
+        return VideoPredictor(
+            method,
+            self.channels,
+            self.kernel_size,
+            method_options,
+            generator=self.generator,
+            dtype=self.dtype,
+        ).to(self.device)
+
+    def constrained(self, model: nn.Module) -> nn.Module:
+        """The recurrent convolutions whose kernels are constrained (empty for the variants)."""
+        if model.recurrent in VARIANTS:
+            return nn.ModuleList()
+        return nn.ModuleList(model.recurrent_convolutions())
+
+    def weight(self, model: nn.Module) -> torch.Tensor | None:
+        """The tall kernel matrices √k·K̂ of every unit, block-diagonal (drift of all at once)."""
+        convs = list(self.constrained(model))
+        if not convs:
+            return None
+        mats = [c.parametrizations.weight[0].kernel_matrix(c.weight) for c in convs]
+        return torch.block_diag(*mats)
+
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        video = moving_digits(
+            self.train_images, self.batch, self.frames, self.size, generator=self.generator
+        ).to(device=self.device, dtype=self.dtype)
+        return F.l1_loss(model(video[:, :-1]), video[:, 1:])
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        err = (model(self.test[:, :-1]) - self.test[:, 1:]).abs()
+        metrics = {
+            "test_mae": float(err.mean()),
+            "test_frame_mae": float(err.sum((-3, -2, -1)).mean()),
+            "parameters": float(parameter_count(model)),
+            "peak_memory_mb": float("nan"),
+        }
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            with torch.enable_grad():
+                self.loss(model, 0).backward()
+            model.zero_grad(set_to_none=True)
+            metrics["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return metrics

@@ -1,0 +1,97 @@
+"""One writer per format: JSON, CSV, markdown tables and PNG/SVG figures.
+
+Every file is written atomically (a temporary file in the same folder, then
+``os.replace``), so an interrupted run never leaves half a file, and a
+symbolic link at the destination is replaced, never written through.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+__all__ = ["write_text", "write_json", "write_csv", "md_table", "fmt", "save_figure"]
+
+
+def write_text(path: str | pathlib.Path, text: str | bytes) -> pathlib.Path:
+    """Write ``text`` to ``path`` atomically (temporary file + rename); parent folders created."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json(path: str | pathlib.Path, obj: Any) -> pathlib.Path:
+    """``obj`` as indented JSON (values JSON does not know are written with ``str``)."""
+    return write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def write_csv(path: str | pathlib.Path, rows: list[dict]) -> pathlib.Path:
+    """Rows of dicts as CSV, the header the union of their keys (first seen first)."""
+    buf = io.StringIO()
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in keys})
+    return write_text(path, buf.getvalue())
+
+
+def fmt(v: Any) -> str:
+    """A table cell: None as '–', floats with 4 significant digits (scientific when far from 1)."""
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+            return f"{v:.2e}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table; cells go through `fmt` (strings are kept as they are).
+
+    Example:
+        ```python
+        from stiefel.comparisons.writers import md_table
+
+        assert md_table(["a", "b"], [[1, 0.5]]) == "| a | b |\\n|---|---|\\n| 1 | 0.5 |\\n"
+        ```
+    """
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def save_figure(fig, out: pathlib.Path, stem: str) -> list[str]:
+    """Save ``fig`` as ``stem.png`` and ``stem.svg`` in ``out`` (atomically); return the names."""
+    import matplotlib.pyplot as plt
+
+    names = []
+    for ext in ("png", "svg"):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, dpi=110, bbox_inches="tight")
+        write_text(pathlib.Path(out) / f"{stem}.{ext}", buf.getvalue())
+        names.append(f"{stem}.{ext}")
+    plt.close(fig)
+    return names

@@ -1,0 +1,207 @@
+r"""The manifold operations an update rule is written against (the plugin interface).
+
+A `Geometry` is what a manifold hands an optimizer for one parameter and one
+param group: `Stiefel.geometry(metric, retraction)` returns a `StiefelGeometry`
+that runs the kernels of `stiefel.manifolds.kernels` (the fused,
+drift-corrected Cayley step, QR, polar), and `EuclideanGeometry` is the plain
+tensor case (the rule becomes its Euclidean form). ``lr`` arguments may be
+floats or tensors broadcastable against `component_inner`'s result (one step
+size per matrix on a manifold, per element in the Euclidean case).
+
+Example:
+    ```python
+    import torch
+    from stiefel.manifolds import Stiefel
+
+    st = Stiefel(30, 3)
+    geo = st.geometry(retraction="qr")
+    x = st.random(dtype=torch.float64)
+    y = geo.descend(x, geo.rgrad(x, torch.randn(30, 3, dtype=torch.float64)), 0.1)
+    assert float(geo.error(y).max()) < 1e-12
+    ```
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import torch
+
+from . import kernels
+from ._checks import choice
+
+__all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "METRICS", "EGRAD2RGRAD", "INNER"]
+
+EGRAD2RGRAD = MappingProxyType(
+    {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
+)
+INNER = MappingProxyType(
+    {"euclidean": kernels.inner_euclidean, "canonical": kernels.inner_canonical}
+)
+METRICS = tuple(EGRAD2RGRAD)
+
+# Note [Off-manifold points at a step]
+# A step from X with XᴴX = I + E applies the factor K = (3I − XᴴX)/2 (Note
+# [Newton–Schulz drift correction]); it maps E to −¾E² + ¼E³, a contraction while
+# ‖E‖ < 1, which absorbs float drift and small perturbations. Far off (a
+# load_state_dict of an arbitrary matrix, a weight scaled by 3: K = −3I) the same
+# factor diverges, NaN in a few steps. So a point with ‖E‖_F above OFF_MANIFOLD is
+# projected (polar factor) with a warning before the step; the test reuses the
+# XᴴX the Cayley step needs anyway.
+OFF_MANIFOLD = 0.5
+
+
+class Geometry:
+    """Interface of the per-parameter operations (subclasses override every method).
+
+    Attributes:
+        riemannian: False for a plain tensor.
+        stiefel: True when points have orthonormal columns (XᴴX = I), so that
+            Stiefel-specific rules (e.g. landing) and `error` apply.
+    """
+
+    riemannian: bool = True
+    stiefel: bool = False
+
+    def rgrad(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Riemannian gradient of the Euclidean gradient ``g`` (the group's metric)."""
+        raise NotImplementedError
+
+    def retract(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Retraction of the tangent vector ``u`` (the group's retraction)."""
+        return self.descend(x, u, -1.0)
+
+    def descend(self, x: torch.Tensor, d: torch.Tensor, lr) -> torch.Tensor:
+        """retr(x, −lr·d)."""
+        raise NotImplementedError
+
+    def descend_transport(self, x: torch.Tensor, d: torch.Tensor, lr):
+        """(retr(x, −lr·d), d transported to the new point)."""
+        raise NotImplementedError
+
+    def gradient_step(self, x: torch.Tensor, g: torch.Tensor, lr) -> torch.Tensor:
+        """retr(x, −lr·rgrad(x, g)), fused where the kernels allow."""
+        return self.descend(x, self.rgrad(x, g), lr)
+
+    def component_inner(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """⟨u, u⟩ per manifold component: per matrix (..., 1, 1), or per element."""
+        raise NotImplementedError
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The nearest point of the manifold (used by ``repair_every``)."""
+        return x
+
+    def error(self, x: torch.Tensor) -> torch.Tensor:
+        """‖XᴴX − I‖_F per matrix (zeros where it does not apply)."""
+        return x.new_zeros(x.shape[:-2] if x.dim() >= 2 else (), dtype=x.real.dtype)
+
+    def apply(self, kernel, x: torch.Tensor, *args, **kwargs):
+        """``kernel(x, *args, **kwargs)``: a kernel of `stiefel.manifolds.kernels` on points.
+
+        A rule that calls a kernel directly (e.g. the landing field) calls it
+        through this, so that a sharded geometry (`ShardedGeometry`) can run it
+        on the local shards.
+        """
+        return kernel(x, *args, **kwargs)
+
+    def off_manifold(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A bool tensor, True when ``x`` is too far off to be stepped; None: no test.
+
+        Called by the optimizer's step before the rule; a geometry may keep
+        what it formed (e.g. XᴴX) for the step that follows on the same ``x``.
+        """
+        return None
+
+
+class EuclideanGeometry(Geometry):
+    """A plain tensor: every rule reduces to its Euclidean form."""
+
+    riemannian = False
+
+    def rgrad(self, x, g):
+        return g
+
+    def descend(self, x, d, lr):
+        return x - lr * d
+
+    def descend_transport(self, x, d, lr):
+        return x - lr * d, d
+
+    def component_inner(self, x, u):
+        return (u.conj() * u).real if u.is_complex() else u * u
+
+
+class StiefelGeometry(Geometry):
+    """St(N, M), O(n), U(n): the kernels of `stiefel.manifolds.kernels`.
+
+    ``metric`` (None: the manifold's) picks the Riemannian gradient and inner
+    product; ``retraction`` names an entry of the manifold's retraction table
+    (``manifold.retractions``, by default `kernels.RETRACTIONS`). ``"cayley"``
+    goes through the fused 2M×2M Woodbury kernels; ``"qr"`` and ``"polar"``
+    transport by projection onto the new tangent space. Every step and the
+    polar factor of `project` end with one Newton–Schulz step: in float32 the
+    SVD's polar factor of a 1024×64 matrix is ~1e-5 off the manifold, one step
+    brings it to float32 rounding (Note [Newton–Schulz drift correction]).
+
+    Args:
+        manifold: the manifold (ours, or one of geoopt's Stiefel manifolds).
+        metric: ``"euclidean"``, ``"canonical"`` or None.
+        retraction: a name of the retraction table.
+        default_metric: the metric used for ``metric=None``.
+    """
+
+    stiefel = True
+
+    def __init__(
+        self,
+        manifold,
+        metric: str | None = None,
+        retraction: str = "cayley",
+        *,
+        default_metric: str = "euclidean",
+    ):
+        self.manifold = manifold
+        table = getattr(manifold, "retractions", kernels.RETRACTIONS)
+        self.metric = default_metric if metric is None else choice("metric", metric, METRICS)
+        self.retraction = choice("retraction", retraction, table)
+        self._descent = table[retraction]
+        self._fused = getattr(self._descent, "gradient_step", None)
+        self._gram: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _xx(self, x: torch.Tensor) -> torch.Tensor | None:
+        if self._gram is not None and self._gram[0] is x:
+            return self._gram[1]
+        return None
+
+    def off_manifold(self, x):
+        xx = kernels.reduce.gram(x, x)
+        self._gram = (x, xx)
+        err = torch.linalg.matrix_norm(xx - kernels.basic.eye_like(x, x.shape[-1]))
+        return (err > OFF_MANIFOLD).any()
+
+    def rgrad(self, x, g):
+        # linear in g: computed for g/max|g| and scaled back, so that XᴴG cannot
+        # overflow for a huge finite G (Note [Overflow-safe step])
+        mu = kernels.reduce.rows_amax(g.abs())
+        mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
+        return EGRAD2RGRAD[self.metric](x, g / mu) * mu
+
+    def gradient_step(self, x, g, lr):
+        if self._fused is None:
+            return self.descend(x, self.rgrad(x, g), lr)
+        return self._fused(x, g, lr, self.metric, xx=self._xx(x))
+
+    def descend(self, x, d, lr):
+        return self._descent(x, d, lr, xx=self._xx(x))
+
+    def descend_transport(self, x, d, lr):
+        return self._descent(x, d, lr, d, xx=self._xx(x))
+
+    def component_inner(self, x, u):
+        return INNER[self.metric](x, u, u, keepdim=True)
+
+    def project(self, x):
+        return kernels.newton_schulz(kernels.polar(x))
+
+    def error(self, x):
+        return kernels.orthogonality_error(x)

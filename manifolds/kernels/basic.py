@@ -1,0 +1,269 @@
+r"""Elementary kernels of St(N, M): tangent space, metrics, factorizations, geodesics.
+
+Plain functions on tensors of shape (..., N, M), real or complex, without
+argument checks (the manifold classes check once, in front of them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reduce import gram, row_group, rows_sum
+
+__all__ = [
+    "sym",
+    "skew",
+    "gram_minus_identity",
+    "orthogonality_error",
+    "proj_tangent",
+    "egrad2rgrad_euclidean",
+    "egrad2rgrad_canonical",
+    "inner_euclidean",
+    "inner_canonical",
+    "qr_unique",
+    "polar",
+    "haar",
+    "newton_schulz",
+    "expmap_euclidean",
+    "expmap_canonical",
+]
+
+
+def sym(a: torch.Tensor) -> torch.Tensor:
+    """Hermitian part ½(A + Aᴴ) of a batch of square matrices."""
+    return 0.5 * (a + a.mH)
+
+
+def skew(a: torch.Tensor) -> torch.Tensor:
+    """Skew-Hermitian part ½(A − Aᴴ) of a batch of square matrices."""
+    return 0.5 * (a - a.mH)
+
+
+def eye_like(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k×k identity in x's dtype and device."""
+    return torch.eye(k, dtype=x.dtype, device=x.device)
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """View a (..., a, b) tensor as (batch, a, b) for ``bmm``/``baddbmm``."""
+    return t.reshape(-1, *t.shape[-2:])
+
+
+def two_products(a, b, c, e, out_shape) -> torch.Tensor:
+    """A B + C E over a flattened batch (one matmul and one fused multiply-add)."""
+    af, cf = flat(a), flat(c)
+    bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+    ef = flat(e.expand(*c.shape[:-2], *e.shape[-2:]))
+    return torch.bmm(af, bf).baddbmm_(cf, ef).reshape(out_shape)
+
+
+def gram_minus_identity(x: torch.Tensor) -> torch.Tensor:
+    """XᴴX − I, shape (..., M, M)."""
+    return gram(x, x) - eye_like(x, x.shape[-1])
+
+
+def orthogonality_error(x: torch.Tensor) -> torch.Tensor:
+    """‖XᴴX − I‖_F for each matrix of the batch (a real tensor of shape x.shape[:-2])."""
+    return torch.linalg.matrix_norm(gram_minus_identity(x))
+
+
+# --------------------------------------------------------------------------- tangent space
+def proj_tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    r"""Euclidean-orthogonal projection onto T_X St: ξ = U − X sym(XᴴU).
+
+    Note [Projection does not depend on the metric]
+    The tangent space {ξ : Xᴴξ + ξᴴX = 0} is the same set for the Euclidean
+    and the canonical metric, and the nearest tangent vector in the ambient
+    Frobenius norm is U − X sym(XᴴU) for both. This map is idempotent: applied
+    to a tangent ξ, sym(Xᴴξ) = 0 and ξ is returned unchanged. (geoopt's
+    canonical ``proju`` returns U − XUᴴX, which is the canonical Riemannian
+    gradient, not a projection: applied twice it changes its input.)
+    """
+    return u - x @ sym(gram(x, u))
+
+
+# Under the Euclidean metric the Riemannian gradient is the projection of G.
+egrad2rgrad_euclidean = proj_tangent
+
+
+def egrad2rgrad_canonical(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    r"""Riemannian gradient under the canonical metric: G − X GᴴX.
+
+    With ⟨ξ, η⟩_X = Re tr(ξᴴ(I − ½XXᴴ)η) the gradient is the unique tangent
+    vector whose inner product with every tangent η equals Re tr(Gᴴη).
+    """
+    return g - x @ gram(g, x)
+
+
+def _real_trace_product(
+    u: torch.Tensor, v: torch.Tensor, keepdim: bool, rows: bool = True
+) -> torch.Tensor:
+    # Re tr(uᴴ v) = Σ Re(conj(u) v), summed over the two matrix dimensions (over all
+    # ranks' rows when ``rows`` and the rows are split, Note [Row-sharded kernels]).
+    prod = u.conj() * v if u.is_complex() else u * v
+    out = rows_sum(prod) if rows else prod.sum(dim=(-2, -1), keepdim=True)
+    out = out.real if out.is_complex() else out
+    return out if keepdim else out[..., 0, 0]
+
+
+def inner_euclidean(
+    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False
+) -> torch.Tensor:
+    """Euclidean metric Re tr(uᴴv) (x is unused, kept for a uniform signature)."""
+    return _real_trace_product(u, v, keepdim)
+
+
+def inner_canonical(
+    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False
+) -> torch.Tensor:
+    """Canonical metric Re tr(uᴴ(I − ½XXᴴ)v) = Re tr(uᴴv) − ½ Re tr((Xᴴu)ᴴ(Xᴴv))."""
+    xu, xv = gram(x, u), gram(x, v)
+    inner = _real_trace_product(u, v, keepdim)
+    return inner - 0.5 * _real_trace_product(xu, xv, keepdim, rows=False)
+
+
+# --------------------------------------------------------------------------- factorizations
+def qr_unique(a: torch.Tensor) -> torch.Tensor:
+    r"""Q factor of A = QR with diag(R) real positive (the unique thin QR).
+
+    Note [Sign fix of the QR retraction]
+    LAPACK returns some Q with R's diagonal of arbitrary sign (phase). Rescaling
+    column j of Q by the phase of R_jj makes the factorization unique, which
+    makes the QR retraction a continuous function of the step and makes
+    QR of a Gaussian Haar distributed (Mezzadri 2007). A zero diagonal entry
+    (rank-deficient A) keeps phase 1.
+    """
+    if row_group() is not None:
+        return cholesky_qr2(a)
+    q, r = torch.linalg.qr(a)
+    d = torch.diagonal(r, dim1=-2, dim2=-1)
+    phase = torch.sgn(d)
+    phase = torch.where(phase == 0, torch.ones_like(phase), phase)
+    return q * phase.unsqueeze(-2)
+
+
+def polar(a: torch.Tensor) -> torch.Tensor:
+    """Polar factor U Vᴴ of A = U Σ Vᴴ: the point of St nearest to A in Frobenius norm."""
+    if row_group() is not None:
+        return gram_polar(a)
+    u, _, vh = torch.linalg.svd(a, full_matrices=False)
+    return u @ vh
+
+
+def cholesky_qr2(a: torch.Tensor) -> torch.Tensor:
+    r"""The Q of `qr_unique` through the Gram: Cholesky-QR, twice.
+
+    Args:
+        a: matrices (..., N, M) of full column rank.
+
+    Returns:
+        Q with orthonormal columns and A = QR, diag(R) > 0.
+
+    Note [Cholesky-QR2 for row-sharded matrices]
+    With AᴴA = RᴴR (Cholesky, R upper with a positive diagonal), Q₁ = AR⁻¹ has
+    orthonormal columns up to a rounding of order κ(A)²·eps; a second pass on
+    Q₁ (whose Gram is I + O(κ²eps)) brings it to O(eps) (Yamamoto et al. 2015).
+    Both R factors have positive diagonals, so Q = A(R₂R₁)⁻¹ is the unique thin
+    QR of `qr_unique`. Only the M×M Grams need all the rows: for a row-sharded A
+    they are all-reduced and the triangular solves stay local. Used when the
+    rows are split (a retraction argument X − lr·d near the manifold is well
+    conditioned); `qr_unique` (Householder) otherwise.
+    """
+    q = a
+    for _ in range(2):
+        r = torch.linalg.cholesky(gram(q, q), upper=True)
+        q = torch.linalg.solve_triangular(r, q, upper=True, left=False)
+    return q
+
+
+def gram_polar(a: torch.Tensor) -> torch.Tensor:
+    r"""The polar factor A(AᴴA)^{-1/2} through the eigendecomposition of the M×M Gram.
+
+    Args:
+        a: matrices (..., N, M) of full column rank.
+
+    Returns:
+        The polar factor, equal to `polar`'s UVᴴ (A = UΣVᴴ: A·VΣ⁻¹Vᴴ = UVᴴ).
+
+    Used when the rows of A are split over ranks (Note [Row-sharded kernels]);
+    the SVD of `polar` otherwise.
+    """
+    w, v = torch.linalg.eigh(gram(a, a))
+    inv_sqrt = w.clamp_min(torch.finfo(w.dtype).tiny).rsqrt().to(v.dtype)
+    return a @ ((v * inv_sqrt.unsqueeze(-2)) @ v.mH)
+
+
+def haar(
+    n: int,
+    m: int,
+    *batch: int,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Haar-distributed points of St(n, m), shape (*batch, n, m).
+
+    QR of a standard (complex, for a complex dtype) Gaussian with the
+    sign/phase fix of `qr_unique`.
+    """
+    dtype = dtype or torch.get_default_dtype()
+    g = torch.randn(*batch, n, m, dtype=dtype, device=device, generator=generator)
+    return qr_unique(g)
+
+
+def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None) -> torch.Tensor:
+    r"""One Newton–Schulz step towards the polar factor: Y(3I − YᴴY)/2.
+
+    Args:
+        y: points (..., N, M).
+        yy: YᴴY when the caller has it already (saves an N×M×M product).
+
+    Returns:
+        Y(3I − YᴴY)/2.
+
+    Note [Newton–Schulz drift correction]
+    With YᴴY = I + E the corrected point has Gram (I − ½E)(I + E)(I − ½E)
+    = I − ¾E² + ¼E³: the error goes from ‖E‖ to O(‖E‖²). Rounding of the
+    previous steps therefore never accumulates; each step leaves only its own
+    rounding. On the manifold (E = 0) the map is the identity, which is why the
+    retractions of `Stiefel.retr` and the optimizers' steps both apply it: they
+    are then one map, equal to the textbook retraction on the manifold and
+    drift-correcting off it. It contracts while ‖E‖₂ < 1 (the new error
+    ¾e² + ¼e³ < e), which sets the threshold above which a step projects first
+    (Note [Off-manifold points at a step]).
+    """
+    m = y.shape[-1]
+    if yy is None:
+        yy = gram(y, y)
+    k = 1.5 * eye_like(y, m) - 0.5 * yy
+    return y @ k
+
+
+# --------------------------------------------------------------------------- geodesics
+def expmap_euclidean(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    r"""Geodesic of the embedded (Euclidean) metric (Edelman, Arias & Smith 1998, §2.2.2).
+
+    Y = [X, U] expm([[A, −S], [I, A]]) [I; 0] expm(−A) with A = XᴴU, S = UᴴU.
+    """
+    m = x.shape[-1]
+    a = x.mH @ u
+    s = u.mH @ u
+    eye = eye_like(x, m).expand_as(a)
+    top = torch.cat((a, -s), dim=-1)
+    bottom = torch.cat((eye, a), dim=-1)
+    e = torch.linalg.matrix_exp(torch.cat((top, bottom), dim=-2))[..., :m]
+    return torch.cat((x, u), dim=-1) @ e @ torch.linalg.matrix_exp(-a)
+
+
+def expmap_canonical(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    r"""Geodesic of the canonical metric (Edelman, Arias & Smith 1998, §2.4.2).
+
+    With A = XᴴU and QR = (I − XXᴴ)U: Y = [X, Q] expm([[A, −Rᴴ], [R, 0]]) [I; 0].
+    """
+    m = x.shape[-1]
+    a = x.mH @ u
+    q, r = torch.linalg.qr(u - x @ a)
+    top = torch.cat((a, -r.mH), dim=-1)
+    bottom = torch.cat((r, torch.zeros_like(r)), dim=-1)
+    e = torch.linalg.matrix_exp(torch.cat((top, bottom), dim=-2))[..., :m]
+    return torch.cat((x, q), dim=-1) @ e

@@ -1,0 +1,350 @@
+r"""Retractions of St(N, M) as descent kernels: the Cayley step (SMW or dense), QR, polar.
+
+Every retraction is written once, as a *descent kernel*
+``fn(x, d, lr, v=None, *, xx=None)`` computing Y = retr(X, −lr·d) followed by
+the Newton–Schulz correction (Note [Newton–Schulz drift correction]); with a
+vector ``v`` it also returns v transported to Y (``v`` may be ``d`` itself).
+``lr`` is a float or a tensor broadcastable to (..., 1, 1) (one step size per
+matrix of a batch); ``xx`` is XᴴX when the caller has formed it already.
+`RETRACTIONS` is the one table of them: `Stiefel.retr` (with lr = −1) and the
+optimizers' steps both read it.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import torch
+
+from .basic import (
+    eye_like,
+    flat,
+    newton_schulz,
+    polar,
+    proj_tangent,
+    qr_unique,
+    sym,
+    two_products,
+)
+from .reduce import gram, row_group, rows_amax
+
+__all__ = [
+    "use_smw",
+    "cayley_descent",
+    "cayley_gradient_step",
+    "cayley_smw",
+    "cayley_dense",
+    "cayley_retraction",
+    "cayley_retraction_transport",
+    "qr_descent",
+    "polar_descent",
+    "qr_retraction",
+    "polar_retraction",
+    "RETRACTIONS",
+]
+
+Lr = float | torch.Tensor
+
+
+def use_smw(n: int, m: int) -> bool:
+    """Whether the Sherman–Morrison–Woodbury form (a 2M×2M solve) is cheaper than N×N.
+
+    The SMW form costs about 8NM² + (2M)³ flops against about N³ + 2N²M for the
+    dense solve; it wins (and never forms an N×N matrix) whenever 2M < N.
+    """
+    return 2 * m < n
+
+
+def _woodbury_for(x: torch.Tensor) -> bool:
+    # split rows: always the 2M×2M form, the one whose N-sized work is row-local
+    # (Note [Row-sharded kernels]); the dense form needs all N rows at once
+    return row_group() is not None or use_smw(*x.shape[-2:])
+
+
+# --------------------------------------------------------------------------- scaling
+def _normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d / μ and μ = max|d| per matrix (shape (..., 1, 1), never 0)."""
+    mu = rows_amax(d.abs())
+    mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
+    return d / mu, mu
+
+
+def _weights(beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""γ = 1/max(1, |β|) and σ = β/max(1, |β|) (= clamp(β, −1, 1)), both finite.
+
+    Note [Overflow-safe step]
+    A step −lr·d with a huge but finite lr·d used to square it first (the
+    Woodbury block PuᴴPu = lr²·PdᴴPd overflows float32 from lr·‖Pd‖ ≈ 1e19) and
+    wrote NaN. The kernels now (i) divide d by μ = max|d| (lr·μ takes the
+    scale), so no N-sized product of the step can overflow, and (ii) write the
+    step as Pu = −β·P̂ with ‖P̂‖_F = 1 and β = lr·μ·‖Pd/μ‖_F, substitute
+    V₁ = βZ₁ in the Woodbury system and divide its rows by ω = max(1, |β|):
+
+        [[γI + ½σXᴴP̂, −½σXᴴX], [½σP̂ᴴP̂, γI − ½σP̂ᴴX]] [V₁; Z₂] = σ[XᴴX; P̂ᴴX],
+        Y = X(I + Z₂) − P̂V₁.
+
+    Every entry is bounded by the M×M Grams, whatever β (β = ±inf gives γ = 0,
+    σ = ±1: the Cayley map's limit, the reflection I − 2Π on the range of A).
+    The same γ, σ scale the dense system and the QR/polar arguments
+    (qf and polar are invariant under a positive scale of their argument). A
+    result that is still not finite (a singular limit) is refused by the
+    optimizer's step, which keeps the old point and warns.
+    """
+    omega = beta.abs().clamp_min(1)
+    return 1 / omega, beta.clamp(-1, 1)
+
+
+# --------------------------------------------------------------------------- Cayley
+def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
+    r"""Y = Cayley(A)X(3I − XᴴX)/2 for Pu = −lr·Pd through a 2M×2M system.
+
+    Note [Cayley through Sherman–Morrison–Woodbury with 2M columns]
+    A = (Pu)Xᴴ − X(Pu)ᴴ, P = I − ½XXᴴ, is skew-Hermitian with AX = u for a
+    tangent u. Writing A = BCᴴ with B = [Pu, X] and C = [X, −Pu] (both N×2M), the
+    Woodbury identity gives (CWY paper, appendix B, Lemma 1, applied to −A)
+
+        (I − ½BCᴴ)⁻¹(I + ½BCᴴ) Ω = Ω + B (I − ½CᴴB)⁻¹ CᴴΩ,
+
+    so only a 2M×2M matrix is factorized, in O(NM² + M³), and no N×N matrix is
+    formed. For u the Euclidean Riemannian gradient this A equals the paper's
+    Euclidean-metric A written with 3M columns; for u the canonical gradient it
+    equals Wen–Yin's GXᴴ − XGᴴ. I − ½CᴴB is invertible because its determinant
+    equals det(I − ½A) ≠ 0 (Sylvester), A having an imaginary spectrum. B and C
+    are never concatenated: CᴴB = [[XᴴPu, XᴴX], [−PuᴴPu, −PuᴴX]], so the N-sized
+    work is XᴴX, Xᴴd, Pd, PdᴴPd and the final two updates. XᴴX is computed, not
+    assumed to be I: A stays exactly skew-Hermitian, so Cayley(A) stays unitary.
+
+    The Newton–Schulz factor K = (3I − XᴴX)/2 is folded into the M×M
+    coefficients of the update at no N-sized cost (Cayley(A) is unitary, so Y
+    has the Gram of X, which K corrects). A known limit: for a rank-deficient
+    step (e.g. a rank-1 gradient) with lr·‖Pd‖ between about 1e2 and 1e10 the
+    2M×2M system is ill-conditioned (its eigenvalues near γ, Note
+    [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
+    in float32 (the unscaled form did the same); the next steps' correction,
+    or the projection of Note [Off-manifold points at a step], brings it back.
+    The system is solved in the scaled form of Note [Overflow-safe step]. A
+    transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv), none
+    when v is the step direction d: Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd.
+    """
+    m = x.shape[-1]
+    eye = eye_like(x, m)
+    xpd = xhd - 0.5 * (xx @ xhd)  # XᴴPd
+    pdpd = gram(pd, pd)
+    t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
+    tc = t.clamp_min(torch.finfo(t.dtype).tiny)
+    gamma, sigma = _weights(lr * t)
+    hs = 0.5 * sigma
+    xp, pp = xpd / tc, (pdpd / tc) / tc  # XᴴP̂, P̂ᴴP̂
+    lhs = torch.cat(
+        (
+            torch.cat((gamma * eye + hs * xp, -hs * xx), -1),
+            torch.cat((hs * pp, gamma * eye - hs * xp.mH), -1),
+        ),
+        -2,
+    )
+    rhs = torch.cat((xx, xp.mH), -2)
+    if v is not None:
+        if v_is_d:
+            xv, pv = xhd, (pdpd + 0.5 * (xpd.mH @ xhd)) / tc
+        else:
+            xv, pv = gram(x, v), gram(pd, v) / tc
+        rhs = torch.cat((rhs, torch.cat((xv, pv), -2)), -1)
+    z = torch.linalg.solve(lhs, sigma * rhs)
+    v1, z2 = z[..., :m, :m], z[..., m:, :m]
+    k = 1.5 * eye - 0.5 * xx
+    # Y = (X(I + Z₂) − P̂V₁)K, P̂ = Pd/t: two products of the flattened batch
+    y = two_products(x, (eye + z2) @ k, pd, -(v1 @ k) / tc, x.shape)
+    if v is None:
+        return y
+    w1, w2 = z[..., :m, m:], z[..., m:, m:]
+    # Cayley(A)v = v + XZ₂' − P̂V₁' (times μ when v is the normalized d)
+    tv = two_products(x, mu * w2, pd, -(mu * w1) / tc, v.shape) + v
+    return y, tv
+
+
+def _dense(x, dn, lr, v, xx):
+    """The same scaled Cayley step through a dense N×N solve (cheaper when 2M ≥ N)."""
+    n, m = x.shape[-2:]
+    pd = dn - 0.5 * (x @ (x.mH @ dn))
+    t = torch.linalg.matrix_norm(pd, keepdim=True)
+    gamma, sigma = _weights(lr * t)
+    ph = pd / t.clamp_min(torch.finfo(t.dtype).tiny)
+    a = ph @ x.mH
+    a = a - a.mH  # P̂Xᴴ − XP̂ᴴ; A = −β(P̂Xᴴ − XP̂ᴴ)
+    omega = x if v is None else torch.cat((x, v), -1)
+    # Cayley(A) = 2(I − ½A)⁻¹ − I and (I − ½A)⁻¹ = γ(γI + ½σ·(P̂Xᴴ − XP̂ᴴ))⁻¹: on
+    # the null space of A (where the solve meets the pivot γ) the answer is Ω itself.
+    # γ is kept above √eps, so that the rounding of that pivot (eps/γ) stays below
+    # √eps: a longer step is taken as one of length 1/√eps, a change of O(√eps) in Y
+    # towards the same limit, and the Newton–Schulz step on Y's own Gram (N ≤ 2M
+    # here, so it is cheap beside the N×N solve) takes the error to O(eps).
+    gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
+    lhs = gamma * eye_like(x, n) + (0.5 * sigma) * a
+    out = (2 * gamma) * torch.linalg.solve(lhs, omega) - omega
+    y = newton_schulz(out[..., :m])
+    return y if v is None else (y, out[..., m:])
+
+
+def _cayley(x, d, lr, v, xx, smw):
+    dn, mu = _normalize(d)
+    lr = lr * mu
+    if xx is None:
+        xx = gram(x, x)
+    if not smw:
+        return _dense(x, dn, lr, v, xx)
+    xhd = gram(x, dn)
+    pd = torch.baddbmm(flat(dn), flat(x), flat(xhd), alpha=-0.5).reshape(dn.shape)
+    return _smw(x, pd, xhd, xx, lr, v, v is d, mu if v is d else 1.0)
+
+
+def cayley_descent(
+    x: torch.Tensor,
+    d: torch.Tensor,
+    lr: Lr,
+    v: torch.Tensor | None = None,
+    *,
+    xx: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    r"""Cayley step Y = Cayley(A)X(3I − XᴴX)/2 of u = −lr·d; optionally v transported.
+
+    A = (Pu)Xᴴ − X(Pu)ᴴ with P = I − ½XXᴴ, so AX = u and Y = X + u + O(‖u‖²) on
+    the manifold, and Cayley(A) = (I − ½A)⁻¹(I + ½A). A 2M×2M solve when
+    2M < N (Note [Cayley through Sherman–Morrison–Woodbury with 2M columns]),
+    a dense N×N solve otherwise; overflow-safe (Note [Overflow-safe step]).
+
+    Args:
+        x: points (..., N, M).
+        d: step direction, same shape.
+        lr: step size, a float or a tensor broadcastable to (..., 1, 1).
+        v: a vector to transport by the same unitary map Cayley(A) (isometric).
+        xx: XᴴX if already formed.
+
+    Returns:
+        Y, or (Y, Cayley(A)v) when ``v`` is given.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.manifolds import kernels
+
+        x = kernels.haar(200, 8, dtype=torch.float64)
+        d = kernels.proj_tangent(x, torch.randn(200, 8, dtype=torch.float64))
+        y, td = kernels.cayley_descent(x, d, 0.1, d)
+        assert float(kernels.orthogonality_error(y)) < 1e-12
+        assert abs(float(td.norm() - d.norm())) < 1e-12  # an isometry
+        ```
+    """
+    return _cayley(x, d, lr, v, xx, _woodbury_for(x))
+
+
+def cayley_gradient_step(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    lr: Lr,
+    metric: str = "euclidean",
+    *,
+    xx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""One RGD step `cayley_descent`(x, rgrad(G), lr), fused.
+
+    Note [Fused gradient step]
+    Both Riemannian gradients have the form d = G − XW with W = sym(XᴴG)
+    (Euclidean metric) or W = GᴴX (canonical). With H = XᴴG: Xᴴd = H − XᴴX W and
+    Pd = G − X(W + ½Xᴴd), one N-sized product; d itself is never formed. The step
+    costs six N×M×M products: XᴴG, XᴴX, Pd, PdᴴPd and the two of the update
+    (G is first divided by max|G|, Note [Overflow-safe step]).
+
+    Args:
+        x: points (..., N, M).
+        g: Euclidean gradient, same shape.
+        lr: step size (float or tensor broadcastable to (..., 1, 1)).
+        metric: ``"euclidean"`` or ``"canonical"``.
+        xx: XᴴX if already formed.
+
+    Returns:
+        The new points.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.manifolds import kernels
+
+        x = kernels.haar(200, 8, dtype=torch.float64)
+        g = torch.randn(200, 8, dtype=torch.float64)
+        y = kernels.cayley_gradient_step(x, g, 0.1)
+        ref = kernels.cayley_retraction(x, -0.1 * kernels.egrad2rgrad_euclidean(x, g))
+        assert float((y - ref).abs().max()) < 1e-12
+        ```
+    """
+    if metric not in ("euclidean", "canonical"):
+        raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
+    n, m = x.shape[-2:]
+    gn, mu = _normalize(g)
+    lr = lr * mu
+    h = gram(x, gn)
+    w = sym(h) if metric == "euclidean" else h.mH
+    if xx is None:
+        xx = gram(x, x)
+    if not _woodbury_for(x):
+        return _dense(x, gn - x @ w, lr, None, xx)
+    xhd = h - xx @ w
+    pd = torch.baddbmm(flat(gn), flat(x), flat(w + 0.5 * xhd), alpha=-1).reshape(g.shape)
+    return _smw(x, pd, xhd, xx, lr, None, False, mu)
+
+
+cayley_descent.gradient_step = cayley_gradient_step  # type: ignore[attr-defined]
+
+
+def cayley_smw(x: torch.Tensor, u: torch.Tensor, v: torch.Tensor | None = None):
+    """Cayley retraction of ``u`` (and transport of ``v``) forced through the 2M×2M system."""
+    return _cayley(x, u, -1.0, v, None, True)
+
+
+def cayley_dense(x: torch.Tensor, u: torch.Tensor, v: torch.Tensor | None = None):
+    """Cayley retraction of ``u`` (and transport of ``v``) forced through a dense N×N solve."""
+    return _cayley(x, u, -1.0, v, None, False)
+
+
+def cayley_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Cayley retraction of the tangent step ``u``: `cayley_descent`(x, u, −1)."""
+    return cayley_descent(x, u, -1.0)  # type: ignore[return-value]
+
+
+def cayley_retraction_transport(
+    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused Cayley retraction of ``u`` and transport of ``v`` by the same map."""
+    return cayley_descent(x, u, -1.0, v)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- QR, polar
+def _factor_descent(factor, x, d, lr, v):
+    dn, mu = _normalize(d)
+    gamma, sigma = _weights(lr * mu)
+    # factor(X − lr·d) = factor(γX − σ·d/μ): a positive rescaling of the argument
+    y = newton_schulz(factor(gamma * x - sigma * dn))
+    return y if v is None else (y, proj_tangent(y, v))
+
+
+def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
+    """QR step qf(X − lr·d) (R's diagonal positive), Newton–Schulz corrected; v projected."""
+    return _factor_descent(qr_unique, x, d, lr, v)
+
+
+def polar_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
+    """Polar step: polar factor of X − lr·d, Newton–Schulz corrected; v projected."""
+    return _factor_descent(polar, x, d, lr, v)
+
+
+def qr_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """QR retraction qf(X + U) with the sign/phase fix (continuous in U)."""
+    return qr_descent(x, u, -1.0)
+
+
+def polar_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Polar retraction: the polar factor of X + U (via the SVD)."""
+    return polar_descent(x, u, -1.0)
+
+
+RETRACTIONS = MappingProxyType({"cayley": cayley_descent, "qr": qr_descent, "polar": polar_descent})
+"""The retraction table: name → descent kernel ``fn(x, d, lr, v=None, *, xx=None)``."""

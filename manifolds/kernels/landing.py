@@ -1,0 +1,96 @@
+r"""Kernels of the retraction-free landing method (Ablin & Peyré 2022; Ablin et al. 2024)."""
+
+from __future__ import annotations
+
+import torch
+
+from .basic import eye_like, two_products
+from .reduce import gram, rows_sum
+
+
+def _abs2(t: torch.Tensor) -> torch.Tensor:
+    return (t.conj() * t).real if t.is_complex() else t * t
+
+
+__all__ = ["landing_direction", "landing_safe_step"]
+
+
+def landing_direction(
+    x: torch.Tensor, g: torch.Tensor, attraction: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Landing field Λ = skew(GXᴴ)X + λX(XᴴX − I), d = ‖XᴴX − I‖_F and ‖skew(GXᴴ)X‖²_F.
+
+    Args:
+        x: points (..., N, M), possibly off the manifold.
+        g: Euclidean gradient, same shape.
+        attraction: λ > 0.
+
+    Returns:
+        Λ (shape of x), d and ‖ψX‖² (shapes (..., 1, 1)).
+
+    Note [Landing field in O(NM²)]
+    skew(GXᴴ)X = ½(GXᴴX − XGᴴX), so with S = XᴴX and H = GᴴX (M×M)
+    Λ = ½GS + X(λE − ½H), E = S − I: four N×M×M products and no N×N matrix. The
+    first term is the relative gradient ψX (Ablin & Peyré 2022); the second is the
+    gradient of N(X) = ¼‖XᴴX − I‖², pulling X to the manifold. The norm of ψX
+    comes from M×M matrices only: XᴴΛ = ½HᴴS + S(λE − ½H), so
+    ‖ψX‖² = ‖Λ‖² − 2λ Re tr((XᴴΛ)ᴴE) + λ² tr(ESE).
+    """
+    m = x.shape[-1]
+    s = gram(x, x)
+    e = s - eye_like(x, m)
+    h = gram(g, x)
+    c = attraction * e - 0.5 * h
+    field = two_products(g, 0.5 * s, x, c, x.shape)
+    dist = torch.linalg.matrix_norm(e, keepdim=True)
+    a2 = rows_sum(_abs2(field))
+    xf = 0.5 * (h.mH @ s) + s @ c
+    cross = (xf.conj() * e).sum((-2, -1), keepdim=True).real
+    ese = (e.conj() * (s @ e)).sum((-2, -1), keepdim=True).real
+    psi2 = (a2 - 2 * attraction * cross + attraction**2 * ese).clamp_min(0)
+    return field, dist, psi2
+
+
+def landing_safe_step(
+    field: torch.Tensor,
+    dist: torch.Tensor,
+    psi2: torch.Tensor,
+    lr: float,
+    attraction: float,
+    eps: float,
+) -> torch.Tensor:
+    r"""Step size min(lr, η*) that keeps ‖XᴴX − I‖_F ≤ ε (shape (..., 1, 1)).
+
+    Args:
+        field: Λ from `landing_direction`.
+        dist: ‖XᴴX − I‖_F from `landing_direction`.
+        psi2: ‖ψX‖² from `landing_direction`.
+        lr: the largest step.
+        attraction: λ > 0.
+        eps: ε in (0, 1), the radius of the safe region.
+
+    Returns:
+        η per matrix, shape (..., 1, 1).
+
+    Note [Safe step of the landing method]
+    With a = ‖Λ‖_F and d = ‖XᴴX − I‖_F ≤ ε < 1, the step X − ηΛ stays within ε
+    for every η ≤ η* = (λd(1−d) + √(λ²d²(1−d)² + a²(ε − d)))/a² (Ablin & Peyré
+    2022, Lemma 4; Ablin, Vary, Gao & Absil 2024). Outside the ε-region (d > ε,
+    e.g. a start off the manifold) the square root may be of a negative number:
+    there we take η ≤ 1/(2λ(1 + d)), for which the attraction X(I − ηλE) moves
+    every eigenvalue e of E = XᴴX − I to (1 + e)(1 − ηλe)² − 1, between e and 0
+    (toward the manifold, never across it), and η ≤ λd/‖ψX‖², so that the
+    O(η²‖ψX‖²) growth caused by the relative gradient stays below the O(ηλd)
+    decrease. No NaN or inf is produced (a = 0 gives η = lr).
+    """
+    a2 = rows_sum(_abs2(field)).to(dist.dtype)
+    tiny = torch.finfo(dist.dtype).tiny
+    b = attraction * dist * (1 - dist)
+    disc = (b * b + a2 * (eps - dist)).clamp_min(0)
+    inside = (b + disc.sqrt()) / a2.clamp_min(tiny)
+    outside = torch.minimum(
+        1 / (2 * attraction * (1 + dist)), attraction * dist / psi2.to(dist.dtype).clamp_min(tiny)
+    )
+    eta = torch.where(dist <= eps, inside, outside)
+    eta = torch.where(a2 > 0, eta, torch.full_like(eta, lr))
+    return eta.clamp(max=lr)

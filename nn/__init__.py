@@ -1,0 +1,27 @@
+r"""Layers built on the maps: orthogonal/unitary recurrent cells, modReLU, ConvNERU,
+the FFT orthogonal convolution, and the real embedding of U(n) in O(2n).
+
+Example:
+    ```python
+    import torch
+    from stiefel.nn import OrthogonalConv2d
+
+    y = OrthogonalConv2d(3, 3)(torch.randn(1, 3, 6, 6))
+    assert y.shape == (1, 3, 6, 6)
+    ```
+"""
+
+from .conv import ConvNERUCell, OrthogonalConv2d
+from .embedding import complex_from_real, real_embedding
+from .recurrent import ModReLU, OrthogonalRNN, OrthogonalRNNCell, henaff_init
+
+__all__ = [
+    "ModReLU",
+    "OrthogonalRNNCell",
+    "OrthogonalRNN",
+    "henaff_init",
+    "ConvNERUCell",
+    "OrthogonalConv2d",
+    "real_embedding",
+    "complex_from_real",
+]

@@ -1,0 +1,291 @@
+r"""Convolutional layers with orthogonality constraints: ConvNERU and the FFT orthogonal conv."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..parametrizations import kernels, orthogonalize
+
+__all__ = ["ConvNERUCell", "OrthogonalConv2d", "NONLINEARITIES"]
+
+#: nonlinearities of ConvNERU, each with |σ(x)| ≤ |x| and 1-Lipschitz (CWY paper, appendix C)
+NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "leaky_relu": F.leaky_relu,
+    "identity": lambda x: x,
+}
+
+
+def _odd_size(kernel_size: object) -> int:
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
+        raise ValueError(f"kernel_size={kernel_size!r}; allowed: a positive odd int")
+    if kernel_size % 2 == 0:
+        raise ValueError(
+            f"kernel_size={kernel_size} is even; allowed: a positive odd int (centred "
+            "'same' padding keeps the hidden state's size)"
+        )
+    return kernel_size
+
+
+class ConvNERUCell(nn.Module):
+    r"""Convolutional non-exploding recurrent unit (CWY paper §3.4).
+
+    G_t = σ(K ∗ G_{t−1} + B + K_in ∗ X_t), with zero "same" padding, B a
+    per-channel bias and K constrained by ``orthogonalize(..., conv_kernel=True)``:
+    q·K̂ ∈ St(q²·c, c) (c = ``hidden_channels``, q = ``kernel_size``), so
+    ‖K ∗ G‖ ≤ ‖G‖ (Note [A Stiefel kernel makes the convolution non-expansive]).
+    With a 1-Lipschitz σ with σ(0) = 0 the unit is non-expansive in G:
+    ‖G_t − G'_t‖ ≤ ‖G_{t−1} − G'_{t−1}‖, hidden states grow at most linearly in
+    t for bounded inputs, and gradients through time do not explode (appendix C).
+
+    Reading the constrained kernel recomputes its map; for a sequence, run the
+    steps inside ``torch.nn.utils.parametrize.cached()`` (the map once per
+    sequence).
+
+    Args:
+        in_channels: channels of X_t.
+        hidden_channels: channels c of G_t.
+        kernel_size: q, odd (both K and K_in are q×q).
+        method: the map of K (any of ``stiefel.parametrizations.available()``,
+            ``"riemannian"`` included), or None for an unconstrained K
+            (Glorot-uniform initialised: the paper's unconstrained baseline).
+        nonlinearity: one of ``NONLINEARITIES`` (relu, tanh, leaky_relu, identity).
+        **options: the map's options (``init``, ``reflections``, ...).
+
+    Raises:
+        ValueError: for an even or non-positive ``kernel_size``, an unknown
+            ``nonlinearity``, or what ``orthogonalize`` refuses.
+
+    Example:
+        ```python
+        import torch
+        from torch.nn.utils import parametrize
+        from stiefel.nn import ConvNERUCell
+
+        cell = ConvNERUCell(1, 4, 3)  # K on St(36, 4) through T-CWY
+        frames = torch.randn(6, 2, 1, 8, 8)  # (T, batch, channels, h, w)
+        g = torch.zeros(2, 4, 8, 8)
+        with parametrize.cached():
+            for x in frames:
+                g = cell(x, g)
+        assert g.shape == (2, 4, 8, 8)
+        ```
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        kernel_size: int,
+        method: str | None = "tcwy",
+        nonlinearity: str = "relu",
+        **options: Any,
+    ):
+        super().__init__()
+        q = _odd_size(kernel_size)
+        if nonlinearity not in NONLINEARITIES:
+            raise ValueError(f"nonlinearity={nonlinearity!r}; allowed: {', '.join(NONLINEARITIES)}")
+        dtype, device = options.pop("dtype", None), options.pop("device", None)
+        kw = dict(padding=q // 2, bias=False, dtype=dtype, device=device)
+        self.hidden_channels = hidden_channels
+        self.nonlinearity = nonlinearity
+        self.recurrent = nn.Conv2d(hidden_channels, hidden_channels, q, **kw)
+        self.input = nn.Conv2d(in_channels, hidden_channels, q, **kw)
+        self.bias = nn.Parameter(torch.zeros(hidden_channels, dtype=dtype, device=device))
+        if method is None:
+            if options:
+                raise TypeError(f"options {sorted(options)} need a method; method=None takes none")
+            nn.init.xavier_uniform_(self.recurrent.weight)
+        else:
+            orthogonalize(self.recurrent, "weight", method, conv_kernel=True, **options)
+
+    def forward(self, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        """One step.
+
+        Args:
+            x: X_t, shape (batch, in_channels, h, w).
+            g: G_{t−1}, shape (batch, hidden_channels, h, w); zeros if None.
+
+        Returns:
+            G_t, shape (batch, hidden_channels, h, w).
+        """
+        drive = self.input(x) + self.bias[:, None, None]
+        if g is not None:
+            drive = drive + self.recurrent(g)
+        return NONLINEARITIES[self.nonlinearity](drive)
+
+
+def _cayley(a: torch.Tensor) -> torch.Tensor:
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return kernels.cayley_map(a, eye)
+
+
+def _exp(a: torch.Tensor) -> torch.Tensor:
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return kernels.exp_map(a, eye)
+
+
+#: per-frequency unitary maps of OrthogonalConv2d: name -> (skew input?, kernel)
+FFT_METHODS: dict[str, tuple[bool, Callable[[torch.Tensor], torch.Tensor]]] = {
+    "cayley": (True, _cayley),
+    "exp": (True, _exp),
+    "cwy": (False, kernels.cwy_matrix),
+}
+
+
+class OrthogonalConv2d(nn.Module):
+    r"""An exactly orthogonal 2-D convolution with circular padding (Trockman & Kolter 2021).
+
+    The layer is the circular convolution whose transfer matrix at every
+    spatial frequency ω is a c×c unitary Q(ω), so ‖y‖ = ‖x‖ for every input
+    (and y = Q x is orthogonal as a linear map of the whole image). The free
+    parameter is a real kernel P of k×k support; with P̂(ω) the transfer
+    matrix of the centred circular cross-correlation by P (the FFT of P
+    zero-padded to the image, conjugated), Q(ω) is
+
+    - ``"cayley"``: (I + A)⁻¹(I − A) with A(ω) = P̂(ω) − P̂(ω)ᴴ (the paper's
+      choice: A is the transfer matrix of the skew-symmetric convolution
+      P ∗ · − Pᵀ ∗ ·, whose support is k×k);
+    - ``"exp"``: expm(A(ω));
+    - ``"cwy"``: the compact WY transform of the columns of P̂(ω), P of shape
+      (c, L, k, k) (``reflections=L``, default c).
+
+    Note [Real output of the frequency-domain layer]
+    P is real, so P̂(−ω) = conj P̂(ω), and each map commutes with conjugation:
+    Q(−ω) = conj Q(ω). The output spectrum is therefore conjugate-symmetric and
+    the layer computes only the half spectrum (``rfft2``/``irfft2``), n·(n/2+1)
+    c×c maps instead of n²; at the self-conjugate frequencies Q(ω) is real.
+
+    Note [Cost of the FFT orthogonal convolution]
+    Per call: two FFTs of the input (O(B·c·n² log n)), the FFT of P, the maps
+    at n(n/2+1) frequencies (O(n²c³/2): one batched c×c solve for Cayley) and
+    a batched c×c matrix product per frequency (O(B·n²c²)). The maps depend on
+    the image size only; in a loop over many batches of one size, compute
+    them once with ``frequency_matrices``.
+
+    Args:
+        channels: c (input and output channels).
+        kernel_size: k, the support of P (k ≤ the input's height and width).
+        method: ``"cayley"`` (default), ``"exp"`` or ``"cwy"``.
+        bias: add a learned per-channel bias after the orthogonal map.
+        stride: must be 1 (a strided layer is not orthogonal).
+        **options: ``reflections`` (``"cwy"`` only), ``dtype``, ``device``.
+
+    Raises:
+        ValueError: unknown ``method``, ``stride`` ≠ 1, bad ``kernel_size`` or
+            ``reflections``.
+        TypeError: unknown options.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.nn import OrthogonalConv2d
+
+        conv = OrthogonalConv2d(4, 3)
+        x = torch.randn(2, 4, 8, 8)
+        y = conv(x)
+        assert torch.allclose(y.norm(), x.norm(), rtol=1e-4)
+        ```
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int,
+        method: str = "cayley",
+        bias: bool = False,
+        stride: int = 1,
+        **options: Any,
+    ):
+        super().__init__()
+        if method not in FFT_METHODS:
+            raise ValueError(f"method={method!r}; allowed: {', '.join(FFT_METHODS)}")
+        if stride != 1:
+            raise ValueError(
+                f"stride={stride!r}; allowed: 1 (a strided convolution is not orthogonal)"
+            )
+        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
+            raise ValueError(f"kernel_size={kernel_size!r}; allowed: a positive int")
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"channels={channels!r}; allowed: a positive int")
+        dtype, device = options.pop("dtype", None), options.pop("device", None)
+        allowed = ["reflections"] if method == "cwy" else []
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {', '.join(unknown)} for method={method!r}; "
+                f"allowed: {', '.join(['dtype', 'device', *allowed])}"
+            )
+        width = channels
+        if method == "cwy":
+            width = options.get("reflections") or channels
+            if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= channels:
+                raise ValueError(f"reflections={width!r}; allowed: an int in [1, {channels}]")
+        self.channels, self.kernel_size, self.method = channels, kernel_size, method
+        self.weight = nn.Parameter(
+            torch.empty(channels, width, kernel_size, kernel_size, dtype=dtype, device=device)
+        )
+        if method == "cwy":
+            nn.init.normal_(self.weight)
+        else:  # nn.Conv2d's initialisation, as in the paper (a CayleyConv is an nn.Conv2d)
+            nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+        self.bias = (
+            nn.Parameter(torch.zeros(channels, dtype=dtype, device=device)) if bias else None
+        )
+
+    def transfer(self, size: tuple[int, int]) -> torch.Tensor:
+        """P̂(ω) at the half spectrum of an h×w image: shape (h·(w//2+1), c, width).
+
+        Args:
+            size: (h, w) of the input.
+
+        Raises:
+            ValueError: if the kernel is larger than the image.
+        """
+        h, w = size
+        k = self.kernel_size
+        if k > h or k > w:
+            raise ValueError(
+                f"kernel_size={k} is larger than the input ({h}×{w}); allowed: "
+                f"kernel_size ≤ min(height, width) = {min(h, w)}"
+            )
+        p = (k - 1) // 2  # tap (a, b) reads x at offset (a − p, b − p): the centred kernel
+        g = F.pad(self.weight, (0, w - k, 0, h - k)).roll((-p, -p), (-2, -1))
+        pf = torch.fft.rfft2(g).conj()  # cross-correlation: the conjugate transfer
+        return pf.permute(2, 3, 0, 1).reshape(h * (w // 2 + 1), *self.weight.shape[:2])
+
+    def frequency_matrices(self, size: tuple[int, int]) -> torch.Tensor:
+        """Q(ω), the c×c unitary matrices at the half spectrum: (h·(w//2+1), c, c)."""
+        skew, fn = FFT_METHODS[self.method]
+        pf = self.transfer(size)
+        return fn(pf - pf.mH if skew else pf)
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """y = Q x (+ bias), x of shape (batch, c, h, w).
+
+        Args:
+            x: the input.
+            q: ``frequency_matrices((h, w))`` computed beforehand (optional).
+
+        Returns:
+            y, same shape and dtype as x.
+        """
+        if x.dim() != 4 or x.shape[1] != self.channels:
+            raise ValueError(
+                f"x must have shape (batch, {self.channels}, h, w), got {tuple(x.shape)}"
+            )
+        b, c, h, w = x.shape
+        q = self.frequency_matrices((h, w)) if q is None else q
+        xf = torch.fft.rfft2(x).permute(2, 3, 1, 0).reshape(-1, c, b)
+        yf = (q @ xf).reshape(h, w // 2 + 1, c, b).permute(3, 2, 0, 1)
+        y = torch.fft.irfft2(yf, s=(h, w))
+        return y if self.bias is None else y + self.bias[:, None, None]
+
+    def extra_repr(self) -> str:
+        return f"{self.channels}, kernel_size={self.kernel_size}, method={self.method!r}"

@@ -1,0 +1,331 @@
+r"""Recurrent layers with an orthogonal (real) or unitary (complex) transition matrix.
+
+h_t = σ(U x_t + W h_{t−1}),  y_t = V h_t + c,  with W on O(n) (real) or U(n)
+(complex, scuRNN) given by any map of `stiefel.orthogonalize` or kept as
+a manifold parameter (``method="riemannian"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..parametrizations import OrthogonalMap, orthogonalize
+
+__all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]
+
+INITS = ("henaff", "haar", "identity")
+
+
+class ModReLU(nn.Module):
+    r"""modReLU σ(z) = (|z| + b)·z/|z| if |z| + b ≥ 0, else 0 (real z: sign(z)·relu(|z| + b)).
+
+    Note [modReLU singularity]
+    For b > 0 the derivative blows up as z → 0 (scaled Cayley paper, §4, Theorems
+    3–4), even with |z| smoothed as √(|z|² + ε). Two guards: ``nonpositive_bias``
+    keeps b ≤ 0 (the derivative is then bounded, Theorem 3), and the recurrent
+    layers start from h₀ away from zero; |z| is smoothed with ε = 1e-5 as in
+    uRNN/scuRNN.
+
+    Args:
+        n: number of features (one bias each).
+        nonpositive_bias: use min(b, 0) as the bias (bounded derivative).
+        eps: the smoothing ε of |z|.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.nn import ModReLU
+
+        act = ModReLU(4)
+        z = torch.randn(2, 4, dtype=torch.complex64)
+        assert act(z).shape == (2, 4)
+        ```
+    """
+
+    def __init__(self, n: int, nonpositive_bias: bool = False, eps: float = 1e-5):
+        super().__init__()
+        self.bias = nn.Parameter(torch.full((n,), -0.01 if nonpositive_bias else 0.0))
+        self.nonpositive_bias = nonpositive_bias
+        self.eps = eps
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """σ(z), elementwise over the last dimension (of size n)."""
+        b = -torch.relu(-self.bias) if self.nonpositive_bias else self.bias
+        mod = torch.sqrt(z.real**2 + z.imag**2 + self.eps) if z.is_complex() else z.abs()
+        scale = torch.relu(mod + b) / (mod + (0 if z.is_complex() else self.eps))
+        return z * scale
+
+
+def henaff_init(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Block-diagonal 2×2 rotations with angles in U[−π, π] (Henaff et al. 2016).
+
+    Args:
+        n: size of the n×n matrix (odd n: the last diagonal entry is 1).
+        generator: random generator of the angles.
+
+    Returns:
+        An n×n float32 orthogonal matrix.
+    """
+    w = torch.zeros(n, n)
+    angles = (torch.rand(n // 2, generator=generator) * 2 - 1) * math.pi
+    for i, a in enumerate(angles):
+        c, s = math.cos(a), math.sin(a)
+        w[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, -s], [s, c]])
+    if n % 2:
+        w[-1, -1] = 1.0
+    return w
+
+
+def has_operator(fmap: object) -> bool:
+    """Whether ``fmap`` is a map with an operator form (its class's ``has_operator()``)."""
+    return isinstance(fmap, OrthogonalMap) and type(fmap).has_operator()
+
+
+def use_operator(operator: bool | str, w: nn.Module, n: int) -> bool:
+    """Whether a rollout applies W in its operator form.
+
+    Note [Operator form or matrix]
+    For a sequence of length T and batch B, the operator form costs about
+    4·T·B·n·L flops; forming Q once (2n²L) and multiplying by it costs about
+    2n²L + 2·T·B·n². For long sequences the operator form wins exactly when
+    2L < n, so ``"auto"`` takes it for maps that have one with fewer than n/2
+    reflections, and forms the matrix otherwise.
+    """
+    if operator not in (True, False, "auto"):
+        raise ValueError(f"operator={operator!r}; allowed: True, False, 'auto'")
+    fmap = getattr(w, "map", None)
+    if not has_operator(fmap):
+        return False
+    if operator == "auto":
+        L = getattr(fmap, "reflections", n) or n
+        return 2 * L < n
+    return bool(operator)
+
+
+class OrthogonalRNNCell(nn.Module):
+    r"""One step h' = σ(U x + W h) with W on O(n) (real) or U(n) (complex), σ = modReLU.
+
+    Reading the transition matrix recomputes its map (an O(n²L) or O(n³)
+    computation): call the cell inside ``torch.nn.utils.parametrize.cached()``
+    or pass the ``step`` function of `rollout_step` (the operator form,
+    factored once per sequence) when running it over a sequence.
+
+    Args:
+        n_in: input features.
+        n_hidden: hidden features n (W is n×n).
+        method: the map of W, any name of ``stiefel.parametrizations.available()``.
+        method_options: the map's options (e.g. ``{"reflections": 8}``).
+        complex: a complex cell (scuRNN-style) with W ∈ U(n).
+        init: ``"henaff"`` (block rotations), ``"haar"`` or ``"identity"``.
+        nonpositive_bias: the modReLU guard (Note [modReLU singularity]).
+        generator: random generator of the initial values.
+        dtype: the real floating dtype (float32 or float64); a complex cell
+            uses the matching complex dtype.
+
+    Raises:
+        TypeError: for a dtype other than float32/float64.
+        ValueError: for an unknown ``init``.
+
+    Example:
+        ```python
+        import torch
+        from torch.nn.utils import parametrize
+        from stiefel.nn import OrthogonalRNNCell
+
+        cell = OrthogonalRNNCell(3, 8, method="cwy")
+        x = torch.randn(5, 2, 3)  # (T, batch, n_in)
+        h = torch.zeros(2, 8)
+        with parametrize.cached():  # W is computed once for the sequence
+            for x_t in x:
+                h = cell(x_t, h)
+        assert h.shape == (2, 8)
+        ```
+    """
+
+    def __init__(
+        self,
+        n_in: int,
+        n_hidden: int,
+        method: str = "cwy",
+        method_options: dict[str, Any] | None = None,
+        complex: bool = False,
+        init: str = "henaff",
+        nonpositive_bias: bool = False,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype={dtype}; allowed: torch.float32, torch.float64")
+        if init not in INITS:
+            raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+        self.n, self.complex = n_hidden, complex
+        if init == "henaff":
+            w0 = henaff_init(n_hidden, generator)
+        elif init == "identity":
+            w0 = torch.eye(n_hidden)
+        else:
+            w0 = torch.linalg.qr(torch.randn(n_hidden, n_hidden, generator=generator))[0]
+        cdtype = dtype.to_complex() if complex else dtype
+        self.transition = orthogonalize(w0.to(cdtype), method=method, **(method_options or {}))
+        scale = 1 / math.sqrt(n_in)
+        inp = torch.randn(n_hidden, n_in, generator=generator).to(cdtype) * scale
+        self.inp = nn.Parameter(inp)
+        self.act = ModReLU(n_hidden, nonpositive_bias).to(dtype)
+
+    def transition_matrix(self) -> torch.Tensor:
+        """W, n×n (recomputed by the map at every call outside ``parametrize.cached()``)."""
+        return self.transition()
+
+    def rollout_step(self, operator: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function h ↦ W h (on rows: h @ Wᵀ) for one sequence.
+
+        Args:
+            operator: apply W in the map's operator form (factors once, O(n·L) per
+                vector) instead of forming W once.
+
+        Returns:
+            The function; build it once per sequence, not once per step.
+        """
+        if operator:
+            return self.transition.operator()
+        w = self.transition()
+        return lambda h: h @ w.T
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        step: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """h' = σ(U x + W h).
+
+        Args:
+            x: input (batch, n_in), real (cast to the cell's dtype).
+            h: hidden state (batch, n).
+            step: h ↦ W h from `rollout_step`; by default W is read
+                (and its map recomputed) now.
+
+        Returns:
+            The next hidden state (batch, n).
+        """
+        step = step or self.rollout_step()
+        return self.act(x.to(self.inp.dtype) @ self.inp.T + step(h))
+
+
+class OrthogonalRNN(nn.Module):
+    """An RNN with an orthogonal (real) or unitary (complex) transition matrix and a readout.
+
+    Runs an `OrthogonalRNNCell` over the sequence from a fixed h₀ away
+    from zero (Note [modReLU singularity]) and reads y = V h (+ c); a complex
+    cell is read through [Re h, Im h]. W is formed, or its operator form
+    factored, once per sequence (Note [Factors once per rollout]).
+
+    Args:
+        n_in: input features.
+        n_hidden: hidden features.
+        n_out: output features.
+        method: the map of W (``stiefel.parametrizations.available()``).
+        method_options: its options.
+        complex: a complex cell with W ∈ U(n).
+        init: ``"henaff"`` (block rotations), ``"haar"`` or ``"identity"``.
+        operator: ``"auto"`` (default), ``True`` or ``False``: apply W at each step
+            in the map's operator form where the map has one; otherwise W is
+            formed once per sequence. See Note [Operator form or matrix].
+        nonpositive_bias: the modReLU guard.
+        generator: random generator of the initial values.
+        dtype: the real floating dtype (float32 or float64).
+
+    Example:
+        ```python
+        import torch
+        from stiefel.nn import OrthogonalRNN
+
+        rnn = OrthogonalRNN(2, 16, 3, method="cwy", method_options={"reflections": 4})
+        y = rnn(torch.randn(4, 10, 2))  # (batch, T, n_in) -> (batch, n_out)
+        assert y.shape == (4, 3)
+        ```
+    """
+
+    def __init__(
+        self,
+        n_in: int,
+        n_hidden: int,
+        n_out: int,
+        method: str = "cwy",
+        method_options: dict[str, Any] | None = None,
+        complex: bool = False,
+        init: str = "henaff",
+        operator: bool | str = "auto",
+        nonpositive_bias: bool = False,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        self.cell = OrthogonalRNNCell(
+            n_in,
+            n_hidden,
+            method,
+            method_options,
+            complex,
+            init,
+            nonpositive_bias,
+            generator,
+            dtype,
+        )
+        self.n, self.complex = n_hidden, complex
+        self.use_operator = use_operator(operator, self.cell.transition, n_hidden)
+        width = 2 * n_hidden if complex else n_hidden
+        self.out = nn.Linear(width, n_out, dtype=dtype)
+        h0 = torch.rand(n_hidden, generator=generator) * 0.1 + 0.05
+        self.register_buffer("h0", h0.to(self.cell.inp.dtype))
+
+    @property
+    def transition(self) -> nn.Module:
+        """The `stiefel.parametrizations.OrthogonalMatrix` of W."""
+        return self.cell.transition
+
+    @property
+    def inp(self) -> nn.Parameter:
+        """The input matrix U (n × n_in)."""
+        return self.cell.inp
+
+    @property
+    def act(self) -> ModReLU:
+        """The modReLU nonlinearity."""
+        return self.cell.act
+
+    def transition_matrix(self) -> torch.Tensor:
+        """W, n×n."""
+        return self.cell.transition_matrix()
+
+    def forward(self, x: torch.Tensor, all_steps: bool = False) -> torch.Tensor:
+        """Run the sequence.
+
+        Args:
+            x: inputs (batch, T, n_in).
+            all_steps: return every step's output instead of the last one.
+
+        Returns:
+            (batch, T, n_out) if ``all_steps`` else (batch, n_out).
+        """
+        b, t, _ = x.shape
+        x = x.to(self.cell.inp.dtype)
+        drive = x @ self.cell.inp.T  # (b, T, n), one matmul for the whole sequence
+        step = self.cell.rollout_step(self.use_operator)  # Note [Factors once per rollout]
+        h = self.h0.expand(b, self.n)
+        outs = []
+        for i in range(t):
+            h = self.cell.act(drive[:, i] + step(h))
+            if all_steps or i == t - 1:
+                outs.append(h)
+        hs = torch.stack(outs, 1)
+        if self.complex:
+            hs = torch.cat((hs.real, hs.imag), -1)
+        y = self.out(hs)
+        return y if all_steps else y[:, -1]

@@ -1,0 +1,433 @@
+r"""Orthogonal fine-tuning: ``rotate``, ``merge`` and ``rotation``.
+
+``rotate(module)`` adds a learned orthogonal Q (the identity at the start) to a
+module with a frozen weight W and makes it compute as if its weight were W·Q
+(``side="input"``) or Q·W (``side="output"``), without forming that product:
+the features are rotated through Q's operator form and the module's own
+forward runs unchanged (HRA, OFT and BOFT are the special cases of a product
+of reflections, Cayley blocks and butterflies).
+
+Note [Rotating the features of a module linear in them]
+If a module computes y = f(x) with f linear in the input features (for every
+other argument fixed): f(x) = W ⋆ x + b with ⋆ a contraction over the input
+features (a matrix product for ``nn.Linear``, a convolution over channels for
+``nn.Conv1d/2d``, a dequantize-then-matmul for a quantized layer), then
+f(Q x) = W ⋆ (Q x) + b = (W Q) ⋆ x + b: rotating the input features is the
+module with the weight W·Q (Q contracted with W's input-feature axis, dim 1).
+On the output side, (Q W) ⋆ x + b = Q (f(x) − b) + b: the bias is *not*
+rotated. "As if its weight were Q·W" means exactly this: W is replaced by
+Q·W and every other tensor of the module, the bias included, is kept; it is
+also what :func:`merge` writes.
+
+Note [Butterfly factors as index gathers]
+BOFT's Q = F_{k−1}⋯F_0 with F_i = P_i·diag(B_i1, …, B_ib)·P_iᵀ, P_i the
+butterfly permutation of level i (chunks of s/2 features inside groups of
+s·2^i, evens then odds; level 0 is the identity). Rows x ↦ x F_iᵀ are
+x[…, π_i⁻¹] (x P_i), b independent s×s products, then […, π_i] (· P_iᵀ):
+two gathers, O(n) each, never an n×n permutation matrix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import geoopt
+import torch
+from torch import nn
+
+from ..manifolds import Orthogonal, Unitary
+from .base import OrthogonalMap, available, get
+from .orthogonalize import RIEMANNIAN
+
+__all__ = ["rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise"]
+
+SIDES = ("input", "output")
+ATTRIBUTE = "rotation"
+
+
+# --------------------------------------------------------------------------- kernels
+def butterfly_permutation(n: int, block: int, level: int) -> torch.Tensor:
+    """π of the level-``level`` butterfly on n features for blocks of size ``block``.
+
+    P[k, π[k]] = 1 is BOFT's permutation matrix: inside each group of
+    ``block·2^level`` features, the chunks of ``block/2`` are reordered evens
+    first, then odds (Note [Butterfly factors as index gathers]).
+    """
+    if level == 0:
+        return torch.arange(n)
+    group, chunk = block * 2**level, block // 2
+    chunks = torch.arange(group).view(group // chunk, chunk)
+    order = torch.cat([chunks[0::2], chunks[1::2]]).reshape(-1)
+    return (torch.arange(0, n, group).unsqueeze(1) + order).reshape(-1)
+
+
+def blockwise(x: torch.Tensor, blocks: int, fn: Callable[[torch.Tensor], torch.Tensor]):
+    """Apply ``fn`` to the feature blocks of x (…, b·s) laid out as one batch (b, N, s)."""
+    lead = x.shape[:-1]
+    z = x.reshape(-1, blocks, x.shape[-1] // blocks).transpose(0, 1)
+    return fn(z).transpose(0, 1).reshape(*lead, -1)
+
+
+class Rotation(nn.Module):
+    r"""The learned Q of a rotated module: k factors, each b orthogonal s×s blocks.
+
+    Q = F_{k−1}⋯F_0 (Note [Butterfly factors as index gathers]); with
+    ``butterfly=0`` one block-diagonal factor. Each factor's blocks are one
+    batched map of the registry (shape (b, s, s)) with its free parameter in
+    ``originals``, or for ``"riemannian"`` one ``geoopt.ManifoldParameter`` on
+    O(s)/U(s) in ``points``.
+    """
+
+    def __init__(
+        self,
+        features: int,
+        method: str,
+        blocks: int,
+        butterfly: int,
+        dtype: torch.dtype,
+        device: torch.device | None,
+        options: dict[str, Any],
+    ):
+        super().__init__()
+        self.features, self.blocks, self.butterfly = features, blocks, butterfly
+        self.method, self.dtype = method, dtype
+        size = features // blocks
+        shape = (blocks, size, size)
+        factors = max(butterfly, 1)
+        cls = RIEMANNIAN if method == RIEMANNIAN else get(method)  # riemannian is not a map
+        self.maps = nn.ModuleList()
+        self.originals = nn.ParameterList()
+        self.points = nn.ParameterList()
+        eye = torch.eye(size, dtype=dtype, device=device).expand(shape).clone()
+        if cls == RIEMANNIAN:
+            if options:
+                raise TypeError(
+                    f"unknown option(s) {', '.join(sorted(options))} for method='riemannian'; "
+                    "allowed: none"
+                )
+            manifold = Unitary(size) if dtype.is_complex else Orthogonal(size)
+            for _ in range(factors):
+                self.points.append(geoopt.ManifoldParameter(eye.clone(), manifold=manifold))
+        else:
+            assert isinstance(cls, type) and issubclass(cls, OrthogonalMap)
+            serves = getattr(cls, "serves", None)  # optional capability (OrthogonalMap's)
+            refused = getattr(cls, "real_only", False) and dtype.is_complex
+            if refused or (serves is not None and not serves(shape, dtype)):
+                raise ValueError(
+                    f"method={method!r} cannot serve {blocks} block(s) of {size}×{size} in "
+                    f"{dtype}; allowed: {', '.join(available())}"
+                )
+            names = _option_names(cls)
+            unknown = sorted(set(options) - set(names))
+            if unknown:
+                raise TypeError(
+                    f"unknown option(s) {', '.join(unknown)} for method={method!r}; "
+                    f"allowed: {', '.join(names) or 'none'}"
+                )
+            for _ in range(factors):
+                fmap = cls(shape, dtype, device, **options)
+                with torch.no_grad():  # the map's right inverse at Q = I (the contract's inverse)
+                    original = fmap.inverse(eye).to(dtype=dtype, device=device)
+                self.maps.append(fmap)
+                self.originals.append(nn.Parameter(original))
+        for level in range(factors if butterfly else 0):
+            perm = butterfly_permutation(features, size, level)
+            self.register_buffer(f"perm{level}", perm.to(device), persistent=False)
+            self.register_buffer(f"inv{level}", torch.argsort(perm).to(device), persistent=False)
+
+    def _blocks(self, i: int) -> torch.Tensor:
+        if self.points:
+            return self.points[i]
+        return self.maps[i].matrix(self.originals[i])  # square blocks: tall = the matrix
+
+    def operator(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        r"""x ↦ ``F.linear(x, Q)`` = x Qᵀ for x of shape (…, features), Q never formed.
+
+        The maps' per-weight work (e.g. CWY's U and S) is done here, once per call.
+        """
+        ops = []
+        for i in range(max(self.butterfly, 1)):
+            if self.points:
+                q = self.points[i]
+                ops.append(lambda z, q=q: z @ q.mT)
+            else:
+                ops.append(self.maps[i].prepare_operator(self.originals[i]))
+
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            for i, op in enumerate(ops):
+                if self.butterfly:
+                    x = x[..., getattr(self, f"inv{i}")]
+                x = blockwise(x, self.blocks, op)
+                if self.butterfly:
+                    x = x[..., getattr(self, f"perm{i}")]
+            return x
+
+        return apply
+
+    def matrix(self) -> torch.Tensor:
+        """The dense Q (features × features): for inspection and :func:`merge`."""
+        q = None
+        for i in range(max(self.butterfly, 1)):
+            f = torch.block_diag(*self._blocks(i).unbind(0))
+            if self.butterfly:
+                perm = getattr(self, f"perm{i}")
+                f = f[perm][:, perm]
+            q = f if q is None else f @ q
+        assert q is not None
+        return q
+
+    def extra_repr(self) -> str:
+        return (
+            f"method={self.method!r}, features={self.features}, blocks={self.blocks}, "
+            f"butterfly={self.butterfly}, dtype={self.dtype}"
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+def _option_names(cls: type) -> list[str]:
+    """The map's options: ``options()``, ``option_names()`` or its constructor's arguments."""
+    if callable(getattr(cls, "options", None)):
+        return list(cls.options())
+    if hasattr(cls, "option_names"):
+        return list(cls.option_names())
+    params = inspect.signature(cls.__init__).parameters
+    return [p for p in params if p not in ("self", "shape", "dtype", "device")]
+
+
+def _feature_dim(module: nn.Module) -> int:
+    return 1 if isinstance(module, nn.modules.conv._ConvNd) else -1
+
+
+def _along(x: torch.Tensor, dim: int, op: Callable[[torch.Tensor], torch.Tensor], dtype):
+    """op applied along ``dim`` of x, computed in ``dtype``, returned in x's dtype."""
+    if dim == -1:
+        return op(x.to(dtype)).to(x.dtype)
+    z = x.movedim(dim, -1)
+    return op(z.to(dtype)).to(x.dtype).movedim(-1, dim)
+
+
+def _q_dtype(weight: torch.Tensor) -> torch.dtype:
+    if weight.dtype in (torch.float64, torch.complex64, torch.complex128):
+        return weight.dtype
+    return torch.float32
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= {low}")
+    return value
+
+
+def _check_module(module: object) -> torch.Tensor:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if isinstance(getattr(module, ATTRIBUTE, None), Rotation):
+        raise ValueError(
+            f"{type(module).__name__} is already rotated; merge(module) first to rotate it again"
+        )
+    if hasattr(module, ATTRIBUTE):
+        raise ValueError(
+            f"{type(module).__name__} already has an attribute {ATTRIBUTE!r}; "
+            "rotate stores Q there and needs it free"
+        )
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor):
+        raise ValueError(
+            f"rotate needs a module with a tensor `weight` (out_features, in_features, …); "
+            f"{type(module).__name__} has {type(w).__name__ if w is not None else 'none'}"
+        )
+    if w.dim() < 2:
+        raise ValueError(f"module.weight must have >= 2 dimensions, got shape {tuple(w.shape)}")
+    if isinstance(module, nn.modules.conv._ConvNd):
+        if module.transposed:
+            raise TypeError(
+                f"{type(module).__name__} is not supported (its weight is (in, out, …)); "
+                "allowed: nn.Linear, nn.Conv1d/2d/3d and modules with a weight (out, in, …)"
+            )
+        if module.groups != 1:
+            raise ValueError(
+                f"groups={module.groups} is not supported: W·Q mixes every input channel; "
+                "allowed: groups=1"
+            )
+    return w
+
+
+# --------------------------------------------------------------------------- public API
+def rotate(
+    module: nn.Module,
+    method: str = "cwy",
+    side: str = "input",
+    blocks: int = 1,
+    butterfly: int = 0,
+    **options: Any,
+) -> nn.Module:
+    r"""Make a frozen module compute as if its weight were W·Q (or Q·W), Q orthogonal and learned.
+
+    Q starts at the identity. With ``side="input"`` Q ∈ O(in_features) rotates
+    the input features (channels for convolutions) before the module's own
+    forward, which then computes f(Qx) = (W Q) ⋆ x + b for any module linear in
+    its input features (Note [Rotating the features of a module linear in
+    them]); with ``side="output"`` Q ∈ O(out_features) rotates the output
+    without the bias: Q(f(x) − b) + b = (Q W) ⋆ x + b. W is frozen
+    (``requires_grad=False``) and never modified or cast; Q is computed in
+    float32 (float64, complex64 or complex128 when W has that dtype) and the
+    rotated features are cast back to the input dtype.
+
+    Args:
+        module: a module with a ``weight`` of shape (out, in, …): ``nn.Linear``,
+            ``nn.Conv1d/2d/3d`` (groups=1), or a custom (e.g. quantized) layer
+            whose forward is linear in its input features (features last).
+        method: a name of :func:`stiefel.parametrizations.available`; Q's blocks
+            are that map (``"riemannian"``: Q itself is a
+            ``geoopt.ManifoldParameter`` for ``stiefel.optimizers``).
+        side: ``"input"`` (W·Q) or ``"output"`` (Q·W).
+        blocks: b ≥ 1 dividing the features: Q block-diagonal with b blocks (OFT).
+        butterfly: k ≥ 0: Q is a product of k butterfly-permuted
+            block-diagonal factors (BOFT); needs an even block size s and b
+            divisible by 2^(k−1). 0 (default) means one plain factor.
+        **options: the method's options (e.g. ``reflections=L``).
+
+    Returns:
+        The module, rotated in place (Q in ``module.rotation``).
+
+    Raises:
+        TypeError: not a module, a transposed convolution, unknown options.
+        ValueError: no weight, bad ``side``/``blocks``/``butterfly``, a method
+            that cannot serve the blocks, a module already rotated.
+
+    Example:
+        ```python
+        import torch
+        import stiefel
+
+        layer = torch.nn.Linear(64, 32)
+        x = torch.randn(5, 64)
+        stiefel.rotate(layer, method="cwy", reflections=4)
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        q = stiefel.rotation(layer)
+        assert q.shape == (64, 64)
+        ```
+    """
+    w = _check_module(module)
+    if not isinstance(side, str) or side not in SIDES:
+        raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
+    if method != RIEMANNIAN:
+        get(method)  # unknown names raise, listing the registry
+    features = int(w.shape[1] if side == "input" else w.shape[0])
+    _check_int("blocks", blocks, 1)
+    _check_int("butterfly", butterfly, 0)
+    if features % blocks:
+        divisors = [d for d in range(1, features + 1) if features % d == 0]
+        raise ValueError(
+            f"blocks={blocks} does not divide the {side} features ({features}); "
+            f"allowed: {', '.join(map(str, divisors))}"
+        )
+    size = features // blocks
+    if butterfly > 1 and (size % 2 or blocks % 2 ** (butterfly - 1)):
+        raise ValueError(
+            f"butterfly={butterfly} with blocks={blocks} (block size {size}) on {features} "
+            f"features: a butterfly needs an even block size and blocks divisible by "
+            f"2^(butterfly-1) = {2 ** (butterfly - 1)}, i.e. block size · 2^(butterfly-1) "
+            f"dividing {features}; allowed: butterfly <= "
+            f"{_max_butterfly(blocks, size)} for these blocks"
+        )
+    dtype = _q_dtype(w)
+    rot = Rotation(features, method, blocks, butterfly, dtype, w.device, dict(options))
+    # everything validated and built: now modify the module
+    feature_dim = _feature_dim(module)
+    rot._frozen = w.requires_grad  # restored by merge
+    rot._side = side
+    if w.requires_grad:
+        w.requires_grad_(False)
+    setattr(module, ATTRIBUTE, rot)
+    if side == "input":
+
+        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict):
+            if not args:
+                raise TypeError(
+                    f"a rotated {type(mod).__name__} rotates its first positional argument; "
+                    f"got none (keyword arguments: {', '.join(kwargs) or 'none'}): pass the "
+                    "input positionally"
+                )
+            x = _along(args[0], feature_dim, mod.rotation.operator(), mod.rotation.dtype)
+            return (x, *args[1:]), kwargs
+
+        rot._handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    else:
+
+        def hook(mod: nn.Module, args: tuple, y: torch.Tensor):
+            op, dt = mod.rotation.operator(), mod.rotation.dtype
+            b = getattr(mod, "bias", None)
+            if not isinstance(b, torch.Tensor):
+                return _along(y, feature_dim, op, dt)
+            shape = (-1,) + (1,) * (y.dim() - 2) if feature_dim == 1 else (-1,)
+            b = b.view(shape)
+            return _along(y - b, feature_dim, op, dt) + b
+
+        rot._handle = module.register_forward_hook(hook)
+    return module
+
+
+def _max_butterfly(blocks: int, size: int) -> int:
+    if size % 2:
+        return 1
+    k = 1
+    while blocks % 2**k == 0:
+        k += 1
+    return k
+
+
+def _rotation_of(module: object) -> Rotation:
+    rot = getattr(module, ATTRIBUTE, None)
+    if not isinstance(rot, Rotation):
+        raise ValueError(
+            f"{type(module).__name__} is not rotated (no Rotation in module.{ATTRIBUTE}); "
+            "allowed: a module returned by stiefel.rotate"
+        )
+    return rot
+
+
+def rotation(module: nn.Module) -> torch.Tensor:
+    """The dense Q of a rotated module (features × features, in Q's dtype, differentiable).
+
+    Raises:
+        ValueError: the module is not rotated.
+    """
+    return _rotation_of(module).matrix()
+
+
+def merge(module: nn.Module) -> nn.Module:
+    r"""Write W·Q (``side="input"``) or Q·W (``side="output"``) into the weight; remove Q.
+
+    The bias is kept (Note [Rotating the features of a module linear in
+    them]); the product is computed in Q's dtype and stored in the weight's
+    dtype, in place (the Parameter object is kept), and the weight's
+    ``requires_grad`` is restored.
+
+    Raises:
+        ValueError: the module is not rotated.
+        TypeError: the weight is not floating point (e.g. int8): dequantize first.
+    """
+    rot = _rotation_of(module)
+    w = module.weight
+    if not (w.is_floating_point() or w.is_complex()):
+        raise TypeError(
+            f"merge writes W·Q into module.weight, which has dtype {w.dtype}; allowed: a "
+            "floating-point or complex weight (dequantize first, or keep the rotation)"
+        )
+    with torch.no_grad():
+        q = rot.matrix()
+        wq = w.to(q.dtype)
+        new = (
+            torch.einsum("oj...,ji->oi...", wq, q)
+            if rot._side == "input"
+            else (torch.einsum("oj,j...->o...", q, wq))
+        )
+        w.copy_(new.to(w.dtype))
+    rot._handle.remove()
+    delattr(module, ATTRIBUTE)
+    if rot._frozen:
+        w.requires_grad_(True)
+    return module

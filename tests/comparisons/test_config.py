@@ -1,0 +1,160 @@
+"""Options are checked before any training: each error names the option and what is allowed."""
+
+import pytest
+
+from stiefel.comparisons import cli, config, tasks
+from stiefel.comparisons.grid import plan
+
+BASE = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--steps", "3", "--n", "4"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "message"),
+    [
+        (["--seeds", "0"], ValueError, r"seeds=0; allowed: an integer >= 1"),
+        (["--seeds", "-2"], ValueError, r"seeds=-2; allowed: an integer >= 1"),
+        (["--steps", "0"], ValueError, r"steps=0; allowed: an integer >= 1"),
+        (["--record-every", "0"], ValueError, r"record_every=0; allowed: an integer >= 1"),
+        (["--lr", "0"], ValueError, r"lr=0.0; allowed: a number > 0"),
+        (["--jobs", "0"], ValueError, r"jobs=0; allowed: an integer >= 1"),
+        (
+            ["--tasks", "copying", "--T", "0"],
+            ValueError,
+            r"'copying': T=0; allowed: an integer >= 1",
+        ),
+        (["--tasks", "copying", "--batch", "0"], ValueError, r"batch=0; allowed: an integer >= 1"),
+        (["--m", "9"], ValueError, r"task 'procrustes': m=9; allowed: 1 <= m <= n=4"),
+        (["--T", "5"], ValueError, r"option 'T' is taken by none .*: procrustes: n=32"),
+        (["--task-option", "q=1"], ValueError, r"option 'q' is taken by none .* k=64"),
+        (["--task-option", "k=abc"], TypeError, r"option k='abc' \(str\); allowed: a int"),
+        (
+            ["--strategies", "cwy+adam(lr=abc)"],
+            ValueError,
+            r"'cwy\+adam\(lr=abc\)': .* lr='abc'; allowed: a number > 0",
+        ),
+        (
+            ["--strategies", "lstm+rmsprop"],
+            ValueError,
+            r"'procrustes' is a matrix task and every strategy .* is an LSTM",
+        ),
+        (["--tasks", "mnist"], ValueError, r"unknown task 'mnist'; available: adding, brockett"),
+    ],
+)
+def test_bad_options_are_refused_before_training(tmp_path, argv, error, message):
+    with pytest.raises(error, match=message):
+        cli.main(["drift", "--out", str(tmp_path / "o"), *BASE, *argv])
+    assert not (tmp_path / "o" / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "error", "message"),
+    [
+        (
+            'tasks = "procrustes"\n',
+            TypeError,
+            r"tasks='procrustes' \(str\); allowed: a list, e.g. \[",
+        ),
+        ('[drift]\nsteps = "10"\n', ValueError, r"steps='10'; allowed: an integer >= 1"),
+        ("[drift]\nseeds = 1.5\n", ValueError, r"seeds=1.5; allowed: an integer >= 1"),
+        ("[drift]\ndtypes = [32]\n", ValueError, r"dtypes\[0\]=32; allowed: float32, float64"),
+        ("[drift]\ntask_options = 3\n", TypeError, r"task_options=3 \(int\); allowed: a table"),
+        ("[quick]\nstepz = 3\n", ValueError, r"unknown option 'stepz' in \[quick\]"),
+        ("drift = 3\n", TypeError, r"\[drift\] must be a table"),
+    ],
+)
+def test_toml_of_the_wrong_type_is_refused(tmp_path, toml, error, message):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    with pytest.raises(error, match=message):
+        cli.main(["drift", "--out", str(tmp_path / "o"), "--config", str(cfg)])
+
+
+def test_layers_merge_in_order_and_quick_table_applies(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("steps = 7\nn = 5\n[drift]\nseeds = 2\n[quick]\nsteps = 9\nrepeats = 2\n")
+    opts = config.resolve("drift", {}, cfg)
+    assert (opts["steps"], opts["seeds"], opts["task_options"]["n"]) == (7, 2, 5)
+    quick = config.resolve("drift", {}, cfg, quick=True)
+    assert quick["steps"] == 9 and quick["task_options"] == {"n": 5, "m": 8}  # [quick] wins
+    assert config.resolve("complexity", {}, cfg, quick=True)["repeats"] == 2
+    flags = config.resolve("drift", {"steps": 11, "task_options": {"n": 6}}, cfg)
+    assert flags["steps"] == 11 and flags["task_options"]["n"] == 6  # flags win
+
+
+def test_task_options_come_from_the_signature():
+    assert tasks.options("copying") == {
+        "n": 64,
+        "batch": 64,
+        "T": 100,
+        "operator": "auto",
+        "nonpositive_bias": False,
+    }
+    assert tasks.options("procrustes") == {"n": 32, "m": None, "k": 64}
+    with pytest.raises(ValueError, match=r"unknown option 'q'; its options: n=32, m=None, k=64"):
+        tasks.check_options("procrustes", {"q": 1})
+
+
+def test_a_registered_task_gets_its_options_from_the_cli(tmp_path, monkeypatch):
+    from stiefel.comparisons.tasks import base
+    from stiefel.comparisons.tasks.matrix import Procrustes
+
+    monkeypatch.setattr(base, "_TASKS", dict(base._TASKS))
+
+    @tasks.register("scaled_procrustes")
+    class Scaled(Procrustes):
+        def __init__(self, dtype, device, seed, scale: float = 1.0, **kw):
+            super().__init__(dtype, device, seed, **kw)
+            self.scale = scale
+
+        def loss(self, model, step):
+            return self.scale * super().loss(model, step)
+
+    assert tasks.options("scaled_procrustes") == {"scale": 1.0, "n": 32, "m": None, "k": 64}
+    argv = ["drift", "--out", str(tmp_path), "--tasks", "scaled_procrustes", "--strategies"]
+    argv += ["cwy+adam", "--steps", "2", "--seeds", "1", "--dtype", "float64"]
+    cli.main([*argv, "--task-option", "scale=3", "--n", "4", "--m", "2"])
+    md = (tmp_path / "drift.md").read_text()
+    assert "scaled_procrustes: scale=3, n=4, m=2, k=64" in md
+
+
+def test_lstm_on_a_matrix_task_is_reported(tmp_path):
+    opts = config.resolve(
+        "convergence",
+        {"tasks": ["procrustes"], "strategies": ["cwy+adam", "lstm+rmsprop"], "n": 4},
+    )
+    jobs, skipped = plan(opts)
+    assert {j.strategy for j in jobs} == {"cwy+adam"}
+    assert skipped == ["lstm+rmsprop on procrustes: the LSTM baseline needs a sequence task"]
+    argv = ["convergence", "--out", str(tmp_path), "--tasks", "procrustes", "--strategies"]
+    cli.main([*argv, "cwy+adam", "lstm+rmsprop", "--n", "4", "--steps", "2", "--seeds", "1"])
+    assert "not run: lstm+rmsprop on procrustes" in (tmp_path / "report.md").read_text()
+
+
+def test_help_lists_what_the_registries_hold(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["convergence", "--help"])
+    out = capsys.readouterr().out
+    assert "methods: householder, cwy" in out and "optimizers: " in out and "rgd" in out
+    assert "copying (sequence): n=64, batch=64, T=100" in out
+    assert "(default: 2000)" in out and "--lr LR" in out and "--task-option KEY=VALUE" in out
+
+
+def test_lr_flag_sets_strategies_that_name_none(tmp_path):
+    argv = ["drift", "--out", str(tmp_path), "--strategies", "cwy+adam", "cwy+adam(lr=0.5)"]
+    cli.main([*argv, "--lr", "0.25", "--steps", "2", "--n", "4", "--m", "2", "--seeds", "1"])
+    md = (tmp_path / "drift.md").read_text()
+    assert "cwy+adam: 0.25, cwy+adam(lr=0.5): 0.5" in md
+
+
+def test_every_shipped_config_resolves():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert files
+    for path in files:
+        for section in config.SCHEMA:
+            if section in config.load_toml(path):
+                opts = config.resolve(section, {}, path)
+                if "tasks" in opts:
+                    plan(opts)  # names, strategies and task options all check

@@ -1,0 +1,146 @@
+"""stiefel.integrations.peft.accelerate against PEFT's own forward (tiny local models)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+peft = pytest.importorskip("peft")
+from peft import BOFTConfig, HRAConfig, LoraConfig, OFTConfig, get_peft_model  # noqa: E402
+
+from stiefel.integrations.peft import accelerate, cayley_neumann, restore  # noqa: E402
+
+F64 = torch.float64
+
+CONFIGS = {
+    "hra": lambda: HRAConfig(r=4, target_modules=["0", "2"], init_weights=False),
+    "oft": lambda: OFTConfig(r=0, oft_block_size=4, target_modules=["0", "2"], init_weights=False),
+    "oft_exact": lambda: OFTConfig(
+        r=0,
+        oft_block_size=4,
+        target_modules=["0", "2"],
+        init_weights=False,
+        use_cayley_neumann=False,
+    ),
+    "boft": lambda: BOFTConfig(
+        boft_block_size=4, boft_n_butterfly_factor=1, target_modules=["0", "2"], init_weights=False
+    ),
+}
+
+
+def _model(kind: str, seed: int = 0, dtype=F64):
+    torch.manual_seed(seed)
+    base = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 8)).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # BOFT's CUDA-extension notice on CPU
+        model = get_peft_model(base, CONFIGS[kind]())
+    with torch.no_grad():  # move every adapter away from its initial value
+        g = torch.Generator().manual_seed(seed + 1)
+        for n, p in model.named_parameters():
+            if p.requires_grad and "boft_s" not in n:
+                p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+def _grads(model, x):
+    model.zero_grad()
+    out = model(x)
+    out.pow(2).sum().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_outputs_gradients_state_dict_match_peft(kind):
+    ref = _model(kind)
+    fast = copy.deepcopy(ref)
+    keys = {k: v.clone() for k, v in fast.state_dict().items()}
+    accelerate(fast)
+    swapped = [m for m in fast.modules() if "forward" in m.__dict__]
+    assert len(swapped) == 2  # both adapted layers run the accelerated forward
+    assert {k: v.clone() for k, v in fast.state_dict().items()}.keys() == keys.keys()
+    assert all(torch.equal(keys[k], v) for k, v in fast.state_dict().items())
+    x = torch.randn(3, 5, 16, dtype=F64)
+    y_ref, g_ref = _grads(ref, x)
+    y, g = _grads(fast, x)
+    assert torch.allclose(y, y_ref, atol=1e-10, rtol=0)
+    assert g.keys() == g_ref.keys()
+    for n in g:
+        assert torch.allclose(g[n], g_ref[n], atol=1e-10, rtol=0), n
+    merged = fast.merge_and_unload()
+    assert torch.allclose(merged(x), y_ref, atol=1e-10, rtol=0)
+
+
+def test_exact_cayley_option_is_orthogonal_where_neumann_drifts():
+    ref = _model("oft")
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "oft_R" in n:
+                p.mul_(8)  # large skew parameters: the series is far from orthogonal
+    fast = accelerate(copy.deepcopy(ref), exact_cayley=True)
+    x = torch.randn(4, 16, dtype=F64)
+    # exact Cayley blocks reproduce PEFT's own exact Cayley (use_cayley_neumann=False)
+    exact = copy.deepcopy(ref)
+    for layer in exact.modules():
+        if hasattr(layer, "use_cayley_neumann"):
+            layer.use_cayley_neumann = False
+    assert torch.allclose(fast(x), exact(x), atol=1e-10, rtol=0)
+    assert not torch.allclose(fast(x), ref(x), atol=1e-3)
+    rot = ref.base_model.model[0].oft_R["default"]
+    from stiefel.integrations.peft import _cayley, _skew
+
+    a = _skew(rot.weight.detach(), rot.block_size)
+    eye = torch.eye(4, dtype=F64)
+    r_series = cayley_neumann(a, 5)
+    r_exact = _cayley(a)
+    assert torch.allclose(r_series, rot._cayley_batch(rot.weight.detach(), 4), atol=1e-12)
+    assert (r_exact.mT @ r_exact - eye).norm() < 1e-12
+    assert (r_series.mT @ r_series - eye).norm() > 1e-2
+
+
+def test_llama_compile_and_restore():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+    )
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(cfg).eval()
+    model = get_peft_model(base, HRAConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "hra_u" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    ids = torch.randint(0, 32, (2, 8))
+    ref = model(input_ids=ids).logits
+    accelerate(model)
+    assert torch.allclose(model(input_ids=ids).logits, ref, atol=1e-5)
+    compiled = torch.compile(model.base_model.model.model.layers[0].self_attn.q_proj)
+    x = torch.randn(2, 8, 16)
+    assert torch.allclose(compiled(x), model.base_model.model.model.layers[0].self_attn.q_proj(x))
+    restore(model)
+    assert "forward" not in model.base_model.model.model.layers[0].self_attn.q_proj.__dict__
+    assert torch.allclose(model(input_ids=ids).logits, ref, atol=1e-6)
+
+
+def test_warnings_and_errors(monkeypatch):
+    torch.manual_seed(0)
+    lora = get_peft_model(nn.Sequential(nn.Linear(8, 8)), LoraConfig(r=2, target_modules=["0"]))
+    with pytest.warns(UserWarning, match=r"no supported layer.*found: .*lora\.layer\.Linear"):
+        accelerate(lora)
+    assert "forward" not in lora.base_model.model[0].__dict__
+    with pytest.warns(UserWarning, match="no PEFT layer at all"):
+        accelerate(nn.Linear(3, 3))
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        accelerate("model")
+    monkeypatch.setattr(peft, "__version__", "0.6.0")
+    with pytest.raises(ImportError, match=r"PEFT 0\.6\.0 is not supported.*allowed"):
+        accelerate(_model("hra"))

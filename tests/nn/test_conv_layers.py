@@ -1,0 +1,177 @@
+"""ConvNERUCell (no explosion over T = 1000) and OrthogonalConv2d (exactly orthogonal)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+from stiefel.nn import ConvNERUCell, OrthogonalConv2d
+
+DT = torch.float64
+
+
+# --------------------------------------------------------------------------- ConvNERU
+def _rollout(cell, g, xs):
+    norms = []
+    with torch.no_grad(), parametrize.cached():
+        for x in xs:
+            g = cell(x, g)
+            norms.append(float(g.norm()))
+    return g, norms
+
+
+def _op_norm(conv, shape, iters=200):
+    """‖conv‖₂ by power iteration on convᵀconv (an independent estimate)."""
+    x = torch.randn(shape, dtype=DT)
+    for _ in range(iters):
+        x = x.requires_grad_(True)
+        y = conv(x)
+        (g,) = torch.autograd.grad(y, x, y)
+        x = (g / g.norm()).detach()
+    return float(conv(x).detach().norm())
+
+
+@pytest.mark.parametrize("method", ["tcwy", "riemannian"])
+def test_convneru_hidden_states_do_not_explode_over_1000_steps(method):
+    torch.manual_seed(0)
+    cell = ConvNERUCell(1, 3, 3, method=method, dtype=DT)
+    with torch.no_grad():
+        cell.bias.uniform_(-0.5, 0.5)
+    T, bound = 1000, 1.0
+    xs = torch.randn(T, 2, 1, 4, 4, dtype=DT)
+    xs = xs * (bound / xs.flatten(1).norm(dim=1)).view(T, 1, 1, 1, 1)  # ‖X_t‖ = 1
+    g0 = 10 * torch.randn(2, 3, 4, 4, dtype=DT)
+    lin = _op_norm(cell.input, (2, 1, 4, 4))
+    b = float(cell.bias.detach().norm()) * 4  # ‖B‖_F over a 4×4 image
+    _, norms = _rollout(cell, g0, xs)
+    # appendix C: ‖G_t‖ ≤ ‖G_{t−1}‖ + ‖B‖ + ‖K_in‖·‖X_t‖, no exponential growth
+    for t, nt in enumerate(norms, 1):
+        assert nt <= float(g0.norm()) + t * (b + lin * bound) * 1.01 + 1e-9
+    # non-expansive in G: two trajectories driven by the same inputs never move apart
+    with torch.no_grad(), parametrize.cached():
+        g, h = g0, torch.zeros_like(g0)
+        prev = scale = float((g - h).norm())
+        for x in xs[:200]:
+            g, h = cell(x, g), cell(x, h)
+            d = float((g - h).norm())
+            assert d <= prev + 1e-12 * scale
+            prev = d
+    # gradients through time stay bounded: ‖∂⟨c, G_T⟩/∂G_0‖ ≤ ‖c‖
+    g0 = g0.requires_grad_(True)
+    with parametrize.cached():
+        g = g0
+        for x in xs[:100]:
+            g = cell(x, g)
+        c = torch.randn_like(g)
+        (grad,) = torch.autograd.grad((g * c).sum(), g0)
+    assert float(grad.norm()) <= float(c.norm()) * (1 + 1e-12)
+
+
+def test_unconstrained_convneru_can_explode():
+    """An unconstrained K scaled up explodes in the same rollout (the test above can fail)."""
+    torch.manual_seed(0)
+    cell = ConvNERUCell(1, 3, 3, method=None, nonlinearity="identity", dtype=DT)
+    with torch.no_grad():
+        cell.recurrent.weight.mul_(4)
+    xs = torch.zeros(100, 1, 1, 4, 4, dtype=DT)
+    _, norms = _rollout(cell, torch.randn(1, 3, 4, 4, dtype=DT), xs)
+    assert norms[-1] > 1e6 * norms[0]
+
+
+def test_convneru_matches_the_formula_and_trains():
+    torch.manual_seed(1)
+    cell = ConvNERUCell(2, 3, 3, method="cwy", nonlinearity="tanh", dtype=DT)
+    x, g = torch.randn(2, 2, 5, 5, dtype=DT), torch.randn(2, 3, 5, 5, dtype=DT)
+    k, kin = cell.recurrent.weight, cell.input.weight
+    drive = F.conv2d(g, k, padding=1) + cell.bias[:, None, None] + F.conv2d(x, kin, padding=1)
+    ref = torch.tanh(drive)
+    assert torch.allclose(cell(x, g), ref, atol=1e-12)
+    cell(x, g).sum().backward()
+    assert cell.recurrent.parametrizations.weight.original.grad is not None
+
+
+def test_convneru_bad_input():
+    with pytest.raises(ValueError, match="kernel_size=4 is even; allowed: a positive odd int"):
+        ConvNERUCell(1, 2, 4)
+    with pytest.raises(ValueError, match="nonlinearity='gelu'; allowed: relu, tanh"):
+        ConvNERUCell(1, 2, 3, nonlinearity="gelu")
+    with pytest.raises(ValueError, match="'nope'"):
+        ConvNERUCell(1, 2, 3, method="nope")
+
+
+# --------------------------------------------------------------------------- OrthogonalConv2d
+def _dense(layer, c, h, w):
+    """The layer's matrix, built by applying it to the basis of (c, h, w) images."""
+    basis = torch.eye(c * h * w, dtype=layer.weight.dtype).reshape(-1, c, h, w)
+    return layer(basis).reshape(c * h * w, -1).T
+
+
+@pytest.mark.parametrize("method", ["cayley", "exp", "cwy"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fft_conv_is_orthogonal(method, dtype):
+    torch.manual_seed(0)
+    layer = OrthogonalConv2d(3, 3, method=method, dtype=dtype)
+    eps = torch.finfo(dtype).eps
+    x = torch.randn(5, 3, 6, 7, dtype=dtype)  # odd width: the half spectrum has no Nyquist
+    y = layer(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    rel = (y.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1) - 1).abs().max()
+    assert float(rel) < 200 * eps
+    for h, w in [(4, 4), (3, 5)]:
+        m = _dense(layer, 3, h, w).detach()
+        eye = torch.eye(m.shape[0], dtype=dtype)
+        assert float((m.T @ m - eye).abs().max()) < 200 * eps
+        assert float((m @ m.T - eye).abs().max()) < 200 * eps
+
+
+def test_fft_cayley_equals_the_cayley_transform_of_the_skew_convolution():
+    """Dense reference: C = circular conv by P (a (c·h·w)² matrix), A = C − Cᵀ, Q = (I+A)⁻¹(I−A)."""
+    torch.manual_seed(2)
+    c, h, w, k = 2, 5, 4, 3
+    layer = OrthogonalConv2d(c, k, dtype=DT)
+
+    def conv(x):
+        return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="circular"), layer.weight)
+
+    n = c * h * w
+    basis = torch.eye(n, dtype=DT).reshape(n, c, h, w)
+    cmat = conv(basis).reshape(n, n).T
+    a = cmat - cmat.T
+    eye = torch.eye(n, dtype=DT)
+    q = torch.linalg.solve(eye + a, eye - a)
+    assert torch.allclose(_dense(layer, c, h, w), q, atol=1e-12)
+    # the spatial support of A is k×k: A x is the skew convolution (C − Cᵀ) x
+    pf = layer.transfer((h, w))
+    x = torch.randn(1, c, h, w, dtype=DT)
+    xf = torch.fft.rfft2(x).permute(2, 3, 1, 0).reshape(-1, c, 1)
+    af = ((pf - pf.mH) @ xf).reshape(h, w // 2 + 1, c, 1).permute(3, 2, 0, 1)
+    ax = torch.fft.irfft2(af, s=(h, w))
+    assert torch.allclose(ax.reshape(-1), a @ x.reshape(-1), atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["cayley", "cwy"])
+def test_fft_conv_gradients_match_finite_differences(method):
+    torch.manual_seed(3)
+    layer = OrthogonalConv2d(2, 3, method=method, bias=True, dtype=DT)
+    x = torch.randn(2, 2, 4, 3, dtype=DT, requires_grad=True)
+
+    def f(x, weight, bias):
+        return torch.func.functional_call(layer, {"weight": weight, "bias": bias}, (x,))
+
+    assert torch.autograd.gradcheck(f, (x, layer.weight, layer.bias))
+
+
+def test_fft_conv_bad_input():
+    with pytest.raises(ValueError, match="stride=2; allowed: 1"):
+        OrthogonalConv2d(3, 3, stride=2)
+    with pytest.raises(ValueError, match="method='householder'; allowed: cayley, exp, cwy"):
+        OrthogonalConv2d(3, 3, method="householder")
+    with pytest.raises(TypeError, match="unknown option.*reflections.*allowed: dtype, device"):
+        OrthogonalConv2d(3, 3, reflections=2)
+    with pytest.raises(ValueError, match="reflections=5; allowed: an int in"):
+        OrthogonalConv2d(3, 3, method="cwy", reflections=5)
+    layer = OrthogonalConv2d(2, 5)
+    with pytest.raises(ValueError, match="kernel_size=5 is larger than the input .4×6.*≤ min"):
+        layer(torch.randn(1, 2, 4, 6))
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, 2, h, w\)"):
+        layer(torch.randn(1, 3, 8, 8))

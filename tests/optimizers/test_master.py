@@ -1,0 +1,83 @@
+"""float32 master copy of a float16/bfloat16 manifold parameter (issue 14, optimizer side).
+
+`RiemannianOptimizer._working` / `_store` are what `_step_one` calls; here they are
+driven exactly as `_step_one` does (point and gradient for `update`, then store),
+with the real rules of every optimizer written on the rule interface.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import geoopt
+import pytest
+import torch
+from _optim_problems import rule_names
+
+from stiefel import optimizers
+from stiefel.manifolds import Stiefel
+
+
+def _orth_err64(x: torch.Tensor) -> float:
+    x = x.detach().double()
+    return float(torch.linalg.matrix_norm(x.mT @ x - torch.eye(x.shape[-1], dtype=x.dtype)))
+
+
+def _step_through_helpers(opt) -> None:
+    """What `_step_one` does with the helpers (no repair, finite gradients)."""
+    with torch.no_grad():
+        for group, binders in zip(opt.param_groups, opt._binders, strict=True):
+            for p, binder in zip(group["params"], binders, strict=True):
+                state = opt.state[p]
+                state.setdefault("step", torch.tensor(0.0))
+                state["step"] += 1
+                x, g = opt._working(p, p.grad, state)
+                opt._store(p, state, opt.update(binder.bind(group), x, g, state, group))
+
+
+def test_working_and_store_keep_other_dtypes_untouched():
+    st = Stiefel(8, 2)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float32), manifold=st)
+    state: dict = {}
+    x, g = optimizers.RiemannianOptimizer._working(w, torch.ones_like(w), state)
+    assert x.data_ptr() == w.data_ptr() and "master" not in state and g.dtype == torch.float32
+    with torch.no_grad():
+        optimizers.RiemannianOptimizer._store(w, state, torch.zeros_like(w))
+    assert torch.equal(w.detach(), torch.zeros(8, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", rule_names())
+def test_low_precision_parameter_steps_a_float32_master(name, dtype):
+    n, m = 64, 4
+    gen = torch.Generator().manual_seed(0)
+    st = Stiefel(n, m)
+    x0 = st.random(dtype=torch.float32, generator=gen)
+    w = geoopt.ManifoldParameter(x0.to(dtype), manifold=st, requires_grad=True)
+    c = torch.randn(n, m, generator=gen)
+    opt = optimizers.create(name, [w], lr=optimizers.info(name).default_lr)
+    for _ in range(100):
+        w.grad = (-c).to(dtype)  # Procrustes: min −tr(CᵀX)
+        _step_through_helpers(opt)
+    master = opt.state[w]["master"]
+    assert master.dtype == torch.float32
+    assert torch.equal(w.detach(), master.to(dtype))  # the parameter is its rounding
+    moved = float((master - x0).abs().max())
+    assert moved > 10 * float(torch.finfo(dtype).eps)  # steps were not lost to rounding
+    if optimizers.info(name).feasible:
+        assert _orth_err64(master) <= 5e-6  # the float32 drift target, not bf16's
+    assert _orth_err64(w) <= 4 * m**0.5 * float(torch.finfo(dtype).eps)
+    # the master and the moments survive a state_dict round trip in float32
+    saved = copy.deepcopy(opt.state_dict())
+    w2 = geoopt.ManifoldParameter(w.detach().clone(), manifold=st, requires_grad=True)
+    opt2 = optimizers.create(name, [w2], lr=1.0)
+    opt2.load_state_dict(saved)
+    for key, value in opt.state[w].items():
+        if key != "step":
+            assert opt2.state[w2][key].dtype == value.dtype and torch.equal(
+                opt2.state[w2][key], value
+            )
+    w.grad, w2.grad = (-c).to(dtype), (-c).to(dtype)
+    _step_through_helpers(opt)
+    _step_through_helpers(opt2)
+    assert torch.equal(w.detach(), w2.detach())

@@ -1,0 +1,123 @@
+"""A step never writes a non-finite value, and an off-manifold point is projected first."""
+
+from __future__ import annotations
+
+import warnings
+
+import geoopt
+import pytest
+import torch
+
+from stiefel import optimizers
+from stiefel.manifolds import Stiefel, kernels
+
+
+def _param(man, dtype, seed=0):
+    x = man.random(dtype=dtype, generator=torch.Generator().manual_seed(seed))
+    return geoopt.ManifoldParameter(x.as_subclass(torch.Tensor).clone(), manifold=man)
+
+
+def _step(opt, w, grad):
+    w.grad = grad
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    return [str(c.message) for c in caught]
+
+
+# (optimizer, hyper, dtype, gradient scale): issue 13 item 1's cases
+HUGE = [
+    ("rgd", dict(lr=0.01), torch.float32, 1e20),
+    ("rgd", dict(lr=0.01), torch.float32, 1e38),
+    ("rgd", dict(lr=1e20), torch.float32, 1.0),
+    ("rgd", dict(lr=1e160), torch.float64, 1.0),
+    ("rgd", dict(lr=0.01, retraction="qr"), torch.float32, 1e38),
+    ("rgd", dict(lr=0.01, retraction="polar"), torch.float32, 1e38),
+    ("rgd", dict(lr=0.01, momentum=0.9), torch.float32, 1e20),
+    ("rgd", dict(lr=0.01, momentum=0.9, retraction="polar"), torch.float32, 1e38),
+    ("radam", dict(lr=0.01), torch.float32, 1e15),
+    ("radam", dict(lr=1e20), torch.float32, 1.0),
+]
+
+
+@pytest.mark.parametrize("name,hyper,dtype,scale", HUGE)
+@pytest.mark.parametrize("shape", [(16, 4), (5, 4)])  # SMW and dense Cayley
+def test_huge_gradient_or_lr_steps_stay_on_manifold(name, hyper, dtype, scale, shape):
+    man = Stiefel(*shape)
+    w = _param(man, dtype)
+    opt = optimizers.create(name, [w], **hyper)
+    # (a step of length → ∞ tends to Cayley's limit, the reflection X → −X on
+    # span(X, Pd); it is a legitimate point, so each step is compared with the last)
+    gen = torch.Generator().manual_seed(5)
+    for k in range(3):
+        noise = torch.randn(w.shape, dtype=dtype, generator=gen).clamp(-3, 3)
+        grad = torch.full_like(w, scale) if k == 0 else scale * noise
+        x0 = w.detach().clone()
+        messages = _step(opt, w, grad)
+        assert torch.isfinite(w).all()
+        err = float(man.orthogonality_error(w.detach()))
+        assert err <= 10 * shape[0] * torch.finfo(dtype).eps, (k, err)
+        # a step that is computed must have moved; one that is skipped must have said so
+        assert float((w.detach() - x0).abs().max()) > 1e-3 or messages
+
+
+def test_scaled_cayley_equals_dense_reference_for_long_steps():
+    gen = torch.Generator().manual_seed(3)
+    x = kernels.haar(30, 4, dtype=torch.float64, generator=gen)
+    d = kernels.proj_tangent(x, torch.randn(30, 4, dtype=torch.float64, generator=gen))
+    eye = torch.eye(30, dtype=torch.float64)
+    for lr in (1e-3, 1.0, 1e3):
+        pu = -lr * d + 0.5 * lr * x @ (x.mH @ d)
+        a = pu @ x.mH - x @ pu.mH
+        ref = torch.linalg.solve(eye - 0.5 * a, (eye + 0.5 * a) @ x)
+        for fn in (kernels.cayley_descent, kernels.cayley_smw, kernels.cayley_dense):
+            y = fn(x, d, lr) if fn is kernels.cayley_descent else fn(x, -lr * d)
+            assert float((y - ref).abs().max()) < 1e-9, (fn.__name__, lr)
+
+
+def test_landing_huge_gradient_keeps_the_old_value_and_warns():
+    man = Stiefel(16, 4)
+    w = _param(man, torch.float32)
+    x0 = w.detach().clone()
+    opt = optimizers.create("landing", [w], lr=0.01)
+    messages = _step(opt, w, torch.full_like(w, 1e20))
+    assert torch.equal(w.detach(), x0)
+    assert any("not finite" in m and "keeps its value" in m for m in messages)
+    assert _step(opt, w, torch.full_like(w, 1e20)) == []  # once per optimizer
+    assert torch.equal(w.detach(), x0)
+
+
+@pytest.mark.parametrize("name", ["rgd", "radam"])
+@pytest.mark.parametrize("how", ["scaled", "load_state_dict"])
+def test_off_manifold_point_is_projected_with_one_warning(name, how):
+    man = Stiefel(20, 3)
+    w = _param(man, torch.float64)
+    opt = optimizers.create(name, [w], lr=0.05)
+    if how == "scaled":
+        with torch.no_grad():
+            w.mul_(3)
+    else:
+        module = torch.nn.Module()
+        module.w = w
+        bad = torch.randn(20, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+        module.load_state_dict({"w": bad})
+    off = w.detach().clone()
+    messages = _step(opt, w, torch.randn_like(w))
+    assert any("off its manifold" in m for m in messages)
+    for _ in range(5):
+        assert "off its manifold" not in " ".join(_step(opt, w, torch.randn_like(w)))
+        assert float(man.orthogonality_error(w.detach())) < 1e-12
+    # it was projected to the polar factor of the off point, then stepped from there
+    assert float((w.detach() - kernels.polar(off)).abs().max()) < 1.0
+
+
+def test_landing_accepts_off_manifold_points_without_projection():
+    man = Stiefel(20, 3)
+    w = _param(man, torch.float64)
+    with torch.no_grad():
+        w.mul_(1.5)
+    opt = optimizers.create("landing", [w], lr=0.05)
+    messages = _step(opt, w, torch.zeros_like(w))
+    assert not messages
+    err = float(man.orthogonality_error(w.detach()))
+    assert 0 < err < 1.25 * 3**0.5  # moved towards the manifold, not projected onto it
