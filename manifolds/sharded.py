@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from .geometry import Geometry
 from .kernels.reduce import rows_split
 
-__all__ = ["ShardedGeometry", "SUPPORTED_PLACEMENTS", "check_placements"]
+__all__ = ["ShardedGeometry", "SUPPORTED_PLACEMENTS", "check_placements", "any_rank"]
 
 SUPPORTED_PLACEMENTS = (
     "Replicate(); Shard(d) on a batch dimension d < ndim - 2; "
@@ -73,6 +73,22 @@ def check_placements(x: DTensor) -> int | None:
             f"{SUPPORTED_PLACEMENTS}"
         )
     return rows[0] if rows else None
+
+
+def any_rank(flags: torch.Tensor, mesh) -> torch.Tensor:
+    """Bool ``flags`` OR-ed over every rank of ``mesh`` (one small all-reduce per mesh dim).
+
+    Args:
+        flags: a bool tensor, this rank's answers.
+        mesh: a `DeviceMesh`.
+
+    Returns:
+        The flags, True where any rank said True (the same on every rank).
+    """
+    out = flags.to(torch.uint8)
+    for i in range(mesh.ndim):
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=mesh.get_group(i))
+    return out.bool()
 
 
 class ShardedGeometry(Geometry):
@@ -128,10 +144,7 @@ class ShardedGeometry(Geometry):
 
     def any_rank(self, flags: torch.Tensor) -> torch.Tensor:
         """``flags`` (bool) OR-ed over every rank of the mesh, so that all ranks agree."""
-        out = flags.to(torch.uint8)
-        for i in range(self.mesh.ndim):
-            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.mesh.get_group(i))
-        return out.bool()
+        return any_rank(flags, self.mesh)
 
     # ------------------------------------------------------------------ the Geometry API
     def rgrad(self, x, g):

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
@@ -41,12 +42,13 @@ from typing import Any, ClassVar
 
 import geoopt
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..manifolds import METRICS, RETRACTIONS
 from ..manifolds import Stiefel as _OurStiefel
 from ..manifolds._checks import choice as check_choice  # one check for the package
 from ..manifolds.kernels import orthogonality_error
-from ..manifolds.sharded import ShardedGeometry
+from ..manifolds.sharded import ShardedGeometry, any_rank
 from .geometry import Geometry, _Binder, manifold_of
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
@@ -445,9 +447,10 @@ class RiemannianOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     @torch.compiler.disable
-    def _finite(new: torch.Tensor, geo: Geometry | None = None) -> bool:
-        if isinstance(geo, ShardedGeometry):
-            return not bool(geo.any_rank(~torch.isfinite(geo.local(new)).all().reshape(1)))
+    def _finite(new: torch.Tensor) -> bool:
+        if isinstance(new, DTensor):  # every rank must take the same decision
+            bad = ~torch.isfinite(new.to_local()).all().reshape(1)
+            return not bool(any_rank(bad, new.device_mesh))
         return bool(torch.isfinite(new).all())
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -488,8 +491,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         # p (Note [float32 master copy of a low-precision parameter])
         x, grad = self._working(p, grad, state)
         off = None if self.accepts_off_manifold else geo.off_manifold(x)
-        if isinstance(geo, ShardedGeometry):
-            bad_grad, is_off = self._nonfinite(geo.local(grad), off, geo.any_rank)
+        if isinstance(grad, DTensor):  # local tests, one agreement (Note [Row-sharded kernels])
+            agree = functools.partial(any_rank, mesh=grad.device_mesh)
+            bad_grad, is_off = self._nonfinite(grad.to_local(), off, agree)
         else:
             bad_grad, is_off = self._nonfinite(grad, off)
         if bad_grad:
@@ -524,7 +528,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 new = geo.project(new)
         except torch.linalg.LinAlgError:
             new = None
-        if new is None or not self._finite(new, geo):
+        if new is None or not self._finite(new):
             self._warn_once(
                 "step",
                 f"{type(self).__name__}: the step of {where} is not finite (huge gradient or "

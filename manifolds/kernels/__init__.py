@@ -24,11 +24,13 @@ Example:
 from __future__ import annotations
 
 from .basic import (
+    cholesky_qr2,
     egrad2rgrad_canonical,
     egrad2rgrad_euclidean,
     expmap_canonical,
     expmap_euclidean,
     gram_minus_identity,
+    gram_polar,
     haar,
     inner_canonical,
     inner_euclidean,
@@ -68,6 +70,8 @@ __all__ = [
     "inner_euclidean",
     "inner_canonical",
     "qr_unique",
+    "cholesky_qr2",
+    "gram_polar",
     "polar",
     "haar",
     "newton_schulz",

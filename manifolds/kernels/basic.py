@@ -22,6 +22,8 @@ __all__ = [
     "inner_canonical",
     "qr_unique",
     "polar",
+    "cholesky_qr2",
+    "gram_polar",
     "haar",
     "newton_schulz",
     "expmap_euclidean",
