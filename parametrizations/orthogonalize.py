@@ -175,7 +175,9 @@ def _make_riemannian(module, name, w, options, init, generator) -> None:
         elif init == "identity":
             value = torch.eye(n, m, dtype=w.dtype, device=w.device).expand(w.shape)
         else:  # haar and random
-            value = manifold.random(*w.shape[:-2], dtype=w.dtype, generator=generator)
+            value = manifold.random(
+                *w.shape[:-2], manifold.n, manifold.m, dtype=w.dtype, generator=generator
+            ).as_subclass(torch.Tensor)
         if value is not None:
             w.copy_(value.to(w.device))
     w.__class__ = geoopt.ManifoldParameter

@@ -305,7 +305,7 @@ def polar_correction(y: torch.Tensor, lam: float | torch.Tensor = 0.5) -> torch.
 
     With YᴴY = I + E the corrected Gram matrix is I + (1 − 2λ)E + O(E²), so λ = ½
     removes the first-order error (Note [Newton–Schulz drift correction] in
-    :mod:`stiefel.optimizers.kernels`). Costs two N×M×M products.
+    `stiefel.manifolds.kernels.basic`). Costs two N×M×M products.
     """
     return y + lam * (y - y @ (y.mH @ y))
 
