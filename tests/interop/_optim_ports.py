@@ -38,6 +38,19 @@ def run_to_target(opt, x, target, steps: int, tol: float = 1e-5) -> int:
     return steps
 
 
-def tangent_grad(case: str, x: torch.Tensor, seed: int) -> torch.Tensor:
+def euclidean_grad(case: str, x: torch.Tensor, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(x.shape, dtype=dtype_of(case), generator=g)
+
+
+def momentum_reference(man, x, grads, lr, mu, dampening=0.0, nesterov=False):
+    """Riemannian heavy ball written with the manifold's public operations, torch's SGD
+    conventions (first buffer = ξ, later B ← μτ(B) + (1 − dampening)ξ, Nesterov direction
+    ξ + μB) and geoopt's transport of B by ``retr_transp`` along the step."""
+    buf = None
+    for g in grads:
+        xi = man.egrad2rgrad(x, g)
+        buf = xi.clone() if buf is None else mu * buf + (1 - dampening) * xi
+        d = xi + mu * buf if nesterov else buf
+        x, buf = man.retr_transp(x, -lr * d, buf)
+    return x
