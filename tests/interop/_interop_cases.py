@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from stiefel import parametrizations
 from stiefel.manifolds import Orthogonal, Stiefel, Unitary
-from stiefel.parametrizations import available, get
 
 # name: (manifold factory, weight shape (tall), dtype of the float64 case)
 MANIFOLDS = {
@@ -27,8 +27,12 @@ METRICS = ("euclidean", "canonical")
 
 
 def maps() -> list[str]:
-    """Every registered parametrization (all of ``available()`` but non-map entries)."""
-    return [name for name in available() if isinstance(get(name), type)]
+    """Every registered parametrization: ``parametrizations.maps()`` (CONTRACT.md) where the
+    branch has it, else the entries of ``available()`` that are classes (not "riemannian")."""
+    registry = getattr(parametrizations, "maps", None)
+    if callable(registry):
+        return list(registry())
+    return [n for n in parametrizations.available() if isinstance(parametrizations.get(n), type)]
 
 
 def manifold(case: str, metric: str = "euclidean"):
