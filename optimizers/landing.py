@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from ..manifolds.kernels import landing_direction, landing_safe_step
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
-from ..manifolds.kernels import landing_direction, landing_safe_step
 from .registry import register
 
 __all__ = ["Landing"]

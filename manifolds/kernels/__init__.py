@@ -55,7 +55,6 @@ from .cayley import (
     use_smw,
 )
 from .landing import landing_direction, landing_safe_step
-
 from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; helper muon)
 
 __all__ = [
