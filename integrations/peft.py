@@ -18,7 +18,7 @@ Note [What each PEFT map is, and how it is computed here]
 - BOFT (``boft.Linear``): PEFT stores each butterfly permutation as a dense
   n×n matrix and forms P·B·Pᵀ and x·R with dense products; here each factor
   is two index gathers and b small block products (Note [Butterfly factors
-  as index gathers] in `stiefel.parametrizations.rotate`).
+  as index gathers] in `stiefel.parametrizations.finetuning`).
 Layers in a state the fast path does not cover (adapters disabled or merged,
 HRA with ``apply_GS``, OFT with ``coft``) run PEFT's own forward.
 """

@@ -38,8 +38,7 @@ import torch
 from torch import nn
 
 from ..manifolds import Orthogonal, Unitary
-from .base import OrthogonalMap, available, get
-from .orthogonalize import RIEMANNIAN
+from .base import RIEMANNIAN, OrthogonalMap, available, get
 
 __all__ = ["rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise"]
 
