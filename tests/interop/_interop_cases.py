@@ -27,12 +27,8 @@ METRICS = ("euclidean", "canonical")
 
 
 def maps() -> list[str]:
-    """Every registered parametrization: ``parametrizations.maps()`` (CONTRACT.md) where the
-    branch has it, else the entries of ``available()`` that are classes (not "riemannian")."""
-    registry = getattr(parametrizations, "maps", None)
-    if callable(registry):
-        return list(registry())
-    return [n for n in parametrizations.available() if isinstance(parametrizations.get(n), type)]
+    """Every registered parametrization: ``parametrizations.maps()``."""
+    return list(parametrizations.maps())
 
 
 def manifold(case: str, metric: str = "euclidean"):

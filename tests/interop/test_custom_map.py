@@ -1,7 +1,7 @@
-"""PENDING (helper "maps"): geotorch's custom trivialization (test_orthogonal.py,
+"""geotorch's custom trivialization (test_orthogonal.py,
 ``_test_custom_trivialization``: a user-supplied map registered on a Linear layer, trained
 with SGD, orthogonal at every step). Here a user ``OrthogonalMap`` subclass passed as
-``method=`` (CONTRACT.md: "``method`` may also be an OrthogonalMap subclass"), without
+``method=`` (``method`` may also be an `OrthogonalMap` subclass), without
 registering it. Today ``orthogonalize`` accepts names only:
 ValueError "method=<class ...> is not allowed".
 """

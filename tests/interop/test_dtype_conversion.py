@@ -1,4 +1,4 @@
-"""PENDING (helpers "optim"/"geom"): torch modules change dtype with ``.double()``; a
+"""torch modules change dtype with ``.double()``; a
 float32-trained Riemannian weight converted to float64 must still be accepted by the
 Riemannian optimizers (issue 13, item 6: "the default tolerance after .double() must not
 reject a float32-trained point"). Today ``create("rgd", …)`` raises ValueError:

@@ -1,4 +1,4 @@
-"""PENDING (helper "optim"): geoopt's optimizer options on ``rgd``/``radam`` (issue 13,
+"""geoopt's optimizer options on ``rgd``/``radam`` (issue 13,
 "Drop-in for geoopt and torch users"): ``rgd`` takes RiemannianSGD's ``nesterov``,
 ``dampening``, ``weight_decay`` and ``stabilize`` (alias of ``repair_every``); ``radam``
 takes RiemannianAdam's ``amsgrad``, ``weight_decay`` and ``stabilize``; unknown

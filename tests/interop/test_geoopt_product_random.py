@@ -1,4 +1,4 @@
-"""PENDING (helper "geom"): geoopt's ProductManifold ``random``/``origin``/``from_point``
+"""geoopt's ProductManifold ``random``/``origin``/``from_point``
 with our manifolds as components (geoopt's test_product_manifold.py: test_from_point,
 test_from_point_checks_shapes, test_unpack_tensor_method). geoopt calls
 ``manifold.random(*batch, *shape)`` and reads ``.manifold`` from the parts given to

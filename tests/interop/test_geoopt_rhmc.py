@@ -1,4 +1,4 @@
-"""PENDING (helper "geom": ``reversible``): port of geoopt's ``tests/test_rhmc.py`` with
+"""Port of geoopt's ``tests/test_rhmc.py`` with
 our manifolds. geoopt's samplers refuse a manifold whose ``reversible`` is not True
 ("Sampling methods can't me applied to manifolds that do not implement reversible
 retraction"), which is every manifold here today.

@@ -1,5 +1,5 @@
-"""PENDING (helper "geom"): geoopt's size semantics for ``random``/``origin`` (DESIGN.md,
-Additions for v0.2, Manifolds), as geoopt's own manifolds and ProductManifold call them.
+"""geoopt's size semantics for ``random``/``origin`` as geoopt's own
+manifolds and ProductManifold call them.
 
 ``size`` is the whole shape (..., n, m), as separate ints or one tuple; empty means
 (n, m); a trailing shape other than (n, m) raises ValueError; both return a

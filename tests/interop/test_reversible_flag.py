@@ -1,5 +1,5 @@
-"""PENDING (helper "geom"): ``reversible`` is True where the default retraction is Cayley
-(DESIGN.md, Additions for v0.2): the Cayley ``retr_transp`` is reversible (its property
+"""``reversible`` is True where the default retraction is Cayley
+(the manifolds' documented contract): the Cayley ``retr_transp`` is reversible (its property
 is checked on this branch in test_geoopt_manifold_basic.py::test_reversibility_of_retr_transp),
 so geoopt's samplers and its test_manifold_basic reversibility check accept our manifolds.
 Today: ``reversible = False`` on every Stiefel manifold here.
