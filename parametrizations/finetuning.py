@@ -29,7 +29,6 @@ two gathers, O(n) each, never an n×n permutation matrix.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -111,14 +110,12 @@ class Rotation(nn.Module):
                 self.points.append(geoopt.ManifoldParameter(eye.clone(), manifold=manifold))
         else:
             assert isinstance(cls, type) and issubclass(cls, OrthogonalMap)
-            serves = getattr(cls, "serves", None)  # optional capability (OrthogonalMap's)
-            refused = getattr(cls, "real_only", False) and dtype.is_complex
-            if refused or (serves is not None and not serves(shape, dtype)):
+            if cls.real_only and dtype.is_complex:
                 raise ValueError(
                     f"method={method!r} cannot serve {blocks} block(s) of {size}×{size} in "
                     f"{dtype}; allowed: {', '.join(available())}"
                 )
-            names = _option_names(cls)
+            names = cls.options()
             unknown = sorted(set(options) - set(names))
             if unknown:
                 raise TypeError(
@@ -185,16 +182,6 @@ class Rotation(nn.Module):
 
 
 # --------------------------------------------------------------------------- helpers
-def _option_names(cls: type) -> list[str]:
-    """The map's options: ``options()``, ``option_names()`` or its constructor's arguments."""
-    if callable(getattr(cls, "options", None)):
-        return list(cls.options())
-    if hasattr(cls, "option_names"):
-        return list(cls.option_names())
-    params = inspect.signature(cls.__init__).parameters
-    return [p for p in params if p not in ("self", "shape", "dtype", "device")]
-
-
 def _feature_dim(module: nn.Module) -> int:
     return 1 if isinstance(module, nn.modules.conv._ConvNd) else -1
 
