@@ -4,7 +4,7 @@ Run ``python -m benchmarks.retraction`` (``--quick`` for a short run).
 Prints step times with ratios measured in the same run, then the orthogonality
 drift after many random-gradient steps in float32. "stiefel cayley" and
 "stiefel qr" are ``egrad2rgrad`` + ``retr`` through the manifold class (argument
-checks included); "stiefel rgd_cayley_step" is the fused kernel the ``rgd``
+checks included); "stiefel cayley_gradient_step" is the fused kernel the ``rgd``
 optimizer uses (the Riemannian gradient is never formed).
 """
 
@@ -26,7 +26,7 @@ def _steppers(n: int, m: int):
     ours = Stiefel(n, m)
     canon, eucl = geoopt.CanonicalStiefel(), geoopt.EuclideanStiefel()
     return {
-        "stiefel rgd_cayley_step": lambda x, g, lr: kernels.rgd_cayley_step(x, g, lr),
+        "stiefel cayley_gradient_step": lambda x, g, lr: kernels.cayley_gradient_step(x, g, lr),
         "stiefel cayley": lambda x, g, lr: ours.retr(x, -lr * ours.egrad2rgrad(x, g), "cayley"),
         "stiefel qr": lambda x, g, lr: ours.retr(x, -lr * ours.egrad2rgrad(x, g), "qr"),
         "geoopt canonical (cayley, NxN)": lambda x, g, lr: canon.retr(
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> str:
     names = list(_steppers(2, 1))
     rows = []
     for r in res:
-        fused, cay, qr = r["stiefel rgd_cayley_step"], r["stiefel cayley"], r["stiefel qr"]
+        fused, cay, qr = r["stiefel cayley_gradient_step"], r["stiefel cayley"], r["stiefel qr"]
         geo = r["geoopt canonical (cayley, NxN)"]
         rows.append(
             [r["shape"]]

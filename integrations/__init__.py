@@ -1,15 +1,17 @@
 """Adapters to other libraries (each imports its library lazily, on first use).
 
-- :mod:`stiefel.integrations.peft`: ``accelerate(model)`` runs a PEFT model's
+- `stiefel.integrations.peft`: `accelerate(model)` runs a PEFT model's
   HRA, OFT and BOFT layers with this package's kernels.
 """
+
+import importlib
 
 __all__ = ["peft"]
 
 
 def __getattr__(name: str):
-    if name == "peft":
-        from . import peft
-
-        return peft
+    # `from . import peft` here would ask this very __getattr__ for "peft" first
+    # (importlib's fromlist handling) and recurse: import the submodule by name.
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'stiefel.integrations' has no attribute {name!r}")

@@ -18,7 +18,7 @@ Note [What each PEFT map is, and how it is computed here]
 - BOFT (``boft.Linear``): PEFT stores each butterfly permutation as a dense
   n×n matrix and forms P·B·Pᵀ and x·R with dense products; here each factor
   is two index gathers and b small block products (Note [Butterfly factors
-  as index gathers] in :mod:`stiefel.parametrizations.rotate`).
+  as index gathers] in `stiefel.parametrizations.finetuning`).
 Layers in a state the fast path does not cover (adapters disabled or merged,
 HRA with ``apply_GS``, OFT with ``coft``) run PEFT's own forward.
 """
@@ -281,7 +281,7 @@ def accelerate(model: nn.Module, *, exact_cayley: bool = False) -> nn.Module:
 
 
 def restore(model: nn.Module) -> nn.Module:
-    """Undo :func:`accelerate`: every layer runs PEFT's own forward again."""
+    """Undo `accelerate`: every layer runs PEFT's own forward again."""
     for layer in model.modules():
         if FLAG in layer.__dict__:
             del layer.__dict__[FLAG]

@@ -93,3 +93,18 @@ def same_shape(name: str, u: torch.Tensor, x: torch.Tensor) -> None:
         raise ValueError(
             f"{name} must have the trailing shape of x {tuple(x.shape[-2:])}, got {tuple(u.shape)}"
         )
+
+
+def represented_dtype(x: torch.Tensor) -> torch.dtype:
+    r"""The coarsest of float32/float64 (complex64/complex128) that holds ``x`` exactly.
+
+    A float64 tensor whose every entry is a float32 number was produced in
+    float32 (e.g. trained in float32, then ``.double()``): Note [Tolerance of
+    right inverses] in stiefel.parametrizations.base. The manifolds' default
+    check tolerance uses it too, so such a point is judged at float32's.
+    """
+    if x.dtype in (torch.float64, torch.complex128) and x.device.type != "meta":
+        low = torch.complex64 if x.is_complex() else torch.float32
+        if torch.equal(x.to(low).to(x.dtype), x):
+            return low
+    return x.dtype

@@ -160,7 +160,7 @@ class Stiefel(geoopt.Manifold):
             return False, f"x is {'complex' if x.is_complex() else 'real'}, {self!r} is not"
         if x.is_meta:  # no values to check (deferred initialisation)
             return True, None
-        atol = self.default_atol(x.dtype) if atol is None else atol
+        atol = self.default_atol(_checks.represented_dtype(x)) if atol is None else atol
         rtol = 0.0 if rtol is None else rtol
         xv = x.detach().float() if x.dtype in _LOW else x.detach()
         err = float(kernels.orthogonality_error(xv).max()) if x.numel() else 0.0

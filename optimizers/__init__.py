@@ -28,8 +28,8 @@ Example:
 from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
-from .muon import ManifoldMuon  # noqa: F401  (registers "manifold_muon")
-from .pogo import POGO  # noqa: F401  (registers "pogo")
+from .muon import ManifoldMuon
+from .pogo import POGO
 from .radam import RAdam
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -61,5 +61,7 @@ __all__ = [
     "RGD",
     "RAdam",
     "Landing",
+    "ManifoldMuon",
+    "POGO",
     "orthogonality_errors",
 ]

@@ -250,6 +250,15 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             TypeError: a parameter whose dtype its manifold cannot hold.
         """
         group = dict(param_group)
+        if "stabilize" in group and "repair_every" in self.defaults:
+            # geoopt's name for repair_every, also accepted per group
+            stabilize = group.pop("stabilize")
+            if group.get("repair_every") not in (None, stabilize):
+                raise ValueError(
+                    f"stabilize={stabilize!r} and repair_every={group['repair_every']!r} both "
+                    "given in a param group; allowed: one of them (stabilize is geoopt's name)"
+                )
+            group["repair_every"] = stabilize
         unknown = sorted(set(group) - set(self.defaults) - _GROUP_KEYS)
         if unknown:
             allowed = sorted({*self.defaults, "params"})

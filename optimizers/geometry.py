@@ -75,8 +75,9 @@ class _Binder:
     """Resolved once per parameter (outside any traced code); binds a group per step.
 
     Note [geoopt's Stiefel manifolds use our kernels]
-    geoopt's ``CanonicalStiefel.retr`` moves along (I + XXᴴ)u, not u (DESIGN,
-    Clarifications), and neither of geoopt's Stiefel manifolds knows the
+    geoopt's ``CanonicalStiefel.retr`` moves along (I + XXᴴ)u, not u (its
+    initial velocity; ours is u, a true retraction), and neither of geoopt's
+    Stiefel manifolds knows the
     ``metric``/``retraction`` options or corrects float drift. Their points are
     the same matrices with orthonormal columns, so they get this package's
     `StiefelGeometry`, with the metric their class implies.

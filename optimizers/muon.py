@@ -52,7 +52,7 @@ class ManifoldMuon(RiemannianOptimizer):
         Φ = argmax Re tr(BᴴΦ)  s.t.  ‖Φ‖₂ ≤ 1,  XᴴΦ + ΦᴴX = 0,
 
     computed by descent on its dual, Φ = msign(B + XΛ) with Hermitian Λ ←
-    Λ − t·sym(XᴴΦ) (:func:`stiefel.manifolds.kernels.msign.spectral_direction`,
+    Λ − t·sym(XᴴΦ) (`stiefel.manifolds.kernels.msign.spectral_direction`,
     ``inner_steps`` msign evaluations; exact after the first on O(n)/U(n)), then
     X ← retr(X, −lr·Φ) with the group's ``retraction``. Every step moves X by
     lr in spectral norm (J. Bernstein, Modula docs, "Stiefel manifold", 2025;

@@ -47,7 +47,7 @@ class POGO(RiemannianOptimizer):
 
         ψ = ½(G̃(XᴴX) − XG̃ᴴX),   M = X − lr·ψ,   X ← M + λ(M − MMᴴM),
 
-    (:func:`stiefel.manifolds.kernels.msign.pogo_step`; pogo-torch's formula
+    (`stiefel.manifolds.kernels.msign.pogo_step`; pogo-torch's formula
     ½(XXᴴG̃ − XG̃ᴴX) on row-orthonormal matrices, transposed). No retraction: the
     point stays within O(lr²‖ψ‖²) of the manifold, the correction (one Newton–Schulz
     step for λ = ½) removing the first-order error at every step, so errors do not

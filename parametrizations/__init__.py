@@ -36,8 +36,8 @@ from .reflections import CWY, TCWY, Householder
 from .dense import Cayley, Exp, ScaledCayley
 
 # isort: on
-from .orthogonalize import OrthogonalMatrix, orthogonalize
-from .rotate import Rotation, merge, rotate, rotation
+from .constrain import OrthogonalMatrix, orthogonalize
+from .finetuning import Rotation, merge, rotate, rotation
 
 __all__ = [
     "orthogonalize",

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..manifolds import Orthogonal, Stiefel, Unitary, _checks
+from ..manifolds._checks import represented_dtype
 from ..manifolds.kernels import haar, orthogonality_error, polar
 from ._inverse import Unreachable
 
@@ -197,20 +198,6 @@ def methods_serving(shape: Sequence[int], dtype: torch.dtype) -> list[str]:
     """Names of the methods that can serve a weight of this shape and dtype."""
     out = [name for name, cls in maps().items() if not (cls.real_only and dtype.is_complex)]
     return out + ([RIEMANNIAN] if shape[-2] >= shape[-1] else [])
-
-
-def represented_dtype(x: torch.Tensor) -> torch.dtype:
-    r"""The coarsest of float32/float64 (complex64/complex128) that holds ``x`` exactly.
-
-    A float64 tensor whose every entry is a float32 number was produced in
-    float32 (e.g. trained in float32, then ``.double()``): Note [Tolerance of
-    right inverses].
-    """
-    if x.dtype in (torch.float64, torch.complex128) and x.device.type != "meta":
-        low = torch.complex64 if x.is_complex() else torch.float32
-        if torch.equal(x.to(low).to(x.dtype), x):
-            return low
-    return x.dtype
 
 
 class OrthogonalMap(nn.Module):

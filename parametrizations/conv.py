@@ -36,7 +36,7 @@ from torch.nn.utils import parametrize
 
 from ..manifolds.kernels import orthogonality_error
 from .base import OrthogonalMap
-from .orthogonalize import orthogonalize
+from .constrain import orthogonalize
 
 __all__ = ["ConvKernel", "orthogonalize_conv"]
 

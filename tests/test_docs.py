@@ -1,4 +1,4 @@
-"""The documentation cannot rot (DESIGN, Clarifications: docs examples).
+"""The documentation cannot rot (a documentation example is a test).
 
 - Every ```python block of the README and of docs/**/*.md runs. The blocks of
   one page share a namespace, in page order, like the cells of a notebook: a

@@ -79,12 +79,7 @@ def _tasks(page_url: str, files) -> str:
     rows = []
     for name in tasks.available():
         cls = tasks.get(name)
-        params = list(inspect.signature(cls.__init__).parameters.values())[4:]
-        opts = ", ".join(
-            f"`{p.name}={p.default!r}`"
-            for p in params
-            if p.kind is p.KEYWORD_ONLY or p.default is not p.empty
-        )
+        opts = ", ".join(f"`{k}={v!r}`" for k, v in tasks.options(name).items())
         rows.append(
             [f"`{name}`", cls.kind, opts or "–", (inspect.getdoc(cls) or "").split("\n")[0]]
         )

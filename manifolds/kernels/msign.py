@@ -199,7 +199,7 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
 
 
 def msign_flops(n: int, m: int, method: str = "polar_express", steps: int | None = None) -> float:
-    """Real floating-point operations of one :func:`msign` of a real N×M matrix (model).
+    """Real floating-point operations of one `msign` of a real N×M matrix (model).
 
     With N ≥ M (else swapped), an iterative step costs XᴴX and X·poly (2NM² each),
     the square of the Gram matrix for the quintics (2M³) and the update (2NM); the
@@ -269,7 +269,7 @@ def spectral_direction(
         x: points (..., N, M), N ≥ M.
         g: Euclidean gradients, same shape.
         inner_steps: msign evaluations (≥ 1); 1 returns msign(G + XΛ₀).
-        method: msign method (see :func:`msign`).
+        method: msign method (see `msign`).
         steps: msign iterations (None: the method's default).
         dual_step: t as a multiple of the rms singular value of G + XΛ₀.
 
@@ -305,7 +305,7 @@ def polar_correction(y: torch.Tensor, lam: float | torch.Tensor = 0.5) -> torch.
 
     With YᴴY = I + E the corrected Gram matrix is I + (1 − 2λ)E + O(E²), so λ = ½
     removes the first-order error (Note [Newton–Schulz drift correction] in
-    :mod:`stiefel.optimizers.kernels`). Costs two N×M×M products.
+    `stiefel.manifolds.kernels.basic`). Costs two N×M×M products.
     """
     return y + lam * (y - y @ (y.mH @ y))
 

@@ -1,4 +1,4 @@
-"""torch.compile of ``step`` gives the eager result (DESIGN, Clarifications: torch.compile).
+"""torch.compile of ``step`` gives the eager result.
 
 Dynamo has been seen to compute a wrong step silently when ``step()`` branches on
 ``isinstance(p, geoopt.ManifoldParameter)`` inside a traced graph; our optimizers

@@ -165,7 +165,7 @@ def special_points(case, dtype, gen):
     batch, (rows, cols) = shape[:-2], shape[-2:]
     n, m = max(rows, cols), min(rows, cols)
     man = Stiefel(n, m, complex=dtype.is_complex)
-    haar = man.random(*batch, dtype=dtype, generator=gen)
+    haar = man.random(*batch, man.n, man.m, dtype=dtype, generator=gen)
     flip = torch.ones(n, dtype=dtype)
     flip[0] = -1
     det_minus = flip[:, None] * haar  # reflect the first row: det changes sign

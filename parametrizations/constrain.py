@@ -175,7 +175,9 @@ def _make_riemannian(module, name, w, options, init, generator) -> None:
         elif init == "identity":
             value = torch.eye(n, m, dtype=w.dtype, device=w.device).expand(w.shape)
         else:  # haar and random
-            value = manifold.random(*w.shape[:-2], dtype=w.dtype, generator=generator)
+            value = manifold.random(
+                *w.shape[:-2], manifold.n, manifold.m, dtype=w.dtype, generator=generator
+            ).as_subclass(torch.Tensor)
         if value is not None:
             w.copy_(value.to(w.device))
     w.__class__ = geoopt.ManifoldParameter
@@ -330,13 +332,13 @@ def orthogonalize(
         orthogonalize(model, "1.weight", method="exp")
         ```
     """
-    conv_kernel = options.pop("conv_kernel", False)  # begin: conv_kernel (helper "nn")
+    conv_kernel = options.pop("conv_kernel", False)
     if not isinstance(conv_kernel, bool):
         raise TypeError(f"conv_kernel must be True or False, got {conv_kernel!r}")
     if conv_kernel:  # Stiefel convolution kernels: parametrizations/conv.py
         from .conv import orthogonalize_conv
 
-        return orthogonalize_conv(module_or_tensor, name, method, options)  # end: conv_kernel
+        return orthogonalize_conv(module_or_tensor, name, method, options)
     if isinstance(module_or_tensor, nn.Module):
         return _orthogonalize_module(module_or_tensor, name, method, dict(options))
     if isinstance(module_or_tensor, torch.Tensor):
