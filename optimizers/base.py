@@ -106,6 +106,18 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
 
 
+def _dtensor_optimizers() -> list[str]:
+    """Registered optimizers whose rules run on DTensor manifold points (from the registry)."""
+    from . import registry  # the registry imports this module
+
+    names = []
+    for name in registry.available():
+        obj = registry.get(name)
+        if isinstance(obj, type) and issubclass(obj, RiemannianOptimizer) and obj.dtensor_points:
+            names.append(name)
+    return names
+
+
 def _check_dtype(opt, i: int, p: torch.Tensor, man) -> None:
     """A complex parameter on a real manifold (ours say which they are): TypeError."""
     cplx = getattr(man, "complex", None)
@@ -183,6 +195,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     paper_formula: ClassVar[Callable[..., str] | None] = None
     variants: ClassVar[tuple[dict, ...]] = ({},)
     accepts_off_manifold: ClassVar[bool] = False
+    # whether the rule reaches the kernels only through its Geometry (or Geometry.apply),
+    # so that DTensor manifold points run sharded (stiefel.manifolds.sharded)
+    dtensor_points: ClassVar[bool] = True
 
     def __init__(self, params, defaults: dict, *, telemetry: bool = False):
         if not isinstance(telemetry, bool):
@@ -283,6 +298,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             if man is not None:
                 _check_dtype(self, i, p, man)
             binder = _Binder(man, p)  # ValueError for an unsupported DTensor layout
+            if binder.like is not None and man is not None and not self.dtensor_points:
+                raise ValueError(
+                    f"parameter {i} of the new param group is a DTensor "
+                    f"(placements {tuple(binder.like.placements)}); {type(self).__name__} "
+                    "calls kernels that do not run on shards. Optimizers that accept "
+                    f"DTensor manifold points: {', '.join(_dtensor_optimizers())}"
+                )
             if man is not None and not self.accepts_off_manifold:
                 self._check_on_manifold(i, p, man, binder.bind(merged))
             binders.append(binder)

@@ -82,6 +82,7 @@ class ManifoldMuon(RiemannianOptimizer):
     """
 
     default_lr: ClassVar[float] = 0.02
+    dtensor_points: ClassVar[bool] = False  # the msign kernels are not routed through reduce
     formula: ClassVar[str] = (
         "inner_steps × msign(N×M) [steps × (4NM² + 2M³)] + 4NM² per inner step + retraction"
     )

@@ -82,6 +82,7 @@ class POGO(RiemannianOptimizer):
     """
 
     default_lr: ClassVar[float] = 0.01
+    dtensor_points: ClassVar[bool] = False  # the msign kernels are not routed through reduce
     formula: ClassVar[str] = "ψ: 6NM², correction: 4NM² (all GEMMs, no factorization)"
 
     def __init__(

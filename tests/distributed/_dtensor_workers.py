@@ -108,5 +108,12 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
         results["shard1"] = "no error"
     except ValueError as exc:
         results["shard1"] = str(exc)
+    # a rule whose kernels do not run on shards refuses a DTensor point
+    p = torch.nn.Parameter(distribute_tensor(_data((64, M), 0)[0], mesh, [Shard(0)]))
+    try:
+        _optimizer("manifold_muon", dict(lr=0.1), [p], (64, M))
+        results["muon"] = "no error"
+    except ValueError as exc:
+        results["muon"] = str(exc)
     if rank == 0:
         torch.save(results, os.path.join(out, f"dtensor_w{world}.pt"))

@@ -52,6 +52,12 @@ def test_replicated_and_batch_sharded_points(runs, kind):
         assert nbytes <= 8, (label, counts, nbytes)  # the agreement flag only
 
 
+def test_rule_without_sharded_kernels_refuses_dtensor_points(runs):
+    msg = _results(runs, 2)["muon"]
+    assert "ManifoldMuon" in msg and "DTensor" in msg, msg
+    assert "rgd" in msg and "radam" in msg and "landing" in msg, msg  # from the registry
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_unsupported_placement_is_refused(runs, world):
     msg = _results(runs, world)["shard1"]
