@@ -60,7 +60,8 @@ def spectral_needed(a: torch.Tensor) -> bool:
     within ~10·n·eps (the error every map is held to); above, ``eigh`` is more
     accurate. Ordinary training (‖A‖₁ of order one to n) never leaves the cheap
     path. A non-finite A stays on it too, so NaN propagates instead of raising
-    inside LAPACK (and a meta tensor, which has no values). One host synchronisation (``expm`` already needs one).
+    inside LAPACK, and a meta tensor (no values) too. One host synchronisation
+    (``expm`` already needs one).
     """
     if a.numel() == 0 or a.device.type == "meta":
         return False

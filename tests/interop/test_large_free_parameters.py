@@ -1,14 +1,14 @@
-"""PENDING (helper "maps"): geotorch's "the layer stays in the manifold while being
-optimised" (test_integration.py, _test_training), pushed to runs whose free parameters
-grow large, in float32 (issue 13, item 1: "the parametrizations already survive 1e38:
-keep it so"). A map must return a point on the manifold (to 100·n·eps) for every finite
-free parameter, or refuse it loudly; never a silently non-orthogonal or NaN weight.
+"""geotorch's "the layer stays in the manifold while being optimised" (test_integration.py,
+_test_training), pushed to runs whose free parameters grow large, in float32 (issue 13,
+item 1). A map must return a point on the manifold (to 100·n·eps) for every finite free
+parameter, never a silently non-orthogonal or NaN weight.
 
-Today (float32): ``exp`` loses orthogonality as ‖A‖ grows (about 1e-3 at entries ~1e3,
-4e-2 at ~1e5, NaN at ~1e10); ``householder`` returns NaN at entries ~1e20 (‖v‖² overflows);
-after five SGD steps with lr = 1 on Conv2d(8, 4, 3) (the bias diverges and drags the free
-parameters to ~1e5), ``cayley``/``scaled_cayley`` weights are off O(3) by 3e-3–1e-2 and
-``exp`` weights are NaN.
+Before the fix (float32): ``exp`` lost orthogonality as ‖A‖ grew (1e-3 at entries ~1e3,
+4e-2 at ~1e5, NaN at ~1e10; Padé squarings), ``householder`` returned NaN at entries ~1e20
+(‖v‖² overflowed), and after five SGD steps with lr = 1 on Conv2d(8, 4, 3) ``cayley`` /
+``scaled_cayley`` weights were off O(3) by 3e-3–1e-2 (cond(I + A)·eps). See
+Note [Large skew-Hermitian matrices go through eigh] and
+Note [Reflection vectors scaled by their max-abs].
 """
 
 from __future__ import annotations
