@@ -43,11 +43,25 @@ import math
 
 import torch
 
-__all__ = ["SPECTRAL_THRESHOLD", "spectral_needed", "skew_spectral"]
+__all__ = ["SPECTRAL_THRESHOLD", "one_norm", "spectral_needed", "skew_spectral"]
 
 #: ‖A‖₁ above max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW·n) goes through ``eigh``.
 SPECTRAL_THRESHOLD = 64.0
 SPECTRAL_PER_ROW = 4.0
+
+
+def one_norm(a: torch.Tensor) -> float | None:
+    """max over the batch of ‖A‖₁, or None where A has no values to read.
+
+    None for an empty or meta tensor and under ``torch.func.vmap`` (which cannot
+    read a value back to Python); the callers then keep their usual kernels.
+    """
+    if a.numel() == 0 or a.device.type == "meta":
+        return None
+    try:
+        return float(torch.linalg.matrix_norm(a.detach(), ord=1).max())
+    except RuntimeError:  # vmap: "calling .item() on a Tensor" is not supported
+        return None
 
 
 def spectral_needed(a: torch.Tensor) -> bool:
@@ -60,14 +74,12 @@ def spectral_needed(a: torch.Tensor) -> bool:
     within ~10·n·eps (the error every map is held to); above, ``eigh`` is more
     accurate. Ordinary training (‖A‖₁ of order one to n) never leaves the cheap
     path. A non-finite A stays on it too, so NaN propagates instead of raising
-    inside LAPACK, and a meta tensor (no values) too. One host synchronisation
-    (``expm`` already needs one).
+    inside LAPACK, and so does an A without values (`one_norm` is None). One host
+    synchronisation (``expm`` already needs one).
     """
-    if a.numel() == 0 or a.device.type == "meta":
-        return False
-    norm = float(torch.linalg.matrix_norm(a.detach(), ord=1).max())
+    norm = one_norm(a)
     limit = max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW * a.shape[-1])
-    return math.isfinite(norm) and norm > limit
+    return norm is not None and math.isfinite(norm) and norm > limit
 
 
 def _eigh_skew(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ import torch
 
 from ._expm import expm
 from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
-from ._spectral import skew_spectral, spectral_needed
+from ._spectral import one_norm, skew_spectral, spectral_needed
 
 __all__ = [
     "normalize_columns",
@@ -279,9 +279,12 @@ def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.
 
     Degree-13 Padé with scaling and squaring and the adjoint-Fréchet backward
     (`_expm.expm`); through ``eigh`` when ‖A‖₁ is large, where the squarings
-    would lose orthogonality (Note [Large skew-Hermitian matrices go through eigh]).
+    would lose orthogonality (Note [Large skew-Hermitian matrices go through eigh]);
+    ``torch.linalg.matrix_exp`` under ``torch.func.vmap``, where ‖A‖₁ cannot be read.
     """
     m = a.shape[-1] if m is None else m
+    if one_norm(a) is None and a.numel():  # under torch.func.vmap: torch's own kernel
+        return base @ torch.linalg.matrix_exp(a)[..., :m]
     e = skew_spectral(a, "exp") if spectral_needed(a) else expm(a)
     return base @ e[..., :m]
 

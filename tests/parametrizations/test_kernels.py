@@ -265,3 +265,22 @@ def test_householder_survives_huge_vectors_with_scaled_gradient():
             assert (c * gv - ref).abs().max() < 1e-10 * ref.abs().max()
     vv = v.clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda w: K.householder_apply(w, x, 2), (vv,))
+
+
+def test_skew_maps_under_vmap_equal_the_batched_call():
+    # Under torch.func.vmap ‖A‖₁ cannot be read back (one_norm is None): the maps keep
+    # their LU kernel / torch's matrix_exp and give what the batched call gives.
+    gen = torch.Generator().manual_seed(13)
+    a = K.skew_from_raw(torch.randn(3, 5, 5, dtype=torch.float64, generator=gen))
+    base = torch.eye(5, 2, dtype=torch.float64)
+    d = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    for f in (
+        lambda x: K.exp_map(x, torch.eye(5, dtype=torch.float64), 2),
+        lambda x: K.cayley_map(x, base),
+        lambda x: K.scaled_cayley_map(x, d),
+    ):
+        assert torch.allclose(torch.func.vmap(f)(a), f(a), atol=1e-12)
+        per_sample = torch.func.vmap(torch.func.grad(lambda x, f=f: f(x).pow(3).sum()))(a)
+        (batched,) = torch.autograd.grad(f(a.requires_grad_()).pow(3).sum(), a)
+        a = a.detach()
+        assert torch.allclose(per_sample, batched, atol=1e-10)
