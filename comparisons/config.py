@@ -347,14 +347,23 @@ def resolve(
         _merge(opts, QUICK.get(command, {}))
     where = f"--config {config}"
     tables = (*SCHEMA, "quick")
-    _merge(opts, _layer(schema, {k: v for k, v in cfg.items() if k not in tables}, where))
-    _merge(opts, _layer(schema, cfg.get(command, {}), where))
+    preset = set(opts.get("task_options") or {})
+    layers = [_layer(schema, {k: v for k, v in cfg.items() if k not in tables}, where)]
+    layers.append(_layer(schema, cfg.get(command, {}), where))
     if quick:
-        _merge(opts, _layer(schema, cfg.get("quick", {}), where))
-    _merge(opts, _layer(schema, {k: v for k, v in flags.items() if v is not None}, "option"))
+        layers.append(_layer(schema, cfg.get("quick", {}), where))
+    layers.append(_layer(schema, {k: v for k, v in flags.items() if v is not None}, "option"))
+    for layer in layers:
+        _merge(opts, layer)
+        preset -= set(layer.get("task_options") or {})
     opts.setdefault("device", "cpu")
     opts["out"] = pathlib.Path(opts.get("out") or "results")
     if "tasks" in opts:
+        # a default's task option that none of the chosen tasks takes is dropped (e.g.
+        # drift's n = 64 under tasks = ["finetune"]); one the user gave is an error
+        for k in preset:
+            if not any(k in tasks_mod.options(t) for t in opts["tasks"]):
+                del opts["task_options"][k]
         for t in opts["tasks"]:
             tasks_mod.get(t)  # unknown task: ValueError listing them
         _check_task_options(opts)

@@ -14,7 +14,7 @@ import torch
 
 from . import tasks as tasks_mod
 from .config import task_options_for
-from .runner import RunConfig, parse_strategy, run
+from .runner import RunConfig, parse_strategy, run, unsupported
 from .store import RunStore, run_key
 from .strategies import parse
 
@@ -33,18 +33,23 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
     for task in opts["tasks"]:
         cls = tasks_mod.get(task)
         topts = task_options_for(task, opts)
-        tasks_mod.make(task, torch.float32, torch.device("cpu"), 0, **topts)  # checks options
-        runnable = []
+        instance = tasks_mod.make(task, torch.float32, torch.device("cpu"), 0, **topts)
+        runnable, reasons = [], []
         for s in strategies:
-            if s.is_baseline and cls.kind != "sequence":
-                skipped.append(f"{s.name} on {task}: the LSTM baseline needs a sequence task")
-            else:
+            reason = unsupported(s, cls)
+            if reason is None:
+                try:
+                    instance.check_method(s.method, s.method_options)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"strategy {s.name!r} on task {task!r}: {exc}") from exc
                 runnable.append(s)
+            else:
+                skipped.append(f"{s.name} on {task}: {reason}")
+                reasons.append(f"{s.name}: {reason}")
         if not runnable:
             raise ValueError(
-                f"task {task!r} is a {cls.kind} task and every strategy given "
-                f"({', '.join(opts['strategies'])}) is an LSTM baseline, which needs a sequence "
-                "task; add a METHOD+OPTIMIZER strategy such as cwy+adam"
+                f"task {task!r} is a {cls.kind} task and every strategy given cannot run on it "
+                f"({'; '.join(reasons)}); add a METHOD+OPTIMIZER strategy such as cwy+adam"
             )
         for s in runnable:
             for dtype in opts["dtypes"]:

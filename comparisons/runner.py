@@ -19,8 +19,22 @@ __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 
 
 def parse_strategy(text: str) -> Strategy:
-    """Parse a strategy name, checking it against the registered maps and optimizers."""
-    return parse(text, methods=[*registry.methods(), "lstm"], optimizers=registry.optimizer_names())
+    """Parse a strategy name, checking it against the registered maps and optimizers.
+
+    The method may also be one a registered task builds itself (`Task.extra_methods`).
+    """
+    methods = [*registry.methods(), "lstm", *tasks_mod.base.extra_methods()]
+    return parse(text, methods=methods, optimizers=registry.optimizer_names())
+
+
+def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
+    """Why ``strategy`` cannot run on ``task`` (a class), or None when it can."""
+    if strategy.is_baseline and task.kind != "sequence":
+        return "the LSTM baseline needs a sequence task"
+    builders = tasks_mod.base.extra_methods().get(strategy.method)
+    if builders and strategy.method not in registry.methods() and task.name not in builders:
+        return f"{strategy.method!r} is a method of the task(s) {', '.join(builders)} only"
+    return None
 
 
 @dataclass
@@ -83,8 +97,9 @@ def run(cfg: RunConfig, progress=None) -> dict:
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = tasks_mod.make(cfg.task, dtype, device, cfg.seed, **cfg.task_options)
-    if strategy.is_baseline and task.kind != "sequence":
-        raise ValueError(f"strategy {cfg.strategy!r}: the LSTM baseline needs a sequence task")
+    reason = unsupported(strategy, type(task))
+    if reason is not None:
+        raise ValueError(f"strategy {cfg.strategy!r} on task {cfg.task!r}: {reason}")
     model = task.build(strategy.method, strategy.method_options)  # in the task's dtype
     opts = build_optimizers(task, model, strategy, cfg.others, cfg.lr)
 

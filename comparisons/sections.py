@@ -13,6 +13,7 @@ from typing import Any
 
 from . import complexity as cx
 from . import plots, registry
+from . import tasks as tasks_mod
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
@@ -108,7 +109,7 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         rows = [s for s in summary if s["task"] == task]
         if not rows:
             continue
-        extra = [k for k in rows[0] if k in ("test_accuracy",)]
+        extra = [k for k in tasks_mod.get(task).table_metrics if k in rows[0]]
         text.append(f"### {task}\n")
         if rows[0]["optimum"] is not None:
             text.append(

@@ -83,6 +83,9 @@ class POGO(RiemannianOptimizer):
 
     default_lr: ClassVar[float] = 0.01
     dtensor_points: ClassVar[bool] = False  # the msign kernels are not routed through reduce
+    # one polar-like correction per step: the iterate is near the manifold (error of
+    # order (lr‖ψ‖)² per step, not decaying to rounding), like landing's
+    feasible: ClassVar[bool] = False
     formula: ClassVar[str] = "ψ: 6NM², correction: 4NM² (all GEMMs, no factorization)"
 
     def __init__(

@@ -43,8 +43,14 @@ import torch
 
 __all__ = ["expm"]
 
-_B = (
-    64764752532480000.0,
+# Note [Padé coefficients normalised to b₀ = 1]
+# R = (V − U)⁻¹(V + U) does not change when every bₖ is divided by b₀, and with
+# b₀ = 1 the forward at A = 0 is V = I, R = I exactly (an LU solve against
+# b₀·I may multiply by a rounded 1/b₀): the based maps then return their base
+# bit for bit at A = 0, so a stored float32 point stays a float32 point.
+_B0 = 64764752532480000.0
+_B_RAW = (
+    _B0,
     32382376266240000.0,
     7771770303897600.0,
     1187353796428800.0,
@@ -59,11 +65,14 @@ _B = (
     182.0,
     1.0,
 )
+_B = tuple(c / _B0 for c in _B_RAW)
 _THETA13 = 5.371920351148152
 
 
 def _squarings(a: torch.Tensor) -> int:
-    norm = float(torch.linalg.matrix_norm(a, ord=1).max()) if a.numel() else 0.0
+    if a.numel() == 0 or a.device.type == "meta":  # meta: shapes only, no values
+        return 0
+    norm = float(torch.linalg.matrix_norm(a.detach(), ord=1).max())
     if not math.isfinite(norm):
         return 0
     return max(0, math.ceil(math.log2(norm / _THETA13))) if norm > _THETA13 else 0

@@ -127,6 +127,13 @@ def householder_apply(v: torch.Tensor, x: torch.Tensor, block: int = DEFAULT_BLO
         ```
     """
     batch = torch.broadcast_shapes(v.shape[:-2], x.shape[:-2])
+    # Note [Reflection vectors scaled by their max-abs]
+    # H(v) = H(v/c) for every c > 0, so dividing each v_k by c_k = max_i |v_ik| changes
+    # nothing but keeps ‖v_k‖² in [1, n]: at entries ~1e20 it would overflow float32
+    # (NaN output). c is detached: the gradient of a scale-invariant f satisfies
+    # ∇f(v) = ∇f(v/c)/c exactly (∇f(u)ᴴu = 0), which is what autograd then returns.
+    scale = v.detach().abs().amax(dim=-2, keepdim=True)
+    v = v / torch.where(scale > 0, scale, torch.ones_like(scale))
     v = v.expand(*batch, *v.shape[-2:])
     x = x.expand(*batch, *x.shape[-2:])
     return _HouseholderApply.apply(v, x, int(block))

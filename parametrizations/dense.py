@@ -68,7 +68,8 @@ class _Based(OrthogonalMap):
 class Exp(_Based):
     r"""Q = (B·expm(A))[:, :m], A skew-symmetric / skew-Hermitian, B a fixed base (buffer).
 
-    O(n³) per call (``torch.linalg.matrix_exp``), also on St(n, m).
+    O(n³) per call (Padé with the adjoint-Fréchet backward, `_expm.expm`; ``eigh``
+    when ‖A‖₁ is large), also on St(n, m).
 
     Example:
         ```python

@@ -27,7 +27,9 @@ from collections.abc import Callable
 
 import torch
 
+from ._expm import expm
 from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
+from ._spectral import one_norm, skew_spectral, spectral_needed
 
 __all__ = [
     "normalize_columns",
@@ -273,23 +275,41 @@ def _eye(a: torch.Tensor) -> torch.Tensor:
 
 
 def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.Tensor:
-    r"""Q = (B·expm(A))[:, :m] for skew-Hermitian A (O(n³)); B carries the determinant."""
+    r"""Q = (B·expm(A))[:, :m] for skew-Hermitian A (O(n³)); B carries the determinant.
+
+    Degree-13 Padé with scaling and squaring and the adjoint-Fréchet backward
+    (`_expm.expm`); through ``eigh`` when ‖A‖₁ is large, where the squarings
+    would lose orthogonality (Note [Large skew-Hermitian matrices go through eigh]);
+    ``torch.linalg.matrix_exp`` under ``torch.func.vmap``, where ‖A‖₁ cannot be read.
+    """
     m = a.shape[-1] if m is None else m
-    return base @ torch.linalg.matrix_exp(a)[..., :m]
+    if one_norm(a) is None and a.numel():  # under torch.func.vmap: torch's own kernel
+        return base @ torch.linalg.matrix_exp(a)[..., :m]
+    e = skew_spectral(a, "exp") if spectral_needed(a) else expm(a)
+    return base @ e[..., :m]
 
 
 def cayley_map(a: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     r"""Q = (I + A)⁻¹(I − A)·B for skew-Hermitian A and B of shape (…, n, m), by one LU solve.
 
-    I + A is invertible for skew-Hermitian A (its eigenvalues are 1 + iλ).
+    I + A is invertible for skew-Hermitian A (its eigenvalues are 1 + iλ). When
+    ‖A‖₁ is large, cond(I + A) ≈ ‖A‖₂ would cost orthogonality, and the transform
+    goes through ``eigh`` (Note [Large skew-Hermitian matrices go through eigh]).
     """
+    if spectral_needed(a):
+        return skew_spectral(a, "cayley") @ base
     eye = _eye(a)
     return torch.linalg.solve(eye + a, (eye - a) @ base)
 
 
 def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    r"""W = ((I + A)⁻¹(I − A) D)[:, :m] with D = diag(d), d of length m ≤ n (scoRNN / scuRNN)."""
+    r"""W = ((I + A)⁻¹(I − A) D)[:, :m] with D = diag(d), d of length m ≤ n (scoRNN / scuRNN).
+
+    Large ‖A‖₁: through ``eigh`` as in `cayley_map`.
+    """
     m = d.shape[-1]
+    if spectral_needed(a):
+        return skew_spectral(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
     eye = _eye(a)
     rhs = (eye - a)[..., :m] * d.unsqueeze(-2).to(a.dtype)
     return torch.linalg.solve(eye + a, rhs)

@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["Task", "register", "available", "get", "options", "make", "check_options"]
+__all__ = [
+    "Task",
+    "register",
+    "available",
+    "get",
+    "options",
+    "make",
+    "check_options",
+    "extra_methods",
+]
 
 _TASKS: dict[str, type[Task]] = {}
 _FIXED = ("self", "dtype", "device", "seed")
@@ -46,6 +55,12 @@ class Task:
     baseline: float | None = None
     #: held-out metrics at chance level, e.g. {"test_accuracy": 0.1}
     chance: dict[str, float] = {}
+    #: methods this task builds besides the registered maps, name → what it is
+    #: (e.g. the PEFT adapters of ``finetune``); strategies may name them, and
+    #: they run on the tasks that declare them only
+    extra_methods: dict[str, str] = {}
+    #: metrics of `evaluate` shown as columns of the convergence table
+    table_metrics: tuple[str, ...] = ("test_accuracy",)
 
     def __init__(self, dtype: torch.dtype, device: torch.device, seed: int):
         self.dtype, self.device, self.seed = dtype, device, seed
@@ -53,6 +68,12 @@ class Task:
 
     def build(self, method: str, method_options: dict) -> nn.Module:
         raise NotImplementedError
+
+    def check_method(self, method: str, method_options: dict) -> None:
+        """Raise for a method or options this task cannot build; called before any training.
+
+        The default checks nothing (a map's options are checked when it is built).
+        """
 
     def constrained(self, model: nn.Module) -> nn.Module:
         """The submodule that holds the constrained matrix (the strategy's optimizer trains it)."""
@@ -103,6 +124,15 @@ def register(name: str) -> Callable[[T], T]:
 def available() -> list[str]:
     """Sorted names of the registered tasks."""
     return sorted(_TASKS)
+
+
+def extra_methods() -> dict[str, list[str]]:
+    """Methods that registered tasks build besides the maps, each with the tasks that do."""
+    out: dict[str, list[str]] = {}
+    for name in available():
+        for method in _TASKS[name].extra_methods:
+            out.setdefault(method, []).append(name)
+    return out
 
 
 def get(name: str) -> type[Task]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations._expm import expm
+from stiefel.parametrizations._spectral import skew_spectral, spectral_needed
 
 
 def _skew(shape, dtype, scale, seed):
@@ -54,3 +56,67 @@ def test_no_grad_path_and_errors():
     assert torch.allclose(expm(a), torch.linalg.matrix_exp(a), atol=1e-14)
     with pytest.raises(ValueError, match="square"):
         expm(torch.zeros(3, 4))
+
+
+# ------------------------------------------------- large ‖A‖: exp and Cayley through eigh
+
+
+@pytest.mark.parametrize("kind", ["exp", "cayley"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("shape", [(5, 5), (2, 6, 6)])
+def test_spectral_path_equals_pade_and_lu_and_their_gradients(kind, dtype, shape):
+    a = _skew(shape, dtype, 2.0, 6).requires_grad_()
+    eye = torch.eye(shape[-1], dtype=dtype)
+    ref = expm(a) if kind == "exp" else torch.linalg.solve(eye + a, eye - a)
+    y = skew_spectral(a, kind)
+    g = _skew(shape, dtype, 1.0, 7) + 0.5 * _skew(shape, dtype, 1.0, 8).mH.tril()  # any G
+    (ga,) = torch.autograd.grad(y, a, g)
+    (gb,) = torch.autograd.grad(ref, a, g)
+    assert (y - ref).abs().max() < 1e-12
+    skew = 0.5 * (gb - gb.mH)  # the spectral form reads S(A) = (A − Aᴴ)/2 only
+    assert (ga - skew).abs().max() < 1e-12 * max(1.0, float(skew.abs().max()))
+
+
+@pytest.mark.parametrize("kind", ["exp", "cayley"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_spectral_path_gradcheck_at_large_norm(kind, dtype):
+    # Through the kernels on free parameters, where the eigh path is the one taken:
+    # real skew A has ±λ pairs (and a zero for odd n), the divided differences handle them.
+    raw = _skew((5, 5), dtype, 40.0, 9).requires_grad_()
+    assert spectral_needed(K.skew_from_raw(raw))
+    base = torch.linalg.qr(torch.randn(5, 3, dtype=torch.float64).to(dtype)).Q
+    if kind == "exp":
+        f = lambda r: K.exp_map(K.skew_from_raw(r), torch.eye(5, dtype=dtype), 3)  # noqa: E731
+    else:
+        f = lambda r: K.cayley_map(K.skew_from_raw(r), base)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (raw,))
+    d = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    g = lambda r: K.scaled_cayley_map(K.skew_from_raw(r), d)  # noqa: E731
+    assert torch.autograd.gradcheck(g, (raw,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("scale", [1e3, 1e10, 1e30])
+def test_large_skew_stays_orthogonal_in_float32(dtype, scale):
+    n = 7
+    a = _skew((3, n, n), dtype, scale, 10)
+    eye = torch.eye(n, dtype=torch.complex128)
+    for q in (skew_spectral(a, "exp"), skew_spectral(a, "cayley")):
+        q = q.to(torch.complex128)
+        assert bool(torch.isfinite(q).all())
+        assert float(torch.linalg.matrix_norm(q.mH @ q - eye).max()) < 10 * n * 1.2e-7
+
+
+def test_spectral_threshold_and_errors():
+    n = 6
+    assert not spectral_needed(_skew((n, n), torch.float32, 1.0, 11))
+    assert spectral_needed(_skew((n, n), torch.float32, 1e3, 11))
+    assert not spectral_needed(torch.full((n, n), float("nan")))  # NaN propagates
+    with pytest.raises(ValueError, match="kind='log'.*'exp', 'cayley'"):
+        skew_spectral(torch.zeros(3, 3), "log")
+
+
+def test_exp_of_zero_is_exactly_the_identity():
+    # Note [Padé coefficients normalised to b₀ = 1]: a based map returns its base bit for bit.
+    for dtype in (torch.float32, torch.float64, torch.complex64):
+        assert torch.equal(expm(torch.zeros(7, 7, dtype=dtype)), torch.eye(7, dtype=dtype))
