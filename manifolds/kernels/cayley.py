@@ -185,12 +185,52 @@ def _dense(x, dn, lr, v, xx):
     return y if v is None else (y, out[..., m:])
 
 
+def _square(x, w, lr, v=None, v_is_d=False, mu=1.0):
+    r"""The Cayley step of a square X in X's own frame: one n×n solve, no n×n A.
+
+    Note [Square Cayley step in the frame of X]
+    For a square X with XᴴX = I every A satisfies A = XSXᴴ with S = XᴴAX, and
+    A = (Pu)Xᴴ − X(Pu)ᴴ gives S = XᴴPu − (Pu)ᴴX = skew(Xᴴu) (XᴴP = ½Xᴴ), so
+
+        Cayley(A)X = X·Cayley(S),   Cayley(A)v = X·Cayley(S)·Xᴴv = Y·(Xᴴv).
+
+    Only W = Xᴴd (an n×n product the fused step has anyway) is needed: Pu, A
+    and XXᴴ are never formed. With S = −β·Ŝ, Ŝ = skew(W)/‖skew(W)‖_F, the
+    scaled form of Note [Overflow-safe step] reads
+    Cayley(S) = 2γ(γI + ½σŜ)⁻¹ − I, so Y = 2γ·X(γI + ½σŜ)⁻¹ − X is one solve
+    from the right with X as its right-hand side (it reads the row-major
+    factors without a copy), followed by the Newton–Schulz step on Y's own
+    Gram. A step costs XᴴG, the solve and the two products of the correction,
+    about 5.7n³ multiply-adds (6.7n³ with the optimizer's off-manifold Gram)
+    against 7.7n³ for geoopt's canonical step (Pu, A, (I + ½A)X and a solve).
+    Folding K = (3I − XᴴX)/2 of X into the solve's right-hand side instead
+    would save one product but correct X, not Y: the rounding of the pivot γ
+    (≥ √eps, as in the dense path) of a very long step would then stay in Y
+    at O(eps/γ) (measured: ~1e-4 in float32 after lr = 1e20).
+    """
+    n = x.shape[-1]
+    s = 0.5 * (w - w.mH)  # skew(Xᴴd)
+    t = torch.linalg.matrix_norm(s, keepdim=True)
+    gamma, sigma = _weights(lr * t)
+    gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
+    ph = s / t.clamp_min(torch.finfo(t.dtype).tiny)
+    lhs = gamma * eye_like(x, n) + (0.5 * sigma) * ph
+    y = newton_schulz((2 * gamma) * torch.linalg.solve(lhs, x, left=False) - x)
+    if v is None:
+        return y
+    return y, y @ (mu * w if v_is_d else x.mH @ v)
+
+
 def _cayley(x, d, lr, v, xx, smw):
+    """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
     dn, mu = _normalize(d)
     lr = lr * mu
+    n, m = x.shape[-2:]
+    if smw is None and n == m and row_group() is None:
+        return _square(x, x.mH @ dn, lr, v, v is d, mu)
     if xx is None:
         xx = gram(x, x)
-    if not smw:
+    if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     xhd = gram(x, dn)
     pd = torch.baddbmm(flat(dn), flat(x), flat(xhd), alpha=-0.5).reshape(dn.shape)
@@ -234,7 +274,7 @@ def cayley_descent(
         assert abs(float(td.norm() - d.norm())) < 1e-12  # an isometry
         ```
     """
-    return _cayley(x, d, lr, v, xx, _woodbury_for(x))
+    return _cayley(x, d, lr, v, xx, None)
 
 
 def cayley_gradient_step(
@@ -282,6 +322,8 @@ def cayley_gradient_step(
     gn, mu = _normalize(g)
     lr = lr * mu
     h = gram(x, gn)
+    if n == m and row_group() is None:  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
+        return _square(x, h if metric == "euclidean" else 2 * h, lr)
     w = sym(h) if metric == "euclidean" else h.mH
     if xx is None:
         xx = gram(x, x)

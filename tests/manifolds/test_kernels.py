@@ -145,3 +145,28 @@ def test_fused_rgd_step_equals_unfused_and_dense(dtype, metric, shape):
     assert _rel(kernels.cayley_gradient_step(x, g, 0.3, metric), ref) < 1e-10
     with pytest.raises(ValueError, match="metric='flat'"):
         kernels.cayley_gradient_step(x, g, 0.3, "flat")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
+def test_square_frame_step_equals_dense_reference(dtype, batch):
+    # Note [Square Cayley step in the frame of X]: X·Cayley(skew(Xᴴu)) on O(n)/U(n)
+    # against the N×N formula; n = 7 is odd, so skew(Xᴴu) is singular (real case).
+    x, g = _point_and_grad(7, 7, dtype, batch, seed=9)
+    v = torch.randn_like(g)
+    for metric in ("euclidean", "canonical"):
+        rgrad = {
+            "euclidean": kernels.egrad2rgrad_euclidean,
+            "canonical": kernels.egrad2rgrad_canonical,
+        }
+        u = -0.3 * rgrad[metric](x, g)
+        ref = _dense_cayley_reference(x, u)
+        q = ref @ x.mH  # Cayley(A) itself, X being unitary
+        assert _rel(kernels.cayley_gradient_step(x, g, 0.3, metric), ref) < 1e-12
+        assert _rel(kernels.cayley_retraction(x, u), ref) < 1e-12
+        y, tv = kernels.cayley_retraction_transport(x, u, v)
+        assert _rel(y, ref) < 1e-12 and _rel(tv, q @ v) < 1e-12
+        y, tu = kernels.cayley_descent(x, -u, 1.0, -u)  # v is d: the fused transport
+        assert _rel(y, ref) < 1e-12 and _rel(tu, -(q @ u)) < 1e-12
+    # the generic dense solve (forced) agrees as well
+    assert _rel(kernels.cayley_dense(x, u), _dense_cayley_reference(x, u)) < 1e-12

@@ -41,7 +41,7 @@ HUGE = [
 
 
 @pytest.mark.parametrize("name,hyper,dtype,scale", HUGE)
-@pytest.mark.parametrize("shape", [(16, 4), (5, 4)])  # SMW and dense Cayley
+@pytest.mark.parametrize("shape", [(16, 4), (5, 4), (4, 4)])  # SMW, dense, square Cayley
 def test_huge_gradient_or_lr_steps_stay_on_manifold(name, hyper, dtype, scale, shape):
     man = Stiefel(*shape)
     w = _param(man, dtype)
