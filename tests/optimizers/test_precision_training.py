@@ -5,7 +5,7 @@ with the float32 master within the float32 drift target (‖XᴴX − I‖_F ≤
 the parameter equal to the master's rounding. 1000 steps at that size take about a
 minute per optimizer on one loaded core, so the suite runs the 1000 steps on
 St(256, 16) (the drift mechanism, rounding of each step, does not depend on the
-size; `benchmarks/precision.py --drift` runs the full size once). The orthogonality
+size; the full size is not run anywhere yet). The orthogonality
 error is measured independently in float64 numpy.
 """
 
