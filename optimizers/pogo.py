@@ -86,6 +86,8 @@ class POGO(RiemannianOptimizer):
     # one polar-like correction per step: the iterate is near the manifold (error of
     # order (lr‖ψ‖)² per step, not decaying to rounding), like landing's
     feasible: ClassVar[bool] = False
+    # so a state saved mid-training (its point near the manifold) loads and steps on
+    accepts_off_manifold: ClassVar[bool] = True
     formula: ClassVar[str] = "ψ: 6NM², correction: 4NM² (all GEMMs, no factorization)"
 
     def __init__(

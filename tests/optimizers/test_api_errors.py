@@ -197,7 +197,9 @@ def test_repair_every_counts_steps_per_parameter(name, monkeypatch):
         w.grad = torch.tensor(RNG.standard_normal((9, 3)))
         opt.step()
     assert calls == [(9, 3), (9, 3)]  # steps 2 and 4
-    assert _orth_err_np(w.detach().numpy()) < 1e-13
+    # after the unrepaired step 5: to rounding, or near the manifold for an infeasible rule
+    bound = 1e-13 if optimizers.info(name).feasible else 1e-3
+    assert _orth_err_np(w.detach().numpy()) < bound
 
 
 # ---------------------------------------------------------------- telemetry
