@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...parametrizations.rotate import Rotation, rotate
+from ...parametrizations import Rotation, rotate
 from ..complexity import peak_bytes
 from ..models.transformer import BLOCK_LINEARS, TinyEncoder
 from ..registry import methods as registered_methods
