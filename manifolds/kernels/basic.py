@@ -234,11 +234,28 @@ def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None) -> torch.Tens
     ¾e² + ¼e³ < e), which sets the threshold above which a step projects first
     (Note [Off-manifold points at a step]).
     """
-    m = y.shape[-1]
+    return polar_step(y, 0.5, yy)
+
+
+def polar_step(
+    y: torch.Tensor, lam: float | torch.Tensor = 0.5, yy: torch.Tensor | None = None
+) -> torch.Tensor:
+    r"""Y + λ(Y − Y(YᴴY)) = Y((1 + λ)I − λYᴴY): a polar-like correction towards St.
+
+    With YᴴY = I + E the corrected Gram matrix is I + (1 − 2λ)E + O(E²): λ = ½ is
+    the Newton–Schulz step (`newton_schulz`), other λ POGO's correction.
+
+    Args:
+        y: points (..., N, M).
+        lam: λ, a float or a tensor broadcastable to (..., 1, 1).
+        yy: YᴴY when the caller has it already (saves an N×M×M product).
+
+    Returns:
+        The corrected points.
+    """
     if yy is None:
         yy = gram(y, y)
-    k = 1.5 * eye_like(y, m) - 0.5 * yy
-    return y @ k
+    return y @ ((1 + lam) * eye_like(y, y.shape[-1]) - lam * yy)
 
 
 # --------------------------------------------------------------------------- geodesics

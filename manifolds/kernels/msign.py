@@ -72,6 +72,8 @@ from __future__ import annotations
 
 import torch
 
+from .basic import polar_step
+
 __all__ = [
     "MSIGN_METHODS",
     "MSIGN_DEFAULT_STEPS",
@@ -301,13 +303,8 @@ def spectral_direction(
 
 
 def polar_correction(y: torch.Tensor, lam: float | torch.Tensor = 0.5) -> torch.Tensor:
-    r"""Y + λ(Y − Y(YᴴY)): one polar-like correction towards St (λ = ½: a cubic Newton–Schulz step).
-
-    With YᴴY = I + E the corrected Gram matrix is I + (1 − 2λ)E + O(E²), so λ = ½
-    removes the first-order error (Note [Newton–Schulz drift correction] in
-    `stiefel.manifolds.kernels.basic`). Costs two N×M×M products.
-    """
-    return y + lam * (y - y @ (y.mH @ y))
+    r"""Y + λ(Y − Y(YᴴY)): POGO's correction, `stiefel.manifolds.kernels.basic.polar_step`."""
+    return polar_step(y, lam)
 
 
 def pogo_step(
