@@ -129,7 +129,10 @@ def _training(p: argparse.ArgumentParser, c: str) -> None:
 def _epilog() -> str:
     maps = ", ".join(registry.methods())
     opts = ", ".join(registry.optimizer_names())
-    lines = [f"methods: {maps}, lstm (baseline, sequence tasks)", f"optimizers: {opts}", "tasks:"]
+    base = ", ".join(
+        f"{m} ({t}, {'/'.join(k)} tasks)" for m, (t, k) in tasks_mod.baselines().items()
+    )
+    lines = [f"methods: {maps}", f"baselines: {base}", f"optimizers: {opts}", "tasks:"]
     for t in tasks_mod.available():
         o = ", ".join(f"{k}={v!r}" for k, v in tasks_mod.options(t).items())
         lines.append(f"  {t} ({tasks_mod.get(t).kind}): {o}")

@@ -1,7 +1,7 @@
 """The training grid of a section: every task × strategy × dtype × seed, run durably.
 
 Every combination is checked before the first run (task options, strategy
-names and options); one that cannot run (an LSTM baseline on a matrix task)
+names and options); one that cannot run (the LSTM baseline on a matrix task)
 is reported, never dropped silently; each finished run is stored at once
 (`stiefel.comparisons.store`), and a resumed grid skips stored runs.
 """
@@ -36,20 +36,22 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
         tasks_mod.make(task, torch.float32, torch.device("cpu"), 0, **topts)  # checks options
         runnable = []
         for s in strategies:
-            if s.is_baseline and cls.kind != "sequence":
-                skipped.append(f"{s.name} on {task}: the LSTM baseline needs a sequence task")
+            if s.is_baseline and s.method not in cls.baselines:
+                skipped.append(f"{s.name} on {task}: {tasks_mod.baseline_needs(s.method)}")
             else:
                 runnable.append(s)
         if not runnable:
+            needs = "; ".join(tasks_mod.baseline_needs(s.method) for s in strategies)
             raise ValueError(
                 f"task {task!r} is a {cls.kind} task and every strategy given "
-                f"({', '.join(opts['strategies'])}) is an LSTM baseline, which needs a sequence "
-                "task; add a METHOD+OPTIMIZER strategy such as cwy+adam"
+                f"({', '.join(opts['strategies'])}) is a baseline of another task ({needs}); "
+                "add a METHOD+OPTIMIZER strategy such as cwy+adam"
             )
         for s in runnable:
             for dtype in opts["dtypes"]:
                 if s.is_baseline and dtype.startswith("complex"):
-                    skipped.append(f"{s.name} on {task} [{dtype}]: the LSTM baseline is real")
+                    text = cls.baselines[s.method]
+                    skipped.append(f"{s.name} on {task} [{dtype}]: {text} is real")
                     continue
                 for seed in range(opts["seeds"]):
                     jobs.append(

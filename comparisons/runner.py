@@ -20,7 +20,8 @@ __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 
 def parse_strategy(text: str) -> Strategy:
     """Parse a strategy name, checking it against the registered maps and optimizers."""
-    return parse(text, methods=[*registry.methods(), "lstm"], optimizers=registry.optimizer_names())
+    methods = [*registry.methods(), *tasks_mod.baselines()]
+    return parse(text, methods=methods, optimizers=registry.optimizer_names())
 
 
 @dataclass
@@ -51,7 +52,7 @@ def build_optimizers(
 
     The scaled Cayley paper trains the skew matrix, the scaling D and the other
     weights with different optimizers and learning rates; this is that split.
-    For the LSTM baseline every weight gets the strategy's optimizer.
+    For a baseline model (``Task.baselines``) every weight gets the strategy's optimizer.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     opt_kw = {k: v for k, v in strategy.optimizer_options.items() if k != "lr"}
@@ -83,8 +84,9 @@ def run(cfg: RunConfig, progress=None) -> dict:
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = tasks_mod.make(cfg.task, dtype, device, cfg.seed, **cfg.task_options)
-    if strategy.is_baseline and task.kind != "sequence":
-        raise ValueError(f"strategy {cfg.strategy!r}: the LSTM baseline needs a sequence task")
+    if strategy.is_baseline and strategy.method not in task.baselines:
+        needs = tasks_mod.baseline_needs(strategy.method)
+        raise ValueError(f"strategy {cfg.strategy!r}: {needs}")
     model = task.build(strategy.method, strategy.method_options)  # in the task's dtype
     opts = build_optimizers(task, model, strategy, cfg.others, cfg.lr)
 

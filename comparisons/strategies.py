@@ -9,8 +9,9 @@ Grammar:
 ```
 
 The first part is a parametrization method of `stiefel.parametrizations`
-(``riemannian`` leaves the weight a manifold parameter) or ``lstm`` (the LSTM
-baseline, sequence tasks only); the second is an optimizer name of
+(``riemannian`` leaves the weight a manifold parameter) or a baseline a task
+declares (``Task.baselines``: ``lstm`` on sequence tasks, ``convlstm`` on
+``moving_digits``, ...); the second is an optimizer name of
 `stiefel.optimizers`. Values are parsed as Python literals where they can
 be (``lr=1e-3``, ``betas=(0.9,0.99)``) and kept as strings otherwise
 (``metric=canonical``).
@@ -51,7 +52,10 @@ class Strategy:
 
     @property
     def is_baseline(self) -> bool:
-        return self.method == "lstm"
+        """Whether the method is a baseline model some task declares (not a map)."""
+        from .tasks import baselines
+
+        return self.method in baselines()
 
     def lr(self, default: float | None = None) -> float:
         """The strategy's ``lr``, else ``default``, else the optimizer's declared default."""

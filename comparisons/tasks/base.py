@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["Task", "register", "available", "get", "options", "make", "check_options"]
+__all__ = [
+    "Task",
+    "register",
+    "available",
+    "get",
+    "options",
+    "make",
+    "check_options",
+    "baselines",
+]
 
 _TASKS: dict[str, type[Task]] = {}
 _FIXED = ("self", "dtype", "device", "seed")
@@ -46,6 +55,10 @@ class Task:
     baseline: float | None = None
     #: held-out metrics at chance level, e.g. {"test_accuracy": 0.1}
     chance: dict[str, float] = {}
+    #: baseline models this task builds in place of a map: method name -> description,
+    #: e.g. {"lstm": "the LSTM baseline"}; a strategy ``lstm+rmsprop`` trains every
+    #: weight of it with its optimizer, and runs only on tasks that declare it
+    baselines: dict[str, str] = {}
 
     def __init__(self, dtype: torch.dtype, device: torch.device, seed: int):
         self.dtype, self.device, self.seed = dtype, device, seed
@@ -98,6 +111,23 @@ def register(name: str) -> Callable[[T], T]:
         return cls
 
     return decorator
+
+
+def baselines() -> dict[str, tuple[str, list[str]]]:
+    """Every baseline method some registered task declares: name -> (description, task kinds)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for name in available():
+        cls = _TASKS[name]
+        for method, text in cls.baselines.items():
+            kinds = out.get(method, (text, []))[1]
+            out[method] = (text, sorted({*kinds, cls.kind}))
+    return out
+
+
+def baseline_needs(method: str) -> str:
+    """``"the LSTM baseline needs a sequence task"``: where baseline ``method`` runs."""
+    text, kinds = baselines()[method]
+    return f"{text} needs a {' or '.join(kinds)} task"
 
 
 def available() -> list[str]:

@@ -35,7 +35,7 @@ BASE = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--steps", "3", "--
         (
             ["--strategies", "lstm+rmsprop"],
             ValueError,
-            r"'procrustes' is a matrix task and every strategy .* is an LSTM",
+            r"'procrustes' is a matrix task and every strategy .* LSTM baseline needs a sequence",
         ),
         (["--tasks", "mnist"], ValueError, r"unknown task 'mnist'; available: adding, brockett"),
     ],
