@@ -70,7 +70,7 @@ def conv_costs(repeats: int, device="cpu", plan=None) -> list[dict]:
             ("OrthogonalConv2d (cayley)", fft),
         ):
 
-            def fwd_bwd(layer=layer):
+            def fwd_bwd(layer=layer, x=x):
                 layer(x).square().sum().backward()
 
             rows.append(
