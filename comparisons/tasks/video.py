@@ -155,6 +155,10 @@ class MovingDigits(Task):
         # a training loss above the better trivial predictor's is a failed run
         self.baseline = min(float(fn(last, target)), float(fn(torch.zeros_like(target), target)))
 
+    def describe(self) -> dict:
+        """The option values (``loss`` is the option's name, ``self.loss`` the method)."""
+        return {**super().describe(), "loss": self.loss_name}
+
     def build(self, method: str, method_options: dict) -> nn.Module:
         return VideoPredictor(
             method,
