@@ -34,10 +34,12 @@ from . import registry
 from .timing import fastest_time
 from .writers import md_table
 
-__all__ = ["conv_costs", "conv_table", "CONV_PLAN"]
+__all__ = ["conv_costs", "conv_table", "CONV_PLAN", "QUICK_CONV_PLAN"]
 
 #: (channels, kernel size) measured: channels at k = 3, kernel sizes at c = 32
 CONV_PLAN = [(16, 3), (32, 3), (64, 3), (32, 1), (32, 5)]
+#: the plan of small complexity runs (the quick preset): a few seconds
+QUICK_CONV_PLAN = [(8, 3), (16, 3), (16, 1), (16, 5)]
 _BATCH, _SIZE, _MAP = 8, 32, "tcwy"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import complexity as cx
 from . import plots, registry
-from .conv_complexity import conv_costs, conv_table
+from .conv_complexity import CONV_PLAN, QUICK_CONV_PLAN, conv_costs, conv_table
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
@@ -187,7 +187,9 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
     )
     steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
     rec = _measure(store, "recurrent", lambda: cx.recurrent_step_costs(sizes, 1 / 8, repeats))
-    conv = _measure(store, "conv", lambda: conv_costs(repeats, device))
+    small = max(sizes) < cx.FIT_MIN_N  # the quick preset: the small conv plan
+    plan = QUICK_CONV_PLAN if small else CONV_PLAN
+    conv = _measure(store, "conv", lambda: conv_costs(repeats, device, plan))
     result = {
         "gemm_flops_per_s": rate,
         "maps": maps,

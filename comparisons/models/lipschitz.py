@@ -6,8 +6,9 @@
 
 where each conv is an exactly orthogonal circular convolution
 (`stiefel.nn.OrthogonalConv2d`) and the linear head has orthonormal rows
-(`orthogonalize` with T-CWY, O(c·s²·10²) per call), or, in the unconstrained twin, an ``nn.Conv2d`` with
-circular padding and an ``nn.Linear`` of the same shapes.
+(`orthogonalize` with T-CWY, O(c·s²·10²) per call), or, in the
+unconstrained twin, an ``nn.Conv2d`` with circular padding and an
+``nn.Linear`` of the same shapes.
 
 Note [Lipschitz bound of a composition]
 ‖f∘g‖_Lip ≤ ‖f‖_Lip·‖g‖_Lip. Zero-padding the channels is an isometry, MaxMin
