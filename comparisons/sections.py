@@ -14,6 +14,7 @@ from typing import Any
 from . import complexity as cx
 from . import plots, registry
 from . import tasks as tasks_mod
+from .conv_complexity import CONV_PLAN, QUICK_CONV_PLAN, conv_costs, conv_table
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
@@ -187,17 +188,22 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
     )
     steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
     rec = _measure(store, "recurrent", lambda: cx.recurrent_step_costs(sizes, 1 / 8, repeats))
+    small = max(sizes) < cx.FIT_MIN_N  # the quick preset: the small conv plan
+    plan = QUICK_CONV_PLAN if small else CONV_PLAN
+    conv = _measure(store, "conv", lambda: conv_costs(repeats, device, plan))
     result = {
         "gemm_flops_per_s": rate,
         "maps": maps,
         "optimizer_steps": steps,
         "recurrent_steps": rec,
+        "conv_layers": conv,
         "options": opts,
     }
     write_json(store.path("complexity.json"), result)
     write_csv(store.path("complexity_maps.csv"), maps)
     write_csv(store.path("complexity_optimizers.csv"), steps)
     write_csv(store.path("complexity_recurrent.csv"), rec)
+    write_csv(store.path("complexity_conv.csv"), conv)
     text = [_complexity_intro(rate, opts, sizes, shapes)]
     text += _map_table(maps, methods, rate)
     text += _step_table(steps, rate)
@@ -211,6 +217,7 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
             ],
         )
     )
+    text += conv_table(conv, rate)
     write_text(store.path("complexity.md"), "\n".join(text))
     maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
     figs = _figure(
