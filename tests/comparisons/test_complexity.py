@@ -61,6 +61,11 @@ def test_plans_honour_limits():
 
 
 # ----------------------------------------------------------------- × FLOPs at GEMM rate
+def approx(x, rel: float = 1e-6):
+    """pytest.approx that also matches NaN with NaN (a map or step without a FLOP model)."""
+    return pytest.approx(x, rel=rel, nan_ok=True)
+
+
 def _map_model(name: str, n: int, L: int) -> float:
     """Forward FLOPs of map ``name`` read from its class (independent of the harness)."""
     cls = parametrizations.maps()[name]
@@ -97,20 +102,20 @@ def test_gemm_multiple_is_time_over_model_time_for_every_map_and_step():
     assert [r["method"] for r in out_maps] == list(parametrizations.maps())
     for r in out_maps:
         fwd = _map_model(r["method"], 64, 16)
-        assert r["forward_x_gemm"] == pytest.approx(r["forward_s"] * rate / fwd, rel=1e-12)
+        assert r["forward_x_gemm"] == approx(r["forward_s"] * rate / fwd, rel=1e-12)
         # no map declares a backward model: fwd+bwd is charged 3× the forward FLOPs
         assert r["forward_backward_basis"] == "3× forward"
-        assert r["forward_backward_flops"] == pytest.approx(3 * fwd, rel=1e-12)
+        assert r["forward_backward_flops"] == approx(3 * fwd, rel=1e-12)
         want = r["forward_backward_s"] / (3 * fwd / rate)
-        assert r["forward_backward_x_gemm"] == pytest.approx(want, rel=1e-12)
+        assert r["forward_backward_x_gemm"] == approx(want, rel=1e-12)
     assert [r["optimizer"] for r in out_steps] == list(registry.optimizer_steps())
     for r in out_steps:
         model = _step_model(r["optimizer"], 256, 8)
         if math.isnan(model):  # an optimizer without a FLOP model has no multiple
             assert math.isnan(r["step_x_gemm"])
         else:
-            assert r["step_x_gemm"] == pytest.approx(r["step_s"] * rate / model, rel=1e-12)
-    assert roofline.gemm_multiple(0.3, 1e9, 1e10) == pytest.approx(3.0)
+            assert r["step_x_gemm"] == approx(r["step_s"] * rate / model, rel=1e-12)
+    assert roofline.gemm_multiple(0.3, 1e9, 1e10) == approx(3.0)
     assert math.isnan(roofline.gemm_multiple(0.3, 0.0, 1e10))
 
 
@@ -121,7 +126,7 @@ def test_a_declared_backward_model_replaces_the_convention(monkeypatch):
     )
     fb, basis = roofline.forward_backward_flops("cwy", 32, 32, 8)
     assert basis == "backward model"
-    assert fb == pytest.approx(_map_model("cwy", 32, 8) + 7.0 * 32 * 32 * 8, rel=1e-12)
+    assert fb == approx(_map_model("cwy", 32, 8) + 7.0 * 32 * 32 * 8, rel=1e-12)
     assert roofline.forward_backward_flops("exp", 32, 32, None)[1] == "3× forward"
 
 
@@ -152,34 +157,32 @@ def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatc
     cli.main(argv + ["--repeats", "1", "--shapes", "32x4"])
     data = json.loads((tmp_path / "complexity.json").read_text())
     rate = data["gemm_flops_per_s"]
-    assert rate == pytest.approx(2 * 512**3 / 1e-3)  # the first timing: the GEMM rate's
+    assert rate == approx(2 * 512**3 / 1e-3)  # the first timing: the GEMM rate's
     maps, steps = data["maps"], data["optimizer_steps"]
     assert {r["method"] for r in maps} == set(parametrizations.maps())
     for r in maps:
         fwd = _map_model(r["method"], r["n"], r["L"])
         assert r["forward_s"] != r["forward_backward_s"]
-        assert r["forward_x_gemm"] == pytest.approx(r["forward_s"] / (fwd / rate), rel=1e-9)
+        assert r["forward_x_gemm"] == approx(r["forward_s"] / (fwd / rate), rel=1e-9)
         want = r["forward_backward_s"] / (3 * fwd / rate)
-        assert r["forward_backward_x_gemm"] == pytest.approx(want, rel=1e-9)
+        assert r["forward_backward_x_gemm"] == approx(want, rel=1e-9)
     assert {r["optimizer"] for r in steps} >= set(registry.optimizer_steps())
     for r in steps:
         if r["optimizer"] in registry.optimizer_steps():
             model = _step_model(r["optimizer"], r["N"], r["M"])
             if not math.isnan(model):
-                assert r["step_x_gemm"] == pytest.approx(r["step_s"] / (model / rate), rel=1e-9)
+                assert r["step_x_gemm"] == approx(r["step_s"] / (model / rate), rel=1e-9)
     # the CSVs carry the same values
     with open(tmp_path / "complexity_maps.csv") as f:
         csv_maps = list(csv.DictReader(f))
-    assert [float(r["forward_backward_x_gemm"]) for r in csv_maps] == pytest.approx(
+    assert [float(r["forward_backward_x_gemm"]) for r in csv_maps] == approx(
         [r["forward_backward_x_gemm"] for r in maps], rel=1e-12
     )
     with open(tmp_path / "complexity_optimizers.csv") as f:
         csv_steps = {r["optimizer"]: r for r in csv.DictReader(f)}
     for r in steps:
         if not math.isnan(r["step_x_gemm"]):
-            assert float(csv_steps[r["optimizer"]]["step_x_gemm"]) == pytest.approx(
-                r["step_x_gemm"]
-            )
+            assert float(csv_steps[r["optimizer"]]["step_x_gemm"]) == approx(r["step_x_gemm"])
     # the markdown tables: one row per map × L/n, one per step, with the column
     md = (tmp_path / "complexity.md").read_text()
     assert "Forward+backward FLOPs here: 3× forward (" in md  # the caption names the basis
@@ -188,11 +191,9 @@ def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatc
     for row in md_maps:
         frac = 0.5 if row["L"] == "L = 0.5·n" else 1.0
         r = next(r for r in maps if r["method"] == row["method"] and r["fraction"] == frac)
-        assert float(row["fwd × FLOPs at GEMM rate"]) == pytest.approx(
-            r["forward_x_gemm"], rel=5e-3
-        )
+        assert float(row["fwd × FLOPs at GEMM rate"]) == approx(r["forward_x_gemm"], rel=5e-3)
         got = float(row["fwd+bwd × FLOPs at GEMM rate"])
-        assert got == pytest.approx(r["forward_backward_x_gemm"], rel=5e-3)
+        assert got == approx(r["forward_backward_x_gemm"], rel=5e-3)
     md_steps = {r["optimizer"]: r for r in _md_rows(md, "| optimizer |")}
     assert set(md_steps) >= set(registry.optimizer_steps())
     for r in steps:
@@ -200,5 +201,5 @@ def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatc
         if math.isnan(r["step_x_gemm"]):
             assert cell == "–"
         else:
-            assert float(cell) == pytest.approx(r["step_x_gemm"], rel=5e-3)
+            assert float(cell) == approx(r["step_x_gemm"], rel=5e-3)
     assert "Within 2× of the FLOP model at the GEMM rate (optimizer steps): " in md
