@@ -26,13 +26,14 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds.geometry import EuclideanGeometry
 from ..manifolds.kernels.msign import (
     MSIGN_METHODS,
     msign,
     msign_flops,
     spectral_direction,
 )
-from ..manifolds.sharded import check_placements
+from ..manifolds.sharded import ShardedGeometry, check_placements
 from .base import RiemannianOptimizer, check_choice, check_number
 from .geometry import Geometry, manifold_of
 from .registry import register
@@ -44,6 +45,24 @@ def check_positive_lr(group: dict) -> None:
     """lr must be a finite real number > 0 (ValueError/TypeError naming it)."""
     if check_number("lr", group["lr"]) <= 0:
         raise ValueError(f"lr={group['lr']!r} is out of range; allowed: a finite number > 0")
+
+
+def _plain_msign(b: torch.Tensor, method: str, steps: int | None) -> torch.Tensor:
+    """msign(B) of a plain 2-D tensor; a row-sharded DTensor on its local rows.
+
+    A plain weight sharded on its rows (FSDP2's ``Shard(0)``) runs the iteration on
+    the local rows with the Gram BᴴB all-reduced (Note [msign on sharded rows]), not
+    through DTensor's propagation, which all-gathers. Other layouts (and ``"svd"``)
+    are left to DTensor.
+    """
+    if isinstance(b, DTensor) and method != "svd":
+        try:
+            rows = check_placements(b)
+        except ValueError:  # e.g. Shard(1): DTensor's own propagation
+            rows = None
+        if rows is not None:
+            return ShardedGeometry(EuclideanGeometry(), b).apply(msign, b, method, steps)
+    return msign(b, method, steps)
 
 
 @register("manifold_muon")
@@ -202,6 +221,6 @@ class ManifoldMuon(RiemannianOptimizer):
             return geo.descend(x, phi, lr)
         if not geo.riemannian:
             if x.dim() == 2:
-                return x - lr * msign(b, method, steps)
+                return x - lr * _plain_msign(b, method, steps)
             return x - lr * b
         return geo.descend(x, geo.rgrad(x, b), lr)

@@ -151,5 +151,22 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
         ref = plain_steps("manifold_muon", hyper, shape, seed=5)
         got, _, nbytes = sharded_steps("manifold_muon", hyper, shape, 5, mesh, placements)
         results[("muon-svd", kind)] = (float((got - ref).abs().max()), nbytes)
+    # manifold_muon's Muon step on plain 2-D weights sharded on their rows (FSDP2):
+    # tall, and wide with fewer local rows than columns
+    for shape in ((64, M), (2 * world, 16)):
+        g = torch.Generator().manual_seed(11)
+        x, grad = (torch.randn(shape, dtype=torch.float64, generator=g) for _ in range(2))
+        p = torch.nn.Parameter(x.clone())
+        opt = optimizers.create("manifold_muon", [p], lr=0.1, momentum=0.5)
+        q = torch.nn.Parameter(distribute_tensor(x, mesh, [Shard(0)]))
+        opt_q = optimizers.create("manifold_muon", [q], lr=0.1, momentum=0.5)
+        for _ in range(2):
+            p.grad, q.grad = grad.clone(), distribute_tensor(grad, mesh, [Shard(0)])
+            opt.step()
+            with CommDebugMode() as debug:
+                opt_q.step()
+        err = float((q.detach().full_tensor() - p.detach()).abs().max())
+        counts = {str(k): v for k, v in debug.get_comm_counts().items()}
+        results[("muon-plain", shape)] = (err, counts)
     if rank == 0:
         torch.save(results, os.path.join(out, f"dtensor_w{world}.pt"))

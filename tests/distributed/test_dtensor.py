@@ -78,6 +78,17 @@ def test_exact_msign_refuses_row_sharded_points(runs, world):
     assert "'polar_express'" in msg and "Replicate()" in msg, msg
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_muon_on_row_sharded_plain_weights(runs, world):
+    # a plain 2-D weight (no manifold) with FSDP2's Shard(0): Muon's msign on the
+    # local rows, M×M Grams all-reduced, no all-gather (DTensor's propagation gathers)
+    res = _results(runs, world)
+    for shape in ((64, M), (2 * world, 16)):
+        err, counts = res[("muon-plain", shape)]
+        assert err < 50 * max(shape) * torch.finfo(torch.float64).eps, (shape, err)
+        assert set(counts) <= {"c10d.allreduce_"}, (shape, counts)
+
+
 @pytest.mark.parametrize("kind", ["replicate", "batch"])
 def test_exact_msign_on_replicated_and_batch_sharded_points(runs, kind):
     err, nbytes = _results(runs, 2)[("muon-svd", kind)]
