@@ -48,18 +48,18 @@ CONFIGS = [
     ("landing", "landing", dict(lr=0.1)),
     ("plugin", Plugin, dict(lr=0.1)),
     # msign by Polar Express, by Muon's quintic; the dual descent; momentum
-    ("muon", "manifold_muon", dict(lr=0.1, momentum=0.5, inner_steps=2)),
+    ("muon", "manifold_muon", dict(lr=0.1, momentum=0.5, inner_steps=2, msign_steps=5)),
     (
         "muon-ns-qr",
         "manifold_muon",
-        dict(lr=0.1, msign="newton_schulz", inner_steps=3, retraction="qr"),
+        dict(lr=0.1, msign="newton_schulz", inner_steps=2, retraction="qr"),
     ),
     ("pogo-adam", "pogo", dict(lr=0.05)),
     ("pogo-sgd", "pogo", dict(lr=0.02, base="sgd", momentum=0.5, nesterov=True)),
 ]
 # M×M all-reduces a step may issue (the bound of test_dtensor's traffic test):
 # manifold_muon: per inner step, msign's Grams and norm, XᴴΦ and a trace (steps + 4)
-GRAMS = {"muon": 2 * (10 + 4) + 8, "muon-ns-qr": 3 * (5 + 4) + 8}
+GRAMS = {"muon": 2 * (5 + 4) + 8, "muon-ns-qr": 2 * (5 + 4) + 8}
 
 
 def _data(shape, seed):
@@ -144,10 +144,8 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
         except ValueError as exc:
             results[key] = str(exc)
     hyper = dict(lr=0.1, msign="svd", inner_steps=2)
-    for kind, shape, placements in (
-        ("replicate", (40, M), [Replicate()]),
-        ("batch", (world * 2, 40, M), [Shard(0)]),
-    ):
+    unsplit = (("replicate", (40, M), [Replicate()]), ("batch", (world * 2, 40, M), [Shard(0)]))
+    for kind, shape, placements in unsplit if world == 2 else ():  # no traffic: tested once
         ref = plain_steps("manifold_muon", hyper, shape, seed=5)
         got, _, nbytes = sharded_steps("manifold_muon", hyper, shape, 5, mesh, placements)
         results[("muon-svd", kind)] = (float((got - ref).abs().max()), nbytes)
