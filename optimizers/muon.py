@@ -88,6 +88,12 @@ class ManifoldMuon(RiemannianOptimizer):
     (no shape scaling), any other tensor SGD with the same momentum (X ← X − lr·B).
     Other geoopt manifolds get a Riemannian gradient step along rgrad(B).
 
+    DTensor points (``Replicate()``, batch shards, ``Shard(0)`` on the rows of St(N, M))
+    step on their local shards; on row-sharded points every msign iteration all-reduces
+    an M×M Gram and nothing N-sized moves (Note [msign on sharded rows]), and so does
+    Muon's msign of a row-sharded plain 2-D weight. ``msign="svd"`` needs whole
+    matrices: refused for row-sharded manifold points.
+
     Args:
         params: parameters or param groups.
         lr: step size (> 0): the spectral norm of each manifold step.

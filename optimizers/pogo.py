@@ -67,6 +67,10 @@ class POGO(RiemannianOptimizer):
     at construction. Plain tensors get X ← X − lr·G̃ (VectorAdam normalising by the
     whole tensor's norm), the Euclidean form every optimizer here has.
 
+    DTensor points (``Replicate()``, batch shards, ``Shard(0)`` on the rows of St(N, M))
+    step on their local shards; a row-sharded step all-reduces XᴴX, G̃ᴴX, MᴴM (M×M)
+    and VectorAdam's ‖G‖²_F, never the N×M point.
+
     Args:
         params: parameters or param groups.
         lr: step size (> 0).
