@@ -36,11 +36,12 @@ from .reflections import CWY, TCWY, Householder
 from .dense import Cayley, Exp, ScaledCayley
 
 # isort: on
-from .constrain import OrthogonalMatrix, orthogonalize
+from .constrain import OrthogonalMatrix, initialize, orthogonalize
 from .finetuning import Rotation, merge, rotate, rotation
 
 __all__ = [
     "orthogonalize",
+    "initialize",
     "available",
     "maps",
     "register",
