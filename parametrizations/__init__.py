@@ -36,7 +36,8 @@ from .reflections import CWY, TCWY, Householder
 from .dense import Cayley, Exp, ScaledCayley
 
 # isort: on
-from .constrain import OrthogonalMatrix, initialize, orthogonalize
+from .constrain import OrthogonalMatrix, orthogonalize
+from .deferred import initialize
 from .finetuning import Rotation, merge, rotate, rotation
 
 __all__ = [
