@@ -29,7 +29,8 @@ from .deferred import _write_riemannian_point
 __all__ = ["orthogonalize", "OrthogonalMatrix", "RIEMANNIAN"]
 
 
-def _check_weight(label: str, w: object) -> torch.Tensor:
+def _check_weight(label: str, w: object, values: bool = True) -> torch.Tensor:
+    """``w`` checked: a tensor of an allowed shape and dtype; finite when ``values`` are read."""
     w = _checks.tensor(label, w)
     if w.dim() < 2:
         raise ValueError(
@@ -41,7 +42,9 @@ def _check_weight(label: str, w: object) -> torch.Tensor:
         )
     if w.numel() == 0:
         raise ValueError(f"{label} is empty (shape {tuple(w.shape)}); every dimension must be > 0")
-    if w.device.type != "meta":  # no values on meta (deferred initialisation)
+    # no values on meta (deferred initialisation); none are read by init="haar" etc.,
+    # e.g. on the uninitialised memory module.to_empty() leaves
+    if values and w.device.type != "meta":
         _checks.finite(label, w.detach())
     return w
 
@@ -111,8 +114,8 @@ def _orthogonalize_module(module: nn.Module, name: str, method: object, options:
             f"method={label!r} cannot be applied on top of it: a Riemannian optimizer and a "
             "parametrization would both constrain it"
         )
-    _check_weight(f"module.{name}", w)
     init = options.pop("init", None)
+    _check_weight(f"module.{name}", w, values=init in (None, "nearest"))
     generator = options.pop("generator", None)
     if init is not None:
         _checks.choice("init", init, INITS)
