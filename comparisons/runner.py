@@ -13,6 +13,7 @@ from .. import optimizers
 from ..manifolds import kernels
 from . import registry
 from . import tasks as tasks_mod
+from .config import precision
 from .strategies import Strategy, parse
 
 __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
@@ -90,17 +91,10 @@ def build_optimizers(
     return out
 
 
-def _dtype(name: str) -> torch.dtype:
-    allowed = ("float32", "float64", "complex64", "complex128")
-    if name not in allowed:
-        raise ValueError(f"dtype={name!r} is not supported; allowed: {', '.join(allowed)}")
-    return getattr(torch, name)
-
-
 def run(cfg: RunConfig, progress=None) -> dict:
     """Train and return a JSON-ready record: steps, losses, wall times, drift, metrics."""
     strategy = parse_strategy(cfg.strategy)
-    dtype = _dtype(cfg.dtype)
+    dtype, autocast = precision(cfg.dtype)  # Note [Autocast precisions]
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = tasks_mod.make(cfg.task, dtype, device, cfg.seed, **cfg.task_options)
@@ -131,7 +125,8 @@ def run(cfg: RunConfig, progress=None) -> dict:
         t0 = time.perf_counter()
         for o in opts:
             o.zero_grad(set_to_none=True)
-        loss = task.loss(model, step)
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            loss = task.loss(model, step)
         loss.backward()
         for o in opts:
             o.step()

@@ -436,8 +436,11 @@ class OrthogonalMap(nn.Module):
             # CPU, its shape and the buffers' layout are all that is kept) stands in. After
             # module.to_empty(device=...), assign a point: module.weight = Q (e.g.
             # torch.nn.init.orthogonal_(torch.empty(shape))), which resets every buffer.
-            eye = torch.eye(self.n, self.m, dtype=weight.dtype).expand(*self.batch, self.n, self.m)
-            return self.inverse(eye).to("meta")
+            # The CPU is named explicitly: under ``with torch.device("meta")`` (a model
+            # built there) tensors created without a device would be meta too.
+            with torch.device("cpu"):
+                eye = torch.eye(self.n, self.m, dtype=weight.dtype)
+                return self.inverse(eye.expand(*self.batch, self.n, self.m)).to("meta")
         if init == "random":
             return self.random_original(generator, weight)
         if init == "haar":
