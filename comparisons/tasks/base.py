@@ -24,6 +24,8 @@ __all__ = [
     "make",
     "check_options",
     "extra_methods",
+    "digits_split",
+    "real_dtype",
 ]
 
 _TASKS: dict[str, type[Task]] = {}
@@ -36,6 +38,32 @@ def positive_int(task: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"task {task!r}: {name}={value!r}; allowed: an integer >= 1")
     return value
+
+
+def real_dtype(task: str, dtype: torch.dtype) -> None:
+    """ValueError naming the task when ``dtype`` is complex (a task on real data only)."""
+    if dtype.is_complex:
+        raise ValueError(f"task {task!r}: dtype={dtype}; allowed: float32, float64 (a real task)")
+
+
+def digits_split(task: str, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """scikit-learn's bundled 8×8 digits in [0, 1]: (x_train, y_train, x_test, y_test).
+
+    The 1797 images (shape (n, 8, 8), offline) are split 1397 / 400 by one
+    permutation drawn from ``generator``, so a task's seed fixes its split.
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"the {task} task needs scikit-learn: pip install 'stiefel[compare]'"
+        ) from exc
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=generator)
+    test, train = order[:400], order[400:]
+    return x[train], y[train], x[test], y[test]
 
 
 class Task:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.lipschitz import LipschitzNet
-from .base import Task, positive_int, register
+from .base import Task, digits_split, positive_int, real_dtype, register
 
 __all__ = ["LipschitzDigits"]
 
@@ -50,8 +50,7 @@ class LipschitzDigits(Task):
         radius: float = 0.3,
     ):
         super().__init__(dtype, device, seed)
-        if dtype.is_complex:
-            raise ValueError(f"dtype={dtype}; lipschitz_digits is real: float32 or float64")
+        real_dtype(self.name, dtype)
         self.channels = positive_int(self.name, "channels", channels)
         self.kernel_size = positive_int(self.name, "kernel_size", kernel_size)
         self.size = positive_int(self.name, "size", size)
@@ -61,21 +60,16 @@ class LipschitzDigits(Task):
                 f"task 'lipschitz_digits': kernel_size={kernel_size}; allowed: ≤ size={size}"
             )
         self.scale, self.radius = float(scale), float(radius)
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "the lipschitz_digits task needs scikit-learn: pip install 'stiefel[compare]'"
-            ) from exc
-        data = load_digits()
-        x = torch.tensor(data.images, dtype=torch.float32)[:, None] / 16.0
-        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-        y = torch.tensor(data.target, dtype=torch.long)
-        order = torch.randperm(len(y), generator=self.generator)
-        test, train = order[:400], order[400:]
-        x = x.to(device=device, dtype=dtype)
-        self.x_train, self.y_train = x[train], y[train].to(device)
-        self.x_test, self.y_test = x[test], y[test].to(device)
+        x, y, xt, yt = digits_split(self.name, self.generator)
+
+        def upsample(images: torch.Tensor) -> torch.Tensor:
+            images = F.interpolate(
+                images[:, None], size=(size, size), mode="bilinear", align_corners=False
+            )
+            return images.to(device=device, dtype=dtype)
+
+        self.x_train, self.y_train = upsample(x), y.to(device)
+        self.x_test, self.y_test = upsample(xt), yt.to(device)
         self.baseline = math.log(10)
         self.chance = {"test_accuracy": 0.1}
 

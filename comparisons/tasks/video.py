@@ -25,21 +25,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.video import VARIANTS, VideoPredictor, parameter_count
-from .base import Task, positive_int, register
+from .base import Task, digits_split, positive_int, real_dtype, register
 
 __all__ = ["MovingDigits", "moving_digits"]
 
 
 def _digit_images(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the moving_digits task needs scikit-learn: pip install 'stiefel[compare]'"
-        ) from exc
-    images = torch.tensor(load_digits().images, dtype=torch.float32) / 16.0
-    order = torch.randperm(len(images), generator=generator)
-    return images[order[400:]], images[order[:400]]
+    train, _, test, _ = digits_split("moving_digits", generator)
+    return train, test
 
 
 def moving_digits(
@@ -127,8 +120,7 @@ class MovingDigits(Task):
         loss: str = "mse",
     ):
         super().__init__(dtype, device, seed)
-        if dtype.is_complex:
-            raise ValueError(f"dtype={dtype}; moving_digits is real: float32 or float64")
+        real_dtype(self.name, dtype)
         if size % 8 or size < 16:
             raise ValueError(f"size={size}; allowed: a multiple of 8, at least 16")
         if positive_int(self.name, "frames", frames) < 2:
