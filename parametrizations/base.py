@@ -411,8 +411,10 @@ class OrthogonalMap(nn.Module):
         return q
 
     def _haar(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        dt = torch.complex128 if self.is_complex else torch.float64
-        q = haar(self.n, self.m, *self.batch, dtype=dt, generator=generator)
+        # drawn (on the CPU, for the same numbers on every device) in the precision of
+        # ``like``, the weight's working dtype (Note [Initialisation in the weight's
+        # precision]): a float64 draw of a 4096×4096 point costs twice the float32 one
+        q = haar(self.n, self.m, *self.batch, dtype=like.dtype, generator=generator)
         return q.to(device=like.device)
 
     def initial(
@@ -441,7 +443,7 @@ class OrthogonalMap(nn.Module):
         if init == "random":
             return self.random_original(generator, weight)
         if init == "haar":
-            q = self._haar(weight, generator).to(weight.dtype)
+            q = self._haar(weight, generator)
         elif init == "identity":
             q = torch.eye(self.n, self.m, dtype=weight.dtype, device=weight.device)
             q = q.expand(*self.batch, self.n, self.m)

@@ -22,7 +22,8 @@ def bench():
     sys.path.insert(0, str(ROOT))
     try:
         yield {
-            n: importlib.import_module(f"benchmarks.{n}") for n in ("_timing", "maps", "optimizers")
+            n: importlib.import_module(f"benchmarks.{n}")
+            for n in ("_timing", "maps", "optimizers", "init")
         }
     finally:
         sys.path.remove(str(ROOT))
@@ -122,6 +123,21 @@ def test_optimizers_quick(bench, tmp_path, capsys):
     assert all(_positive(r["step_s"]) for r in rows)
     assert all(r["orthogonality_error"] < 1e-2 for r in rows)
     assert [t["goal"] for t in data["targets"]] == [150, 150, 2, 2]
+
+
+def test_init_quick(bench, capsys):
+    init = bench["init"]
+    text = init.main(["--quick", "--sizes", "8,12", "--threads", "1"])
+    assert capsys.readouterr().out.strip() == text.strip()
+    rows = [
+        line for line in text.splitlines() if line.startswith("| 8 ") or line.startswith("| 12 ")
+    ]
+    assert len(rows) == 2
+    for row in rows:
+        cells = row.strip("|").split("|")
+        assert len(cells) == 9 and all(c.strip() for c in cells)
+    with pytest.raises(SystemExit):
+        init.main(["--sizes", "0"])
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
