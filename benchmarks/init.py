@@ -10,7 +10,8 @@ ratio of each init to it. One run each (these are seconds-long calls); timings
 on a shared machine are noisy, and the thread count is printed.
 
 Run: ``python -m benchmarks.init`` (n = 1024, 2048, 4096), ``--sizes 2048,4096``,
-or ``--quick`` (n = 128, 256).
+or ``--quick`` (n = 128, 256); ``--inits haar,identity`` leaves out the SVD
+(left-out columns print as nan).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from torch import nn
 from stiefel.manifolds.kernels import polar
 from stiefel.parametrizations import orthogonalize
 
+INITS = ("nearest", "haar", "identity")
+
 
 def _time(f: Callable[..., object], *args: object, **kwargs: object) -> tuple[float, object]:
     start = time.perf_counter()
@@ -37,25 +40,30 @@ def _linear(n: int) -> nn.Linear:
     return nn.Linear(n, n)
 
 
-def measure(n: int, method: str) -> dict[str, float]:
+def measure(n: int, method: str, inits: tuple[str, ...] = INITS) -> dict[str, float]:
     """Seconds of each part for one n (float32 weights).
 
     Args:
         n: the size of the square weight.
         method: the map (a reflection map splits into polar and reflections).
+        inits: the inits to time ("nearest" adds its polar and reflections parts).
 
     Returns:
-        ``nearest``, ``polar``, ``reflections``, ``haar``, ``identity``, ``torch``.
+        ``torch`` and, per init in ``inits``, its time (``nearest`` with
+        ``polar`` and ``reflections``); NaN for the inits left out.
     """
-    out: dict[str, float] = {}
+    nan = float("nan")
+    out = dict(nearest=nan, polar=nan, reflections=nan, haar=nan, identity=nan)
     out["torch"], _ = _time(nn.init.orthogonal_, torch.empty(n, n))
-    lin = _linear(n)
-    w = lin.weight.detach().clone()
-    out["nearest"], _ = _time(orthogonalize, lin, "weight", method=method)
-    out["polar"], q = _time(polar, w)
-    out["reflections"], _ = _time(lin.parametrizations.weight[0].inverse, q)
+    if "nearest" in inits:
+        lin = _linear(n)
+        w = lin.weight.detach().clone()
+        out["nearest"], _ = _time(orthogonalize, lin, "weight", method=method)
+        out["polar"], q = _time(polar, w)
+        out["reflections"], _ = _time(lin.parametrizations.weight[0].inverse, q)
     for init in ("haar", "identity"):
-        out[init], _ = _time(orthogonalize, _linear(n), "weight", method=method, init=init)
+        if init in inits:
+            out[init], _ = _time(orthogonalize, _linear(n), "weight", method=method, init=init)
     return out
 
 
@@ -65,6 +73,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--sizes", default=None, help="comma-separated n (default 1024,2048,4096)")
     parser.add_argument("--method", default="householder", help="the map (default householder)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    parser.add_argument(
+        "--inits",
+        default=",".join(INITS),
+        help=f"comma-separated inits to time, of {', '.join(INITS)} (default all)",
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads={args.threads} is not allowed; allowed: an int >= 1")
@@ -76,6 +89,9 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"--sizes={args.sizes!r} is not allowed; allowed: comma-separated ints")
     if any(n < 1 for n in sizes):
         parser.error(f"--sizes={args.sizes!r} is not allowed; allowed: ints >= 1")
+    inits = tuple(args.inits.split(","))
+    if not inits or any(i not in INITS for i in inits):
+        parser.error(f"--inits={args.inits!r} is not allowed; allowed: some of {', '.join(INITS)}")
     lines = [
         f"orthogonalize(Linear(n, n), method={args.method!r}), float32, "
         f"{torch.get_num_threads()} threads, one run each; anchor: torch.nn.init.orthogonal_",
@@ -85,7 +101,7 @@ def main(argv: list[str] | None = None) -> str:
     ]
     print("\n".join(lines), flush=True)
     for n in sizes:
-        t = measure(n, args.method)
+        t = measure(n, args.method, inits)
         row = (
             f"| {n} | {t['nearest']:.2f} s | {t['polar']:.2f} s | {t['reflections']:.2f} s "
             f"| {t['haar']:.2f} s | {t['identity']:.2f} s | {t['torch']:.2f} s "

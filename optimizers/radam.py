@@ -43,9 +43,13 @@ class RAdam(RiemannianOptimizer):
 
     (`amsgrad`: v̂ from the running maximum of v), and m is transported to the
     new point (Cayley: the same orthogonal map, isometric, in the same 2M×2M
-    solve; QR/polar: projection). The options of geoopt's `RiemannianAdam`
-    are accepted with its meaning: `amsgrad`, `weight_decay`, and `stabilize`
-    as an alias of `repair_every`.
+    solve; QR/polar: projection). The state holds v in a scaled form,
+    v = `exp_avg_sq`·`exp_avg_sq_scale`², so that a gradient whose square
+    overflows the dtype (float32: ‖ξ‖ ≳ 1e19) still gives a finite step and a
+    finite state (Note [Second moment in scaled form]); for ordinary
+    gradients the scale is 1 and the arithmetic is Adam's, bit for bit. The
+    options of geoopt's `RiemannianAdam` are accepted with its meaning:
+    `amsgrad`, `weight_decay`, and `stabilize` as an alias of `repair_every`.
 
     Note [Adaptive term per manifold component]
     Bécigneul & Ganea keep one second moment per factor of a product of

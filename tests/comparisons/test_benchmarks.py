@@ -138,6 +138,11 @@ def test_init_quick(bench, capsys):
         assert len(cells) == 9 and all(c.strip() for c in cells)
     with pytest.raises(SystemExit):
         init.main(["--sizes", "0"])
+    with pytest.raises(SystemExit):
+        init.main(["--inits", "nearest,qr"])
+    text = init.main(["--sizes", "8", "--inits", "haar", "--threads", "1"])
+    cells = [c.strip() for c in text.splitlines()[-1].strip("|").split("|")]
+    assert cells[1] == "nan s" and cells[4] != "nan s"  # nearest left out, haar timed
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
