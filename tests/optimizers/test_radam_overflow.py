@@ -154,3 +154,26 @@ def test_plain_tensor_matches_torch_adam_in_float64():
         assert torch.allclose(ours.detach().double(), theirs.detach(), rtol=0, atol=1e-5), k
         v_ref = ref.state[theirs]["exp_avg_sq"]
         assert torch.allclose(_true_v(opt.state[ours]), v_ref, rtol=1e-5, atol=0), k
+
+
+def test_state_saved_before_the_scale_existed_loads_and_steps_the_same():
+    """A state dict without `exp_avg_sq_scale` (saved by an earlier version) means scale 1."""
+    man = Stiefel(10, 3)
+    gen = torch.Generator().manual_seed(3)
+    x0 = man.random(dtype=torch.float32, generator=gen)
+    grads = [torch.randn(10, 3, generator=gen) for _ in range(5)]
+    w = geoopt.ManifoldParameter(x0.clone(), manifold=man)
+    opt = optimizers.create("radam", [w], lr=0.05, amsgrad=True)
+    for g in grads[:2]:
+        w.grad = g.clone()
+        opt.step()
+    saved = opt.state_dict()
+    old = {**saved, "state": {0: {k: v for k, v in saved["state"][0].items() if "scale" not in k}}}
+    w2 = geoopt.ManifoldParameter(w.detach().clone(), manifold=man)
+    opt2 = optimizers.create("radam", [w2], lr=0.05, amsgrad=True)
+    opt2.load_state_dict(old)
+    for g in grads[2:]:
+        w.grad, w2.grad = g.clone(), g.clone()
+        opt.step()
+        opt2.step()
+        assert torch.equal(w.detach(), w2.detach())
