@@ -49,15 +49,19 @@ class Task:
     """
 
     name = "task"
-    #: "matrix" tasks train one constrained matrix; "sequence" tasks train an RNN
+    #: "matrix" tasks train one constrained matrix; "sequence" tasks train an RNN;
+    #: others ("video", "image", "finetune") name what their model is
     kind = "matrix"
     optimum: float | None = None
     baseline: float | None = None
     #: held-out metrics at chance level, e.g. {"test_accuracy": 0.1}
     chance: dict[str, float] = {}
-    #: methods this task builds besides the registered maps, name → what it is
-    #: (e.g. the PEFT adapters of ``finetune``); strategies may name them, and
-    #: they run on the tasks that declare them only
+    #: models this task builds itself besides the registered maps, name → what it is:
+    #: baselines (``lstm`` on the sequence tasks, ``convlstm`` on ``moving_digits``)
+    #: and other libraries' layers (the PEFT adapters of ``finetune``). Strategies may
+    #: name them; they run only on the tasks that declare them, the strategy's
+    #: optimizer trains every trainable weight of such a model, and they are real
+    #: (a complex dtype skips them)
     extra_methods: dict[str, str] = {}
     #: metrics of `evaluate` shown as columns of the convergence table
     table_metrics: tuple[str, ...] = ("test_accuracy",)
@@ -127,7 +131,16 @@ def available() -> list[str]:
 
 
 def extra_methods() -> dict[str, list[str]]:
-    """Methods that registered tasks build besides the maps, each with the tasks that do."""
+    """Methods that registered tasks build besides the maps, each with the tasks that do.
+
+    Example:
+        ```python
+        from stiefel.comparisons import tasks
+
+        assert "digits" in tasks.extra_methods()["lstm"]  # the LSTM baseline
+        assert tasks.get("digits").extra_methods["lstm"] == "the LSTM baseline"
+        ```
+    """
     out: dict[str, list[str]] = {}
     for name in available():
         for method in _TASKS[name].extra_methods:

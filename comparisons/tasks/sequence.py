@@ -14,6 +14,7 @@ from .base import Task, positive_int, register
 
 class _SequenceTask(Task):
     kind = "sequence"
+    extra_methods = {"lstm": "the LSTM baseline"}
     n_in = 1
     n_out = 1
 
