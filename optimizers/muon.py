@@ -111,6 +111,8 @@ class ManifoldMuon(RiemannianOptimizer):
     """
 
     default_lr: ClassVar[float] = 0.02
+    # it replaces its momentum buffer (Note [A skipped step leaves the state as it was])
+    writes_state_in_place: ClassVar[bool] = False
     formula: ClassVar[str] = (
         "inner_steps × msign(N×M) [steps × (4NM² + 2M³)] + 4NM² per inner step + retraction"
     )
@@ -206,7 +208,7 @@ class ManifoldMuon(RiemannianOptimizer):
         b = grad
         if mu > 0:
             buf = state.get("momentum_buffer")
-            buf = grad.clone() if buf is None else buf.mul_(mu).add_(grad)
+            buf = grad.clone() if buf is None else buf.mul(mu).add_(grad)
             state["momentum_buffer"] = buf
             b = grad.add(buf, alpha=mu) if group["nesterov"] else buf
         method, steps = group["msign"], group["msign_steps"]

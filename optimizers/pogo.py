@@ -87,6 +87,8 @@ class POGO(RiemannianOptimizer):
     """
 
     default_lr: ClassVar[float] = 0.01
+    # it replaces its buffers (Note [A skipped step leaves the state as it was])
+    writes_state_in_place: ClassVar[bool] = False
     # one polar-like correction per step: the iterate is near the manifold (error of
     # order (lr‖ψ‖)² per step, not decaying to rounding), like landing's
     feasible: ClassVar[bool] = False
@@ -167,9 +169,8 @@ class POGO(RiemannianOptimizer):
         if mu == 0:
             return grad
         buf = state.get("momentum_buffer")
-        if buf is None:
-            buf = state["momentum_buffer"] = grad.clone()
-        buf.mul_(mu).add_(grad, alpha=1 - group["dampening"])
+        buf = grad if buf is None else buf  # pogo-torch's first buffer: G, then updated
+        buf = state["momentum_buffer"] = buf.mul(mu).add_(grad, alpha=1 - group["dampening"])
         return grad.add(buf, alpha=mu) if group["nesterov"] else buf
 
     @staticmethod
@@ -184,9 +185,8 @@ class POGO(RiemannianOptimizer):
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(grad)
             state["exp_avg_sq"] = torch.zeros_like(sq)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m.lerp_(grad, 1 - b1)
-        v.mul_(b2).add_(sq, alpha=1 - b2)
+        m = state["exp_avg"] = state["exp_avg"].lerp(grad, 1 - b1)
+        v = state["exp_avg_sq"] = state["exp_avg_sq"].mul(b2).add_(sq, alpha=1 - b2)
         bc1, bc2 = 1 - b1**t, 1 - b2**t
         return (m / bc1) / (v.sqrt() / bc2**0.5 + group["eps"])
 

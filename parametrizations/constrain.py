@@ -280,6 +280,13 @@ def orthogonalize(
     starts at the manifold point nearest the current value (polar factor),
     unless ``init`` says otherwise.
 
+    The nearest point costs an SVD, O(n³): for a float32 4096×4096 weight on
+    two CPU cores about 20 s (2–3 s at n = 2048; `benchmarks/init.py`), of
+    which the reflections of ``householder``/``cwy`` take about 1 s. When the
+    starting point does not matter, ``init="identity"``, ``"haar"`` (a random
+    point: the QR of a Gaussian, in the weight's precision) or ``"random"``
+    skip the SVD (see the troubleshooting page, "Slow initialisation").
+
     A loop reading a parametrized weight at every step (a recurrent rollout)
     recomputes the map each time: wrap it in ``parametrize.cached()`` or use
     ``W.operator()``.

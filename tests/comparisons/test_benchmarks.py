@@ -23,7 +23,7 @@ def bench():
     try:
         yield {
             n: importlib.import_module(f"benchmarks.{n}")
-            for n in ("_timing", "maps", "optimizers", "precision")
+            for n in ("_timing", "maps", "optimizers", "precision", "init")
         }
     finally:
         sys.path.remove(str(ROOT))
@@ -152,6 +152,26 @@ def test_precision_quick(bench, tmp_path, capsys):
         assert math.isclose(r["ratio"], r["bfloat16"] / r["float32"])
         assert r["bfloat16_error"] <= bound and r["float32_error"] < 1e-4, r
         assert f"| {r['name']} |" in text
+
+
+def test_init_quick(bench, capsys):
+    init = bench["init"]
+    text = init.main(["--quick", "--sizes", "8,12", "--threads", "1"])
+    assert capsys.readouterr().out.strip() == text.strip()
+    rows = [
+        line for line in text.splitlines() if line.startswith("| 8 ") or line.startswith("| 12 ")
+    ]
+    assert len(rows) == 2
+    for row in rows:
+        cells = row.strip("|").split("|")
+        assert len(cells) == 9 and all(c.strip() for c in cells)
+    with pytest.raises(SystemExit):
+        init.main(["--sizes", "0"])
+    with pytest.raises(SystemExit):
+        init.main(["--inits", "nearest,qr"])
+    text = init.main(["--sizes", "8", "--inits", "haar", "--threads", "1"])
+    cells = [c.strip() for c in text.splitlines()[-1].strip("|").split("|")]
+    assert cells[1] == "nan s" and cells[4] != "nan s"  # nearest left out, haar timed
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
