@@ -3,7 +3,9 @@ r"""Pure tensor kernels for the Stiefel manifold St(N, M) = {X : XᴴX = I}.
 Every Stiefel kernel of the package lives here once: the tangent space and
 metrics (`basic`), the retractions as descent kernels with the SMW Cayley step
 and its fused transport and gradient step (`cayley`, with the one retraction
-table `RETRACTIONS`), and the landing field (`landing`). Every function takes
+table `RETRACTIONS`), the QR (through the Gram of its argument) and polar
+steps (`factor`), the overflow-safe scaling they share (`scaling`), and the
+landing field (`landing`). Every function takes
 and returns plain tensors of shape (..., N, M), real or complex, with any
 leading batch dimensions. They do no argument checking (the manifold classes
 do that once, in front of them), so they can be used in hot loops, benchmarked
@@ -50,12 +52,9 @@ from .cayley import (
     cayley_retraction,
     cayley_retraction_transport,
     cayley_smw,
-    polar_descent,
-    polar_retraction,
-    qr_descent,
-    qr_retraction,
     use_smw,
 )
+from .factor import polar_descent, polar_retraction, qr_descent, qr_gradient_step, qr_retraction
 from .landing import landing_direction, landing_safe_step
 from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; helper muon)
 
@@ -83,6 +82,7 @@ __all__ = [
     "cayley_retraction",
     "cayley_retraction_transport",
     "qr_descent",
+    "qr_gradient_step",
     "polar_descent",
     "qr_retraction",
     "polar_retraction",
