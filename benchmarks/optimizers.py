@@ -56,8 +56,10 @@ LR = 1e-3
 
 RGD_E_C = "rgd (euclidean, cayley)"
 RGD_C_C = "rgd (canonical, cayley)"
+RGD_E_QR = "rgd (euclidean, qr)"
 RADAM_C = "radam (cayley)"
 GEO_SGD_CANON = "geoopt RiemannianSGD, CanonicalStiefel"
+GEO_SGD_EUCL = "geoopt RiemannianSGD, EuclideanStiefel"
 
 Build = Callable[[torch.nn.Parameter], torch.optim.Optimizer]
 
@@ -68,7 +70,7 @@ OURS: dict[str, Build] = {
     RGD_C_C: lambda p: optimizers.create(
         "rgd", [p], lr=LR, metric="canonical", retraction="cayley"
     ),
-    "rgd (euclidean, qr)": lambda p: optimizers.create(
+    RGD_E_QR: lambda p: optimizers.create(
         "rgd", [p], lr=LR, metric="euclidean", retraction="qr"
     ),
     "rgd (canonical, qr)": lambda p: optimizers.create(
@@ -81,7 +83,7 @@ OURS: dict[str, Build] = {
 
 GEOOPT: dict[str, tuple[type, Build]] = {
     GEO_SGD_CANON: (geoopt.CanonicalStiefel, lambda p: geoopt.optim.RiemannianSGD([p], lr=LR)),
-    "geoopt RiemannianSGD, EuclideanStiefel": (
+    GEO_SGD_EUCL: (
         geoopt.EuclideanStiefel,
         lambda p: geoopt.optim.RiemannianSGD([p], lr=LR),
     ),
@@ -202,6 +204,9 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for lab in dict.fromkeys(r["manifold"] for r in rows):
         v = ratio(_get(rows, lab, RADAM_C), _get(rows, lab, RGD_E_C))
         out.append(target(f"{lab}: {RADAM_C} / {RGD_E_C}", v, "<=", 2))
+    for lab in dict.fromkeys(r["manifold"] for r in rows):  # issue 16
+        v = ratio(_get(rows, lab, RGD_E_QR), _get(rows, lab, GEO_SGD_EUCL))
+        out.append(target(f"{lab}: {RGD_E_QR} / {GEO_SGD_EUCL}", v, "<=", 1))
     return out
 
 
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> str:
             f"up to {repeats} steps, {budget:g} s per measurement, lr = {LR:g}",
             "",
             results_table(rows),
-            "Targets (issue 4)",
+            "Targets (issues 4 and 16)",
             targets_table(tg),
         ]
     )

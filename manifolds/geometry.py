@@ -138,10 +138,14 @@ class StiefelGeometry(Geometry):
     product; ``retraction`` names an entry of the manifold's retraction table
     (``manifold.retractions``, by default `kernels.RETRACTIONS`). ``"cayley"``
     goes through the fused 2M×2M Woodbury kernels; ``"qr"`` and ``"polar"``
-    transport by projection onto the new tangent space. Every step and the
-    polar factor of `project` end with one Newton–Schulz step: in float32 the
-    SVD's polar factor of a 1024×64 matrix is ~1e-5 off the manifold, one step
-    brings it to float32 rounding (Note [Newton–Schulz drift correction]).
+    transport by projection onto the new tangent space. The Cayley and polar
+    steps and the polar factor of `project` end with one Newton–Schulz step: in
+    float32 the SVD's polar factor of a 1024×64 matrix is ~1e-5 off the
+    manifold, one step brings it to float32 rounding (Note [Newton–Schulz drift
+    correction]). The QR step on St(N, M), N > M, normalizes by the Gram of its
+    argument formed from this point's XᴴX, which corrects drift the same way
+    (Note [QR retraction through the Gram of X − lr·d]); ``"qr"`` and
+    ``"cayley"`` take the fused gradient step of their kernel.
 
     Args:
         manifold: the manifold (ours, or one of geoopt's Stiefel manifolds).
