@@ -5,7 +5,8 @@ core that is about 2 minutes for the whole list, too much for the default suite,
 so the full 10 000 run for ``rgd`` with the Cayley retraction (both metrics) and
 2 000 steps for the other optimizers; drift that accumulated linearly would show
 long before that (the Newton–Schulz correction after every Cayley and polar
-step, the Gram normalization of the QR step). The distance is measured independently, in float64 numpy.
+step, the Gram normalization of the QR step). The distance is measured
+independently, in float64 numpy.
 """
 
 from __future__ import annotations
