@@ -150,7 +150,9 @@ def _iterate(x: torch.Tensor, coefficients) -> torch.Tensor:
                 gram.reshape(-1, *gram.shape[-2:]),
                 alpha=c,
             ).reshape(gram.shape)
-        x = a * x + x @ poly
+        # aX + X·poly as one batched product (no separate scale and sum over N×M)
+        xf = x.reshape(-1, *x.shape[-2:])
+        x = torch.baddbmm(xf, xf, poly.reshape(-1, *poly.shape[-2:]), beta=a).reshape(x.shape)
     return x
 
 
