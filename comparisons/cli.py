@@ -129,10 +129,18 @@ def _training(p: argparse.ArgumentParser, c: str) -> None:
 def _epilog() -> str:
     maps = ", ".join(registry.methods())
     opts = ", ".join(registry.optimizer_names())
-    lines = [f"methods: {maps}, lstm (baseline, sequence tasks)", f"optimizers: {opts}", "tasks:"]
+    lines = [
+        f"methods: {maps}, and those a task builds itself (listed under the task)",
+        f"optimizers: {opts}",
+        "tasks:",
+    ]
     for t in tasks_mod.available():
+        cls = tasks_mod.get(t)
         o = ", ".join(f"{k}={v!r}" for k, v in tasks_mod.options(t).items())
-        lines.append(f"  {t} ({tasks_mod.get(t).kind}): {o}")
+        lines.append(f"  {t} ({cls.kind}): {o}")
+        if cls.extra_methods:
+            own = "; ".join(f"{m}: {what}" for m, what in cls.extra_methods.items())
+            lines.append(f"    its methods: {own}")
     return "\n".join(lines)
 
 

@@ -14,6 +14,8 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from . import tasks as tasks_mod
 from .complexity import GEOOPT_STEPS
 
@@ -22,6 +24,8 @@ __all__ = [
     "QUICK",
     "SECTIONS",
     "TASK_SHORTCUTS",
+    "PRECISIONS",
+    "precision",
     "resolve",
     "parse_shape",
     "load_toml",
@@ -169,10 +173,42 @@ def _list(item: Callable[[str, Any], Any], nonempty: bool = True) -> Callable[[s
     return check
 
 
+#: Note [Autocast precisions]
+#: A run's ``dtype`` names its precision: a dtype the weights are stored in, or
+#: ``"bfloat16-autocast"``: float32 weights, the loss computed under
+#: ``torch.autocast(device_type, dtype=torch.bfloat16)`` (the layers' matmuls in
+#: bfloat16, the maps in float32: Note [Maps compute in float32 or wider]),
+#: backward and optimizer steps outside it, evaluation in float32. bfloat16 has
+#: float32's exponent range, so no gradient scaling is needed (float16 autocast
+#: would need a GradScaler and is not offered).
+PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
+    "float32": (torch.float32, None),
+    "float64": (torch.float64, None),
+    "complex64": (torch.complex64, None),
+    "complex128": (torch.complex128, None),
+    "bfloat16-autocast": (torch.float32, torch.bfloat16),
+}
+
+
+def precision(name: str) -> tuple[torch.dtype, torch.dtype | None]:
+    """(weight dtype, autocast dtype or None) of a precision name (Note [Autocast precisions]).
+
+    Example:
+        ```python
+        import torch
+        from stiefel.comparisons.config import precision
+
+        assert precision("bfloat16-autocast") == (torch.float32, torch.bfloat16)
+        ```
+    """
+    if name not in PRECISIONS:
+        raise ValueError(f"dtype={name!r} is not supported; allowed: {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
 def _dtype(name: str, v: Any) -> Any:
-    allowed = ("float32", "float64", "complex64", "complex128")
-    if v not in allowed:
-        raise ValueError(f"{name}={v!r}; allowed: {', '.join(allowed)}")
+    if v not in PRECISIONS:
+        raise ValueError(f"{name}={v!r}; allowed: {', '.join(PRECISIONS)}")
     return v
 
 

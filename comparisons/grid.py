@@ -1,7 +1,7 @@
 """The training grid of a section: every task × strategy × dtype × seed, run durably.
 
 Every combination is checked before the first run (task options, strategy
-names and options); one that cannot run (an LSTM baseline on a matrix task)
+names and options); one that cannot run (the LSTM baseline on a matrix task)
 is reported, never dropped silently; each finished run is stored at once
 (`stiefel.comparisons.store`), and a resumed grid skips stored runs.
 """
@@ -53,8 +53,9 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
             )
         for s in runnable:
             for dtype in opts["dtypes"]:
-                if s.is_baseline and dtype.startswith("complex"):
-                    skipped.append(f"{s.name} on {task} [{dtype}]: the LSTM baseline is real")
+                if s.method in cls.extra_methods and dtype.startswith("complex"):
+                    text = cls.extra_methods[s.method]  # a task-built model is real
+                    skipped.append(f"{s.name} on {task} [{dtype}]: {text} is real")
                     continue
                 for seed in range(opts["seeds"]):
                     jobs.append(

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
 from .complexity import fit_exponent  # noqa: E402
+from .config import precision  # noqa: E402
 
 LABELS = {
     "forward_backward_s": "forward + backward time [s]",
@@ -33,8 +34,8 @@ def _legend(ax) -> None:
 
 
 def _resolution(dtype: str) -> float:
-    """The smallest gap a loss of this dtype can show: its machine epsilon."""
-    return float(torch.finfo(getattr(torch, dtype)).eps)
+    """The smallest gap a loss of this precision can show: its weights' machine epsilon."""
+    return float(torch.finfo(precision(dtype)[0]).eps)
 
 
 def drift_figure(runs: list[dict]):

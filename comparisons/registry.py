@@ -4,8 +4,9 @@ The harness never lists maps or optimizers by hand: names, FLOP models,
 formulas, operator forms and default learning rates are declared on the
 registered classes and read here: `stiefel.parametrizations.maps()` with the
 class capabilities `flops`, `formula`, `domain`, `has_operator()`,
-`takes_reflections()`, and `stiefel.optimizers.info(name)` with `default_lr`,
-`riemannian`, `step_flops`, `formula`, `variants`.
+`takes_reflections()` (and ``backward_flops`` where a class declares one),
+and `stiefel.optimizers.info(name)` with `default_lr`, `riemannian`,
+`step_flops`, `formula`, `variants`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ class MapInfo:
     def flops(self, n: int, m: int, reflections: int | None = None) -> float:
         """Forward FLOPs of the tall n×m matrix (NaN: the class declares no model)."""
         value = self.cls.flops(n, m, reflections)
+        return math.nan if value is None else float(value)
+
+    def backward_flops(self, n: int, m: int, reflections: int | None = None) -> float:
+        """FLOPs of the backward pass alone, from the class's optional ``backward_flops``.
+
+        NaN when the class declares none: the complexity section then charges
+        forward+backward by its documented convention
+        (`stiefel.comparisons.roofline.forward_backward_flops`).
+        """
+        model = getattr(self.cls, "backward_flops", None)
+        value = None if model is None else model(n, m, reflections)
         return math.nan if value is None else float(value)
 
 

@@ -13,6 +13,7 @@ from .. import optimizers
 from ..manifolds import kernels
 from . import registry
 from . import tasks as tasks_mod
+from .config import precision
 from .strategies import Strategy, parse
 
 __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
@@ -21,19 +22,24 @@ __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 def parse_strategy(text: str) -> Strategy:
     """Parse a strategy name, checking it against the registered maps and optimizers.
 
-    The method may also be one a registered task builds itself (`Task.extra_methods`).
+    The method may also be one a registered task builds itself (`Task.extra_methods`:
+    ``lstm``, ``convlstm``, the PEFT adapters, ...).
     """
-    methods = [*registry.methods(), "lstm", *tasks_mod.base.extra_methods()]
+    methods = [*registry.methods(), *tasks_mod.extra_methods()]
     return parse(text, methods=methods, optimizers=registry.optimizer_names())
 
 
 def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
-    """Why ``strategy`` cannot run on ``task`` (a class), or None when it can."""
-    if strategy.is_baseline and task.kind != "sequence":
-        return "the LSTM baseline needs a sequence task"
-    builders = tasks_mod.base.extra_methods().get(strategy.method)
+    """Why ``strategy`` cannot run on ``task`` (a class), or None when it can.
+
+    A method that only tasks build (not a registered map) runs on the tasks that
+    declare it in `Task.extra_methods`.
+    """
+    builders = tasks_mod.extra_methods().get(strategy.method)
     if builders and strategy.method not in registry.methods() and task.name not in builders:
-        return f"{strategy.method!r} is a method of the task(s) {', '.join(builders)} only"
+        what = tasks_mod.get(builders[0]).extra_methods[strategy.method]
+        names = ", ".join(builders)
+        return f"{strategy.method!r} is a method of the task(s) {names} only ({what})"
     return None
 
 
@@ -65,11 +71,13 @@ def build_optimizers(
 
     The scaled Cayley paper trains the skew matrix, the scaling D and the other
     weights with different optimizers and learning rates; this is that split.
-    For the LSTM baseline every weight gets the strategy's optimizer.
+    A model the task builds itself (`Task.extra_methods`: the LSTM baseline,
+    ConvLSTM, a PEFT adapter) has every trainable weight trained by the
+    strategy's optimizer.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     opt_kw = {k: v for k, v in strategy.optimizer_options.items() if k != "lr"}
-    if strategy.is_baseline:
+    if strategy.method in task.extra_methods:
         return [_create(strategy, strategy.optimizer, params, strategy.lr(lr), opt_kw)]
     constrained = task.constrained(model)
     cparams = [p for p in constrained.parameters() if p.requires_grad]
@@ -83,17 +91,10 @@ def build_optimizers(
     return out
 
 
-def _dtype(name: str) -> torch.dtype:
-    allowed = ("float32", "float64", "complex64", "complex128")
-    if name not in allowed:
-        raise ValueError(f"dtype={name!r} is not supported; allowed: {', '.join(allowed)}")
-    return getattr(torch, name)
-
-
 def run(cfg: RunConfig, progress=None) -> dict:
     """Train and return a JSON-ready record: steps, losses, wall times, drift, metrics."""
     strategy = parse_strategy(cfg.strategy)
-    dtype = _dtype(cfg.dtype)
+    dtype, autocast = precision(cfg.dtype)  # Note [Autocast precisions]
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)
     task = tasks_mod.make(cfg.task, dtype, device, cfg.seed, **cfg.task_options)
@@ -124,7 +125,8 @@ def run(cfg: RunConfig, progress=None) -> dict:
         t0 = time.perf_counter()
         for o in opts:
             o.zero_grad(set_to_none=True)
-        loss = task.loss(model, step)
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            loss = task.loss(model, step)
         loss.backward()
         for o in opts:
             o.step()

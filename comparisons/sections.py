@@ -12,8 +12,9 @@ import math
 from typing import Any
 
 from . import complexity as cx
-from . import plots, registry
+from . import plots, registry, roofline
 from . import tasks as tasks_mod
+from .conv_complexity import CONV_PLAN, QUICK_CONV_PLAN, conv_costs, conv_table
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
@@ -187,17 +188,23 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
     )
     steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
     rec = _measure(store, "recurrent", lambda: cx.recurrent_step_costs(sizes, 1 / 8, repeats))
+    small = max(sizes) < cx.FIT_MIN_N  # the quick preset: the small conv plan
+    plan = QUICK_CONV_PLAN if small else CONV_PLAN
+    conv = _measure(store, "conv", lambda: conv_costs(repeats, device, plan))
+    maps, steps = roofline.with_gemm_multiples(maps, steps, rate)
     result = {
         "gemm_flops_per_s": rate,
         "maps": maps,
         "optimizer_steps": steps,
         "recurrent_steps": rec,
+        "conv_layers": conv,
         "options": opts,
     }
     write_json(store.path("complexity.json"), result)
     write_csv(store.path("complexity_maps.csv"), maps)
     write_csv(store.path("complexity_optimizers.csv"), steps)
     write_csv(store.path("complexity_recurrent.csv"), rec)
+    write_csv(store.path("complexity_conv.csv"), conv)
     text = [_complexity_intro(rate, opts, sizes, shapes)]
     text += _map_table(maps, methods, rate)
     text += _step_table(steps, rate)
@@ -211,6 +218,7 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
             ],
         )
     )
+    text += conv_table(conv, rate)
     write_text(store.path("complexity.md"), "\n".join(text))
     maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
     figs = _figure(
@@ -257,7 +265,7 @@ def _complexity_intro(rate: float, opts: dict, sizes: list[int], shapes: list) -
 
 
 def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
-    rows, pairs = [], []
+    rows, pairs, multiples, bases = [], [], {}, set()
     for method in methods:
         info = registry.map_info(method)
         for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
@@ -272,21 +280,31 @@ def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
                 + [info.domain or "–", big["n"], big["flops"], big["forward_s"]]
                 + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
                 + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
+                + [big["forward_x_gemm"], big["forward_backward_x_gemm"]]
             )
+            label = f"{method}" + (f" L={frac:g}n" if info.reflections else "") + f" n={big['n']}"
+            multiples |= {
+                f"{label} fwd": big["forward_x_gemm"],
+                f"{label} fwd+bwd": big["forward_backward_x_gemm"],
+            }
+            bases.add(big["forward_backward_basis"])
     head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
     head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
     head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
+    head += ["fwd × FLOPs at GEMM rate", "fwd+bwd × FLOPs at GEMM rate"]
     return [
         "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
+        roofline.map_caption(bases),
+        roofline.gemm_goal_text(multiples, "maps, fwd and fwd+bwd"),
     ]
 
 
 def _step_table(steps: list[dict], rate: float) -> list[str]:
     known = registry.optimizer_steps()
-    rows, pairs = [], []
+    rows, pairs, multiples = [], [], {}
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
         big = max(rs, key=lambda r: r["N"])
@@ -298,13 +316,18 @@ def _step_table(steps: list[dict], rate: float) -> list[str]:
             [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
             + [big["step_s"], big["flops"] / rate if modelled else "–", big["peak_bytes"] / 2**20]
             + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
+            + [big["step_x_gemm"] if modelled else "–"]
         )
+        multiples[f"{label} N={big['N']} M={big['M']}"] = big["step_x_gemm"]
     head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
     head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
+    head += ["step × FLOPs at GEMM rate"]
     return [
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
+        roofline.STEP_CAPTION,
+        roofline.gemm_goal_text(multiples, "optimizer steps"),
     ]
 
 

@@ -9,11 +9,12 @@ Grammar:
 ```
 
 The first part is a parametrization method of `stiefel.parametrizations`
-(``riemannian`` leaves the weight a manifold parameter) or ``lstm`` (the LSTM
-baseline, sequence tasks only); the second is an optimizer name of
-`stiefel.optimizers`. Values are parsed as Python literals where they can
-be (``lr=1e-3``, ``betas=(0.9,0.99)``) and kept as strings otherwise
-(``metric=canonical``).
+(``riemannian`` leaves the weight a manifold parameter) or a model a task
+builds itself (``Task.extra_methods``: ``lstm`` on the sequence tasks,
+``convlstm`` on ``moving_digits``, ``lora`` on ``finetune``, ...); the second
+is an optimizer name of `stiefel.optimizers`. Values are parsed as Python
+literals where they can be (``lr=1e-3``, ``betas=(0.9,0.99)``) and kept as
+strings otherwise (``metric=canonical``).
 
 Example:
     ```python
@@ -48,10 +49,6 @@ class Strategy:
     optimizer: str
     method_options: dict = field(default_factory=dict)
     optimizer_options: dict = field(default_factory=dict)
-
-    @property
-    def is_baseline(self) -> bool:
-        return self.method == "lstm"
 
     def lr(self, default: float | None = None) -> float:
         """The strategy's ``lr``, else ``default``, else the optimizer's declared default."""

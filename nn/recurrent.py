@@ -192,10 +192,32 @@ class OrthogonalRNNCell(nn.Module):
         Returns:
             The function; build it once per sequence, not once per step.
         """
-        if operator:
-            return self.transition.operator()
-        w = self.transition()
-        return lambda h: h @ w.T
+        # Note [Recurrence in float32 under autocast]
+        # Under torch.autocast(dtype=bfloat16) the product W h would run in
+        # bfloat16. The gradient of W is a sum over T·B outer products that
+        # largely cancel; with 8-bit mantissas it loses its direction (cosine
+        # 0.1–0.3 with the float32 gradient once the easy part of the copying
+        # task is learned, measured), and the memory is never learned: copying
+        # T = 100, n = 128, 200 steps ended at 0.31 (above the 0.17 baseline)
+        # against 0.029 in float32. The recurrence therefore runs in the cell's
+        # dtype, like the map; the input drive, the nonlinearity's inputs and
+        # the output layer keep autocast's precision.
+        device = self.inp.device.type
+        if device == "meta" or not torch.is_autocast_enabled(device):
+            if operator:
+                return self.transition.operator()
+            w = self.transition()
+            return lambda h: h @ w.T
+        dtype = self.inp.dtype
+        with torch.autocast(device, enabled=False):
+            step = self.transition.operator() if operator else None
+            w = None if operator else self.transition()
+
+        def full_precision(h: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(device, enabled=False):
+                return step(h.to(dtype)) if step is not None else h.to(dtype) @ w.T
+
+        return full_precision
 
     def forward(
         self,

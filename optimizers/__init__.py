@@ -25,34 +25,19 @@ Example:
     ```
 """
 
+from . import registry as _registry
 from .base import RiemannianOptimizer
 from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
 from .landing import Landing
 from .muon import ManifoldMuon
 from .pogo import POGO
 from .radam import RAdam
-from .registry import (
-    ENTRY_POINT_GROUP,
-    OptimizerInfo,
-    available,
-    create,
-    get,
-    info,
-    load_entry_points,
-    register,
-)
+from .registry import *  # noqa: F403
 from .rgd import RGD
 from .telemetry import orthogonality_errors
 
 __all__ = [
-    "create",
-    "register",
-    "available",
-    "info",
-    "get",
-    "OptimizerInfo",
-    "load_entry_points",
-    "ENTRY_POINT_GROUP",
+    *_registry.__all__,
     "RiemannianOptimizer",
     "Geometry",
     "EuclideanGeometry",

@@ -157,7 +157,11 @@ class RiemannianOptimizer(torch.optim.Optimizer):
       paper gives for a step with these hyper-parameters;
     - `variants` (`({},)`): hyper-parameter sets the complexity section measures;
     - `accepts_off_manifold` (False): whether a manifold parameter off its
-      manifold is accepted at construction.
+      manifold is accepted at construction;
+    - `writes_state_in_place` (True): whether `update` may write into the
+      tensors of `state` (`mul_`, `copy_`); False promises that it only
+      replaces them (`state[key] = new`), which spares the copy of the state
+      taken before each step (checked; a broken promise raises RuntimeError).
 
     A param group may hold only the keys of the constructor's `defaults` (and
     `params`, `initial_lr`, `param_names`): another key raises ValueError.
@@ -172,7 +176,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     (order of `manifold_parameters`; no device synchronisation).
 
     A non-finite gradient skips that parameter's step (its point and state stay
-    unchanged) and warns once per optimizer. `repair_every=k` replaces the point
+    unchanged) and warns once per optimizer; so does a step whose result is not
+    finite: the point, the moments, momentum buffers and step count are those
+    from before the step. `repair_every=k` replaces the point
     by its nearest manifold point (polar factor) after every k-th step.
 
     Args:
@@ -195,6 +201,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     paper_formula: ClassVar[Callable[..., str] | None] = None
     variants: ClassVar[tuple[dict, ...]] = ({},)
     accepts_off_manifold: ClassVar[bool] = False
+    # whether `update` may write into the tensors of its state dict (Note [A skipped
+    # step leaves the state as it was]); the built-in rules only replace them
+    writes_state_in_place: ClassVar[bool] = True
     # whether the rule reaches the kernels only through its Geometry (or Geometry.apply),
     # so that DTensor manifold points run sharded (stiefel.manifolds.sharded)
     dtensor_points: ClassVar[bool] = True
@@ -548,9 +557,10 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             self._store(p, state, geo.project(x))
             x, grad = self._working(p, grad, state)
             geo.off_manifold(x)  # the step reuses the Gram of the projected point
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0)
-        state["step"] += 1
+        # Note [A skipped step leaves the state as it was]
+        saved = self._save_state(state)
+        step = state.get("step")
+        state["step"] = (torch.tensor(0.0) if step is None else step) + 1
         # Note [Safe step]: the kernels are overflow-safe (Note [Overflow-safe step]),
         # but a rule's own arithmetic (e.g. a momentum that overflowed) or a singular
         # limit can still produce inf/NaN (or make LAPACK refuse its input): the old
@@ -561,11 +571,60 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 new = geo.project(new)
         except torch.linalg.LinAlgError:
             new = None
+        except BaseException:  # nothing left half-modified
+            state.clear()
+            state.update(saved[0])
+            raise
+        self._check_state_untouched(state, saved)
         if new is None or not self._finite(new):
             self._warn_once(
                 "step",
                 f"{type(self).__name__}: the step of {where} is not finite (huge gradient or "
-                "learning rate); the parameter keeps its value",
+                "learning rate); the parameter and its optimizer state keep their values",
             )
+            state.clear()
+            state.update(saved[0])
             return
         self._store(p, state, new)
+
+    # Note [A skipped step leaves the state as it was]
+    # A step whose result is not finite is skipped, and skipped entirely: its
+    # momentum, moments and step count must not be advanced either, or the next
+    # steps would use a momentum holding the rejected gradient (or an infinite
+    # moment) and a wrong bias correction. The point is known to be acceptable
+    # only after the rule ran, so the state before the step is kept aside. A
+    # rule that only replaces its state tensors (`state[key] = new tensor`, never
+    # `state[key].mul_(...)`), as every built-in rule does and declares with
+    # `writes_state_in_place = False`, needs a copy of the dict only (no tensor
+    # copied); a rule that writes into them (the default for a plugin) gets its
+    # state tensors cloned before each step. The promise is checked by the
+    # tensors' version counters after every step (RuntimeError if broken).
+
+    def _save_state(self, state: dict) -> tuple[dict, dict]:
+        """The state before a step: (dict to restore, version counters of its tensors)."""
+        if self.writes_state_in_place:
+            copy = {
+                key: (
+                    value.clone()
+                    if isinstance(value, torch.Tensor) and key != "master"
+                    else value  # the master is written by `_store`, after acceptance
+                )
+                for key, value in state.items()
+            }
+            return copy, {}
+        versions = {
+            key: value._version for key, value in state.items() if isinstance(value, torch.Tensor)
+        }
+        return dict(state), versions
+
+    def _check_state_untouched(self, state: dict, saved: tuple[dict, dict]) -> None:
+        """A rule declaring `writes_state_in_place = False` kept its promise."""
+        before, versions = saved
+        for key, version in versions.items():
+            if before[key]._version != version:
+                raise RuntimeError(
+                    f"{type(self).__name__}.update wrote into state[{key!r}] in place but the "
+                    "class declares writes_state_in_place = False; replace the tensor "
+                    "(state[key] = new) or set writes_state_in_place = True, so that a "
+                    "skipped step can restore the state"
+                )

@@ -58,6 +58,7 @@ class Landing(RiemannianOptimizer):
 
     accepts_off_manifold = True
     feasible = False
+    writes_state_in_place = False  # no state but the step count
     default_lr = 0.02
     formula = "8NM² (two N×M×M products for XᴴX and XᴴG, two for the update)"
 

@@ -21,16 +21,21 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import geoopt
 import torch
+from torch.distributed.tensor import DTensor
 
+from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds.geometry import EuclideanGeometry
 from ..manifolds.kernels.msign import (
     MSIGN_METHODS,
     msign,
     msign_flops,
     spectral_direction,
 )
+from ..manifolds.sharded import ShardedGeometry, check_placements
 from .base import RiemannianOptimizer, check_choice, check_number
-from .geometry import Geometry
+from .geometry import Geometry, manifold_of
 from .registry import register
 
 __all__ = ["ManifoldMuon", "check_positive_lr"]
@@ -40,6 +45,24 @@ def check_positive_lr(group: dict) -> None:
     """lr must be a finite real number > 0 (ValueError/TypeError naming it)."""
     if check_number("lr", group["lr"]) <= 0:
         raise ValueError(f"lr={group['lr']!r} is out of range; allowed: a finite number > 0")
+
+
+def _plain_msign(b: torch.Tensor, method: str, steps: int | None) -> torch.Tensor:
+    """msign(B) of a plain 2-D tensor; a row-sharded DTensor on its local rows.
+
+    A plain weight sharded on its rows (FSDP2's ``Shard(0)``) runs the iteration on
+    the local rows with the Gram BᴴB all-reduced (Note [msign on sharded rows]), not
+    through DTensor's propagation, which all-gathers. Other layouts (and ``"svd"``)
+    are left to DTensor.
+    """
+    if isinstance(b, DTensor) and method != "svd":
+        try:
+            rows = check_placements(b)
+        except ValueError:  # e.g. Shard(1): DTensor's own propagation
+            rows = None
+        if rows is not None:
+            return ShardedGeometry(EuclideanGeometry(), b).apply(msign, b, method, steps)
+    return msign(b, method, steps)
 
 
 @register("manifold_muon")
@@ -65,6 +88,12 @@ class ManifoldMuon(RiemannianOptimizer):
     (no shape scaling), any other tensor SGD with the same momentum (X ← X − lr·B).
     Other geoopt manifolds get a Riemannian gradient step along rgrad(B).
 
+    DTensor points (``Replicate()``, batch shards, ``Shard(0)`` on the rows of St(N, M))
+    step on their local shards; on row-sharded points every msign iteration all-reduces
+    an M×M Gram and nothing N-sized moves (Note [msign on sharded rows]), and so does
+    Muon's msign of a row-sharded plain 2-D weight. ``msign="svd"`` needs whole
+    matrices: refused for row-sharded manifold points.
+
     Args:
         params: parameters or param groups.
         lr: step size (> 0): the spectral norm of each manifold step.
@@ -82,7 +111,8 @@ class ManifoldMuon(RiemannianOptimizer):
     """
 
     default_lr: ClassVar[float] = 0.02
-    dtensor_points: ClassVar[bool] = False  # the msign kernels are not routed through reduce
+    # it replaces its momentum buffer (Note [A skipped step leaves the state as it was])
+    writes_state_in_place: ClassVar[bool] = False
     formula: ClassVar[str] = (
         "inner_steps × msign(N×M) [steps × (4NM² + 2M³)] + 4NM² per inner step + retraction"
     )
@@ -149,6 +179,28 @@ class ManifoldMuon(RiemannianOptimizer):
         if check_number("dual_step", group["dual_step"]) <= 0:
             raise ValueError(f"dual_step={group['dual_step']!r} is out of range; allowed: > 0")
 
+    def add_param_group(self, param_group: dict) -> None:
+        # Note [msign on sharded rows]: "svd" needs the whole matrix; refused up front
+        # for a row-sharded manifold point, before anything is added.
+        method = param_group.get("msign", self.defaults.get("msign"))
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for i, p in enumerate(params):
+            if method != "svd" or not isinstance(p, DTensor):
+                continue
+            man = manifold_of(p)
+            if man is None and not isinstance(param_group.get("manifold"), geoopt.Euclidean):
+                man = param_group.get("manifold")
+            if isinstance(man, (_OurStiefel, geoopt.Stiefel)) and check_placements(p) is not None:
+                raise ValueError(
+                    f"manifold_muon: parameter {i} of the new param group is row-sharded "
+                    f"(placements {tuple(p.placements)}) and msign='svd' needs the whole "
+                    "matrix; allowed for row-sharded points: msign="
+                    f"{', '.join(repr(m) for m in MSIGN_METHODS if m != 'svd')} (M×M Grams "
+                    "only); 'svd' is allowed on Replicate() and batch-sharded points"
+                )
+        super().add_param_group({**param_group, "params": params})
+
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
@@ -156,15 +208,27 @@ class ManifoldMuon(RiemannianOptimizer):
         b = grad
         if mu > 0:
             buf = state.get("momentum_buffer")
-            buf = grad.clone() if buf is None else buf.mul_(mu).add_(grad)
+            buf = grad.clone() if buf is None else buf.mul(mu).add_(grad)
             state["momentum_buffer"] = buf
             b = grad.add(buf, alpha=mu) if group["nesterov"] else buf
         method, steps = group["msign"], group["msign_steps"]
         if geo.stiefel:
-            phi = spectral_direction(x, b, group["inner_steps"], method, steps, group["dual_step"])
+            # through the geometry: on a row-sharded point the kernel runs on the local
+            # rows with M×M all-reduces (Note [msign on sharded rows]); x.shape is global
+            square = x.shape[-2] == x.shape[-1]
+            phi = geo.apply(
+                spectral_direction,
+                x,
+                b,
+                group["inner_steps"],
+                method,
+                steps,
+                group["dual_step"],
+                square=square,
+            )
             return geo.descend(x, phi, lr)
         if not geo.riemannian:
             if x.dim() == 2:
-                return x - lr * msign(b, method, steps)
+                return x - lr * _plain_msign(b, method, steps)
             return x - lr * b
         return geo.descend(x, geo.rgrad(x, b), lr)

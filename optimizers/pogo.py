@@ -28,6 +28,7 @@ import geoopt
 import torch
 
 from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds.kernels import inner_euclidean
 from ..manifolds.kernels.msign import pogo_step
 from .base import RiemannianOptimizer, check_choice, check_number
 from .geometry import Geometry, manifold_of
@@ -66,6 +67,10 @@ class POGO(RiemannianOptimizer):
     at construction. Plain tensors get X ← X − lr·G̃ (VectorAdam normalising by the
     whole tensor's norm), the Euclidean form every optimizer here has.
 
+    DTensor points (``Replicate()``, batch shards, ``Shard(0)`` on the rows of St(N, M))
+    step on their local shards; a row-sharded step all-reduces XᴴX, G̃ᴴX, MᴴM (M×M)
+    and VectorAdam's ‖G‖²_F, never the N×M point.
+
     Args:
         params: parameters or param groups.
         lr: step size (> 0).
@@ -82,7 +87,8 @@ class POGO(RiemannianOptimizer):
     """
 
     default_lr: ClassVar[float] = 0.01
-    dtensor_points: ClassVar[bool] = False  # the msign kernels are not routed through reduce
+    # it replaces its buffers (Note [A skipped step leaves the state as it was])
+    writes_state_in_place: ClassVar[bool] = False
     # one polar-like correction per step: the iterate is near the manifold (error of
     # order (lr‖ψ‖)² per step, not decaying to rounding), like landing's
     feasible: ClassVar[bool] = False
@@ -163,23 +169,24 @@ class POGO(RiemannianOptimizer):
         if mu == 0:
             return grad
         buf = state.get("momentum_buffer")
-        if buf is None:
-            buf = state["momentum_buffer"] = grad.clone()
-        buf.mul_(mu).add_(grad, alpha=1 - group["dampening"])
+        buf = grad if buf is None else buf  # pogo-torch's first buffer: G, then updated
+        buf = state["momentum_buffer"] = buf.mul(mu).add_(grad, alpha=1 - group["dampening"])
         return grad.add(buf, alpha=mu) if group["nesterov"] else buf
 
     @staticmethod
-    def _vector_adam(grad: torch.Tensor, state: dict, group: dict, matrix: bool) -> torch.Tensor:
+    def _vector_adam(grad: torch.Tensor, state: dict, group: dict, geo: Geometry) -> torch.Tensor:
         b1, b2 = group["betas"]
         t = int(state["step"])
-        dims = (-2, -1) if matrix else tuple(range(grad.dim()))
-        sq = torch.linalg.vector_norm(grad, dim=dims, keepdim=True).square()
+        if geo.stiefel:  # ‖G‖²_F per matrix, summed over all rows of a row-sharded point
+            sq = geo.apply(inner_euclidean, grad, grad, grad, keepdim=True)
+        else:
+            dims = tuple(range(grad.dim()))
+            sq = torch.linalg.vector_norm(grad, dim=dims, keepdim=True).square()
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(grad)
             state["exp_avg_sq"] = torch.zeros_like(sq)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m.lerp_(grad, 1 - b1)
-        v.mul_(b2).add_(sq, alpha=1 - b2)
+        m = state["exp_avg"] = state["exp_avg"].lerp(grad, 1 - b1)
+        v = state["exp_avg_sq"] = state["exp_avg_sq"].mul(b2).add_(sq, alpha=1 - b2)
         bc1, bc2 = 1 - b1**t, 1 - b2**t
         return (m / bc1) / (v.sqrt() / bc2**0.5 + group["eps"])
 
@@ -191,7 +198,7 @@ class POGO(RiemannianOptimizer):
         if group["base"] == "sgd":
             g = self._sgd(g, state, group)
         else:
-            g = self._vector_adam(g, state, group, matrix=geo.stiefel)
-        if geo.stiefel:
-            return pogo_step(x, g, group["lr"], group["lam"])
+            g = self._vector_adam(g, state, group, geo)
+        if geo.stiefel:  # through the geometry: M×M all-reduces on a row-sharded point
+            return geo.apply(pogo_step, x, g, group["lr"], group["lam"])
         return x - group["lr"] * g

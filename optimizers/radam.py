@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from ..manifolds.kernels.reduce import rows_amax
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import register
@@ -42,9 +43,13 @@ class RAdam(RiemannianOptimizer):
 
     (`amsgrad`: v̂ from the running maximum of v), and m is transported to the
     new point (Cayley: the same orthogonal map, isometric, in the same 2M×2M
-    solve; QR/polar: projection). The options of geoopt's `RiemannianAdam`
-    are accepted with its meaning: `amsgrad`, `weight_decay`, and `stabilize`
-    as an alias of `repair_every`.
+    solve; QR/polar: projection). The state holds v in a scaled form,
+    v = `exp_avg_sq`·`exp_avg_sq_scale`², so that a gradient whose square
+    overflows the dtype (float32: ‖ξ‖ ≳ 1e19) still gives a finite step and a
+    finite state (Note [Second moment in scaled form]); for ordinary
+    gradients the scale is 1 and the arithmetic is Adam's, bit for bit. The
+    options of geoopt's `RiemannianAdam` are accepted with its meaning:
+    `amsgrad`, `weight_decay`, and `stabilize` as an alias of `repair_every`.
 
     Note [Adaptive term per manifold component]
     Bécigneul & Ganea keep one second moment per factor of a product of
@@ -82,6 +87,7 @@ class RAdam(RiemannianOptimizer):
     """
 
     default_lr = 0.05
+    writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = "cayley: 16NM² + 6M³ (the fused step plus the moment's transport)"
     variants = ({"retraction": "cayley"},)
 
@@ -152,20 +158,78 @@ class RAdam(RiemannianOptimizer):
         if group["weight_decay"]:
             grad = grad.add(x, alpha=group["weight_decay"])
         xi = geo.rgrad(x, grad)
-        sq = geo.component_inner(x, xi)
+        # Note [Second moment in scaled form]: v = exp_avg_sq · exp_avg_sq_scale²
+        mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))
+        sq = geo.component_inner(x, xi / mu)  # ⟨ξ, ξ⟩/μ², exact (μ a power of two)
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(x)
             state["exp_avg_sq"] = torch.zeros_like(sq)
+        # the rule replaces its state tensors, never writes into them (Note [A skipped
+        # step leaves the state as it was] in stiefel.optimizers.base)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m.mul_(b1).add_(xi, alpha=1 - b1)
-        v.mul_(b2).add_(sq, alpha=1 - b2)
+        s = state.get("exp_avg_sq_scale")
+        s = torch.ones_like(v) if s is None else s
+        s1 = torch.maximum(s, mu)  # ratios ≤ 1 below: their squares cannot overflow
+        m = m.mul(b1).add_(xi, alpha=1 - b1)
+        v = v.mul((s / s1) ** 2).mul_(b2).add_(sq.mul((mu / s1) ** 2), alpha=1 - b2)
+        vmax = state.get("max_exp_avg_sq") if group["amsgrad"] else None
         if group["amsgrad"]:
-            vmax = state.get("max_exp_avg_sq")
-            vmax = v.clone() if vmax is None else torch.maximum(vmax, v, out=vmax)
-            state["max_exp_avg_sq"] = v = vmax
+            vmax = v if vmax is None else torch.maximum(vmax.mul((s / s1) ** 2), v)
+        # then the scale follows √v (√vmax for amsgrad) down again; r = s1/s2 is
+        # applied twice, not squared, since r² may overflow where v·r² cannot
+        top = v if vmax is None else vmax
+        s2 = _pow2_at_least(top.sqrt() / _sq_headroom(x) * s1)
+        r = s1 / s2
+        v = v.mul(r).mul_(r)
+        state["exp_avg_sq"], state["exp_avg_sq_scale"] = v, s2
+        if vmax is not None:
+            state["max_exp_avg_sq"] = v = vmax.mul(r).mul_(r)
         t = state["step"].to(v.dtype)
         bias1 = 1 - b1**t
         bias2 = 1 - b2**t
-        denom = (v.sqrt() / bias2.sqrt()).add_(group["eps"])
-        new, state["exp_avg"] = geo.descend_transport(x, m, (group["lr"] / bias1) / denom)
+        # m̂/(√v̂ + ε) with √v̂ = s·√ṽ/√bias2, divided through by s (never overflows)
+        denom = (v.sqrt() / bias2.sqrt()).add_(group["eps"] / s2)
+        new, state["exp_avg"] = geo.descend_transport(x, m, (group["lr"] / bias1) / s2 / denom)
         return new
+
+
+# Note [Second moment in scaled form]
+# ⟨ξ, ξ⟩ overflows float32 once ‖ξ‖_F > 1.8e19 (and float64 past 1.3e154), and an
+# infinite v makes every later step a no-op. Adam's direction m/(√v + ε) equals
+# m/s / (√(v/s²) + ε/s) for any s > 0, so the state keeps ṽ = v/s² with a power of
+# two s ≥ 1 per component (`exp_avg_sq_scale`), and the squares are formed from
+# ξ/μ, μ a power of two ≥ 1 bringing max|ξ| below a headroom H with
+# numel·H² ≤ max/16: ⟨ξ/μ, ξ/μ⟩ cannot overflow, and neither can
+# ṽ ← β₂ṽ(s/s')² + (1 − β₂)⟨ξ/μ, ξ/μ⟩(μ/s')² with s' = max(s, μ). Afterwards s
+# is reset to the least power of two ≥ 1 with √ṽ ≤ H, so ṽ keeps its precision
+# while v decays. Ordinary gradients (max|ξ| ≤ H, ≈ 1e15–1e19 in float32) have
+# μ = s = 1: every scaling is by exactly 1 and the arithmetic is bit for bit
+# Adam's. Scalings by powers of two are exact, so a scaled step differs from the
+# exact-arithmetic one by rounding only (to the dtype's precision; a small
+# component of a tensor whose other components are ≥ 1e30 may lose bits to
+# underflow). Adam's memory is unchanged: after a burst of size B, v needs
+# about ln(B²/g²)/(1 − β₂) steps to forget it, as in float64.
+
+
+def _sq_headroom(x: torch.Tensor) -> float:
+    """H, a power of two with numel·H² ≤ max/16 in x's (real) dtype."""
+    maxexp = math.frexp(torch.finfo(x.dtype).max)[1]  # 128 for float32, 1024 for float64
+    return 2.0 ** ((maxexp - 4 - math.ceil(math.log2(max(x.numel(), 1)))) // 2)
+
+
+def _pow2_at_least(r: torch.Tensor) -> torch.Tensor:
+    """A power of two ≥ r, and ≥ 1 (1 exactly when r ≤ 1)."""
+    return torch.exp2(torch.ceil(torch.log2(r))).clamp_min_(1.0)
+
+
+def _rows_amax_abs(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return rows_amax(u.abs())
+
+
+def _component_amax(geo: Geometry, x: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+    """max|ξ| per component of `component_inner` (matrix, entry, or the whole tensor)."""
+    if geo.stiefel:  # one per matrix, reduced over the ranks of a row-sharded point
+        return geo.apply(_rows_amax_abs, x, xi)
+    if not geo.riemannian:  # a plain tensor: one component per entry
+        return xi.abs()
+    return xi.abs().amax()  # another geoopt manifold: one scale for the tensor

@@ -89,6 +89,7 @@ class RGD(RiemannianOptimizer):
     """
 
     default_lr = 0.05
+    writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = (
         "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve); "
         "qr: 10NM² − 2M³/3 canonical, 14NM² − 2M³/3 Euclidean"
@@ -203,7 +204,7 @@ class RGD(RiemannianOptimizer):
         if buf is None:
             buf = xi.clone()
         else:
-            buf = buf.mul_(mu).add_(xi, alpha=1 - group["dampening"])
+            buf = buf.mul(mu).add_(xi, alpha=1 - group["dampening"])
         if not group["nesterov"]:
             new, state["momentum_buffer"] = geo.descend_transport(x, buf, lr)
             return new

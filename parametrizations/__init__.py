@@ -37,10 +37,12 @@ from .dense import Cayley, Exp, ScaledCayley
 
 # isort: on
 from .constrain import OrthogonalMatrix, orthogonalize
+from .deferred import initialize
 from .finetuning import Rotation, merge, rotate, rotation
 
 __all__ = [
     "orthogonalize",
+    "initialize",
     "available",
     "maps",
     "register",

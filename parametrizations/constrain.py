@@ -24,11 +24,13 @@ from .base import (
     methods_serving,
     work_dtype,
 )
+from .deferred import _write_riemannian_point
 
 __all__ = ["orthogonalize", "OrthogonalMatrix", "RIEMANNIAN"]
 
 
-def _check_weight(label: str, w: object) -> torch.Tensor:
+def _check_weight(label: str, w: object, values: bool = True) -> torch.Tensor:
+    """``w`` checked: a tensor of an allowed shape and dtype; finite when ``values`` are read."""
     w = _checks.tensor(label, w)
     if w.dim() < 2:
         raise ValueError(
@@ -40,7 +42,9 @@ def _check_weight(label: str, w: object) -> torch.Tensor:
         )
     if w.numel() == 0:
         raise ValueError(f"{label} is empty (shape {tuple(w.shape)}); every dimension must be > 0")
-    if w.device.type != "meta":  # no values on meta (deferred initialisation)
+    # no values on meta (deferred initialisation); none are read by init="haar" etc.,
+    # e.g. on the uninitialised memory module.to_empty() leaves
+    if values and w.device.type != "meta":
         _checks.finite(label, w.detach())
     return w
 
@@ -110,8 +114,8 @@ def _orthogonalize_module(module: nn.Module, name: str, method: object, options:
             f"method={label!r} cannot be applied on top of it: a Riemannian optimizer and a "
             "parametrization would both constrain it"
         )
-    _check_weight(f"module.{name}", w)
     init = options.pop("init", None)
+    _check_weight(f"module.{name}", w, values=init in (None, "nearest"))
     generator = options.pop("generator", None)
     if init is not None:
         _checks.choice("init", init, INITS)
@@ -166,20 +170,8 @@ def _make_riemannian(module, name, w, options, init, generator) -> None:
     if name not in module._parameters or not isinstance(w, nn.Parameter):
         raise ValueError(f"method='riemannian' needs module.{name} to be an nn.Parameter")
     manifold = manifold_for(tuple(w.shape), w.dtype.is_complex)
-    n, m = manifold.n, manifold.m
-    with torch.no_grad():
-        if w.device.type == "meta":
-            value = None
-        elif init in (None, "nearest"):
-            value = manifold.projx(w.detach())
-        elif init == "identity":
-            value = torch.eye(n, m, dtype=w.dtype, device=w.device).expand(w.shape)
-        else:  # haar and random
-            value = manifold.random(
-                *w.shape[:-2], manifold.n, manifold.m, dtype=w.dtype, generator=generator
-            ).as_subclass(torch.Tensor)
-        if value is not None:
-            w.copy_(value.to(w.device))
+    if w.device.type != "meta":
+        _write_riemannian_point(w, manifold, init, generator)
     w.__class__ = geoopt.ManifoldParameter
     w.manifold = manifold
 
@@ -287,6 +279,13 @@ def orthogonalize(
     Parameter of a module is left unchanged: a warning says so). The weight
     starts at the manifold point nearest the current value (polar factor),
     unless ``init`` says otherwise.
+
+    The nearest point costs an SVD, O(n³): for a float32 4096×4096 weight on
+    two CPU cores about 20 s (2–3 s at n = 2048; `benchmarks/init.py`), of
+    which the reflections of ``householder``/``cwy`` take about 1 s. When the
+    starting point does not matter, ``init="identity"``, ``"haar"`` (a random
+    point: the QR of a Gaussian, in the weight's precision) or ``"random"``
+    skip the SVD (see the troubleshooting page, "Slow initialisation").
 
     A loop reading a parametrized weight at every step (a recurrent rollout)
     recomputes the map each time: wrap it in ``parametrize.cached()`` or use

@@ -7,8 +7,14 @@ convolutions and transposed convolutions, with skip connections:
     c₁ @ H/2 → c₂ @ H/4 → c₃ @ H/8 → c₂ @ H/4 → c₁ @ H/2 → 4 channels → 1 @ H
 
 (the paper: 32 → 64 → 128 → 64 → 32 channels at 32² → 16² → 8²). ReLU after
-every convolution and transposed convolution; the output frame is linear (a
-sigmoid saturates: with the ℓ₁ loss on sparse frames it collapses to black).
+every convolution and transposed convolution, and on the output frame.
+
+Note [Output of the video predictor]
+Frames are ≥ 0 and mostly black. A linear output trained with the MSE leaves
+small errors of both signs on every black pixel (test MAE 0.036 after 200
+steps, above the black frame's 0.031); a ReLU output predicts exact zeros
+there (0.027 in the same run). A sigmoid saturates, and with the ℓ₁ loss on
+sparse frames collapses to black.
 The recurrent unit is a ``ConvNERUCell`` (its kernel K from any map,
 ``riemannian``, or the paper's unconstrained variants) or a ``ConvLSTMCell``
 (the baseline).
@@ -168,7 +174,7 @@ class VideoPredictor(nn.Module):
         s2, states[2] = self.units[2](F.relu(self.down[1](s1)), states[2])
         s3, states[3] = self.units[3](F.relu(self.up[0](s2)) + s1, states[3])
         s4, states[4] = self.units[4](F.relu(self.up[1](s3)) + s0, states[4])
-        return F.pixel_shuffle(self.head(s4), 2)
+        return F.relu(F.pixel_shuffle(self.head(s4), 2))
 
 
 def parameter_count(model: nn.Module) -> int:

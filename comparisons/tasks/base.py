@@ -24,6 +24,8 @@ __all__ = [
     "make",
     "check_options",
     "extra_methods",
+    "digits_split",
+    "real_dtype",
 ]
 
 _TASKS: dict[str, type[Task]] = {}
@@ -38,6 +40,32 @@ def positive_int(task: str, name: str, value: Any) -> int:
     return value
 
 
+def real_dtype(task: str, dtype: torch.dtype) -> None:
+    """ValueError naming the task when ``dtype`` is complex (a task on real data only)."""
+    if dtype.is_complex:
+        raise ValueError(f"task {task!r}: dtype={dtype}; allowed: float32, float64 (a real task)")
+
+
+def digits_split(task: str, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """scikit-learn's bundled 8×8 digits in [0, 1]: (x_train, y_train, x_test, y_test).
+
+    The 1797 images (shape (n, 8, 8), offline) are split 1397 / 400 by one
+    permutation drawn from ``generator``, so a task's seed fixes its split.
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"the {task} task needs scikit-learn: pip install 'stiefel[compare]'"
+        ) from exc
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=generator)
+    test, train = order[:400], order[400:]
+    return x[train], y[train], x[test], y[test]
+
+
 class Task:
     """A learning problem on which strategies are compared.
 
@@ -49,15 +77,19 @@ class Task:
     """
 
     name = "task"
-    #: "matrix" tasks train one constrained matrix; "sequence" tasks train an RNN
+    #: "matrix" tasks train one constrained matrix; "sequence" tasks train an RNN;
+    #: others ("video", "image", "finetune") name what their model is
     kind = "matrix"
     optimum: float | None = None
     baseline: float | None = None
     #: held-out metrics at chance level, e.g. {"test_accuracy": 0.1}
     chance: dict[str, float] = {}
-    #: methods this task builds besides the registered maps, name → what it is
-    #: (e.g. the PEFT adapters of ``finetune``); strategies may name them, and
-    #: they run on the tasks that declare them only
+    #: models this task builds itself besides the registered maps, name → what it is:
+    #: baselines (``lstm`` on the sequence tasks, ``convlstm`` on ``moving_digits``)
+    #: and other libraries' layers (the PEFT adapters of ``finetune``). Strategies may
+    #: name them; they run only on the tasks that declare them, the strategy's
+    #: optimizer trains every trainable weight of such a model, and they are real
+    #: (a complex dtype skips them)
     extra_methods: dict[str, str] = {}
     #: metrics of `evaluate` shown as columns of the convergence table
     table_metrics: tuple[str, ...] = ("test_accuracy",)
@@ -127,7 +159,16 @@ def available() -> list[str]:
 
 
 def extra_methods() -> dict[str, list[str]]:
-    """Methods that registered tasks build besides the maps, each with the tasks that do."""
+    """Methods that registered tasks build besides the maps, each with the tasks that do.
+
+    Example:
+        ```python
+        from stiefel.comparisons import tasks
+
+        assert "digits" in tasks.extra_methods()["lstm"]  # the LSTM baseline
+        assert tasks.get("digits").extra_methods["lstm"] == "the LSTM baseline"
+        ```
+    """
     out: dict[str, list[str]] = {}
     for name in available():
         for method in _TASKS[name].extra_methods:

@@ -43,7 +43,7 @@ from ..complexity import peak_bytes
 from ..models.transformer import BLOCK_LINEARS, TinyEncoder
 from ..registry import methods as registered_methods
 from ..timing import fastest_time
-from .base import Task, positive_int, register
+from .base import Task, digits_split, positive_int, real_dtype, register
 
 __all__ = ["Finetune", "ADAPTERS", "SHIFTS"]
 
@@ -67,16 +67,8 @@ _BASES: dict[tuple, tuple[dict[str, torch.Tensor], float]] = {}
 
 
 def _digits(generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the finetune task needs scikit-learn: pip install scikit-learn") from exc
-    data = load_digits()
-    x = (torch.tensor(data.images, dtype=torch.float32) / 16.0 - 0.3) / 0.4
-    y = torch.tensor(data.target, dtype=torch.long)
-    order = torch.randperm(len(y), generator=generator)
-    test, train = order[:400], order[400:]
-    return x[train], y[train], x[test], y[test]
+    x, y, xt, yt = digits_split("finetune", generator)
+    return (x - 0.3) / 0.4, y, (xt - 0.3) / 0.4, yt
 
 
 @register("finetune")
@@ -115,8 +107,7 @@ class Finetune(Task):
         targets: str = ",".join(BLOCK_LINEARS),
     ):
         super().__init__(dtype, device, seed)
-        if dtype.is_complex:
-            raise ValueError(f"task 'finetune': dtype={dtype}; allowed: float32, float64")
+        real_dtype(self.name, dtype)
         self.width = positive_int(self.name, "width", width)
         self.layers = positive_int(self.name, "layers", layers)
         self.heads = positive_int(self.name, "heads", heads)

@@ -9,11 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import LSTMBaseline, OrthogonalRNN
-from .base import Task, positive_int, register
+from .base import Task, digits_split, positive_int, register
 
 
 class _SequenceTask(Task):
     kind = "sequence"
+    extra_methods = {"lstm": "the LSTM baseline"}
     n_in = 1
     n_out = 1
 
@@ -147,22 +148,14 @@ class Digits(_SequenceTask):
 
     def __init__(self, dtype, device, seed, n: int = 64, batch: int = 64, permute=False, **kw):
         super().__init__(dtype, device, seed, n=n, batch=batch, **kw)
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "the digits task needs scikit-learn: pip install 'stiefel[compare]'"
-            ) from exc
-        data = load_digits()
-        x = torch.tensor(data.data, dtype=torch.float32) / 16.0
-        y = torch.tensor(data.target, dtype=torch.long)
-        order = torch.randperm(len(y), generator=self.generator)
+        x, y, xt, yt = digits_split(self.name, self.generator)
+        x, xt = x.reshape(-1, 64), xt.reshape(-1, 64)
         if permute:
-            x = x[:, torch.randperm(64, generator=self.generator)]
-        x = (x - 0.3) / 0.4  # roughly zero mean, unit spread
-        test, train = order[:400], order[400:]
-        self.x_train, self.y_train = x[train, :, None].to(device), y[train].to(device)
-        self.x_test, self.y_test = x[test, :, None].to(device), y[test].to(device)
+            pixels = torch.randperm(64, generator=self.generator)
+            x, xt = x[:, pixels], xt[:, pixels]
+        x, xt = (x - 0.3) / 0.4, (xt - 0.3) / 0.4  # roughly zero mean, unit spread
+        self.x_train, self.y_train = x[..., None].to(device), y.to(device)
+        self.x_test, self.y_test = xt[..., None].to(device), yt.to(device)
         self.baseline = math.log(10)
         self.chance = {"test_accuracy": 0.1}
         self.permute = permute

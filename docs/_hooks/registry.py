@@ -80,10 +80,10 @@ def _tasks(page_url: str, files) -> str:
     for name in tasks.available():
         cls = tasks.get(name)
         opts = ", ".join(f"`{k}={v!r}`" for k, v in tasks.options(name).items())
-        rows.append(
-            [f"`{name}`", cls.kind, opts or "–", (inspect.getdoc(cls) or "").split("\n")[0]]
-        )
-    return _table(["task", "kind", "options (defaults)", "what"], rows)
+        own = ", ".join(f"`{m}`" for m in cls.extra_methods)
+        summary = (inspect.getdoc(cls) or "").split("\n")[0]
+        rows.append([f"`{name}`", cls.kind, opts or "–", summary, own or "–"])
+    return _table(["task", "kind", "options (defaults)", "what", "its own methods"], rows)
 
 
 def _relative(src_uri: str, target: str) -> str:

@@ -25,70 +25,15 @@ Example:
 
 from __future__ import annotations
 
-from .basic import (
-    cholesky_qr2,
-    egrad2rgrad_canonical,
-    egrad2rgrad_euclidean,
-    expmap_canonical,
-    expmap_euclidean,
-    gram_minus_identity,
-    gram_polar,
-    haar,
-    inner_canonical,
-    inner_euclidean,
-    newton_schulz,
-    orthogonality_error,
-    polar,
-    proj_tangent,
-    qr_unique,
-    skew,
-    sym,
-)
-from .cayley import (
-    RETRACTIONS,
-    cayley_dense,
-    cayley_descent,
-    cayley_gradient_step,
-    cayley_retraction,
-    cayley_retraction_transport,
-    cayley_smw,
-    use_smw,
-)
-from .factor import polar_descent, polar_retraction, qr_descent, qr_gradient_step, qr_retraction
-from .landing import landing_direction, landing_safe_step
-from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; helper muon)
+from . import basic as _basic
+from . import cayley as _cayley
+from . import factor as _factor
+from . import landing as _landing
+from .basic import *  # noqa: F403
+from .cayley import *  # noqa: F403
+from .factor import *  # noqa: F403
+from .landing import *  # noqa: F403
+from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; not in __all__)
 
-__all__ = [
-    "sym",
-    "skew",
-    "gram_minus_identity",
-    "orthogonality_error",
-    "proj_tangent",
-    "egrad2rgrad_euclidean",
-    "egrad2rgrad_canonical",
-    "inner_euclidean",
-    "inner_canonical",
-    "qr_unique",
-    "cholesky_qr2",
-    "gram_polar",
-    "polar",
-    "haar",
-    "newton_schulz",
-    "use_smw",
-    "cayley_descent",
-    "cayley_gradient_step",
-    "cayley_smw",
-    "cayley_dense",
-    "cayley_retraction",
-    "cayley_retraction_transport",
-    "qr_descent",
-    "qr_gradient_step",
-    "polar_descent",
-    "qr_retraction",
-    "polar_retraction",
-    "RETRACTIONS",
-    "landing_direction",
-    "landing_safe_step",
-    "expmap_euclidean",
-    "expmap_canonical",
-]
+# one list: each submodule's own __all__
+__all__ = [*_basic.__all__, *_cayley.__all__, *_factor.__all__, *_landing.__all__]

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import torch
 
 from .basic import eye_like, flat, newton_schulz, sym, two_products
-from .factor import polar_descent, polar_retraction, qr_descent, qr_retraction
+from .factor import polar_descent, qr_descent
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 
@@ -30,10 +30,6 @@ __all__ = [
     "cayley_dense",
     "cayley_retraction",
     "cayley_retraction_transport",
-    "qr_descent",
-    "polar_descent",
-    "qr_retraction",
-    "polar_retraction",
     "RETRACTIONS",
 ]
 

@@ -72,7 +72,8 @@ from __future__ import annotations
 
 import torch
 
-from .basic import polar_step
+from .basic import inner_euclidean, polar_step, sym
+from .reduce import gram, row_group
 
 __all__ = [
     "MSIGN_METHODS",
@@ -137,20 +138,32 @@ def _svd_sign(g: torch.Tensor) -> torch.Tensor:
     return (u * keep.unsqueeze(-2)) @ vh
 
 
+def _real_trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # Re tr(AᴴB) per matrix, shape (..., 1, 1), summed over all rows (reduce)
+    return inner_euclidean(a, a, b, keepdim=True)
+
+
+def _frobenius(a: torch.Tensor) -> torch.Tensor:
+    # ‖A‖_F per matrix, shape (..., 1, 1), summed over all rows (reduce)
+    return _real_trace(a, a).sqrt()
+
+
 def _iterate(x: torch.Tensor, coefficients) -> torch.Tensor:
-    # x is tall (N ≥ M): every product goes through the M×M Gram matrix.
+    # x ← x·p(xᴴx): every product goes through the M×M Gram matrix (tall x: the
+    # smaller one; row-sharded x: the one a rank can form, Note [msign on sharded rows]).
     for a, b, c in coefficients:
-        gram = x.mH @ x
+        xx = gram(x, x)
         if c == 0.0:
-            poly = b * gram
+            poly = b * xx
         else:
             poly = torch.baddbmm(
-                (b * gram).reshape(-1, *gram.shape[-2:]),
-                gram.reshape(-1, *gram.shape[-2:]),
-                gram.reshape(-1, *gram.shape[-2:]),
+                (b * xx).reshape(-1, *xx.shape[-2:]),
+                xx.reshape(-1, *xx.shape[-2:]),
+                xx.reshape(-1, *xx.shape[-2:]),
                 alpha=c,
-            ).reshape(gram.shape)
-        # aX + X·poly as one batched product (no separate scale and sum over N×M)
+            ).reshape(xx.shape)
+        # aX + X·poly as one batched product (no separate scale and sum over N×M;
+        # X·poly is row-local, so sharded rows need no reduction here)
         xf = x.reshape(-1, *x.shape[-2:])
         x = torch.baddbmm(xf, xf, poly.reshape(-1, *poly.shape[-2:]), beta=a).reshape(x.shape)
     return x
@@ -170,8 +183,20 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
         A tensor like ``g``: its polar factor (approximate for the iterative methods).
 
     Raises:
-        ValueError: unknown ``method``, ``steps`` < 1, or ``g`` with fewer than 2 dimensions.
+        ValueError: unknown ``method``, ``steps`` < 1, ``g`` with fewer than 2
+            dimensions, or ``"svd"`` on row-sharded matrices (inside
+            `stiefel.manifolds.kernels.reduce.rows_split`).
         TypeError: ``g`` not a floating or complex tensor.
+
+    Note [msign on sharded rows]
+    Every iterative method is an odd polynomial p(G) = G·q(GᴴG) (q a polynomial,
+    GᴴG the Gram over the rows), the same matrix as q(GGᴴ)·G: so the iteration may
+    run on either Gram, and a single process takes the smaller one. When the rows
+    of G are split over ranks (`rows_split`), only GᴴG (M×M) can be formed without
+    moving rows: it is all-reduced (`gram`), the Frobenius scaling too, and each
+    rank updates its own rows, X_r ← aX_r + X_r·poly; the result equals the
+    single-process one to rounding, whatever N/p is relative to M. The exact
+    ``"svd"`` needs the whole matrix and is refused there.
     """
     steps = _check(method, steps)
     if not isinstance(g, torch.Tensor) or not (g.is_floating_point() or g.is_complex()):
@@ -181,9 +206,17 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
     dtype = g.dtype
     if dtype in (torch.float16, torch.bfloat16):
         g = g.float()
+    sharded = row_group() is not None
     if method == "svd":
+        if sharded:
+            raise ValueError(
+                "msign method='svd' (one SVD of the whole matrix) does not run on row-sharded "
+                "matrices (DTensor Shard on the rows); allowed there: "
+                f"{', '.join(m for m in MSIGN_METHODS if m != 'svd')} (M×M Grams only); "
+                "'svd' is allowed on Replicate() and batch-sharded points"
+            )
         return _svd_sign(g).to(dtype)
-    wide = g.shape[-2] < g.shape[-1]
+    wide = not sharded and g.shape[-2] < g.shape[-1]
     x = g.mH if wide else g
     if method == "newton_schulz":
         coefficients = [MUON_QUINTIC_COEFFICIENTS] * steps
@@ -195,7 +228,7 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
         pe = POLAR_EXPRESS_COEFFICIENTS
         coefficients = [pe[min(k, len(pe) - 1)] for k in range(steps)]
         scale = 1.01
-    norm = torch.linalg.matrix_norm(x, keepdim=True)
+    norm = _frobenius(x)
     tiny = torch.finfo(norm.dtype).tiny
     x = x / (scale * norm + tiny)
     x = _iterate(x, coefficients)
@@ -219,17 +252,6 @@ def msign_flops(n: int, m: int, method: str = "polar_express", steps: int | None
     return steps * per + 2.0 * big * small
 
 
-def _hermitian_part(a: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (a + a.mH)
-
-
-def _real_trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    # Re tr(AᴴB) per matrix, shape (..., 1, 1)
-    prod = a.conj() * b if a.is_complex() else a * b
-    out = prod.sum(dim=(-2, -1), keepdim=True)
-    return out.real if out.is_complex() else out
-
-
 def spectral_direction(
     x: torch.Tensor,
     g: torch.Tensor,
@@ -237,6 +259,8 @@ def spectral_direction(
     method: str = "polar_express",
     steps: int | None = None,
     dual_step: float = 0.5,
+    *,
+    square: bool | None = None,
 ) -> torch.Tensor:
     r"""The tangent Φ at X with ‖Φ‖₂ ≤ 1 maximising Re tr(GᴴΦ) (manifold Muon), by dual descent.
 
@@ -276,18 +300,25 @@ def spectral_direction(
         method: msign method (see `msign`).
         steps: msign iterations (None: the method's default).
         dual_step: t as a multiple of the rms singular value of G + XΛ₀.
+        square: whether the points are square (O(n), U(n): N = M); None reads it
+            from ``x``'s shape. Pass it when ``x`` holds the local rows of
+            row-sharded points (`stiefel.manifolds.kernels.reduce.rows_split`):
+            every product over the rows then goes through `gram` and the norms
+            through `rows_sum`, so the step all-reduces M×M matrices only.
 
     Returns:
         Φ, shape of ``x``: tangent; ‖Φ‖₂ ≤ 1 + ‖sym(XᴴΦ)‖ with the dual residual
         left after ``inner_steps``.
     """
     m = x.shape[-1]
-    lam = -_hermitian_part(x.mH @ g)
+    if square is None:
+        square = x.shape[-2] == m
+    lam = -sym(gram(x, g))
     z = g + x @ lam
-    t = dual_step * torch.linalg.matrix_norm(z, keepdim=True) / m**0.5
+    t = dual_step * _frobenius(z) / m**0.5
     phi = msign(z, method, steps)
-    c = _hermitian_part(x.mH @ phi)
-    if x.shape[-2] == m:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])
+    c = sym(gram(x, phi))
+    if square:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])
         return phi - x @ c
     f = _real_trace(phi, z)
     slack = 8 * torch.finfo(f.dtype).eps
@@ -299,7 +330,7 @@ def spectral_direction(
         z = torch.where(ok, z_new, z)
         phi = torch.where(ok, phi_new, phi)
         f = torch.where(ok, f_new, f)
-        c = torch.where(ok, _hermitian_part(x.mH @ phi_new), c)
+        c = torch.where(ok, sym(gram(x, phi_new)), c)
         t = torch.where(ok, t, 0.5 * t)
     return phi - x @ c
 
@@ -326,8 +357,11 @@ def pogo_step(
     For XᴴX = I, ψ is half the canonical Riemannian gradient G − XGᴴX; the
     correction with λ = ½ is one Newton–Schulz step, which leaves a point at
     distance O(lr²‖ψ‖²) from the manifold whose error does not accumulate.
+    XᴴX, GᴴX and MᴴM are products over the rows (`gram`): on row-sharded points
+    (`stiefel.manifolds.kernels.reduce.rows_split`) the step all-reduces three
+    M×M matrices and updates the local rows.
     """
-    xx = x.mH @ x
-    psi = 0.5 * (g @ xx - x @ (g.mH @ x))
+    xx = gram(x, x)
+    psi = 0.5 * (g @ xx - x @ gram(g, x))
     mid = x - lr * psi
     return polar_correction(mid, lam)

@@ -22,7 +22,8 @@ def bench():
     sys.path.insert(0, str(ROOT))
     try:
         yield {
-            n: importlib.import_module(f"benchmarks.{n}") for n in ("_timing", "maps", "optimizers")
+            n: importlib.import_module(f"benchmarks.{n}")
+            for n in ("_timing", "maps", "optimizers", "precision", "init")
         }
     finally:
         sys.path.remove(str(ROOT))
@@ -122,6 +123,55 @@ def test_optimizers_quick(bench, tmp_path, capsys):
     assert all(_positive(r["step_s"]) for r in rows)
     assert all(r["orthogonality_error"] < 1e-2 for r in rows)
     assert [t["goal"] for t in data["targets"]] == [150, 150, 2, 2]
+
+
+def test_precision_quick(bench, tmp_path, capsys):
+    """Every registered map and Riemannian optimizer variant, timed in float32 and bfloat16."""
+    import math
+
+    import torch
+
+    from stiefel import optimizers
+    from stiefel.parametrizations import maps
+
+    precision = bench["precision"]
+    out = tmp_path / "precision.json"
+    text = precision.main(
+        ["--quick", "--n", "8", "--repeats", "1", "--budget", "0", "--json", str(out)]
+    )
+    assert capsys.readouterr().out.strip() == text.strip()
+    data = json.loads(out.read_text())
+    assert [r["name"] for r in data["maps"]] == list(maps())
+    riemannian = [n for n in optimizers.available() if optimizers.info(n).riemannian]
+    variants = sum(len(optimizers.info(n).variants) for n in riemannian)
+    assert len(data["optimizers"]) == variants
+    assert {r["name"].split("(")[0] for r in data["optimizers"]} == set(riemannian)
+    bound = math.sqrt(8) * torch.finfo(torch.bfloat16).eps  # a stored bfloat16 point
+    for r in data["maps"] + data["optimizers"]:
+        assert _positive(r["float32"]) and _positive(r["bfloat16"]), r
+        assert math.isclose(r["ratio"], r["bfloat16"] / r["float32"])
+        assert r["bfloat16_error"] <= bound and r["float32_error"] < 1e-4, r
+        assert f"| {r['name']} |" in text
+
+
+def test_init_quick(bench, capsys):
+    init = bench["init"]
+    text = init.main(["--quick", "--sizes", "8,12", "--threads", "1"])
+    assert capsys.readouterr().out.strip() == text.strip()
+    rows = [
+        line for line in text.splitlines() if line.startswith("| 8 ") or line.startswith("| 12 ")
+    ]
+    assert len(rows) == 2
+    for row in rows:
+        cells = row.strip("|").split("|")
+        assert len(cells) == 9 and all(c.strip() for c in cells)
+    with pytest.raises(SystemExit):
+        init.main(["--sizes", "0"])
+    with pytest.raises(SystemExit):
+        init.main(["--inits", "nearest,qr"])
+    text = init.main(["--sizes", "8", "--inits", "haar", "--threads", "1"])
+    cells = [c.strip() for c in text.splitlines()[-1].strip("|").split("|")]
+    assert cells[1] == "nan s" and cells[4] != "nan s"  # nearest left out, haar timed
 
 
 def test_wheel_holds_no_benchmark(tmp_path):

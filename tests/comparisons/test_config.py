@@ -1,10 +1,17 @@
 """Options are checked before any training: each error names the option and what is allowed."""
 
+import re
+
 import pytest
 
 from stiefel.comparisons import cli, config, tasks
 from stiefel.comparisons.grid import plan
 
+#: why the LSTM baseline does not run on a matrix task (its tasks from the registry)
+LSTM_ONLY = (
+    f"'lstm' is a method of the task(s) {', '.join(tasks.extra_methods()['lstm'])} only "
+    "(the LSTM baseline)"
+)
 BASE = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--steps", "3", "--n", "4"]
 
 
@@ -35,7 +42,7 @@ BASE = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--steps", "3", "--
         (
             ["--strategies", "lstm+rmsprop"],
             ValueError,
-            r"'procrustes' is a matrix task and every strategy .* LSTM baseline needs a sequence",
+            r"'procrustes' is a matrix task and every strategy .* " + re.escape(LSTM_ONLY),
         ),
         (["--tasks", "mnist"], ValueError, r"unknown task 'mnist'; available: adding, brockett"),
     ],
@@ -124,7 +131,7 @@ def test_lstm_on_a_matrix_task_is_reported(tmp_path):
     )
     jobs, skipped = plan(opts)
     assert {j.strategy for j in jobs} == {"cwy+adam"}
-    assert skipped == ["lstm+rmsprop on procrustes: the LSTM baseline needs a sequence task"]
+    assert skipped == [f"lstm+rmsprop on procrustes: {LSTM_ONLY}"]
     argv = ["convergence", "--out", str(tmp_path), "--tasks", "procrustes", "--strategies"]
     cli.main([*argv, "cwy+adam", "lstm+rmsprop", "--n", "4", "--steps", "2", "--seeds", "1"])
     assert "not run: lstm+rmsprop on procrustes" in (tmp_path / "report.md").read_text()
@@ -158,3 +165,22 @@ def test_every_shipped_config_resolves():
                 opts = config.resolve(section, {}, path)
                 if "tasks" in opts:
                     plan(opts)  # names, strategies and task options all check
+
+
+def test_a_task_built_model_is_skipped_on_complex_dtypes():
+    opts = config.resolve(
+        "convergence",
+        {
+            "tasks": ["copying"],
+            "strategies": ["cwy+adam", "lstm+rmsprop"],
+            "dtypes": ["float32", "complex64"],
+            "seeds": 1,
+        },
+    )
+    jobs, skipped = plan(opts)
+    assert {(j.strategy, j.dtype) for j in jobs} == {
+        ("cwy+adam", "float32"),
+        ("cwy+adam", "complex64"),
+        ("lstm+rmsprop", "float32"),
+    }
+    assert skipped == ["lstm+rmsprop on copying [complex64]: the LSTM baseline is real"]

@@ -176,7 +176,10 @@ def test_adapters_of_one_task_are_skipped_on_the_others():
     opts = _opts(["lora+adam", "cwy+adam"]) | {"tasks": ["procrustes"], "task_options": {"n": 4}}
     jobs, skipped = plan(opts)
     assert [j.strategy for j in jobs] == ["cwy+adam"]
-    assert skipped == ["lora+adam on procrustes: 'lora' is a method of the task(s) finetune only"]
+    assert skipped == [
+        "lora+adam on procrustes: 'lora' is a method of the task(s) finetune only "
+        f"({tasks.get('finetune').extra_methods['lora']})"
+    ]
     with pytest.raises(ValueError, match=r"every strategy given cannot run on it .*finetune only"):
         plan(opts | {"strategies": ["lora+adam"]})
 

@@ -31,6 +31,12 @@ class Plugin(RiemannianOptimizer):
         return new
 
 
+class Refusing(Plugin):
+    """A rule that declares that its kernels do not run on shards."""
+
+    dtensor_points = False
+
+
 # (label, optimizer name or class, hyper-parameters): every retraction, both metrics
 CONFIGS = [
     ("rgd-cayley", "rgd", dict(lr=0.2)),
@@ -41,7 +47,19 @@ CONFIGS = [
     ("radam-qr", "radam", dict(lr=0.05, retraction="qr")),
     ("landing", "landing", dict(lr=0.1)),
     ("plugin", Plugin, dict(lr=0.1)),
+    # msign by Polar Express, by Muon's quintic; the dual descent; momentum
+    ("muon", "manifold_muon", dict(lr=0.1, momentum=0.5, inner_steps=2, msign_steps=5)),
+    (
+        "muon-ns-qr",
+        "manifold_muon",
+        dict(lr=0.1, msign="newton_schulz", inner_steps=2, retraction="qr"),
+    ),
+    ("pogo-adam", "pogo", dict(lr=0.05)),
+    ("pogo-sgd", "pogo", dict(lr=0.02, base="sgd", momentum=0.5, nesterov=True)),
 ]
+# M×M all-reduces a step may issue (the bound of test_dtensor's traffic test):
+# manifold_muon: per inner step, msign's Grams and norm, XᴴΦ and a trace (steps + 4)
+GRAMS = {"muon": 2 * (5 + 4) + 8, "muon-ns-qr": 2 * (5 + 4) + 8}
 
 
 def _data(shape, seed):
@@ -92,6 +110,11 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
             ref = plain_steps(name, hyper, shape, seed=n)
             got, counts, nbytes = sharded_steps(name, hyper, shape, n, mesh, [Shard(0)])
             results[(label, "rows", n)] = (float((got - ref).abs().max()), counts, nbytes)
+        # fewer local rows than columns at world 4 (2 rows a rank): St(8, 4) and O(8)
+        for shape in ((8, M), (8, 8)) if world == 4 else ():
+            ref = plain_steps(name, hyper, shape, seed=3)
+            got, counts, nbytes = sharded_steps(name, hyper, shape, 3, mesh, [Shard(0)])
+            results[(label, "few-rows", shape[-1])] = (float((got - ref).abs().max()), counts)
         if world != 2:
             continue  # no communication depends on the world size: tested once
         for kind, shape, placements in (
@@ -108,12 +131,40 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
         results["shard1"] = "no error"
     except ValueError as exc:
         results["shard1"] = str(exc)
-    # a rule whose kernels do not run on shards refuses a DTensor point
-    p = torch.nn.Parameter(distribute_tensor(_data((64, M), 0)[0], mesh, [Shard(0)]))
-    try:
-        _optimizer("manifold_muon", dict(lr=0.1), [p], (64, M))
-        results["muon"] = "no error"
-    except ValueError as exc:
-        results["muon"] = str(exc)
+    # a rule whose kernels do not run on shards refuses a DTensor point; so does
+    # manifold_muon's exact msign="svd" on row-sharded points (it runs on the others)
+    for key, name, hyper in (
+        ("refusing", Refusing, dict(lr=0.1)),
+        ("muon-svd", "manifold_muon", dict(lr=0.1, msign="svd")),
+    ):
+        p = torch.nn.Parameter(distribute_tensor(_data((64, M), 0)[0], mesh, [Shard(0)]))
+        try:
+            _optimizer(name, hyper, [p], (64, M))
+            results[key] = "no error"
+        except ValueError as exc:
+            results[key] = str(exc)
+    hyper = dict(lr=0.1, msign="svd", inner_steps=2)
+    unsplit = (("replicate", (40, M), [Replicate()]), ("batch", (world * 2, 40, M), [Shard(0)]))
+    for kind, shape, placements in unsplit if world == 2 else ():  # no traffic: tested once
+        ref = plain_steps("manifold_muon", hyper, shape, seed=5)
+        got, _, nbytes = sharded_steps("manifold_muon", hyper, shape, 5, mesh, placements)
+        results[("muon-svd", kind)] = (float((got - ref).abs().max()), nbytes)
+    # manifold_muon's Muon step on plain 2-D weights sharded on their rows (FSDP2):
+    # tall, and wide with fewer local rows than columns
+    for shape in ((64, M), (2 * world, 16)):
+        g = torch.Generator().manual_seed(11)
+        x, grad = (torch.randn(shape, dtype=torch.float64, generator=g) for _ in range(2))
+        p = torch.nn.Parameter(x.clone())
+        opt = optimizers.create("manifold_muon", [p], lr=0.1, momentum=0.5)
+        q = torch.nn.Parameter(distribute_tensor(x, mesh, [Shard(0)]))
+        opt_q = optimizers.create("manifold_muon", [q], lr=0.1, momentum=0.5)
+        for _ in range(2):
+            p.grad, q.grad = grad.clone(), distribute_tensor(grad, mesh, [Shard(0)])
+            opt.step()
+            with CommDebugMode() as debug:
+                opt_q.step()
+        err = float((q.detach().full_tensor() - p.detach()).abs().max())
+        counts = {str(k): v for k, v in debug.get_comm_counts().items()}
+        results[("muon-plain", shape)] = (err, counts)
     if rank == 0:
         torch.save(results, os.path.join(out, f"dtensor_w{world}.pt"))

@@ -1,15 +1,17 @@
 """Riemannian optimizers on DTensor points (gloo, CPU, 2 and 4 processes).
 
-Row-sharded (Shard(0) of St(N, M)): the step equals the single-process step, issues
-no all-gather and all-reduces O(M²) bytes independent of N. Replicate and batch-sharded
-points: no communication but the step's agreement flag.
+Every rule of CONFIGS (rgd with each retraction, radam, landing, a plugin,
+manifold_muon, pogo). Row-sharded (Shard(0) of St(N, M)): the step equals the
+single-process step, issues no all-gather and all-reduces O(M²) bytes independent of
+N, also with fewer local rows than columns. Replicate and batch-sharded points: no
+communication but the step's agreement flag.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _dtensor_workers import CONFIGS, M
+from _dtensor_workers import CONFIGS, GRAMS, M
 
 WORLDS = (2, 4)
 F64 = 8  # bytes per float64
@@ -39,8 +41,18 @@ def test_row_sharded_step_all_reduces_gram_only(runs, world, label):
     assert c64 == c256 and b64 == b256, (c64, c256, b64, b256)  # independent of N
     # a few M×M Grams (XᴴX, XᴴG, PdᴴPd, ...) plus a one-byte flag; an all-gather of
     # X alone would move N·M·8 = 8 KiB at N = 256
-    assert b64 <= 8 * M * M * F64 + 8, b64
-    assert b256 < 256 * M * F64 / 4
+    assert b64 <= GRAMS.get(label, 8) * M * M * F64 + 8, b64
+    assert b256 < 256 * M * F64 / (1 if label in GRAMS else 4)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_fewer_local_rows_than_columns(runs, label):
+    # St(8, 4) and O(8) row-sharded over 4 ranks: 2 rows per rank, fewer than M
+    res = _results(runs, 4)
+    for m in (M, 8):
+        err, counts = res[(label, "few-rows", m)]
+        assert err < 50 * 8 * torch.finfo(torch.float64).eps, (label, m, err)
+        assert set(counts) <= {"c10d.allreduce_"}, counts
 
 
 @pytest.mark.parametrize("kind", ["replicate", "batch"])
@@ -53,9 +65,35 @@ def test_replicated_and_batch_sharded_points(runs, kind):
 
 
 def test_rule_without_sharded_kernels_refuses_dtensor_points(runs):
-    msg = _results(runs, 2)["muon"]
-    assert "ManifoldMuon" in msg and "DTensor" in msg, msg
-    assert "rgd" in msg and "radam" in msg and "landing" in msg, msg  # from the registry
+    msg = _results(runs, 2)["refusing"]
+    assert "Refusing" in msg and "DTensor" in msg, msg
+    for name in ("rgd", "radam", "landing", "manifold_muon", "pogo"):  # from the registry
+        assert name in msg, msg
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_exact_msign_refuses_row_sharded_points(runs, world):
+    msg = _results(runs, world)["muon-svd"]
+    assert "msign='svd'" in msg and "row-sharded" in msg, msg
+    assert "'polar_express'" in msg and "Replicate()" in msg, msg
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_muon_on_row_sharded_plain_weights(runs, world):
+    # a plain 2-D weight (no manifold) with FSDP2's Shard(0): Muon's msign on the
+    # local rows, M×M Grams all-reduced, no all-gather (DTensor's propagation gathers)
+    res = _results(runs, world)
+    for shape in ((64, M), (2 * world, 16)):
+        err, counts = res[("muon-plain", shape)]
+        assert err < 50 * max(shape) * torch.finfo(torch.float64).eps, (shape, err)
+        assert set(counts) <= {"c10d.allreduce_"}, (shape, counts)
+
+
+@pytest.mark.parametrize("kind", ["replicate", "batch"])
+def test_exact_msign_on_replicated_and_batch_sharded_points(runs, kind):
+    err, nbytes = _results(runs, 2)[("muon-svd", kind)]
+    assert err < 50 * 40 * torch.finfo(torch.float64).eps, err
+    assert nbytes <= 8, nbytes
 
 
 @pytest.mark.parametrize("world", WORLDS)

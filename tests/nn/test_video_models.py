@@ -72,10 +72,19 @@ def test_task_loss_metrics_and_drift():
     loss = task.loss(model, 0)
     assert torch.isfinite(loss) and loss.requires_grad
     metrics = task.evaluate(model)
-    assert set(metrics) == {"test_mae", "test_frame_mae", "parameters", "peak_memory_mb"}
+    assert set(metrics) == {
+        "test_mae",
+        "test_frame_mae",
+        "parameters",
+        "peak_memory_mb",
+        "copy_last_mae",
+        "black_mae",
+    }
+    assert metrics["peak_memory_mb"] > 0  # measured on CPU too (complexity.peak_bytes)
+    assert metrics["black_mae"] == pytest.approx(float(task.test[:, 1:].mean()))
     assert metrics["test_frame_mae"] == pytest.approx(metrics["test_mae"] * 256, rel=1e-4)
-    black = float(task.test[:, 1:].mean())
-    assert 0 < task.baseline <= black
+    black_mse = float(task.test[:, 1:].pow(2).mean())  # the default loss is the MSE
+    assert 0 < task.baseline <= black_mse
     assert float(orthogonality_error(task.weight(model).detach().double())) < 1e-5
     assert len(list(task.constrained(model).parameters())) > 0
     free = task.build("glorot", {})

@@ -88,3 +88,24 @@ def rule_names() -> list[str]:
 def retraction_rule_names() -> list[str]:
     """Those of `rule_names` that refuse a point off the manifold (they retract)."""
     return [n for n in rule_names() if not optimizers.get(n).accepts_off_manifold]
+
+
+def orth_err64(x: torch.Tensor) -> float:
+    """‖XᴴX − I‖_F of a real tall ``x`` (any dtype), measured independently in float64 numpy."""
+    a = x.detach().float().numpy().astype(np.float64)
+    return float(np.linalg.norm(a.T @ a - np.eye(a.shape[1])))
+
+
+def random_gradients(
+    gen: torch.Generator, shape: tuple[int, ...], steps: int, pool: int = 37, scale: float = 1.0
+):
+    """``steps`` gradients of ``shape``: ± one of ``pool`` random normals drawn once.
+
+    Drawing a fresh normal matrix costs as much as a step at St(1024, 64); a random
+    sign and a random pick per step keep the sequence from repeating.
+    """
+    bank = scale * torch.randn(pool, *shape, generator=gen)
+    signs = torch.randint(0, 2, (steps,), generator=gen).mul(2).sub(1).tolist()
+    index = torch.randint(0, pool, (steps,), generator=gen).tolist()
+    for t in range(steps):
+        yield bank[index[t]] if signs[t] > 0 else -bank[index[t]]

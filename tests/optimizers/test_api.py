@@ -339,8 +339,10 @@ def test_state_dict_contents_are_plain():
     _run(opt, [w], 2)
     sd = opt.state_dict()
     st = sd["state"][0]
-    assert set(st) == {"step", "exp_avg", "exp_avg_sq"} and float(st["step"]) == 2
+    assert set(st) == {"step", "exp_avg", "exp_avg_sq", "exp_avg_sq_scale"}
+    assert float(st["step"]) == 2
     assert st["exp_avg_sq"].shape == (1, 1)  # one second moment per matrix
+    assert float(st["exp_avg_sq_scale"]) == 1.0  # ordinary gradients: v unscaled
     assert sd["param_groups"][0]["betas"] == (0.9, 0.999)
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import io
 
 import geoopt
-import numpy as np
 import pytest
 import torch
+from _optim_problems import orth_err64, random_gradients
 
 from stiefel import optimizers
 from stiefel.manifolds import Stiefel
 
-N, M, STEPS, POOL = 256, 16, 1000, 23
+N, M, STEPS = 256, 16, 1000
 
 # name, hyper-parameters, gradient scale, distance travelled at least. landing has
 # no retraction: under a gradient G its fixed point lies about η‖skew(GXᵀ)X‖²/(2λ)
@@ -34,19 +34,6 @@ CONFIGS = [
     # entries): without the master the parameter would not move at all
     ("landing", dict(lr=0.1, attraction=4.0), 1e-4, 0.01),
 ]
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _orth_err64(x: torch.Tensor) -> float:
-    a = x.detach().float().numpy().astype(np.float64)
-    return float(np.linalg.norm(a.T @ a - np.eye(a.shape[1])))
 
 
 def _landing_bound(lr: float, attraction: float, x: torch.Tensor, g: torch.Tensor) -> float:
@@ -64,14 +51,10 @@ def test_bfloat16_master_stays_within_float32_drift(config, one_thread):
     gen = torch.Generator().manual_seed(14)
     st = Stiefel(N, M)
     x0 = st.random(dtype=torch.float32, generator=gen)
-    pool = scale * torch.randn(POOL, N, M, generator=gen)
-    signs = torch.randint(0, 2, (STEPS,), generator=gen).mul(2).sub(1).tolist()
-    index = torch.randint(0, POOL, (STEPS,), generator=gen).tolist()
     w = geoopt.ManifoldParameter(x0.to(dtype), manifold=st)
     opt = optimizers.create(name, [w], **hyper)
     bound = 5e-6
-    for t in range(STEPS):
-        g = pool[index[t]] if signs[t] > 0 else -pool[index[t]]
+    for g in random_gradients(gen, (N, M), STEPS, pool=23, scale=scale):
         w.grad = g.to(dtype)
         opt.step()
         if name == "landing":
@@ -80,12 +63,12 @@ def test_bfloat16_master_stays_within_float32_drift(config, one_thread):
     assert master.dtype == torch.float32 and torch.isfinite(master).all()
     assert torch.equal(w.detach(), master.to(dtype))  # the parameter is the master's rounding
     assert float((master - x0).norm()) > travel  # it travelled
-    err = _orth_err64(master)
+    err = orth_err64(master)
     assert err <= bound, (name, err, bound)
     if name != "landing":
         assert bound == 5e-6
     # the stored bf16 weight is a rounding of an orthonormal matrix: ≤ √m·eps(bf16)
-    assert _orth_err64(w) <= M**0.5 * float(torch.finfo(dtype).eps)
+    assert orth_err64(w) <= M**0.5 * float(torch.finfo(dtype).eps)
 
     # the master is in state_dict and survives torch.save / torch.load
     buffer = io.BytesIO()
@@ -96,7 +79,7 @@ def test_bfloat16_master_stays_within_float32_drift(config, one_thread):
     opt2.load_state_dict(torch.load(buffer, weights_only=True))
     master2 = opt2.state[w2]["master"]
     assert master2.dtype == torch.float32 and torch.equal(master2, master)
-    g = pool[0].to(dtype)
+    g = next(random_gradients(gen, (N, M), 1)).to(dtype)
     w.grad, w2.grad = g, g.clone()
     opt.step()
     opt2.step()

@@ -244,6 +244,23 @@ def test_inits(method):
     assert orth_err(w3()) < 1e-13
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.float64])
+def test_haar_init_is_drawn_in_the_weights_precision(dtype):
+    """Note [Initialisation in the weight's precision]: the Haar point is the QR of a
+    Gaussian drawn in the weight's dtype (the same draw as kernels.haar in that dtype)."""
+    from stiefel.manifolds.kernels import haar
+
+    w = orthogonalize(
+        torch.zeros(7, 7, dtype=dtype),
+        method="householder",
+        init="haar",
+        generator=torch.Generator().manual_seed(3),
+    )
+    ref = haar(7, 7, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    assert w().dtype == dtype
+    assert float((w() - ref).abs().max()) < 100 * torch.finfo(dtype).eps
+
+
 def test_householder_equals_cwy_through_orthogonalize():
     for dtype, bound in [(torch.float32, 1e-5), (torch.float64, 1e-12), (torch.complex128, 1e-12)]:
         x = torch.randn(2, 12, 12, dtype=dtype, generator=torch.Generator().manual_seed(6))

@@ -1,0 +1,43 @@
+"""bfloat16 autocast in the harness: a small RNN on the copying task tracks its float32 run."""
+
+import pytest
+import torch
+
+from stiefel.comparisons.config import PRECISIONS, precision, resolve
+from stiefel.comparisons.runner import RunConfig, run
+
+TINY = dict(n=64, T=10, batch=32)
+STEPS = 120
+
+
+def tail(record: dict) -> float:
+    """The loss at the end of training: the mean of the last fifth (one minibatch is noisy)."""
+    losses = record["loss"]
+    k = max(len(losses) // 5, 1)
+    return sum(losses[-k:]) / k
+
+
+@pytest.mark.parametrize("strategy", ["cwy+rmsprop(lr=1e-4)", "riemannian+rgd(lr=0.001)"])
+def test_bf16_autocast_reaches_the_float32_loss_within_10_percent(strategy):
+    runs = {
+        dt: run(RunConfig("copying", strategy, 0, STEPS, dt, "cpu", 1, TINY, "rmsprop(lr=1e-3)"))
+        for dt in ("float32", "bfloat16-autocast")
+    }
+    f32, bf16 = tail(runs["float32"]), tail(runs["bfloat16-autocast"])
+    baseline = runs["float32"]["baseline"]
+    assert f32 < 0.8 * baseline  # the float32 run learned the memory, not only the blanks
+    assert abs(bf16 - f32) <= 0.1 * f32, (bf16, f32)
+    assert runs["bfloat16-autocast"]["loss"] != runs["float32"]["loss"]  # autocast was on
+    for r in runs.values():  # the weights stay float32 points: drift at float32 level
+        assert r["drift"][-1] < 100 * TINY["n"] * torch.finfo(torch.float32).eps
+
+
+def test_precision_names():
+    assert precision("bfloat16-autocast") == (torch.float32, torch.bfloat16)
+    assert precision("float64") == (torch.float64, None)
+    with pytest.raises(ValueError, match="bfloat16-autocast"):
+        precision("bfloat16")
+    opts = resolve("convergence", {"dtypes": ["float32", "bfloat16-autocast"]})
+    assert opts["dtypes"] == ["float32", "bfloat16-autocast"]
+    with pytest.raises(ValueError, match="allowed: " + ", ".join(PRECISIONS)):
+        resolve("convergence", {"dtypes": ["float16-autocast"]})
