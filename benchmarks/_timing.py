@@ -32,6 +32,7 @@ __all__ = [
     "Timing",
     "median_time",
     "measure",
+    "thread_timed",
     "fmt_time",
     "fmt_ratio",
     "table",
@@ -73,6 +74,7 @@ def measure(
     budget_s: float = 3.0,
     warmup: int = 1,
     cold_s: float = 0.5,
+    clock: str | None = None,
 ) -> Timing:
     """Median wall time of ``fn()`` with a number of runs adapted to its cost.
 
@@ -81,8 +83,10 @@ def measure(
     tens of seconds is not repeated). Otherwise it counts as warm-up (with
     ``warmup − 1`` more calls), and up to ``repeats`` timed calls follow,
     stopping once ``budget_s`` seconds have been spent on them (at least one).
+    ``clock="thread"`` times the timed calls by `thread_timed` (CPU work on one thread).
     """
-    first = timing.timed(fn)
+    clocked = timing.timed if clock is None else thread_timed
+    first = clocked(fn)
     if first >= max(budget_s, cold_s):
         return Timing(first, 1, cold=True)
     for _ in range(max(warmup - 1, 0)):
@@ -90,10 +94,26 @@ def measure(
     times: list[float] = []
     start = time.perf_counter()
     for _ in range(max(repeats, 1)):
-        times.append(timing.timed(fn))
+        times.append(clocked(fn))
         if time.perf_counter() - start > budget_s:
             break
     return Timing(statistics.median(times), len(times))
+
+
+def thread_timed(fn: Callable[[], object]) -> float:
+    """CPU time of one call ``fn()`` on the calling thread, in seconds.
+
+    Note [Thread CPU time on a shared machine]
+    On a machine shared with other jobs the wall time of a step includes the
+    time the scheduler gives to them (measured: 2–10× the step's own time at a
+    load of 7 on 2 cores). With one intra-op thread (``torch.set_num_threads(1)``)
+    every operation runs on the calling thread, and its CPU time counts only the
+    step's own work (cache effects of the other jobs remain). Used by the
+    ``--clock thread`` option of the CPU benchmarks; meaningless with more threads.
+    """
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
 
 
 def fmt_time(seconds: float | None) -> str:

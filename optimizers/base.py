@@ -488,10 +488,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     @staticmethod
     @torch.compiler.disable
     def _finite(new: torch.Tensor) -> bool:
+        """Whether every entry of a step's result is finite (Note [One reduction ...])."""
         if isinstance(new, DTensor):  # every rank must take the same decision
-            bad = ~torch.isfinite(new.to_local()).all().reshape(1)
-            return not bool(any_rank(bad, new.device_mesh))
-        return bool(torch.isfinite(new).all())
+            return not RiemannianOptimizer._nonfinite(
+                new.to_local(), agree=functools.partial(any_rank, mesh=new.device_mesh)
+            )[0]
+        return not RiemannianOptimizer._nonfinite(new)[0]
 
     def _warn_once(self, key: str, message: str) -> None:
         warned = self.__dict__.setdefault("_warned", set())

@@ -3,7 +3,9 @@ r"""Pure tensor kernels for the Stiefel manifold St(N, M) = {X : XᴴX = I}.
 Every Stiefel kernel of the package lives here once: the tangent space and
 metrics (`basic`), the retractions as descent kernels with the SMW Cayley step
 and its fused transport and gradient step (`cayley`, with the one retraction
-table `RETRACTIONS`), and the landing field (`landing`). Every function takes
+table `RETRACTIONS`), the QR (through the Gram of its argument) and polar
+steps (`factor`), the overflow-safe scaling they share (`scaling`), and the
+landing field (`landing`). Every function takes
 and returns plain tensors of shape (..., N, M), real or complex, with any
 leading batch dimensions. They do no argument checking (the manifold classes
 do that once, in front of them), so they can be used in hot loops, benchmarked
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 from . import basic as _basic
 from . import cayley as _cayley
+from . import factor as _factor
 from . import landing as _landing
 from .basic import *  # noqa: F403
 from .cayley import *  # noqa: F403
+from .factor import *  # noqa: F403
 from .landing import *  # noqa: F403
 from .msign import MSIGN_METHODS, msign, msign_flops  # noqa: F401  (re-export; not in __all__)
 
 # one list: each submodule's own __all__
-__all__ = [*_basic.__all__, *_cayley.__all__, *_landing.__all__]
+__all__ = [*_basic.__all__, *_cayley.__all__, *_factor.__all__, *_landing.__all__]

@@ -230,7 +230,9 @@ def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None) -> torch.Tens
     rounding. On the manifold (E = 0) the map is the identity, which is why the
     retractions of `Stiefel.retr` and the optimizers' steps both apply it: they
     are then one map, equal to the textbook retraction on the manifold and
-    drift-correcting off it. It contracts while ‖E‖₂ < 1 (the new error
+    drift-correcting off it (the QR step on St(N, M), N > M, gets the same
+    property from the Gram it normalizes by, Note [QR retraction through the
+    Gram of X − lr·d]). It contracts while ‖E‖₂ < 1 (the new error
     ¾e² + ¼e³ < e), which sets the threshold above which a step projects first
     (Note [Off-manifold points at a step]).
     """

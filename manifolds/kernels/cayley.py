@@ -1,4 +1,4 @@
-r"""Retractions of St(N, M) as descent kernels: the Cayley step (SMW or dense), QR, polar.
+r"""Retractions of St(N, M) as descent kernels: the Cayley step (SMW or dense), and the table.
 
 Every retraction is written once, as a *descent kernel*
 ``fn(x, d, lr, v=None, *, xx=None)`` computing Y = retr(X, −lr·d) followed by
@@ -6,7 +6,8 @@ the Newton–Schulz correction (Note [Newton–Schulz drift correction]); with a
 vector ``v`` it also returns v transported to Y (``v`` may be ``d`` itself).
 ``lr`` is a float or a tensor broadcastable to (..., 1, 1) (one step size per
 matrix of a batch); ``xx`` is XᴴX when the caller has formed it already.
-`RETRACTIONS` is the one table of them: `Stiefel.retr` (with lr = −1) and the
+The QR and polar steps live in `stiefel.manifolds.kernels.factor`;
+`RETRACTIONS` is the one table of them all: `Stiefel.retr` (with lr = −1) and the
 optimizers' steps both read it.
 """
 
@@ -16,17 +17,10 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import (
-    eye_like,
-    flat,
-    newton_schulz,
-    polar,
-    proj_tangent,
-    qr_unique,
-    sym,
-    two_products,
-)
-from .reduce import gram, row_group, rows_amax
+from .basic import eye_like, flat, newton_schulz, sym, two_products
+from .factor import polar_descent, qr_descent
+from .reduce import gram, row_group
+from .scaling import normalize, weights
 
 __all__ = [
     "use_smw",
@@ -36,10 +30,6 @@ __all__ = [
     "cayley_dense",
     "cayley_retraction",
     "cayley_retraction_transport",
-    "qr_descent",
-    "polar_descent",
-    "qr_retraction",
-    "polar_retraction",
     "RETRACTIONS",
 ]
 
@@ -59,39 +49,6 @@ def _woodbury_for(x: torch.Tensor) -> bool:
     # split rows: always the 2M×2M form, the one whose N-sized work is row-local
     # (Note [Row-sharded kernels]); the dense form needs all N rows at once
     return row_group() is not None or use_smw(*x.shape[-2:])
-
-
-# --------------------------------------------------------------------------- scaling
-def _normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """d / μ and μ = max|d| per matrix (shape (..., 1, 1), never 0)."""
-    mu = rows_amax(d.abs())
-    mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
-    return d / mu, mu
-
-
-def _weights(beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""γ = 1/max(1, |β|) and σ = β/max(1, |β|) (= clamp(β, −1, 1)), both finite.
-
-    Note [Overflow-safe step]
-    A step −lr·d with a huge but finite lr·d used to square it first (the
-    Woodbury block PuᴴPu = lr²·PdᴴPd overflows float32 from lr·‖Pd‖ ≈ 1e19) and
-    wrote NaN. The kernels now (i) divide d by μ = max|d| (lr·μ takes the
-    scale), so no N-sized product of the step can overflow, and (ii) write the
-    step as Pu = −β·P̂ with ‖P̂‖_F = 1 and β = lr·μ·‖Pd/μ‖_F, substitute
-    V₁ = βZ₁ in the Woodbury system and divide its rows by ω = max(1, |β|):
-
-        [[γI + ½σXᴴP̂, −½σXᴴX], [½σP̂ᴴP̂, γI − ½σP̂ᴴX]] [V₁; Z₂] = σ[XᴴX; P̂ᴴX],
-        Y = X(I + Z₂) − P̂V₁.
-
-    Every entry is bounded by the M×M Grams, whatever β (β = ±inf gives γ = 0,
-    σ = ±1: the Cayley map's limit, the reflection I − 2Π on the range of A).
-    The same γ, σ scale the dense system and the QR/polar arguments
-    (qf and polar are invariant under a positive scale of their argument). A
-    result that is still not finite (a singular limit) is refused by the
-    optimizer's step, which keeps the old point and warns.
-    """
-    omega = beta.abs().clamp_min(1)
-    return 1 / omega, beta.clamp(-1, 1)
 
 
 # --------------------------------------------------------------------------- Cayley
@@ -132,7 +89,7 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     pdpd = gram(pd, pd)
     t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
-    gamma, sigma = _weights(lr * t)
+    gamma, sigma = weights(lr * t)
     hs = 0.5 * sigma
     xp, pp = xpd / tc, (pdpd / tc) / tc  # XᴴP̂, P̂ᴴP̂
     lhs = torch.cat(
@@ -167,7 +124,7 @@ def _dense(x, dn, lr, v, xx):
     n, m = x.shape[-2:]
     pd = dn - 0.5 * (x @ (x.mH @ dn))
     t = torch.linalg.matrix_norm(pd, keepdim=True)
-    gamma, sigma = _weights(lr * t)
+    gamma, sigma = weights(lr * t)
     ph = pd / t.clamp_min(torch.finfo(t.dtype).tiny)
     a = ph @ x.mH
     a = a - a.mH  # P̂Xᴴ − XP̂ᴴ; A = −β(P̂Xᴴ − XP̂ᴴ)
@@ -211,7 +168,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0):
     n = x.shape[-1]
     s = 0.5 * (w - w.mH)  # skew(Xᴴd)
     t = torch.linalg.matrix_norm(s, keepdim=True)
-    gamma, sigma = _weights(lr * t)
+    gamma, sigma = weights(lr * t)
     gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
     ph = s / t.clamp_min(torch.finfo(t.dtype).tiny)
     lhs = gamma * eye_like(x, n) + (0.5 * sigma) * ph
@@ -223,7 +180,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0):
 
 def _cayley(x, d, lr, v, xx, smw):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
-    dn, mu = _normalize(d)
+    dn, mu = normalize(d)
     lr = lr * mu
     n, m = x.shape[-2:]
     if smw is None and n == m and row_group() is None:
@@ -319,7 +276,7 @@ def cayley_gradient_step(
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
     n, m = x.shape[-2:]
-    gn, mu = _normalize(g)
+    gn, mu = normalize(g)
     lr = lr * mu
     h = gram(x, gn)
     if n == m and row_group() is None:  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
@@ -357,35 +314,6 @@ def cayley_retraction_transport(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused Cayley retraction of ``u`` and transport of ``v`` by the same map."""
     return cayley_descent(x, u, -1.0, v)  # type: ignore[return-value]
-
-
-# --------------------------------------------------------------------------- QR, polar
-def _factor_descent(factor, x, d, lr, v):
-    dn, mu = _normalize(d)
-    gamma, sigma = _weights(lr * mu)
-    # factor(X − lr·d) = factor(γX − σ·d/μ): a positive rescaling of the argument
-    y = newton_schulz(factor(gamma * x - sigma * dn))
-    return y if v is None else (y, proj_tangent(y, v))
-
-
-def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
-    """QR step qf(X − lr·d) (R's diagonal positive), Newton–Schulz corrected; v projected."""
-    return _factor_descent(qr_unique, x, d, lr, v)
-
-
-def polar_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
-    """Polar step: polar factor of X − lr·d, Newton–Schulz corrected; v projected."""
-    return _factor_descent(polar, x, d, lr, v)
-
-
-def qr_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """QR retraction qf(X + U) with the sign/phase fix (continuous in U)."""
-    return qr_descent(x, u, -1.0)
-
-
-def polar_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Polar retraction: the polar factor of X + U (via the SVD)."""
-    return polar_descent(x, u, -1.0)
 
 
 RETRACTIONS = MappingProxyType({"cayley": cayley_descent, "qr": qr_descent, "polar": polar_descent})

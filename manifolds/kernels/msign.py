@@ -162,7 +162,10 @@ def _iterate(x: torch.Tensor, coefficients) -> torch.Tensor:
                 xx.reshape(-1, *xx.shape[-2:]),
                 alpha=c,
             ).reshape(xx.shape)
-        x = a * x + x @ poly
+        # aX + X·poly as one batched product (no separate scale and sum over N×M;
+        # X·poly is row-local, so sharded rows need no reduction here)
+        xf = x.reshape(-1, *x.shape[-2:])
+        x = torch.baddbmm(xf, xf, poly.reshape(-1, *poly.shape[-2:]), beta=a).reshape(x.shape)
     return x
 
 

@@ -170,3 +170,42 @@ def test_square_frame_step_equals_dense_reference(dtype, batch):
         assert _rel(y, ref) < 1e-12 and _rel(tu, -(q @ u)) < 1e-12
     # the generic dense solve (forced) agrees as well
     assert _rel(kernels.cayley_dense(x, u), _dense_cayley_reference(x, u)) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("shape", [(40, 5), (12, 12)])
+def test_qr_steps_equal_the_householder_q_of_x_minus_lr_d(dtype, shape):
+    # the Gram/Cholesky path (short steps) and the Householder fallback (long or
+    # rank-deficient steps) in one batch, one step size per matrix: every matrix
+    # equals the float64 Householder Q (positive diagonal) of X − lr·d
+    n, m = shape
+    gen = torch.Generator().manual_seed(7)
+    x = kernels.haar(n, m, 4, dtype=dtype, generator=gen)
+    g = torch.randn(4, n, m, dtype=dtype, generator=gen)
+    g[3] = x[3] @ (x[3].mH @ g[3])  # a gradient almost normal to the manifold
+    lr = torch.tensor([1e-3, 0.2, 1e6, 5.0], dtype=torch.float64).reshape(4, 1, 1)
+    tol = 100 * n * torch.finfo(dtype).eps
+    for metric, rgrad in (
+        ("euclidean", kernels.egrad2rgrad_euclidean),
+        ("canonical", kernels.egrad2rgrad_canonical),
+    ):
+        d = rgrad(x, g)
+        ref = kernels.qr_unique(x - lr * d)
+        assert float((kernels.qr_gradient_step(x, g, lr, metric) - ref).abs().max()) < tol
+        assert float((kernels.qr_descent(x, d, lr) - ref).abs().max()) < tol
+        for i in range(4):  # unbatched, each path alone
+            y = kernels.qr_gradient_step(x[i], g[i], float(lr[i]), metric)
+            assert float((y - ref[i]).abs().max()) < tol
+
+
+def test_qr_step_float32_error_does_not_accumulate():
+    # the Gram of X − lr·d uses the computed XᴴX: a point 1e-3 off is brought back
+    gen = torch.Generator().manual_seed(8)
+    x = kernels.haar(256, 8, dtype=torch.float64, generator=gen)
+    x = (x + 1e-3 * torch.randn(256, 8, dtype=torch.float64, generator=gen)).float()
+    g = torch.randn(256, 8, generator=gen)
+    for _ in range(20):
+        x = kernels.qr_gradient_step(x, g, 1e-3)
+    x64 = x.double()
+    err = float(torch.linalg.matrix_norm(x64.T @ x64 - torch.eye(8, dtype=torch.float64)))
+    assert err < 50 * 256**0.5 * torch.finfo(torch.float32).eps

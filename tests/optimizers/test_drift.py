@@ -4,8 +4,9 @@ Issue 4 asks for 10 000 steps per optimizer. At 1.2–2.7 ms a step on one CPU
 core that is about 2 minutes for the whole list, too much for the default suite,
 so the full 10 000 run for ``rgd`` with the Cayley retraction (both metrics) and
 2 000 steps for the other optimizers; drift that accumulated linearly would show
-long before that (the Newton–Schulz correction after every Cayley, QR and polar
-step). The distance is measured independently, in float64 numpy.
+long before that (the Newton–Schulz correction after every Cayley and polar
+step, the Gram normalization of the QR step). The distance is measured
+independently, in float64 numpy.
 """
 
 from __future__ import annotations
