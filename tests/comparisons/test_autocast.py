@@ -8,6 +8,7 @@ from stiefel.comparisons.runner import RunConfig, run
 
 TINY = dict(n=64, T=10, batch=32)
 STEPS = 120
+SEEDS = (0, 1, 2)
 
 
 def tail(record: dict) -> float:
@@ -19,15 +20,22 @@ def tail(record: dict) -> float:
 
 @pytest.mark.parametrize("strategy", ["cwy+rmsprop(lr=1e-4)", "riemannian+rgd(lr=0.001)"])
 def test_bf16_autocast_reaches_the_float32_loss_within_10_percent(strategy):
+    """Mean over three seeds: one float32 run alone moves by ~10 % with the thread count
+    (the order of its reductions), which is the size of the effect being bounded."""
     runs = {
-        dt: run(RunConfig("copying", strategy, 0, STEPS, dt, "cpu", 1, TINY, "rmsprop(lr=1e-3)"))
+        (dt, seed): run(
+            RunConfig("copying", strategy, seed, STEPS, dt, "cpu", 1, TINY, "rmsprop(lr=1e-3)")
+        )
         for dt in ("float32", "bfloat16-autocast")
+        for seed in SEEDS
     }
-    f32, bf16 = tail(runs["float32"]), tail(runs["bfloat16-autocast"])
-    baseline = runs["float32"]["baseline"]
-    assert f32 < 0.8 * baseline  # the float32 run learned the memory, not only the blanks
+    f32 = sum(tail(runs["float32", s]) for s in SEEDS) / len(SEEDS)
+    bf16 = sum(tail(runs["bfloat16-autocast", s]) for s in SEEDS) / len(SEEDS)
+    baseline = runs["float32", 0]["baseline"]
+    assert f32 < 0.8 * baseline  # the float32 runs learned the memory, not only the blanks
     assert abs(bf16 - f32) <= 0.1 * f32, (bf16, f32)
-    assert runs["bfloat16-autocast"]["loss"] != runs["float32"]["loss"]  # autocast was on
+    for s in SEEDS:  # autocast was on
+        assert runs["bfloat16-autocast", s]["loss"] != runs["float32", s]["loss"]
     for r in runs.values():  # the weights stay float32 points: drift at float32 level
         assert r["drift"][-1] < 100 * TINY["n"] * torch.finfo(torch.float32).eps
 

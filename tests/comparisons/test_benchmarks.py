@@ -113,7 +113,7 @@ def test_optimizers_quick(bench, tmp_path, capsys):
     argv = ["--quick", "--shapes", "16x2,8x8", "--repeats", "1", "--budget", "0"]
     text = optimizers.main([*argv, "--json", str(out)])
     assert capsys.readouterr().out.strip() == text.strip()
-    for title in ("St(16, 2)", "O(8)", "Targets (issue 4)"):
+    for title in ("St(16, 2)", "O(8)", "Targets (issues 4 and 16)"):
         assert title in text
     data = json.loads(out.read_text())
     rows = data["results"]
@@ -122,7 +122,9 @@ def test_optimizers_quick(bench, tmp_path, capsys):
         assert {r["name"] for r in rows if r["manifold"] == label} == expected
     assert all(_positive(r["step_s"]) for r in rows)
     assert all(r["orthogonality_error"] < 1e-2 for r in rows)
-    assert [t["goal"] for t in data["targets"]] == [150, 150, 2, 2]
+    # issue 4: two ratios ≥ 150 on the first shape, radam / rgd ≤ 2 per shape;
+    # issue 16: the QR step / geoopt's Euclidean step ≤ 1 per shape
+    assert [t["goal"] for t in data["targets"]] == [150, 150, 2, 2, 1, 1]
 
 
 def test_precision_quick(bench, tmp_path, capsys):
