@@ -257,7 +257,9 @@ class Stiefel(geoopt.Manifold):
             dtype: default torch's default dtype (its complex counterpart on a
                 complex manifold).
             device: the device.
-            generator: a `torch.Generator` for reproducible draws.
+            generator: a `torch.Generator` for reproducible draws. The numbers are
+                drawn on the generator's device and moved to ``device``: a CPU
+                generator gives the same points on every device.
 
         Returns:
             A ManifoldTensor of shape ``size``.
@@ -269,10 +271,9 @@ class Stiefel(geoopt.Manifold):
         shape = self._size(size)
         dtype = self._dtype(dtype)
         work = torch.float32 if dtype in _LOW else dtype  # Note [Low precision in float32]
-        x = kernels.haar(
-            self.n, self.m, *shape[:-2], dtype=work, device=device, generator=generator
-        )
-        return geoopt.ManifoldTensor(x.to(dtype), manifold=self)
+        draw = device if generator is None else generator.device
+        x = kernels.haar(self.n, self.m, *shape[:-2], dtype=work, device=draw, generator=generator)
+        return geoopt.ManifoldTensor(x.to(device=device, dtype=dtype), manifold=self)
 
     @_in_float32
     def projx(self, x: torch.Tensor) -> torch.Tensor:

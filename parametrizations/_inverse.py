@@ -285,9 +285,9 @@ def cayley_scaling(p: torch.Tensor) -> torch.Tensor:
     constructive proof of Kahan's theorem (Theorem 1 of the scaled Cayley paper).
     """
     n = p.shape[-1]
-    aw = torch.eye(n, dtype=p.dtype).expand_as(p).clone()
+    aw = torch.eye(n, dtype=p.dtype, device=p.device).expand_as(p).clone()
     bw = p.clone()
-    c = torch.empty(p.shape[:-1], dtype=p.dtype)
+    c = torch.empty(p.shape[:-1], dtype=p.dtype, device=p.device)
     for j in range(n):
         a, b = aw[..., j:, j], bw[..., j:, j]
         cj = _phase(a[..., 0] * b[..., 0].conj())

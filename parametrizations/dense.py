@@ -192,7 +192,7 @@ class ScaledCayley(SignPhaseDiagonal, OrthogonalMap):
         d = cayley_scaling(p)
         if self.negatives is not None:
             d[..., : self.m] = self.scaling.to(device=d.device, dtype=d.dtype)
-        eye = torch.eye(self.n, dtype=p.dtype)
+        eye = torch.eye(self.n, dtype=p.dtype, device=p.device)
         k = p * d.conj().unsqueeze(-2)  # K = P D⁻¹
         a, info = torch.linalg.solve_ex(eye + k, eye - k)
         if bool((info != 0).any()):

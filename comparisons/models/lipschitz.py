@@ -46,6 +46,7 @@ def operator_norm(
     iters: int = 50,
     generator: torch.Generator | None = None,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> float:
     r"""‖A‖₂ of the linear map ``fn`` on inputs of ``shape``, by power iteration on AᵀA.
 
@@ -59,6 +60,9 @@ def operator_norm(
         iters: power iterations.
         generator: random generator of the start.
         dtype: dtype of the start.
+        device: device of the start (that of ``fn``'s weights; default the CPU). The
+            start is drawn on the CPU (``generator`` is a CPU generator, the same
+            numbers on every device) and moved.
 
     Returns:
         The estimate of the largest singular value.
@@ -72,7 +76,7 @@ def operator_norm(
         assert abs(operator_norm(lambda v: a @ v, (3,)) - 3.0) < 1e-4
         ```
     """
-    v = torch.randn(shape, generator=generator, dtype=dtype)
+    v = torch.randn(shape, generator=generator, dtype=dtype).to(device)
     v = v / v.norm()
     sigma = 0.0
     for _ in range(iters):
@@ -163,10 +167,10 @@ class LipschitzNet(nn.Module):
 
     def lipschitz_bound(self, iters: int = 50, generator: torch.Generator | None = None) -> float:
         """scale · Π ‖layer‖₂, each norm by `operator_norm` (see the module's Note)."""
-        dtype = self.head.weight.dtype
+        dtype, device = self.head.weight.dtype, self.head.weight.device
         bound = self.scale
         for fn, shape in self.layer_maps():
-            bound *= operator_norm(fn, shape, iters, generator, dtype)
+            bound *= operator_norm(fn, shape, iters, generator, dtype, device)
         return bound
 
 

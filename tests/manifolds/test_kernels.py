@@ -1,4 +1,9 @@
-"""The SMW Cayley kernel against dense N×N references, and the other kernels."""
+"""The SMW Cayley kernel against dense N×N references, and the other kernels.
+
+The Cayley and QR step tests run on every device of the ``device`` fixture (cuda
+when visible): inputs drawn on the CPU and moved, references dense and computed
+on the CPU in float64/complex128, results compared after ``.cpu()``.
+"""
 
 import pytest
 import torch
@@ -13,6 +18,10 @@ def _point_and_grad(n, m, dtype, batch=(), seed=0):
     x = kernels.haar(n, m, *batch, dtype=dtype, generator=g)
     grad = torch.randn(*batch, n, m, dtype=dtype, generator=g)
     return x, grad
+
+
+def _high(t):
+    return t.cpu().to(torch.complex128 if t.is_complex() else torch.float64)
 
 
 def _dense_cayley_reference(x, u):
@@ -38,17 +47,20 @@ def _paper_update(x, g, eta, metric):
 
 
 def _rel(a, b):
+    """Relative Frobenius error, on the CPU (``a`` may live on any device)."""
+    a = a.cpu()
     return float(torch.linalg.matrix_norm(a - b).max() / torch.linalg.matrix_norm(b).max())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("metric", ["euclidean", "canonical"])
 @pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
-def test_smw_equals_dense_reference(dtype, metric, batch):
+def test_smw_equals_dense_reference(dtype, metric, batch, device):
     x, g = _point_and_grad(40, 6, dtype, batch)
     rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
     u = -0.3 * rgrad[metric](x, g)
     ref = _dense_cayley_reference(x, u)
+    x, u = x.to(device), u.to(device)
     assert _rel(kernels.cayley_smw(x, u), ref) < 1e-10
     assert _rel(kernels.cayley_dense(x, u), ref) < 1e-10
     assert _rel(kernels.cayley_retraction(x, u), ref) < 1e-10
@@ -137,11 +149,12 @@ def test_expmap_on_manifold_with_initial_velocity(dtype, fn):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("metric", ["euclidean", "canonical"])
 @pytest.mark.parametrize("shape", [(40, 6), (8, 6)])  # SMW path and dense path
-def test_fused_rgd_step_equals_unfused_and_dense(dtype, metric, shape):
+def test_fused_rgd_step_equals_unfused_and_dense(dtype, metric, shape, device):
     x, g = _point_and_grad(*shape, dtype, (2,), seed=8)
     rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
     u = -0.3 * rgrad[metric](x, g)
     ref = _dense_cayley_reference(x, u)
+    x, g = x.to(device), g.to(device)
     assert _rel(kernels.cayley_gradient_step(x, g, 0.3, metric), ref) < 1e-10
     with pytest.raises(ValueError, match="metric='flat'"):
         kernels.cayley_gradient_step(x, g, 0.3, "flat")
@@ -174,7 +187,7 @@ def test_square_frame_step_equals_dense_reference(dtype, batch):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
 @pytest.mark.parametrize("shape", [(40, 5), (12, 12)])
-def test_qr_steps_equal_the_householder_q_of_x_minus_lr_d(dtype, shape):
+def test_qr_steps_equal_the_householder_q_of_x_minus_lr_d(dtype, shape, device):
     # the Gram/Cholesky path (short steps) and the Householder fallback (long or
     # rank-deficient steps) in one batch, one step size per matrix: every matrix
     # equals the float64 Householder Q (positive diagonal) of X − lr·d
@@ -191,11 +204,41 @@ def test_qr_steps_equal_the_householder_q_of_x_minus_lr_d(dtype, shape):
     ):
         d = rgrad(x, g)
         ref = kernels.qr_unique(x - lr * d)
-        assert float((kernels.qr_gradient_step(x, g, lr, metric) - ref).abs().max()) < tol
-        assert float((kernels.qr_descent(x, d, lr) - ref).abs().max()) < tol
+        xd, gd, dd, lrd = x.to(device), g.to(device), d.to(device), lr.to(device)
+        y = kernels.qr_gradient_step(xd, gd, lrd, metric)
+        assert y.device.type == device
+        assert float((y.cpu() - ref).abs().max()) < tol
+        assert float((kernels.qr_descent(xd, dd, lrd).cpu() - ref).abs().max()) < tol
         for i in range(4):  # unbatched, each path alone
-            y = kernels.qr_gradient_step(x[i], g[i], float(lr[i]), metric)
-            assert float((y - ref[i]).abs().max()) < tol
+            y = kernels.qr_gradient_step(xd[i], gd[i], float(lr[i]), metric)
+            assert float((y.cpu() - ref[i]).abs().max()) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.float64])
+@pytest.mark.parametrize("shape", [(40, 6), (8, 8)])  # SMW / Gram paths and square frame path
+def test_cayley_and_qr_steps_in_working_precision_on_device(dtype, shape, device):
+    # the steps computed on ``device`` in ``dtype`` against the float64/complex128 dense
+    # references on the CPU; tolerance by dtype (a step's rounding is O(n·eps))
+    n, m = shape
+    x, g = _point_and_grad(n, m, torch.complex128 if dtype.is_complex else torch.float64, (2,))
+    tol = 100 * n * torch.finfo(dtype).eps
+    for metric, rgrad in (
+        ("euclidean", kernels.egrad2rgrad_euclidean),
+        ("canonical", kernels.egrad2rgrad_canonical),
+    ):
+        u = -0.3 * rgrad(x, g)
+        ref = _dense_cayley_reference(x, u)
+        xd, gd = x.to(device=device, dtype=dtype), g.to(device=device, dtype=dtype)
+        y = kernels.cayley_gradient_step(xd, gd, 0.3, metric)
+        assert y.device.type == device and y.dtype == dtype
+        assert _rel(_high(y), ref) < tol, (metric, _rel(_high(y), ref))
+        assert (
+            _rel(_high(kernels.cayley_retraction(xd, u.to(device=device, dtype=dtype))), ref) < tol
+        )
+        y = kernels.qr_gradient_step(xd, gd, 0.3, metric)
+        assert y.device.type == device and y.dtype == dtype
+        assert _rel(_high(y), kernels.qr_unique(x - 0.3 * rgrad(x, g))) < tol
+        assert float(kernels.orthogonality_error(_high(y)).max()) < tol
 
 
 def test_qr_step_float32_error_does_not_accumulate():

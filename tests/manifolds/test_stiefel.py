@@ -147,6 +147,15 @@ def test_random_shapes_dtypes_and_generator():
     assert Stiefel(7, 3).random(dtype=torch.float64).dtype == torch.float64
 
 
+@pytest.mark.parametrize("man,dtype", [CASES[1], CASES[3]])
+def test_random_with_a_cpu_generator_gives_the_same_points_on_every_device(man, dtype, device):
+    x = man.random(2, man.n, man.m, dtype=dtype, device=device, generator=_gen(4))
+    assert x.device.type == device and x.dtype == dtype and x.manifold is man
+    ref = man.random(2, man.n, man.m, dtype=dtype, generator=_gen(4))
+    assert torch.equal(x.cpu(), ref)
+    assert float(man.orthogonality_error(ref).max()) <= _tol(man, dtype)
+
+
 @pytest.mark.parametrize("man,dtype", CASES)
 def test_projx_is_polar_and_idempotent(man, dtype):
     a = torch.randn(2, man.n, man.m, dtype=dtype, generator=_gen(3))

@@ -36,17 +36,20 @@ def make(kind, cin, cout, k, **kw):
         (nn.Conv3d, 2, 2, 2, (3, 4, 3)),
     ],
 )
-def test_kernel_matrix_on_stiefel_and_conv_is_nonexpansive(method, kind, cin, cout, k, spatial):
-    conv = make(kind, cin, cout, k, padding=k // 2)
+def test_kernel_matrix_on_stiefel_and_conv_is_nonexpansive(
+    method, kind, cin, cout, k, spatial, device
+):
+    conv = make(kind, cin, cout, k, padding=k // 2, device=device)
     orthogonalize(conv, "weight", method=method, conv_kernel=True)
-    q = kernel_matrix(conv).detach()
+    assert conv.weight.device.type == device
+    q = kernel_matrix(conv).detach().cpu()
     t = q if q.shape[0] >= q.shape[1] else q.T
     eye = torch.eye(t.shape[1], dtype=DT)
     assert float((t.T @ t - eye).norm()) < 100 * t.shape[0] * torch.finfo(DT).eps
     gen = torch.Generator().manual_seed(1)
     for _ in range(20):
         x = torch.randn(3, cin, *spatial, dtype=DT, generator=gen)
-        y = conv(x).detach()
+        y = conv(x.to(device)).detach().cpu()
         ratio = (y.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1)).max()
         assert ratio <= 1 + 1e-12, float(ratio)
     # the bound is attained up to boundary effects: not a trivially tiny kernel

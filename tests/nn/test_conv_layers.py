@@ -102,24 +102,26 @@ def test_convneru_bad_input():
 # --------------------------------------------------------------------------- OrthogonalConv2d
 def _dense(layer, c, h, w):
     """The layer's matrix, built by applying it to the basis of (c, h, w) images."""
-    basis = torch.eye(c * h * w, dtype=layer.weight.dtype).reshape(-1, c, h, w)
+    basis = torch.eye(c * h * w, dtype=layer.weight.dtype, device=layer.weight.device)
+    basis = basis.reshape(-1, c, h, w)
     return layer(basis).reshape(c * h * w, -1).T
 
 
 @pytest.mark.parametrize("method", ["cayley", "exp", "cwy"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_fft_conv_is_orthogonal(method, dtype):
+def test_fft_conv_is_orthogonal(method, dtype, device):
     torch.manual_seed(0)
-    layer = OrthogonalConv2d(3, 3, method=method, dtype=dtype)
+    layer = OrthogonalConv2d(3, 3, method=method, dtype=dtype, device=device)
     eps = torch.finfo(dtype).eps
     x = torch.randn(5, 3, 6, 7, dtype=dtype)  # odd width: the half spectrum has no Nyquist
-    y = layer(x)
-    assert y.dtype == dtype and y.shape == x.shape
+    y = layer(x.to(device))
+    assert y.dtype == dtype and y.shape == x.shape and y.device.type == device
+    y, x = y.detach().cpu().double(), x.double()  # norms in float64 on the CPU
     rel = (y.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1) - 1).abs().max()
     assert float(rel) < 200 * eps
     for h, w in [(4, 4), (3, 5)]:
-        m = _dense(layer, 3, h, w).detach()
-        eye = torch.eye(m.shape[0], dtype=dtype)
+        m = _dense(layer, 3, h, w).detach().cpu().double()
+        eye = torch.eye(m.shape[0], dtype=torch.float64)
         assert float((m.T @ m - eye).abs().max()) < 200 * eps
         assert float((m @ m.T - eye).abs().max()) < 200 * eps
 

@@ -7,7 +7,8 @@ is covered here with no edit (`test_entry_point_plugin_is_covered` proves it):
   St(N, M) complex and O(n): stays on the manifold (tolerance scaled by dtype;
   a method declared `feasible=False` must land on it once the gradient
   vanishes), decreases a Procrustes loss, resumes identically from a saved
-  `state_dict`, and honours param groups with different learning rates;
+  `state_dict`, and honours param groups with different learning rates (the first
+  property on every device of the ``device`` fixture: cuda when visible);
 - every optimizer: a plain parameter in the same optimizer gets a Euclidean
   update that decreases a quadratic.
 """
@@ -33,9 +34,9 @@ def _names(riemannian_only: bool = False) -> list[str]:
     return [n for n in names if optimizers.info(n).riemannian] if riemannian_only else names
 
 
-def _param(x: np.ndarray, dtype: torch.dtype) -> geoopt.ManifoldParameter:
+def _param(x: np.ndarray, dtype: torch.dtype, device: str = "cpu") -> geoopt.ManifoldParameter:
     n, m = x.shape
-    t = torch.tensor(x).to(dtype)
+    t = torch.tensor(x).to(dtype=dtype, device=device)
     return geoopt.ManifoldParameter(t, manifold=manifold(n, m, t.is_complex()))
 
 
@@ -50,7 +51,7 @@ def _dtype(cplx: bool, double: bool) -> torch.dtype:
 
 def _orth_err(x: torch.Tensor) -> float:
     """‖XᴴX − I‖_F computed in float64 / complex128, independent of the package."""
-    x = x.detach().to(torch.complex128 if x.is_complex() else torch.float64)
+    x = x.detach().cpu().to(torch.complex128 if x.is_complex() else torch.float64)
     return float(torch.linalg.matrix_norm(x.mH @ x - torch.eye(x.shape[-1], dtype=x.dtype)))
 
 
@@ -66,20 +67,21 @@ def _run(opt, w, loss, steps):
 
 
 # ------------------------------------------------------------------ checks (one per property)
-def check_manifold(name: str, space, double: bool) -> None:
+def check_manifold(name: str, space, double: bool, device: str = "cpu") -> None:
     _, n, m, cplx = space
     rng = np.random.default_rng(1)
     dtype = _dtype(cplx, double)
     info = optimizers.info(name)
-    c = torch.tensor(_procrustes_target(rng, n, m, cplx)).to(dtype)
+    c = torch.tensor(_procrustes_target(rng, n, m, cplx)).to(dtype=dtype, device=device)
 
     def loss(w):
         return -(c.conj() * w).real.sum()
 
-    w = _param(haar_np(rng, n, m, cplx), dtype)
+    w = _param(haar_np(rng, n, m, cplx), dtype, device)
     opt = optimizers.create(name, [w], lr=info.default_lr)
     start = float(loss(w).detach())
     _run(opt, w, loss, 30)
+    assert w.device.type == device, (name, w.device)
     end = float(loss(w).detach())
     assert end < start - 1e-3 * abs(start), (name, start, end)
     tol = _tol(n, dtype)
@@ -178,8 +180,8 @@ def check_euclidean_parameter(name: str) -> None:
 @pytest.mark.parametrize("double", [False, True], ids=["single", "double"])
 @pytest.mark.parametrize("space", SPACES, ids=[s[0] for s in SPACES])
 @pytest.mark.parametrize("name", _names(riemannian_only=True))
-def test_stays_on_manifold_and_decreases_procrustes(name, space, double):
-    check_manifold(name, space, double)
+def test_stays_on_manifold_and_decreases_procrustes(name, space, double, device):
+    check_manifold(name, space, double, device)
 
 
 @pytest.mark.parametrize("name", _names(riemannian_only=True))

@@ -230,7 +230,7 @@ def test_reflections_from_point_tall_few():
     assert (reference(v, d, m) - q).abs().max() < 1e-12
 
 
-def test_cayley_scaling_makes_every_point_reachable():
+def test_cayley_scaling_makes_every_point_reachable(device):
     gen = torch.Generator().manual_seed(10)
     rot = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)
     hard = [
@@ -239,11 +239,15 @@ def test_cayley_scaling_makes_every_point_reachable():
         torch.linalg.qr(torch.randn(6, 6, dtype=torch.complex128, generator=gen))[0],
     ]
     for p in hard:
-        d = cayley_scaling(p)
+        d = cayley_scaling(p.to(device))
+        assert d.device.type == device
+        d = d.cpu()
         k = p * d.conj()
         eye = torch.eye(p.shape[0], dtype=p.dtype)
         assert torch.linalg.cond(eye + k) < 1e3
         assert (d.abs() - 1).abs().max() < 1e-14
+    # its work arrays follow the input's device (checkable without a GPU: meta tensors)
+    assert cayley_scaling(torch.empty(2, 5, 5, dtype=torch.float64, device="meta")).is_meta
 
 
 def test_householder_survives_huge_vectors_with_scaled_gradient():

@@ -11,7 +11,7 @@ LOW = [torch.bfloat16, torch.float16]
 
 
 def err64(w):
-    w = w.detach().double()
+    w = w.detach().cpu().double()
     w = w.mT if w.shape[-2] < w.shape[-1] else w
     return float(torch.linalg.matrix_norm(w.mT @ w - torch.eye(w.shape[-1], dtype=w.dtype)).max())
 
@@ -22,17 +22,19 @@ def bound(dtype, m):
 
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("name", list(maps()))
-def test_low_precision_weight_on_the_manifold_and_trainable(name, dtype):
+def test_low_precision_weight_on_the_manifold_and_trainable(name, dtype, device):
     torch.manual_seed(0)
-    lin = orthogonalize(torch.nn.Linear(24, 16).to(dtype), method=name)
+    lin = orthogonalize(torch.nn.Linear(24, 16).to(device=device, dtype=dtype), method=name)
     original = lin.parametrizations.weight.original
     assert lin.weight.dtype == dtype and original.dtype == dtype
+    assert lin.weight.device.type == device and original.device.type == device
     assert err64(lin.weight) <= bound(dtype, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    # the map computed under autocast (on the weight's device) still runs in float32
+    with torch.autocast(device, dtype=torch.bfloat16):
         under = lin.weight
     assert torch.equal(under, lin.weight)  # autocast does not lower the map's products
     opt = torch.optim.SGD(lin.parameters(), lr=1e-2)
-    lin(torch.randn(4, 24, dtype=dtype)).float().pow(2).sum().backward()
+    lin(torch.randn(4, 24, dtype=dtype).to(device)).float().pow(2).sum().backward()
     assert original.grad is not None and original.grad.dtype == dtype
     opt.step()
     assert err64(lin.weight) <= bound(dtype, 16)

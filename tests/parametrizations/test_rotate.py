@@ -1,4 +1,8 @@
-"""rotate / merge / rotation: orthogonal fine-tuning against dense W·Q references."""
+"""rotate / merge / rotation: orthogonal fine-tuning against dense W·Q references.
+
+``test_linear_matches_dense`` runs on every device of the ``device`` fixture (cuda
+when visible); its dense reference is built on the CPU in float64.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,10 @@ def _perturb(module: nn.Module, scale: float = 0.3, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.rotation.originals:
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device))
         for p in module.rotation.points:
-            p.copy_(
-                torch.linalg.qr(p + scale * torch.randn(p.shape, generator=g, dtype=p.dtype))[0]
-            )
+            step = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
+            p.copy_(torch.linalg.qr(p + scale * step)[0])
 
 
 def _perm_matrix(perm: list[int]) -> torch.Tensor:
@@ -52,7 +55,7 @@ def _dense_q(module: nn.Module) -> torch.Tensor:
     q = torch.eye(n, dtype=F64)
     for i in range(k):
         blk = rot.points[i] if rot.points else rot.maps[i](rot.originals[i])
-        f = torch.block_diag(*blk.unbind(0)).to(F64)
+        f = torch.block_diag(*blk.detach().cpu().unbind(0)).to(F64)
         if rot.butterfly:
             p = _perm_matrix(_peft_perm(n, b, n // b, i, k))
             f = p @ f @ p.T
@@ -63,24 +66,29 @@ def _dense_q(module: nn.Module) -> torch.Tensor:
 @pytest.mark.parametrize("method", available())
 @pytest.mark.parametrize("side", ["input", "output"])
 @pytest.mark.parametrize("layout", [(1, 0), (4, 0), (4, 3)], ids=["full", "blocks", "butterfly"])
-def test_linear_matches_dense(method, side, layout):
+def test_linear_matches_dense(method, side, layout, device):
     blocks, butterfly = layout
     torch.manual_seed(0)
     lin = nn.Linear(16, 8 if side == "input" else 16, dtype=F64)
     x = torch.randn(2, 3, 16, dtype=F64)
-    w0 = lin.weight.detach().clone()
+    w0, b0 = lin.weight.detach().clone(), lin.bias.detach().clone()
+    lin.to(device)
+    xd = x.to(device)
     rotate(lin, method, side=side, blocks=blocks, butterfly=butterfly)
-    assert torch.allclose(lin(x), F.linear(x, w0, lin.bias), atol=TOL)  # identity at start
+    start = lin(xd).detach()
+    assert start.device.type == device
+    assert torch.allclose(start.cpu(), F.linear(x, w0, b0), atol=TOL)  # identity at start
     _perturb(lin)
     q = _dense_q(lin)
     assert torch.allclose(q.T @ q, torch.eye(q.shape[0], dtype=F64), atol=TOL)
-    assert torch.allclose(rotation(lin), q, atol=TOL)
-    ref = F.linear(x, w0 @ q if side == "input" else q @ w0, lin.bias)
-    assert torch.allclose(lin(x), ref, atol=TOL)
-    assert torch.equal(lin.weight, w0) and not lin.weight.requires_grad
-    out = lin(x)
+    assert torch.allclose(rotation(lin).detach().cpu(), q, atol=TOL)
+    ref = F.linear(x, w0 @ q if side == "input" else q @ w0, b0)
+    assert torch.allclose(lin(xd).detach().cpu(), ref, atol=TOL)
+    assert torch.equal(lin.weight.cpu(), w0) and not lin.weight.requires_grad
+    out = lin(xd).detach()
     merge(lin)
-    assert torch.allclose(lin(x), out, atol=TOL)
+    assert lin.weight.device.type == device
+    assert torch.allclose(lin(xd).detach(), out, atol=TOL)
     assert not hasattr(lin, "rotation") and lin.weight.requires_grad
 
 
