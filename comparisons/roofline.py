@@ -39,6 +39,9 @@ GEMM_GOAL = 2.0
 #: forward+backward FLOPs of a map without a backward model, in forward FLOPs
 #: (Note [Forward+backward FLOP convention])
 FWD_BWD_FACTOR = 3.0
+#: the sizes the goal is stated at (issue 16): maps at n = 1024, steps on St(4096, ·);
+#: below them per-call overhead dominates and the goal is not judged
+GOAL_MAP_N, GOAL_STEP_N = 1024, 4096
 
 
 def gemm_multiple(seconds: float, flops: float, rate: float) -> float:
@@ -130,12 +133,23 @@ def with_gemm_multiples(
     return out_maps, out_steps
 
 
-def gemm_goal_text(multiples: Mapping[str, float], what: str) -> str:
-    """A line: how many of ``multiples`` (label → multiple) are within `GEMM_GOAL`, which not."""
+def gemm_goal_text(
+    multiples: Mapping[str, float], what: str, size: int | None = None, goal_size: int = 0
+) -> str:
+    """A line: how many of ``multiples`` (label → multiple) are within `GEMM_GOAL`, which not.
+
+    ``size`` is the largest size measured; below ``goal_size`` (`GOAL_MAP_N`,
+    `GOAL_STEP_N`) the line says the goal is not judged instead of a verdict.
+    """
     known = {k: v for k, v in multiples.items() if math.isfinite(v)}
     head = f"\nWithin {GEMM_GOAL:g}× of the FLOP model at the GEMM rate ({what}): "
     if not known:
         return head + "no FLOP model.\n"
+    if size is not None and size < goal_size:
+        return head + (
+            f"not judged at size {size} (the goal is stated at {goal_size}; below it "
+            "per-call overhead dominates).\n"
+        )
     over = ", ".join(f"{k} ({v:.3g}×)" for k, v in known.items() if v > GEMM_GOAL)
     within = sum(v <= GEMM_GOAL for v in known.values())
     return head + f"{within} of {len(known)}" + (f"; above: {over}" if over else "") + ".\n"

@@ -298,7 +298,12 @@ def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
         roofline.map_caption(bases),
-        roofline.gemm_goal_text(multiples, "maps, fwd and fwd+bwd"),
+        roofline.gemm_goal_text(
+            multiples,
+            "maps, fwd and fwd+bwd",
+            max((r["n"] for r in maps), default=0),
+            roofline.GOAL_MAP_N,
+        ),
     ]
 
 
@@ -327,7 +332,12 @@ def _step_table(steps: list[dict], rate: float) -> list[str]:
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
         roofline.STEP_CAPTION,
-        roofline.gemm_goal_text(multiples, "optimizer steps"),
+        roofline.gemm_goal_text(
+            multiples,
+            "optimizer steps",
+            max((r["N"] for r in steps), default=0),
+            roofline.GOAL_STEP_N,
+        ),
     ]
 
 

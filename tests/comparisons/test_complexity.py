@@ -136,6 +136,11 @@ def test_gemm_goal_text_names_what_is_above_the_goal():
         text == "\nWithin 2× of the FLOP model at the GEMM rate (maps): 1 of 2; above: b (2.5×).\n"
     )
     assert "no FLOP model" in roofline.gemm_goal_text({"c": math.nan}, "steps")
+    # below the size the goal is stated at there is no verdict (the quick preset)
+    small = roofline.gemm_goal_text({"a": 9.0}, "maps", 128, roofline.GOAL_MAP_N)
+    assert "not judged at size 128" in small and "above" not in small
+    big = roofline.gemm_goal_text({"a": 9.0}, "maps", 1024, roofline.GOAL_MAP_N)
+    assert "0 of 1; above: a (9×)" in big
 
 
 def _md_rows(md: str, header: str) -> list[dict[str, str]]:
