@@ -53,16 +53,28 @@ def _stamps(out: pathlib.Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
 
 
-def test_sigint_then_a_second_writer_is_refused_then_resume(tmp_path):
+def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
     out = tmp_path / "out"
-    a = _spawn(out, "--seeds", "12", *RUN)
+    # far more runs than can finish while the second process starts (imports torch)
+    a = _spawn(out, "--seeds", "200", *RUN)
     try:
         _wait_for_runs(out, a, 1)
-        b = _spawn(out, "--seeds", "12", *RUN)  # a second writer of the same --out
+        b = _spawn(out, "--seeds", "200", *RUN)  # a second writer of the same --out
         _, err = b.communicate(timeout=240)
         assert b.returncode == 2
         assert f"being written by another process (pid {a.pid}" in err
         assert a.poll() is None, "the first writer must be unaffected"
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+
+
+def test_sigint_then_resume(tmp_path):
+    out = tmp_path / "out"
+    a = _spawn(out, "--seeds", "12", *RUN)
+    try:
+        _wait_for_runs(out, a, 1)
         a.send_signal(signal.SIGINT)
         a.communicate(timeout=120)
     finally:
