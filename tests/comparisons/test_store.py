@@ -23,10 +23,24 @@ TINY = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--dtype", "float64
 TINY += ["--steps", "4", "--n", "4", "--m", "2", "--record-every", "2"]
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and
+    # an ignored signal stays ignored across exec: Python would then never raise
+    # KeyboardInterrupt. The child gets the default disposition, as from a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(out: pathlib.Path, *argv: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "stiefel.comparisons", "drift", "--out", str(out), *argv]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def _manifest(out: pathlib.Path) -> dict:
