@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from .base import (
-    Task,
-    available,
-    check_options,
-    extra_methods,
-    get,
-    make,
-    options,
-    register,
-)
+from . import base as _base
+from .base import *  # noqa: F403
 from .finetune import Finetune
 from .lipschitz import LipschitzDigits
 from .matrix import Brockett, Procrustes
@@ -19,14 +11,7 @@ from .sequence import Adding, Copying, Digits
 from .video import MovingDigits
 
 __all__ = [
-    "Task",
-    "register",
-    "available",
-    "get",
-    "options",
-    "check_options",
-    "make",
-    "extra_methods",
+    *_base.__all__,
     "Procrustes",
     "Brockett",
     "Copying",

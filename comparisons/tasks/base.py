@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "extra_methods",
     "digits_split",
     "real_dtype",
+    "Classification",
 ]
 
 _TASKS: dict[str, type[Task]] = {}
@@ -125,6 +127,27 @@ class Task:
     def describe(self) -> dict[str, Any]:
         """The option values of this instance (for reports)."""
         return {k: getattr(self, k) for k in options(self.name) if hasattr(self, k)}
+
+
+class Classification:
+    """Mixin of a classification task: tensors ``x_train``, ``y_train``, ``x_test``,
+    ``y_test``, a ``batch`` size and the task's ``generator`` (listed before `Task`)."""
+
+    def minibatch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch`` training examples drawn with replacement from the task's generator."""
+        idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)
+        return self.x_train[idx], self.y_train[idx]
+
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        x, y = self.minibatch()
+        return F.cross_entropy(model(x), y)
+
+    def test_metrics(self, logits: torch.Tensor) -> dict[str, float]:
+        """Test accuracy and cross-entropy of the logits of ``x_test``."""
+        return {
+            "test_accuracy": float((logits.argmax(-1) == self.y_test).float().mean()),
+            "test_loss": float(F.cross_entropy(logits, self.y_test)),
+        }
 
 
 def register(name: str) -> Callable[[T], T]:

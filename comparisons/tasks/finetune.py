@@ -43,7 +43,7 @@ from ..complexity import peak_bytes
 from ..models.transformer import BLOCK_LINEARS, TinyEncoder
 from ..registry import methods as registered_methods
 from ..timing import fastest_time
-from .base import Task, digits_split, positive_int, real_dtype, register
+from .base import Classification, Task, digits_split, positive_int, real_dtype, register
 
 __all__ = ["Finetune", "ADAPTERS", "SHIFTS"]
 
@@ -72,7 +72,7 @@ def _digits(generator: torch.Generator) -> tuple[torch.Tensor, ...]:
 
 
 @register("finetune")
-class Finetune(Task):
+class Finetune(Classification, Task):
     """Adapters on a pretrained tiny transformer, fine-tuned on shifted digits.
 
     Metrics: ``test_accuracy`` on the shifted test set, ``base_accuracy`` (the
@@ -254,16 +254,11 @@ class Finetune(Task):
         return out
 
     # ----------------------------------------------------------------- training
-    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
-        idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)
-        return F.cross_entropy(model(self.x_train[idx]), self.y_train[idx])
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         logits = model(self.x_test)
         base = self.pretrained()(self.x_test)
-        idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)
-        x, y = self.x_train[idx], self.y_train[idx]
+        x, y = self.minibatch()
 
         def step() -> None:
             with torch.enable_grad():
@@ -273,8 +268,7 @@ class Finetune(Task):
         peak = peak_bytes(step, self.device)
         model.zero_grad(set_to_none=True)
         return {
-            "test_accuracy": float((logits.argmax(-1) == self.y_test).float().mean()),
-            "test_loss": float(F.cross_entropy(logits, self.y_test)),
+            **self.test_metrics(logits),
             "base_accuracy": float((base.argmax(-1) == self.y_test).float().mean()),
             "trainable_parameters": float(
                 sum(p.numel() for p in model.parameters() if p.requires_grad)

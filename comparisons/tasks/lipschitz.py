@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.lipschitz import LipschitzNet
-from .base import Task, digits_split, positive_int, real_dtype, register
+from .base import Classification, Task, digits_split, positive_int, real_dtype, register
 
 __all__ = ["LipschitzDigits"]
 
 
 @register("lipschitz_digits")
-class LipschitzDigits(Task):
+class LipschitzDigits(Classification, Task):
     r"""Digits classification with a measured Lipschitz bound.
 
     Metrics: test accuracy; ``lipschitz_bound``, the product of the layers'
@@ -92,10 +92,6 @@ class LipschitzDigits(Task):
         """The head's weight transposed, on St(c·s², 10) (None for the twin)."""
         return None if model.method == "conv" else model.head.weight.T
 
-    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
-        idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)
-        return F.cross_entropy(model(self.x_train[idx]), self.y_train[idx])
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         logits = model(self.x_test)
@@ -105,8 +101,7 @@ class LipschitzDigits(Task):
         correct = logits.argmax(-1) == self.y_test
         certified = correct & (top2[:, 0] - top2[:, 1] > math.sqrt(2) * bound * self.radius)
         return {
-            "test_accuracy": float(correct.float().mean()),
-            "test_loss": float(F.cross_entropy(logits, self.y_test)),
+            **self.test_metrics(logits),
             "lipschitz_bound": bound,
             "certified_accuracy": float(certified.float().mean()),
         }

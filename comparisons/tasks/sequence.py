@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import LSTMBaseline, OrthogonalRNN
-from .base import Task, digits_split, positive_int, register
+from .base import Classification, Task, digits_split, positive_int, register
 
 
 class _SequenceTask(Task):
@@ -135,7 +135,7 @@ class Adding(_SequenceTask):
 
 
 @register("digits")
-class Digits(_SequenceTask):
+class Digits(Classification, _SequenceTask):
     """Pixel-by-pixel classification of scikit-learn's bundled 8×8 digits (64 steps).
 
     1797 images, split 1397 train / 400 test by the seed; ``permute=True`` applies
@@ -160,14 +160,6 @@ class Digits(_SequenceTask):
         self.chance = {"test_accuracy": 0.1}
         self.permute = permute
 
-    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
-        idx = torch.randint(0, len(self.y_train), (self.batch,), generator=self.generator)
-        return F.cross_entropy(model(self.x_train[idx]), self.y_train[idx])
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        logits = model(self.x_test)
-        return {
-            "test_accuracy": float((logits.argmax(-1) == self.y_test).float().mean()),
-            "test_loss": float(F.cross_entropy(logits, self.y_test)),
-        }
+        return self.test_metrics(model(self.x_test))
