@@ -29,6 +29,9 @@ LABELS = {
 }
 
 
+MARKERS = ("o", "s", "^", "D")
+
+
 def _legend(ax) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
@@ -116,19 +119,23 @@ def complexity_figure(
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(str(r[group]), []).append(r)
-    for name, rs in groups.items():
+    for i, (name, rs) in enumerate(groups.items()):
         xs = [r[x] for r in rs]
         ys = [r[y] for r in rs]
         fit = [(a, b) for a, b in zip(xs, ys, strict=True) if a >= fit_min]
         if len({a for a, _ in fit}) > 1:
             name = f"{name} (slope {fit_exponent(*zip(*fit, strict=True)):.2f})"
-        (line,) = ax.loglog(xs, ys, "o-", label=name)
+        # the colour cycle has 10 colours: series 11–20 repeat them with another marker
+        marker = MARKERS[(i // 10) % len(MARKERS)]
+        (line,) = ax.loglog(xs, ys, marker=marker, ls="-", label=name)
         flops = [r.get("flops", float("nan")) for r in rs]
         if rate and all(np.isfinite(flops)):
-            ax.loglog(xs, [f / rate for f in flops], "--", color=line.get_color(), lw=0.8)
+            # a dash marker too, so the model shows at a single measured size
+            model = [f / rate for f in flops]
+            ax.loglog(xs, model, "--", marker="_", ms=12, color=line.get_color(), lw=0.8)
             modelled = True
     if modelled:
-        ax.plot([], [], "k--", lw=0.8, label="FLOP model / GEMM rate")
+        ax.plot([], [], "k--", marker="_", ms=12, lw=0.8, label="FLOP model / GEMM rate")
     sizes = sorted({r[x] for r in rows})
     ax.xaxis.set_major_locator(FixedLocator(sizes))
     ax.xaxis.set_minor_locator(NullLocator())
