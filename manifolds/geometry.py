@@ -189,7 +189,7 @@ class StiefelGeometry(Geometry):
     def rgrad(self, x, g):
         # linear in g: computed for g/max|g| and scaled back, so that XᴴG cannot
         # overflow for a huge finite G (Note [Overflow-safe step])
-        mu = kernels.reduce.rows_amax(g.abs())
+        mu = kernels.reduce.rows_absmax(g)
         mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
         return EGRAD2RGRAD[self.metric](x, g / mu) * mu
 

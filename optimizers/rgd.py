@@ -91,8 +91,9 @@ class RGD(RiemannianOptimizer):
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = (
-        "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve); "
-        "qr: 10NM² − 2M³/3 canonical, 14NM² − 2M³/3 Euclidean"
+        "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
+        "26n³/3 on O(n) (three products and an n×n solve); qr: 10NM² + 28M³/3 either "
+        "metric (five products and a Cholesky-QR of the Gram), 28n³/3 on O(n)"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},
@@ -105,24 +106,36 @@ class RGD(RiemannianOptimizer):
     def step_flops(
         cls, n: int, m: int, metric: str | None = None, retraction: str = "cayley", **hyper
     ) -> float:
-        """FLOPs of one step without momentum on St(n, m) (CWY paper Table 2 for QR).
+        """FLOPs of one step without momentum on St(n, m), as the kernels compute it.
+
+        Counted products include the optimizer's XᴴX (its off-manifold test,
+        reused by the step). Tall points: the Cayley step of Note [Cayley through
+        Sherman–Morrison–Woodbury with 2M columns]; the QR step of Note [QR
+        retraction through the Gram of X − lr·d] (XᴴX, XᴴS, SᴴS and the two
+        products of the update, then M×M work: four products, a Cholesky
+        factorization and a triangular inverse). Square points (Note [Square steps
+        in the frame of X]): XᴴX, XᴴS and the update X + X·F, with an LU solve
+        with n right-hand sides (Cayley) or PᴴP, a Cholesky factorization and a
+        triangular solve (QR); a step longer than ‖D‖_F = ½ adds one product. The
+        CWY paper's Householder counts are `paper_formula`'s.
 
         Args:
             n: rows N.
             m: columns M.
-            metric: `"euclidean"` (also for None, the default manifold's) or
-                `"canonical"`.
+            metric: `"euclidean"` or `"canonical"` (the same count; None: either).
             retraction: `"cayley"`, `"qr"` (`"polar"` has no model: NaN).
             **hyper: other hyper-parameters (ignored).
 
         Returns:
             The FLOP count, NaN where there is no model.
         """
+        if retraction not in ("cayley", "qr"):
+            return math.nan
+        if n == m:  # O(n), U(n)
+            return (26 if retraction == "cayley" else 28) * n**3 / 3
         if retraction == "cayley":  # our fused step, either metric
             return 12 * n * m * m + 6 * m**3
-        if retraction == "qr":
-            return (10 if metric == "canonical" else 14) * n * m * m - 2 * m**3 / 3
-        return math.nan
+        return 10 * n * m * m + 28 * m**3 / 3
 
     @classmethod
     def paper_formula(cls, metric: str | None = None, retraction: str = "cayley", **hyper) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from .basic import eye_like, flat, newton_schulz, sym, two_products
 from .factor import polar_descent, qr_descent
+from .frame import frame_update, replace_refused
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 
@@ -142,7 +143,7 @@ def _dense(x, dn, lr, v, xx):
     return y if v is None else (y, out[..., m:])
 
 
-def _square(x, w, lr, v=None, v_is_d=False, mu=1.0):
+def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     r"""The Cayley step of a square X in X's own frame: one n×n solve, no n×n A.
 
     Note [Square Cayley step in the frame of X]
@@ -154,25 +155,41 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0):
     Only W = Xᴴd (an n×n product the fused step has anyway) is needed: Pu, A
     and XXᴴ are never formed. With S = −β·Ŝ, Ŝ = skew(W)/‖skew(W)‖_F, the
     scaled form of Note [Overflow-safe step] reads
-    Cayley(S) = 2γ(γI + ½σŜ)⁻¹ − I, so Y = 2γ·X(γI + ½σŜ)⁻¹ − X is one solve
-    from the right with X as its right-hand side (it reads the row-major
-    factors without a copy), followed by the Newton–Schulz step on Y's own
-    Gram. A step costs XᴴG, the solve and the two products of the correction,
-    about 5.7n³ multiply-adds (6.7n³ with the optimizer's off-manifold Gram)
-    against 7.7n³ for geoopt's canonical step (Pu, A, (I + ½A)X and a solve).
-    Folding K = (3I − XᴴX)/2 of X into the solve's right-hand side instead
-    would save one product but correct X, not Y: the rounding of the pivot γ
-    (≥ √eps, as in the dense path) of a very long step would then stay in Y
-    at O(eps/γ) (measured: ~1e-4 in float32 after lr = 1e20).
+    Cayley(S) = 2γ(γI + ½σŜ)⁻¹ − I, so D = Cayley(S) − I = −σ(γI + ½σŜ)⁻¹Ŝ
+    is one n×n solve whose right-hand side and result are small (O(lr)), and
+    Y = X + X(D − ½E − ½E·D) in the frame of X (Note [Square steps in the
+    frame of X]), the drift correction taken from the optimizer's XᴴX. A step
+    costs XᴴG, the solve and one product, about 4.3n³ multiply-adds with the
+    off-manifold Gram (one product more when ‖D‖_F > ½), against 7.7n³ for
+    geoopt's canonical step (Pu, A, (I + ½A)X and a solve). That holds for
+    β ≤ 1 (γ = 1): ‖(I + ½σŜ)⁻¹‖₂ ≤ 1, so D is as accurate as its data. A
+    longer step (β > 1) takes the explicit path, Y = 2γ·X(γI + ½σŜ)⁻¹ − X
+    (the solve from the right with X as its right-hand side) followed by the
+    Newton–Schulz step on Y's own Gram: the rounding of the pivot γ (≥ √eps,
+    as in the dense path) of a very long step, amplified by 1/γ, is then
+    corrected in Y (measured: ~1e-4 in float32 after lr = 1e20 when it was
+    left in Y).
     """
-    n = x.shape[-1]
-    s = 0.5 * (w - w.mH)  # skew(Xᴴd)
-    t = torch.linalg.matrix_norm(s, keepdim=True)
+    ph = torch.sub(w, w.mH).mul_(0.5)  # skew(Xᴴd), then normalized in place
+    t = torch.linalg.matrix_norm(ph, keepdim=True)
     gamma, sigma = weights(lr * t)
     gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
-    ph = s / t.clamp_min(torch.finfo(t.dtype).tiny)
-    lhs = gamma * eye_like(x, n) + (0.5 * sigma) * ph
-    y = newton_schulz((2 * gamma) * torch.linalg.solve(lhs, x, left=False) - x)
+    ph.div_(t.clamp_min(torch.finfo(t.dtype).tiny))
+    lhs = ph * (0.5 * sigma)
+    lhs.diagonal(dim1=-2, dim2=-1).add_(gamma[..., 0])  # γI + ½σŜ
+
+    def explicit(sel):
+        xs = sel(x)
+        return newton_schulz((2 * sel(gamma)) * torch.linalg.solve(sel(lhs), xs, left=False) - xs)
+
+    short = gamma >= 1
+    if not bool(short.any()):
+        y = explicit(lambda t: t)
+    else:
+        if xx is None:
+            xx = gram(x, x)
+        y = frame_update(x, torch.linalg.solve(lhs, (-sigma) * ph), xx)
+        y = replace_refused(y, short, explicit)
     if v is None:
         return y
     return y, y @ (mu * w if v_is_d else x.mH @ v)
@@ -184,7 +201,7 @@ def _cayley(x, d, lr, v, xx, smw):
     lr = lr * mu
     n, m = x.shape[-2:]
     if smw is None and n == m and row_group() is None:
-        return _square(x, x.mH @ dn, lr, v, v is d, mu)
+        return _square(x, x.mH @ dn, lr, v, v is d, mu, xx)
     if xx is None:
         xx = gram(x, x)
     if not (_woodbury_for(x) if smw is None else smw):
@@ -280,7 +297,7 @@ def cayley_gradient_step(
     lr = lr * mu
     h = gram(x, gn)
     if n == m and row_group() is None:  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
-        return _square(x, h if metric == "euclidean" else 2 * h, lr)
+        return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx)
     w = sym(h) if metric == "euclidean" else h.mH
     if xx is None:
         xx = gram(x, x)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from .basic import eye_like, flat, newton_schulz, polar, proj_tangent, qr_unique, sym, two_products
-from .reduce import gram
+from .frame import frame_update, replace_refused, shifted_gram
+from .reduce import gram, row_group
 from .scaling import scaled_step
 
 __all__ = [
@@ -45,11 +46,20 @@ Lr = float | torch.Tensor
 # off-manifold test forms anyway, H and SᴴS); Q = X(CR⁻¹) − S·R⁻¹ is two more.
 # Householder QR (LAPACK geqrf + orgqr, about five products' time at N = 4096,
 # M = 64 on a CPU) and the Newton–Schulz step after it (two products) are
-# replaced by O(M³) work. On O(n) and U(n) (N = M) the M×M work is as large as
-# the products and Cholesky-QR of an n×n matrix loses about eps·n of
-# orthogonality (measured: 1.0e-5 after 200 float32 steps on O(512) against
-# 6.3e-6 for Householder and Newton–Schulz), so square points keep Householder
-# QR, of the argument X·C − S formed by one product.
+# replaced by O(M³) work.
+#
+# On O(n) and U(n) (N = M) the M×M work is as large as the products, so the
+# square step is taken in the frame of X (Note [Square steps in the frame of
+# X]): with XXᴴ = I, S = X·H and A = X·B with B = C − H = γI + P, so
+# qf(A) = X·qf(B). For the gradient step P = W − H is −skew(H) (Euclidean) or
+# −2·skew(H) (canonical), formed exactly skew; BᴴB = γ²I + PᴴP in the delta
+# form of Note [Delta form of a shifted Gram] (the plain product loses 7 eps
+# per diagonal entry at n = 512, which was the 1.0e-5 drift of a first square
+# Cholesky-QR), and qf(B) − I = (P − (R − γI))R⁻¹ by one triangular solve, so
+# a step costs XᴴS, PᴴP, a Cholesky factorization, the solve and the update
+# X + X(D − ½E): two products fewer than Householder QR of X·C − S followed by
+# Newton–Schulz. Using S = XH where XXᴴ = I + O(E) changes Y by O(‖E‖·lr),
+# below the rounding of the step.
 #
 # Drift: AᴴA uses the computed XᴴX of the current point, so Q is orthonormal
 # up to this step's own rounding, whatever the point's error (the same
@@ -67,6 +77,11 @@ _RHO_MAX = 0.5
 _CANCEL_MAX = 4.0
 
 
+def _square(x: torch.Tensor) -> bool:
+    """O(n)/U(n) with every row here (a row-sharded point takes the Gram path)."""
+    return x.shape[-2] == x.shape[-1] and row_group() is None
+
+
 def _trace(a: torch.Tensor) -> torch.Tensor:
     return a.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None]
 
@@ -82,8 +97,8 @@ def _cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tr = _trace(aa).clamp_min(torch.finfo(aa.real.dtype).tiny)
     fro = torch.linalg.matrix_norm(aa, keepdim=True)
     rho2 = (m * fro / tr) ** 2 - m
-    finite = torch.isfinite(r.sum(dim=(-2, -1), keepdim=True))
-    return r, (info[..., None, None] == 0) & (rho2 <= _RHO_MAX**2) & finite
+    # a non-finite AᴴA gives a NaN ρ (refused): R is finite whenever this passes
+    return r, (info[..., None, None] == 0) & (rho2 <= _RHO_MAX**2)
 
 
 def _plus_diagonal(a: torch.Tensor | None, gamma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -109,7 +124,7 @@ def _congruence(xx: torch.Tensor, f: torch.Tensor | None, gamma: torch.Tensor) -
 
 
 def _householder(a: torch.Tensor) -> torch.Tensor:
-    """The fallback: Householder QR (positive diagonal), Newton–Schulz corrected."""
+    """The explicit path: Householder QR (positive diagonal), Newton–Schulz corrected."""
     return newton_schulz(qr_unique(a))
 
 
@@ -119,12 +134,10 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor
     return torch.baddbmm(flat(s), flat(x), cf, beta=-1).reshape(x.shape)
 
 
-def _qr_step(x, s, h, w, gamma, xx) -> torch.Tensor:
+def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     r"""qf(X(γI + W) − S), H = XᴴS (Note [QR retraction through the Gram of X − lr·d])."""
     m = x.shape[-1]
     c = _plus_diagonal(w, gamma, x)
-    if x.shape[-2] == m:  # O(n), U(n): Householder (see the Note)
-        return _householder(_argument(x, c, s))
     if xx is None:
         xx = gram(x, x)
     ss = gram(s, s)
@@ -136,21 +149,33 @@ def _qr_step(x, s, h, w, gamma, xx) -> torch.Tensor:
     terms = (_trace(head).clamp_min(0).sqrt() + _trace(ss).clamp_min(0).sqrt()) ** 2
     ok = ok & (terms <= _CANCEL_MAX * _trace(aa))
     y = two_products(x, c @ rinv, s, -rinv, x.shape)  # X·C·R⁻¹ − S·R⁻¹
-    return _fallback(y, ok, lambda: _argument(x, c, s))
+    return replace_refused(y, ok, lambda sel: _householder(sel(_argument(x, c, s))))
 
 
-@torch.compiler.disable
-def _fallback(y: torch.Tensor, ok: torch.Tensor, argument) -> torch.Tensor:
-    """Replace the matrices whose Gram path was refused by the Householder step."""
-    if bool(ok.all()):
-        return y
-    a = argument()
-    if ok.numel() == 1:
-        return _householder(a)
-    bad = (~ok).reshape(-1).nonzero().squeeze(-1)
-    flat_y = y.reshape(-1, *y.shape[-2:]).clone()
-    flat_y[bad] = _householder(a.reshape(-1, *a.shape[-2:])[bad])
-    return flat_y.reshape(y.shape)
+def _qr_square(x, p, skew, gamma, xx, argument) -> torch.Tensor:
+    r"""qf(X·B) = X·qf(B), B = γI + P, in the frame of X (Note [Square steps in the frame of X]).
+
+    ``argument()`` forms X·C − S for the matrices that take the explicit path.
+    """
+    if xx is None:
+        xx = gram(x, x)
+    bb = shifted_gram(p, gamma, skew)
+    r, ok = _cholesky(bb)  # BᴴB = RᴴR
+    if not skew:  # B = γI + P may cancel: test (ii) of the Note, with ‖B‖²_F = tr(BᴴB)
+        pn = torch.linalg.matrix_norm(p, keepdim=True)
+        ok = ok & ((gamma * x.shape[-1] ** 0.5 + pn) ** 2 <= _CANCEL_MAX * _trace(bb))
+        diag = p.diagonal(dim1=-2, dim2=-1) - (r.diagonal(dim1=-2, dim2=-1) - gamma[..., 0])
+    # B − R = P − (R − γI), written over P (not needed after this), the diagonal
+    # from small terms: P's own minus R_jj − γ, or for a skew P (zero diagonal)
+    # γ − R_jj in one subtraction (exact while R_jj ≤ 2γ)
+    num = p.sub_(r)
+    if skew:
+        num.diagonal(dim1=-2, dim2=-1).add_(gamma[..., 0])
+    else:
+        num.diagonal(dim1=-2, dim2=-1).copy_(diag)
+    # qf(B) − I = B·R⁻¹ − I = (B − R)·R⁻¹, every operand small; solved in place
+    d = torch.linalg.solve_triangular(r, num, upper=True, left=False, out=num)
+    return replace_refused(frame_update(x, d, xx), ok, lambda sel: _householder(sel(argument())))
 
 
 def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
@@ -170,7 +195,11 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
         Y, or (Y, v projected onto T_Y) when ``v`` is given.
     """
     s, gamma = scaled_step(d, lr)
-    y = _qr_step(x, s, gram(x, s), None, gamma, xx)
+    h = gram(x, s)
+    if _square(x):  # B = γI − H
+        y = _qr_square(x, -h, False, gamma, xx, lambda: gamma * x - s)
+    else:
+        y = _qr_tall(x, s, h, None, gamma, xx)
     return y if v is None else (y, proj_tangent(y, v))
 
 
@@ -206,9 +235,17 @@ def qr_gradient_step(
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
     s, gamma = scaled_step(g, lr)
     h = gram(x, s)
-    # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
-    w = sym(h) if metric == "euclidean" else h.mH
-    return _qr_step(x, s, h, w, gamma, xx)
+
+    def w():  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
+        return sym(h) if metric == "euclidean" else h.mH
+
+    if not _square(x):
+        return _qr_tall(x, s, h, w(), gamma, xx)
+    # B = γI + W − H: −skew(H) (Euclidean) or −2·skew(H) (canonical), exactly skew
+    p = h.mH - h
+    if metric == "euclidean":
+        p.mul_(0.5)
+    return _qr_square(x, p, True, gamma, xx, lambda: _argument(x, _plus_diagonal(w(), gamma, x), s))
 
 
 qr_descent.gradient_step = qr_gradient_step  # type: ignore[attr-defined]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from .reduce import rows_amax
+from .reduce import rows_absmax
 
 __all__ = ["normalize", "weights", "scaled_step"]
 
 
 def normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """d / μ and μ = max|d| per matrix (shape (..., 1, 1), never 0)."""
-    mu = rows_amax(d.abs())
+    mu = rows_absmax(d)
     mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
     return d / mu, mu
 
@@ -60,7 +60,7 @@ def scaled_step(d: torch.Tensor, lr) -> tuple[torch.Tensor, torch.Tensor]:
     Returns:
         (σ·d/μ, γ), γ of shape (..., 1, 1).
     """
-    mu = rows_amax(d.abs())
+    mu = rows_absmax(d)
     mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
     gamma, sigma = weights(lr * mu)
     return d * (sigma / mu), gamma

@@ -203,10 +203,23 @@ def test_info_of_the_builtins_keeps_the_harness_numbers():
     """The values moved from the harness's hand lists (CWY paper Table 2 and our fused step)."""
     n, m = 1000, 10
     rgd = optimizers.info("rgd")
-    assert rgd.flops(n, m, metric="canonical", retraction="qr") == 10 * n * m * m - 2 * m**3 / 3
-    assert rgd.flops(n, m, metric="euclidean", retraction="qr") == 14 * n * m * m - 2 * m**3 / 3
+    gemm = 2 * n * m * m  # one N×M×M product
     for metric in ("canonical", "euclidean"):
-        assert rgd.flops(n, m, metric=metric, retraction="cayley") == 12 * n * m * m + 6 * m**3
+        assert rgd.flops(n, m, metric=metric, retraction="cayley") == 6 * gemm + 6 * m**3
+        # XᴴX, XᴴS, SᴴS, two update products; four M×M products (the congruence's
+        # two, CᴴH, C·R⁻¹), Cholesky, R⁻¹ (Note [QR retraction through the Gram of X − lr·d])
+        qr = 5 * gemm + 4 * 2 * m**3 + m**3 / 3 + m**3
+        assert rgd.flops(n, m, metric=metric, retraction="qr") == pytest.approx(qr)
+        # O(n): XᴴX, XᴴS, X·F; Cayley an LU solve with n right-hand sides, QR PᴴP,
+        # Cholesky and a triangular solve (Note [Square steps in the frame of X])
+        cube = 2 * n**3
+        lu_solve = 2 * n**3 / 3 + 2 * n**3
+        assert rgd.flops(n, n, metric=metric, retraction="cayley") == pytest.approx(
+            3 * cube + lu_solve
+        )
+        qr = 4 * cube + n**3 / 3 + n**3
+        assert rgd.flops(n, n, metric=metric, retraction="qr") == pytest.approx(qr)
+    assert rgd.paper(metric="euclidean", retraction="qr") == "14NM² − 2M³/3"
     assert rgd.paper(metric="canonical", retraction="cayley").startswith("28NM² + 16M³")
     assert {(v["metric"], v["retraction"]) for v in rgd.variants} == {
         (a, b) for a in ("canonical", "euclidean") for b in ("cayley", "qr")

@@ -1,0 +1,166 @@
+"""Square steps in the frame of X (Note [Square steps in the frame of X]).
+
+The frame update and the shifted Gram against their dense float64 formulas; the
+square QR and Cayley steps against dense references on batches that mix the
+frame path, the path with the product E·D (‖D‖_F > ½) and the explicit path;
+and float32 drift that does not accumulate on O(n) and U(n).
+"""
+
+import pytest
+import torch
+
+from stiefel.manifolds import kernels
+from stiefel.manifolds.kernels import frame
+
+CPLX = [False, True]
+
+
+def _dtype(cplx, low=False):
+    if low:
+        return torch.complex64 if cplx else torch.float32
+    return torch.complex128 if cplx else torch.float64
+
+
+def _near_point(n, batch, dtype, off, gen):
+    """A point ``off`` away from the manifold (in float64/complex128)."""
+    x = kernels.haar(n, n, *batch, dtype=dtype, generator=gen)
+    return x + off * torch.randn(*batch, n, n, dtype=dtype, generator=gen)
+
+
+def _err(x):
+    x = x.to(torch.complex128 if x.is_complex() else torch.float64)
+    eye = torch.eye(x.shape[-1], dtype=x.dtype)
+    return torch.linalg.matrix_norm(x.mH @ x - eye)
+
+
+@pytest.mark.parametrize("cplx", CPLX)
+def test_frame_update_is_x_corrected_times_q(cplx):
+    # Y = X(I − ½E)(I + D), E = XᴴX − I, for a short D (E·D skipped: the result
+    # then differs by ½X·E·D only) and a long D (E·D formed), in one batch
+    dtype = _dtype(cplx)
+    gen = torch.Generator().manual_seed(0)
+    n = 9
+    x = _near_point(n, (2,), dtype, 1e-4, gen)
+    q = kernels.haar(n, n, 2, dtype=dtype, generator=gen)
+    eye = torch.eye(n, dtype=dtype)
+    small = torch.linalg.matrix_exp(0.01 * (q[0] - q[0].mH))  # unitary, close to I
+    d = torch.stack((small - eye, q[1] - eye))
+    xx = x.mH @ x
+    e = xx - eye
+    exact = x @ (eye - 0.5 * e) @ (eye + d)
+    y = frame.frame_update(x, d.clone(), xx)
+    assert float(torch.linalg.matrix_norm(d[1])) > frame.D_MAX  # the batch has a long step
+    assert float((y - exact).abs().max()) < 1e-13  # E·D formed for the whole batch
+    y0 = frame.frame_update(x[0], d[0].clone(), xx[0])  # short alone: E·D skipped
+    assert float((y0 - (x[0] + x[0] @ (d[0] - 0.5 * e[0]))).abs().max()) < 1e-13
+    assert float((y0 - exact[0]).abs().max()) < 1e-4 * 0.1  # ½‖E‖‖D‖
+    # the error of X is not carried over: ‖YᴴY − I‖ = O(‖E‖²) for the long step too
+    assert float(_err(x).min()) > 1e-4
+    assert float(_err(y).max()) < 1e-6
+
+
+@pytest.mark.parametrize("cplx", CPLX)
+@pytest.mark.parametrize("skew", [True, False])
+def test_shifted_gram_equals_the_product(cplx, skew):
+    dtype = _dtype(cplx)
+    gen = torch.Generator().manual_seed(1)
+    p = 0.1 * torch.randn(3, 6, 6, dtype=dtype, generator=gen)
+    if skew:
+        p = p - p.mH
+    gamma = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64).reshape(3, 1, 1)
+    b = p + gamma * torch.eye(6, dtype=dtype)
+    got = frame.shifted_gram(p, gamma.to(dtype), skew)
+    assert float((got - b.mH @ b).abs().max()) < 1e-14
+
+
+def test_shifted_gram_keeps_digits_in_float32():
+    # Note [Delta form of a shifted Gram]: the plain float32 product loses its
+    # diagonal; the delta form stays within a few eps of the float64 Gram
+    gen = torch.Generator().manual_seed(2)
+    n = 512
+    h = 1e-3 * torch.randn(n, n, dtype=torch.float64, generator=gen)
+    p64 = h - h.mT
+    b64 = torch.eye(n, dtype=torch.float64) + p64
+    ref = b64.mT @ b64
+    p = p64.float()
+    b = b64.float()
+    one = torch.ones(1, 1)
+    delta = float(torch.linalg.matrix_norm(frame.shifted_gram(p, one, True).double() - ref))
+    plain = float(torch.linalg.matrix_norm((b.mT @ b).double() - ref))
+    eps = torch.finfo(torch.float32).eps
+    assert delta < 2 * n**0.5 * eps
+    assert plain > 2 * delta
+
+
+def _dense_cayley(x, u):
+    n = x.shape[-1]
+    eye = torch.eye(n, dtype=x.dtype)
+    p = eye - 0.5 * x @ x.mH
+    a = (p @ u) @ x.mH - x @ (p @ u).mH
+    return torch.linalg.solve(eye - 0.5 * a, (eye + 0.5 * a) @ x)
+
+
+@pytest.mark.parametrize("cplx", CPLX)
+@pytest.mark.parametrize("metric", ["euclidean", "canonical"])
+def test_square_steps_mix_their_paths_in_one_batch(cplx, metric):
+    # one step size per matrix: frame path (1e-3), frame path with E·D (0.3),
+    # explicit path (1e3: Cayley β > 1, QR Cholesky refused or long), against
+    # the dense Cayley formula and the Householder Q of X − lr·d in float64
+    dtype = _dtype(cplx)
+    gen = torch.Generator().manual_seed(3)
+    n = 10
+    x = kernels.haar(n, n, 3, dtype=dtype, generator=gen)
+    g = torch.randn(3, n, n, dtype=dtype, generator=gen)
+    lr = torch.tensor([1e-3, 0.3, 1e3], dtype=torch.float64).reshape(3, 1, 1)
+    rgrad = {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
+    d = rgrad[metric](x, g)
+    tol = 1e3 * n * torch.finfo(dtype).eps
+    ref_qr = kernels.qr_unique(x - lr * d)
+    ref_cay = _dense_cayley(x, -lr * d)
+    for y in (kernels.qr_gradient_step(x, g, lr, metric), kernels.qr_descent(x, d, lr)):
+        assert float((y - ref_qr).abs().max()) < tol
+    y = kernels.cayley_gradient_step(x, g, lr, metric)
+    assert float((y - ref_cay).abs().max()) < tol
+    for i in range(3):  # each path alone
+        yi = kernels.cayley_gradient_step(x[i], g[i], float(lr[i]), metric)
+        assert float((yi - ref_cay[i]).abs().max()) < tol
+        yi = kernels.qr_gradient_step(x[i], g[i], float(lr[i]), metric)
+        assert float((yi - ref_qr[i]).abs().max()) < tol
+
+
+@pytest.mark.parametrize("cplx", CPLX)
+@pytest.mark.parametrize("kind", ["qr", "cayley"])
+def test_square_float32_error_is_corrected_not_carried(cplx, kind):
+    # a point 1e-3 off O(n)/U(n) in float32: short steps (the frame path, no E·D, no
+    # explicit path) correct it with the point's own Gram (Newton–Schulz to first order)
+    dtype = _dtype(cplx, low=True)
+    gen = torch.Generator().manual_seed(4)
+    n = 64
+    x = _near_point(n, (), _dtype(cplx), 1e-3 / n, gen).to(dtype)
+    step = kernels.qr_gradient_step if kind == "qr" else kernels.cayley_gradient_step
+    start = float(_err(x))
+    for lr in (1e-3,) * 4:
+        x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), lr)
+    eps = torch.finfo(dtype).eps
+    assert start > 1e-4
+    assert float(_err(x)) < 20 * n**0.5 * eps, (start, float(_err(x)))
+
+
+@pytest.mark.parametrize("cplx", CPLX)
+@pytest.mark.parametrize("kind", ["qr", "cayley"])
+def test_square_float32_drift_does_not_accumulate(cplx, kind):
+    # 400 random-gradient steps on O(128)/U(128) in float32: the error stays at the
+    # rounding of one step (measured ~2·√n·eps), it does not grow with the steps
+    dtype = _dtype(cplx, low=True)
+    gen = torch.Generator().manual_seed(5)
+    n = 128
+    x = kernels.haar(n, n, dtype=_dtype(cplx), generator=gen).to(dtype)
+    step = kernels.qr_gradient_step if kind == "qr" else kernels.cayley_gradient_step
+    errs = []
+    for k in range(400):
+        x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), 2e-3)
+        if k in (49, 399):
+            errs.append(float(_err(x)))
+    eps = torch.finfo(dtype).eps
+    assert errs[1] < 10 * n**0.5 * eps, errs
+    assert errs[1] < 2 * errs[0] + n**0.5 * eps, errs
