@@ -23,7 +23,7 @@ def bench():
     try:
         yield {
             n: importlib.import_module(f"benchmarks.{n}")
-            for n in ("_timing", "maps", "optimizers", "precision", "init")
+            for n in ("_timing", "maps", "optimizers", "precision", "init", "square", "batched")
         }
     finally:
         sys.path.remove(str(ROOT))
@@ -174,6 +174,43 @@ def test_init_quick(bench, capsys):
     text = init.main(["--sizes", "8", "--inits", "haar", "--threads", "1"])
     cells = [c.strip() for c in text.splitlines()[-1].strip("|").split("|")]
     assert cells[1] == "nan s" and cells[4] != "nan s"  # nearest left out, haar timed
+
+
+def test_square_quick(bench, tmp_path, capsys):
+    """O(n) and U(n): every step timed (geoopt's complex QR failure reported), drift measured."""
+    square = bench["square"]
+    out = tmp_path / "square.json"
+    text = square.main(["--quick", "--json", str(out)])
+    assert capsys.readouterr().out.strip().endswith(text.strip())
+    data = json.loads(out.read_text())
+    assert [(r["n"], r["dtype"]) for r in data["results"]] == [
+        (16, "float32"),
+        (32, "float32"),
+        (16, "complex64"),
+        (32, "complex64"),
+    ]
+    for r in data["results"]:
+        assert set(r["step"]) == {square._label(*v) for v in square.OURS} | {
+            square.GEO_QR,
+            square.GEO_CAYLEY,
+        }
+        for label in r["step"]:
+            if label.startswith("rgd"):  # ours: timed, and on the manifold after 20 steps
+                assert _positive(r["step"][label]) and r["drift"][label] < 1e-5, (r, label)
+        if r["dtype"] == "complex64":  # geoopt's QR retraction takes the sign of a complex R
+            assert r["step"][square.GEO_QR].startswith("fails: NotImplementedError")
+        else:
+            assert _positive(r["step"][square.GEO_QR])
+    # per size and dtype: four step ratios, and a drift target per float32 step of ours
+    assert len(data["targets"]) == 4 * 4 + 2 * 4
+    assert "Targets (issue 16)" in text
+
+
+def test_batched_quick_reports_the_steps_run(bench, capsys):
+    batched = bench["batched"]
+    batched.main(["--quick", "--slow-s", "0"])  # every row stops after its timed steps
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if "(sgd)" in line]
+    assert len(rows) == 4 and all(r[-3] == "10" for r in rows)  # "steps": the 10 timed
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
