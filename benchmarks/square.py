@@ -205,8 +205,11 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     p.add_argument("--steps", type=int, default=1000, help="steps of the drift run")
     p.add_argument("--drift-sizes", default=None, help="n,... with a drift run (default: all)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sizes = [16, 32] if args.quick else [int(s) for s in args.sizes.split(",")]
     rounds, steps = (3, 20) if args.quick else (args.rounds, args.steps)
     drift_sizes = (

@@ -4,8 +4,9 @@ Every Stiefel kernel of the package lives here once: the tangent space and
 metrics (`basic`), the retractions as descent kernels with the SMW Cayley step
 and its fused transport and gradient step (`cayley`, with the one retraction
 table `RETRACTIONS`), the QR (through the Gram of its argument) and polar
-steps (`factor`), the overflow-safe scaling they share (`scaling`), and the
-landing field (`landing`). Every function takes
+steps (`factor`), the overflow-safe scaling they share (`scaling`), the update
+of square points in their own frame that the square QR and Cayley steps share
+(`frame`), and the landing field (`landing`). Every function takes
 and returns plain tensors of shape (..., N, M), real or complex, with any
 leading batch dimensions. They do no argument checking (the manifold classes
 do that once, in front of them), so they can be used in hot loops, benchmarked

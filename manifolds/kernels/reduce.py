@@ -95,11 +95,12 @@ def rows_amax(t: torch.Tensor) -> torch.Tensor:
 def rows_absmax(t: torch.Tensor) -> torch.Tensor:
     """max |t| over the last two dimensions (shape (..., 1, 1)), like ``rows_amax(t.abs())``.
 
-    A real tensor is read once by ``aminmax`` with no |t| copy (a quarter of the
-    time at 512×512 in float32 on a CPU); a complex one takes its moduli.
+    A real tensor is reduced by ``amax`` and ``amin`` with no |t| copy (faster
+    than ``abs().amax()`` at every size measured, and than ``aminmax``, which is
+    ten times slower along dimensions); a complex one takes its moduli.
     """
     if t.is_complex() or t.shape[-2] * t.shape[-1] == 0:
         return rows_amax(t.abs())
-    lo, hi = torch.aminmax(t.flatten(-2), dim=-1)
-    local = torch.maximum(hi, lo.neg())[..., None, None]
-    return _all_reduce(local, dist.ReduceOp.MAX)
+    hi = t.amax(dim=(-2, -1), keepdim=True)
+    lo = t.amin(dim=(-2, -1), keepdim=True)
+    return _all_reduce(torch.maximum(hi, lo.neg()), dist.ReduceOp.MAX)

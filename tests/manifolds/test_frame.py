@@ -164,3 +164,22 @@ def test_square_float32_drift_does_not_accumulate(cplx, kind):
     eps = torch.finfo(dtype).eps
     assert errs[1] < 10 * n**0.5 * eps, errs
     assert errs[1] < 2 * errs[0] + n**0.5 * eps, errs
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.complex64, torch.bfloat16, torch.float16]
+)
+def test_rows_absmax_is_the_largest_modulus_per_matrix(dtype):
+    from stiefel.manifolds.kernels.reduce import rows_absmax
+
+    gen = torch.Generator().manual_seed(6)
+    base = torch.complex64 if dtype.is_complex else torch.float32
+    t = torch.randn(3, 2, 5, 4, dtype=base, generator=gen).to(dtype)
+    t[0, 1, 2, 3] = -1e3  # the largest modulus is a negative entry
+    ref = t.abs().to(torch.float64).flatten(-2).amax(-1)[..., None, None]
+    got = rows_absmax(t)
+    assert got.shape == (3, 2, 1, 1)
+    assert torch.equal(got.to(torch.float64), ref)
+    assert float(rows_absmax(t)[0, 1]) == 1e3
+    empty = torch.zeros(2, 0, 4, dtype=dtype)
+    assert torch.equal(rows_absmax(empty), torch.zeros(2, 1, 1, dtype=empty.abs().dtype))
