@@ -19,7 +19,7 @@ import torch
 
 from .basic import eye_like, flat, newton_schulz, sym, two_products
 from .factor import polar_descent, qr_descent
-from .frame import frame_update, replace_refused
+from .frame import frame_update, in_place, replace_refused
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 
@@ -174,7 +174,8 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     t = torch.linalg.matrix_norm(ph, keepdim=True)
     gamma, sigma = weights(lr * t)
     gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
-    ph.div_(t.clamp_min(torch.finfo(t.dtype).tiny))
+    tc = t.clamp_min(torch.finfo(t.dtype).tiny)
+    ph = ph.div_(tc) if in_place() else ph / tc
     lhs = ph * (0.5 * sigma)
     lhs.diagonal(dim1=-2, dim2=-1).add_(gamma[..., 0])  # γI + ½σŜ
 

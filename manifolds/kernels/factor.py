@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .basic import eye_like, flat, newton_schulz, polar, proj_tangent, qr_unique, sym, two_products
-from .frame import frame_update, replace_refused, shifted_gram
+from .frame import frame_update, in_place, replace_refused, shifted_gram
 from .reduce import gram, row_group
 from .scaling import scaled_step
 
@@ -58,8 +58,12 @@ Lr = float | torch.Tensor
 # Cholesky-QR), and qf(B) − I = (P − (R − γI))R⁻¹ by one triangular solve, so
 # a step costs XᴴS, PᴴP, a Cholesky factorization, the solve and the update
 # X + X(D − ½E): two products fewer than Householder QR of X·C − S followed by
-# Newton–Schulz. Using S = XH where XXᴴ = I + O(E) changes Y by O(‖E‖·lr),
-# below the rounding of the step.
+# Newton–Schulz. Off the manifold (XᴴX = I + E) the square step is the QR
+# retraction at the corrected point X̃ = X(I − ½E): X̃·qf(B), which is
+# qf(X̃·B) up to O(‖E‖²) and differs from qf(X − lr·d) by O(‖E‖) (qf of a
+# point off the manifold is not its polar correction); matrices refused by
+# the tests below take NS(qf(X̃·B)) by Householder QR, the same point up to
+# O(‖E‖²). On the manifold all of these are qf(X − lr·d).
 #
 # Drift: AᴴA uses the computed XᴴX of the current point, so Q is orthonormal
 # up to this step's own rounding, whatever the point's error (the same
@@ -70,9 +74,9 @@ Lr = float | torch.Tensor
 # κ(A)² ≤ 3), and (ii) (‖XC‖_F + ‖S‖_F)² ≤ 4‖A‖_F² (the terms cancel by at
 # most two bits; ‖XC‖²_F and ‖S‖²_F are traces of M×M matrices already
 # formed). Other matrices (long or rank-deficient steps) take Householder QR
-# with the sign fix of `qr_unique` and the Newton–Schulz step, as before; both
-# paths compute the unique thin QR factor, and every test of the result holds
-# for either.
+# with the sign fix of `qr_unique` and the Newton–Schulz step; on St(N, M),
+# N > M, both paths compute the unique thin QR factor, and every test of the
+# result holds for either.
 _RHO_MAX = 0.5
 _CANCEL_MAX = 4.0
 
@@ -152,10 +156,11 @@ def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     return replace_refused(y, ok, lambda sel: _householder(sel(_argument(x, c, s))))
 
 
-def _qr_square(x, p, skew, gamma, xx, argument) -> torch.Tensor:
-    r"""qf(X·B) = X·qf(B), B = γI + P, in the frame of X (Note [Square steps in the frame of X]).
+def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
+    r"""X̃·qf(B), B = γI + P, X̃ = X(I − ½E) (Note [Square steps in the frame of X]).
 
-    ``argument()`` forms X·C − S for the matrices that take the explicit path.
+    ``p_again()`` forms P again for the matrices that take the explicit path,
+    NS(qf(X̃·B)), which equals the frame path's X̃·qf(B) up to O(‖E‖²).
     """
     if xx is None:
         xx = gram(x, x)
@@ -165,24 +170,33 @@ def _qr_square(x, p, skew, gamma, xx, argument) -> torch.Tensor:
         pn = torch.linalg.matrix_norm(p, keepdim=True)
         ok = ok & ((gamma * x.shape[-1] ** 0.5 + pn) ** 2 <= _CANCEL_MAX * _trace(bb))
         diag = p.diagonal(dim1=-2, dim2=-1) - (r.diagonal(dim1=-2, dim2=-1) - gamma[..., 0])
-    # B − R = P − (R − γI), written over P (not needed after this), the diagonal
-    # from small terms: P's own minus R_jj − γ, or for a skew P (zero diagonal)
-    # γ − R_jj in one subtraction (exact while R_jj ≤ 2γ)
-    num = p.sub_(r)
+    # B − R = P − (R − γI), the diagonal from small terms: P's own minus R_jj − γ, or
+    # for a skew P (zero real part on the diagonal) γ − R_jj in one subtraction
+    # (exact while R_jj ≤ 2γ); written over P when autograd is off
+    fast = in_place()
+    num = p.sub_(r) if fast else p - r
     if skew:
         num.diagonal(dim1=-2, dim2=-1).add_(gamma[..., 0])
     else:
         num.diagonal(dim1=-2, dim2=-1).copy_(diag)
-    # qf(B) − I = B·R⁻¹ − I = (B − R)·R⁻¹, every operand small; solved in place
-    d = torch.linalg.solve_triangular(r, num, upper=True, left=False, out=num)
-    return replace_refused(frame_update(x, d, xx), ok, lambda sel: _householder(sel(argument())))
+    # qf(B) − I = B·R⁻¹ − I = (B − R)·R⁻¹, every operand small
+    d = torch.linalg.solve_triangular(r, num, upper=True, left=False, out=num if fast else None)
+
+    def explicit(sel):
+        xs, b = sel(x), _plus_diagonal(sel(p_again()), sel(gamma), x)
+        k = _plus_diagonal(-0.5 * sel(xx), sel(torch.full_like(gamma, 1.5)), x)
+        return _householder(xs @ (k @ b))  # qf(X(3I − XᴴX)/2 · B)
+
+    return replace_refused(frame_update(x, d, xx), ok, explicit)
 
 
 def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
     r"""QR step qf(X − lr·d) (R's diagonal positive); v projected onto the new tangent space.
 
     Computed through the Gram of X − lr·d (Note [QR retraction through the Gram
-    of X − lr·d]), with Householder QR and a Newton–Schulz step for long steps.
+    of X − lr·d]), with Householder QR and a Newton–Schulz step for long steps;
+    on O(n) and U(n) as X̃·qf(B) in the frame of X (Note [Square steps in the
+    frame of X]).
 
     Args:
         x: points (..., N, M).
@@ -197,7 +211,7 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
     s, gamma = scaled_step(d, lr)
     h = gram(x, s)
     if _square(x):  # B = γI − H
-        y = _qr_square(x, -h, False, gamma, xx, lambda: gamma * x - s)
+        y = _qr_square(x, -h, False, gamma, xx, lambda: -h)
     else:
         y = _qr_tall(x, s, h, None, gamma, xx)
     return y if v is None else (y, proj_tangent(y, v))
@@ -236,16 +250,14 @@ def qr_gradient_step(
     s, gamma = scaled_step(g, lr)
     h = gram(x, s)
 
-    def w():  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
-        return sym(h) if metric == "euclidean" else h.mH
+    if not _square(x):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
+        return _qr_tall(x, s, h, sym(h) if metric == "euclidean" else h.mH, gamma, xx)
 
-    if not _square(x):
-        return _qr_tall(x, s, h, w(), gamma, xx)
-    # B = γI + W − H: −skew(H) (Euclidean) or −2·skew(H) (canonical), exactly skew
-    p = h.mH - h
-    if metric == "euclidean":
-        p.mul_(0.5)
-    return _qr_square(x, p, True, gamma, xx, lambda: _argument(x, _plus_diagonal(w(), gamma, x), s))
+    def p_skew():  # B = γI + W − H: −skew(H) (Euclidean) or −2·skew(H) (canonical)
+        p = h.mH - h  # exactly skew
+        return p.mul_(0.5) if metric == "euclidean" else p
+
+    return _qr_square(x, p_skew(), True, gamma, xx, p_skew)
 
 
 qr_descent.gradient_step = qr_gradient_step  # type: ignore[attr-defined]

@@ -28,60 +28,80 @@ import torch
 
 from .basic import flat
 
-__all__ = ["frame_update", "shifted_gram", "replace_refused", "D_MAX"]
+__all__ = ["frame_update", "shifted_gram", "replace_refused", "in_place", "D_MAX"]
 
 # Note [Square steps in the frame of X]
 # On O(n) and U(n) a step is Y = X·Q, Q = I + D unitary and computed from
 # n×n matrices. With XᴴX = I + E, Y is formed as X + X·F with
-# F = (I − ½E)(I + D) − I = D − ½E − ½E·D:
-# - drift: (I − ½E) is the Newton–Schulz step of X (Note [Newton–Schulz drift
-#   correction]), so Y's Gram is Qᴴ(I − ¾E² + ¼E³)Q: the error of X is not
-#   carried over, only this step's rounding is added. E comes from the Gram XᴴX
-#   that the optimizer's off-manifold test forms anyway; the Newton–Schulz
-#   step after the retraction, which it replaces, costs two products;
-# - the product E·D: without it Y's Gram is QᴴQ + ½(DᴴE + ED) + DᴴED + O(E²),
-#   so the error of X is multiplied by at most ‖D‖₂ + ‖D‖₂², at most ¾ when
-#   ‖D‖_F ≤ ½. Short steps (‖D‖_F ≤ ½, the usual ones) skip it; a batch with
-#   a longer step pays one more product;
+# F = (I − ½E)(I + D) − I = D − ½E − ½E·D, i.e. Y = X̃·Q with
+# X̃ = X(I − ½E) the Newton–Schulz step of X (Note [Newton–Schulz drift
+# correction]): the retraction is taken at the corrected point X̃.
+# - drift: Y's Gram is Qᴴ(I − ¾E² + ¼E³)Q, so the error of X is not carried
+#   over, only this step's rounding is added. E comes from the Gram XᴴX that
+#   the optimizer's off-manifold test forms anyway; the Newton–Schulz step
+#   after the retraction, which it replaces, costs two products.
+# - the product E·D is formed only for the matrices with ‖D‖_F > ½ (a batch
+#   holding one pays one batched product). Without it Y's Gram is
+#   QᴴQ + ½(DᴴE + ED) + DᴴED + O(E²): the error of X is multiplied by at most
+#   ‖D‖₂ + ‖D‖₂² ≤ ¾ per step instead of being squared, and Y differs from
+#   X̃·Q by ½X·E·D. In float32, E is rounding (~1e-6 at n = 512) and both are
+#   below the step's own rounding; a point further off keeps a fraction ‖D‖ of
+#   its error for one step, and the next steps take it to rounding.
 # - rounding: the one product acts on the small F (O(lr) for a short step),
-#   so its rounding is O(eps·‖F‖), below that of storing Y; I + D and X·Q are
-#   never formed (forming I + D in float32 already rounds its diagonal by
-#   eps, which is the whole drift budget at n = 512).
+#   so its rounding is O(eps·‖F‖), below that of storing Y; X·Q is never
+#   formed, and F's diagonal D_jj − ½(XᴴX_jj − 1) is formed from the exact
+#   difference XᴴX_jj − 1 (Sterbenz). D itself carries the rounding of the
+#   factorization it comes from.
 # Measured on O(512), float32, lr = 1e-3, random gradients: ‖YᴴY − I‖_F
 # stays at 6.0e-6 (QR) against 6.4e-6 for Householder QR + Newton–Schulz and
 # 1.4e-5 for geoopt's Householder QR; rounding X to float32 alone gives 8e-7.
+# The kernels write their temporaries in place (a 512×512 float32 temporary is
+# a fresh 1 MiB allocation, about a tenth of a product's time) unless autograd
+# records the call (`torch.is_grad_enabled()`): then every operation is out of
+# place and the step is differentiable, as the tall steps are.
 D_MAX = 0.5
+
+
+def in_place() -> bool:
+    """Whether the kernels may write their temporaries in place (autograd is off)."""
+    return not torch.is_grad_enabled()
 
 
 @torch.compiler.disable
 def frame_update(x: torch.Tensor, d: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
     """Y = X + X·((I − ½E)(I + D) − I), E = XᴴX − I (Note [Square steps in the frame of X]).
 
-    The term −½E·D is formed only when some ‖D‖_F exceeds `D_MAX` (one host
-    synchronisation).
+    The term −½E·D is formed for the matrices with ‖D‖_F > `D_MAX` only (one
+    host synchronisation to know whether any has it).
 
     Args:
         x: square points (..., n, n).
-        d: Q − I for the unitary Q of the step, (..., n, n) (broadcastable); it is
-            overwritten.
+        d: Q − I for the unitary Q of the step, (..., n, n); a temporary of the
+            caller, overwritten unless autograd is on.
         xx: XᴴX, (..., n, n).
 
     Returns:
-        Y, shape of ``x``.
+        Y, of the broadcast batch shape of ``x`` and ``d``.
     """
-    long = bool((torch.linalg.matrix_norm(d) > D_MAX).any())
-    ed = xx @ d - d if long else None  # E·D
+    n = x.shape[-1]
+    long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
+    ed = (xx @ d - d) * long if bool(long.any()) else None  # E·D where ‖D‖_F > ½
+    d_diag = d.diagonal(dim1=-2, dim2=-1).clone()
+    e_diag = xx.diagonal(dim1=-2, dim2=-1) - 1  # exact: XᴴX_jj is within 2× of 1
     # XᴴX is Hermitian: its transposed view has the layout of a LAPACK result (column
     # major), so the sum reads both operands in one order (a mixed-layout sum costs 5×)
-    if d.stride(-2) == 1:
-        xx = xx.mH if xx.is_complex() else xx.mT
-    f = d.add_(xx, alpha=-0.5)  # written over D (the caller's temporary)
-    f.diagonal(dim1=-2, dim2=-1).add_(0.5)  # D − ½E
+    xx_t = xx.mH if xx.is_complex() else xx.mT
+    xx_l = xx_t if d.stride(-2) == 1 and xx_t.stride(-1) == 1 else xx
+    f = d.add_(xx_l, alpha=-0.5) if in_place() else torch.add(d, xx_l, alpha=-0.5)
+    f.diagonal(dim1=-2, dim2=-1).copy_(d_diag - 0.5 * e_diag)  # D − ½E
     if ed is not None:
-        f.sub_(ed, alpha=0.5)  # − ½E·D
-    if x.dim() == 2:
-        return torch.addmm(x, x, f)
-    return torch.baddbmm(flat(x), flat(x), flat(f.expand_as(x))).reshape(x.shape)
+        f = f.sub_(ed, alpha=0.5) if in_place() else f - 0.5 * ed  # − ½E·D
+    batch = torch.broadcast_shapes(x.shape[:-2], f.shape[:-2])
+    xb = x.expand(*batch, n, n)
+    if xb.dim() == 2:
+        return torch.addmm(xb, xb, f)
+    fb = f.expand(*batch, n, n)
+    return torch.baddbmm(flat(xb), flat(xb), flat(fb)).reshape(*batch, n, n)
 
 
 def shifted_gram(p: torch.Tensor, gamma: torch.Tensor, skew: bool = False) -> torch.Tensor:

@@ -6,6 +6,8 @@ frame path, the path with the product E·D (‖D‖_F > ½) and the explicit pat
 and float32 drift that does not accumulate on O(n) and U(n).
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -35,8 +37,9 @@ def _err(x):
 
 @pytest.mark.parametrize("cplx", CPLX)
 def test_frame_update_is_x_corrected_times_q(cplx):
-    # Y = X(I − ½E)(I + D), E = XᴴX − I, for a short D (E·D skipped: the result
-    # then differs by ½X·E·D only) and a long D (E·D formed), in one batch
+    # Y = X(I − ½E)(I + D), E = XᴴX − I: for a long D (‖D‖_F > ½) exactly, for a
+    # short D without the product E·D (Y = X + X(D − ½E)); one batch holds both,
+    # and each matrix's result is the one it gets alone
     dtype = _dtype(cplx)
     gen = torch.Generator().manual_seed(0)
     n = 9
@@ -45,18 +48,37 @@ def test_frame_update_is_x_corrected_times_q(cplx):
     eye = torch.eye(n, dtype=dtype)
     small = torch.linalg.matrix_exp(0.01 * (q[0] - q[0].mH))  # unitary, close to I
     d = torch.stack((small - eye, q[1] - eye))
+    assert (
+        float(torch.linalg.matrix_norm(d[0])) < frame.D_MAX < float(torch.linalg.matrix_norm(d[1]))
+    )
     xx = x.mH @ x
     e = xx - eye
     exact = x @ (eye - 0.5 * e) @ (eye + d)
-    y = frame.frame_update(x, d.clone(), xx)
-    assert float(torch.linalg.matrix_norm(d[1])) > frame.D_MAX  # the batch has a long step
-    assert float((y - exact).abs().max()) < 1e-13  # E·D formed for the whole batch
-    y0 = frame.frame_update(x[0], d[0].clone(), xx[0])  # short alone: E·D skipped
-    assert float((y0 - (x[0] + x[0] @ (d[0] - 0.5 * e[0]))).abs().max()) < 1e-13
-    assert float((y0 - exact[0]).abs().max()) < 1e-4 * 0.1  # ½‖E‖‖D‖
-    # the error of X is not carried over: ‖YᴴY − I‖ = O(‖E‖²) for the long step too
+    with torch.no_grad():  # the optimizers' mode: D is overwritten
+        y = frame.frame_update(x, d.clone(), xx)
+    assert float((y[1] - exact[1]).abs().max()) < 1e-13
+    assert float((y[0] - (x[0] + x[0] @ (d[0] - 0.5 * e[0]))).abs().max()) < 1e-13
+    assert float((y[0] - exact[0]).abs().max()) < 1e-4 * 0.1  # ½‖X E D‖
+    for i in range(2):  # batch independence (to rounding: one product, not batched)
+        assert float((frame.frame_update(x[i], d[i].clone(), xx[i]) - y[i]).abs().max()) < 1e-14
+    # the error of X is not carried over: O(‖E‖²) for the long step, O(‖E‖·‖D‖) short
     assert float(_err(x).min()) > 1e-4
-    assert float(_err(y).max()) < 1e-6
+    assert float(_err(y[1])) < 1e-6
+    dn = float(torch.linalg.matrix_norm(d[0]))  # ‖E‖ multiplied by at most ‖D‖ + ‖D‖²
+    assert float(_err(y[0])) < (dn + dn**2) * float(_err(x[0])) + 1e-12
+
+
+def test_square_steps_are_differentiable():
+    # with autograd on, the kernels take their out-of-place path: gradcheck through
+    # the square QR and Cayley steps (real and complex), against finite differences
+    gen = torch.Generator().manual_seed(7)
+    for dtype in (torch.float64, torch.complex128):
+        x = kernels.haar(4, 4, dtype=dtype, generator=gen)
+        g = torch.randn(4, 4, dtype=dtype, generator=gen, requires_grad=True)
+        for step in (kernels.qr_gradient_step, kernels.cayley_gradient_step):
+            for metric in ("euclidean", "canonical"):
+                fn = functools.partial(step, x, lr=0.1, metric=metric)
+                assert torch.autograd.gradcheck(fn, (g,))
 
 
 @pytest.mark.parametrize("cplx", CPLX)
