@@ -4,8 +4,9 @@ Run from a checkout: ``python -m benchmarks.square`` (``--quick`` for a short ru
 For each n (default 256, 512, 1024) and dtype (float32: O(n); complex64: U(n)):
 
 - **optimizer step**: ``opt.step()`` on a fixed random gradient (unit normal
-  entries, lr = 1e-3), the median over interleaved rounds (each round steps
-  every optimizer once, so a slow phase of the machine hits all of them):
+  entries, ``--lr``, default 1e-3: a step of ‖lr·G‖_F ≈ lr·n), the median
+  over interleaved rounds (each round steps every optimizer once, so a slow
+  phase of the machine hits all of them):
   ours, ``rgd`` with metric euclidean / canonical × retraction qr / cayley on
   `Orthogonal` / `Unitary` (our steps include the finiteness and off-manifold
   tests of every step); geoopt's ``RiemannianSGD`` on ``EuclideanStiefel``
@@ -54,7 +55,9 @@ def _label(metric: str, retr: str) -> str:
     return f"rgd ({metric}, {retr})"
 
 
-def _optimizers(x0: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.optim.Optimizer]]:
+def _optimizers(
+    x0: torch.Tensor, lr: float
+) -> dict[str, tuple[torch.Tensor, torch.optim.Optimizer]]:
     n = x0.shape[-1]
     man = Unitary(n) if x0.is_complex() else Orthogonal(n)
     out = {}
@@ -62,31 +65,31 @@ def _optimizers(x0: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.optim.O
         p = geoopt.ManifoldParameter(x0.clone(), manifold=man)
         out[_label(metric, retr)] = (
             p,
-            optimizers.create("rgd", [p], lr=LR, metric=metric, retraction=retr),
+            optimizers.create("rgd", [p], lr=lr, metric=metric, retraction=retr),
         )
     for label, geo in (
         (GEO_QR, geoopt.EuclideanStiefel()),
         (GEO_CAYLEY, geoopt.CanonicalStiefel()),
     ):
         p = geoopt.ManifoldParameter(x0.clone(), manifold=geo)
-        out[label] = (p, geoopt.optim.RiemannianSGD([p], lr=LR))
+        out[label] = (p, geoopt.optim.RiemannianSGD([p], lr=lr))
     return out
 
 
-def _kernels(n: int) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     eucl, canon = geoopt.EuclideanStiefel(), geoopt.CanonicalStiefel()
 
     def ours(step):
-        return lambda x, g: step(x, g, LR, "euclidean", xx=kernels.reduce.gram(x, x))
+        return lambda x, g: step(x, g, lr, "euclidean", xx=kernels.reduce.gram(x, x))
 
     return {
         "our qr kernel (+ XᴴX)": ours(kernels.qr_gradient_step),
         "our cayley kernel (+ XᴴX)": ours(kernels.cayley_gradient_step),
         "geoopt Euclidean egrad2rgrad + retr": lambda x, g: eucl.retr(
-            x, -LR * eucl.egrad2rgrad(x, g)
+            x, -lr * eucl.egrad2rgrad(x, g)
         ),
         "geoopt canonical egrad2rgrad + retr": lambda x, g: canon.retr(
-            x, -LR * canon.egrad2rgrad(x, g)
+            x, -lr * canon.egrad2rgrad(x, g)
         ),
     }
 
@@ -115,10 +118,10 @@ def _error64(x: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(x.mH @ x - eye))
 
 
-def drift(x0: torch.Tensor, steps: int, seed: int = 1) -> dict[str, Any]:
+def drift(x0: torch.Tensor, steps: int, lr: float = LR, seed: int = 1) -> dict[str, Any]:
     """‖XᴴX − I‖_F after ``steps`` steps of every optimizer (same gradients for all)."""
     out: dict[str, Any] = {}
-    for label, (p, opt) in _optimizers(x0).items():
+    for label, (p, opt) in _optimizers(x0, lr).items():
         gen = torch.Generator().manual_seed(seed)
         try:
             for _ in range(steps):
@@ -130,17 +133,19 @@ def drift(x0: torch.Tensor, steps: int, seed: int = 1) -> dict[str, Any]:
     return out
 
 
-def run(n: int, dtype: torch.dtype, rounds: int, steps: int, with_drift: bool) -> dict[str, Any]:
+def run(
+    n: int, dtype: torch.dtype, rounds: int, steps: int, with_drift: bool, lr: float = LR
+) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     x0 = kernels.haar(n, n, dtype=dtype, generator=gen)
     g = torch.randn(n, n, dtype=dtype, generator=gen)
-    opts = _optimizers(x0)
+    opts = _optimizers(x0, lr)
     for p, _ in opts.values():
         p.grad = g.clone()
     step = _interleaved({k: o.step for k, (_, o) in opts.items()}, rounds)
-    kern = _interleaved({k: (lambda f=f: f(x0, g)) for k, f in _kernels(n).items()}, rounds)
+    kern = _interleaved({k: (lambda f=f: f(x0, g)) for k, f in _kernels(lr).items()}, rounds)
     res = {"n": n, "dtype": str(dtype).replace("torch.", ""), "step": step, "kernel": kern}
-    res["drift"] = drift(x0, steps) if with_drift else {}
+    res["drift"] = drift(x0, steps, lr) if with_drift else {}
     return res
 
 
@@ -205,6 +210,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     p.add_argument("--steps", type=int, default=1000, help="steps of the drift run")
     p.add_argument("--drift-sizes", default=None, help="n,... with a drift run (default: all)")
+    p.add_argument("--lr", type=float, default=LR, help=f"step size (default {LR})")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
@@ -221,12 +227,12 @@ def main(argv: list[str] | None = None) -> str:
     for dtype in dtypes:
         for n in sizes:
             t0 = time.perf_counter()
-            results.append(run(n, dtype, rounds, steps, n in drift_sizes))
+            results.append(run(n, dtype, rounds, steps, n in drift_sizes, args.lr))
             print(f"  measured n = {n}, {dtype} in {time.perf_counter() - t0:.0f} s", flush=True)
     tg = targets(results)
     text = "\n".join(
         [
-            f"lr = {LR}, gradient entries N(0, 1), {rounds} interleaved rounds, "
+            f"lr = {args.lr}, gradient entries N(0, 1), {rounds} interleaved rounds, "
             f"{torch.get_num_threads()} threads",
             "",
             report(results, steps),
@@ -236,7 +242,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     print(text)
     if args.json:
-        write_json(args.json, {"results": results, "targets": tg, "lr": LR, "steps": steps})
+        write_json(args.json, {"results": results, "targets": tg, "lr": args.lr, "steps": steps})
     return text
 
 
