@@ -150,16 +150,20 @@ def test_square_steps_mix_their_paths_in_one_batch(cplx, metric):
         assert float((yi - ref_qr[i]).abs().max()) < tol
 
 
+def _float32_case(cplx, kind, seed):
+    """(float32/complex64 dtype, generator, the square gradient step of ``kind``)."""
+    step = kernels.qr_gradient_step if kind == "qr" else kernels.cayley_gradient_step
+    return _dtype(cplx, low=True), torch.Generator().manual_seed(seed), step
+
+
 @pytest.mark.parametrize("cplx", CPLX)
 @pytest.mark.parametrize("kind", ["qr", "cayley"])
 def test_square_float32_error_is_corrected_not_carried(cplx, kind):
     # a point 1e-3 off O(n)/U(n) in float32: short steps (the frame path, no E·D, no
     # explicit path) correct it with the point's own Gram (Newton–Schulz to first order)
-    dtype = _dtype(cplx, low=True)
-    gen = torch.Generator().manual_seed(4)
+    dtype, gen, step = _float32_case(cplx, kind, 4)
     n = 64
     x = _near_point(n, (), _dtype(cplx), 1e-3 / n, gen).to(dtype)
-    step = kernels.qr_gradient_step if kind == "qr" else kernels.cayley_gradient_step
     start = float(_err(x))
     for lr in (1e-3,) * 4:
         x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), lr)
@@ -173,11 +177,9 @@ def test_square_float32_error_is_corrected_not_carried(cplx, kind):
 def test_square_float32_drift_does_not_accumulate(cplx, kind):
     # 400 random-gradient steps on O(128)/U(128) in float32: the error stays at the
     # rounding of one step (measured ~2·√n·eps), it does not grow with the steps
-    dtype = _dtype(cplx, low=True)
-    gen = torch.Generator().manual_seed(5)
+    dtype, gen, step = _float32_case(cplx, kind, 5)
     n = 128
     x = kernels.haar(n, n, dtype=_dtype(cplx), generator=gen).to(dtype)
-    step = kernels.qr_gradient_step if kind == "qr" else kernels.cayley_gradient_step
     errs = []
     for k in range(400):
         x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), 2e-3)
