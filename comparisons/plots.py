@@ -41,13 +41,30 @@ def _resolution(dtype: str) -> float:
     return float(torch.finfo(precision(dtype)[0]).eps)
 
 
+_DTYPE_STYLES = ("-", "--", ":", "-.")
+
+
 def drift_figure(runs: list[dict]):
+    """One colour per strategy, one line style per dtype (so 8 strategies × 2 dtypes
+    never repeat a colour within a style), markers past the tenth strategy."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    strategies = list(dict.fromkeys(r["strategy"] for r in runs))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in runs))
     for r in runs:
         steps = [s for s, d in zip(r["step"], r["drift"], strict=True) if d is not None]
         vals = [max(d, 1e-18) for d in r["drift"] if d is not None]
         if vals:
-            ax.semilogy(steps, vals, label=f"{r['strategy']} [{r['dtype']}]")
+            i = strategies.index(r["strategy"])
+            ax.semilogy(
+                steps,
+                vals,
+                color=colours[i % len(colours)],
+                ls=_DTYPE_STYLES[dtypes.index(r["dtype"]) % len(_DTYPE_STYLES)],
+                marker=None if i < len(colours) else MARKERS[(i // len(colours)) % len(MARKERS)],
+                markevery=max(1, len(steps) // 10),
+                label=f"{r['strategy']} [{r['dtype']}]",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel(r"orthogonality error $\|X^H X - I\|_F$")
     ax.set_title("Orthogonality drift")
