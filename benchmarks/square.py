@@ -114,8 +114,7 @@ def _interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[st
 
 def _error64(x: torch.Tensor) -> float:
     x = x.detach().to(torch.complex128 if x.is_complex() else torch.float64)
-    eye = torch.eye(x.shape[-1], dtype=x.dtype)
-    return float(torch.linalg.matrix_norm(x.mH @ x - eye))
+    return float(kernels.orthogonality_error(x))
 
 
 def drift(x0: torch.Tensor, steps: int, lr: float = LR, seed: int = 1) -> dict[str, Any]:

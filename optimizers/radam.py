@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ..manifolds.kernels.reduce import rows_amax
+from ..manifolds.kernels.reduce import rows_absmax
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import register
@@ -223,7 +223,7 @@ def _pow2_at_least(r: torch.Tensor) -> torch.Tensor:
 
 
 def _rows_amax_abs(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    return rows_amax(u.abs())
+    return rows_absmax(u)
 
 
 def _component_amax(geo: Geometry, x: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:

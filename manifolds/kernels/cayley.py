@@ -19,7 +19,7 @@ import torch
 
 from .basic import eye_like, flat, newton_schulz, sym, two_products
 from .factor import polar_descent, qr_descent
-from .frame import frame_update, in_place, replace_refused
+from .frame import frame_update, in_frame, in_place, replace_refused
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 
@@ -200,8 +200,7 @@ def _cayley(x, d, lr, v, xx, smw):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
     dn, mu = normalize(d)
     lr = lr * mu
-    n, m = x.shape[-2:]
-    if smw is None and n == m and row_group() is None:
+    if smw is None and in_frame(x):
         return _square(x, x.mH @ dn, lr, v, v is d, mu, xx)
     if xx is None:
         xx = gram(x, x)
@@ -293,11 +292,10 @@ def cayley_gradient_step(
     """
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
-    n, m = x.shape[-2:]
     gn, mu = normalize(g)
     lr = lr * mu
     h = gram(x, gn)
-    if n == m and row_group() is None:  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
+    if in_frame(x):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
         return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx)
     w = sym(h) if metric == "euclidean" else h.mH
     if xx is None:

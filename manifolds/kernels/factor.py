@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from .basic import eye_like, flat, newton_schulz, polar, proj_tangent, qr_unique, sym, two_products
-from .frame import frame_update, in_place, replace_refused, shifted_gram
-from .reduce import gram, row_group
+from .frame import frame_update, in_frame, in_place, replace_refused, shifted_gram
+from .reduce import gram
 from .scaling import scaled_step
 
 __all__ = [
@@ -79,11 +79,6 @@ Lr = float | torch.Tensor
 # result holds for either.
 _RHO_MAX = 0.5
 _CANCEL_MAX = 4.0
-
-
-def _square(x: torch.Tensor) -> bool:
-    """O(n)/U(n) with every row here (a row-sharded point takes the Gram path)."""
-    return x.shape[-2] == x.shape[-1] and row_group() is None
 
 
 def _trace(a: torch.Tensor) -> torch.Tensor:
@@ -182,10 +177,9 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
     # qf(B) − I = B·R⁻¹ − I = (B − R)·R⁻¹, every operand small
     d = torch.linalg.solve_triangular(r, num, upper=True, left=False, out=num if fast else None)
 
-    def explicit(sel):
-        xs, b = sel(x), _plus_diagonal(sel(p_again()), sel(gamma), x)
-        k = _plus_diagonal(-0.5 * sel(xx), sel(torch.full_like(gamma, 1.5)), x)
-        return _householder(xs @ (k @ b))  # qf(X(3I − XᴴX)/2 · B)
+    def explicit(sel):  # qf(X̃·B), X̃ = X(3I − XᴴX)/2 from the Gram already formed
+        b = _plus_diagonal(sel(p_again()), sel(gamma), x)
+        return _householder(newton_schulz(sel(x), sel(xx)) @ b)
 
     return replace_refused(frame_update(x, d, xx), ok, explicit)
 
@@ -210,7 +204,7 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
     """
     s, gamma = scaled_step(d, lr)
     h = gram(x, s)
-    if _square(x):  # B = γI − H
+    if in_frame(x):  # B = γI − H
         y = _qr_square(x, -h, False, gamma, xx, lambda: -h)
     else:
         y = _qr_tall(x, s, h, None, gamma, xx)
@@ -250,7 +244,7 @@ def qr_gradient_step(
     s, gamma = scaled_step(g, lr)
     h = gram(x, s)
 
-    if not _square(x):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
+    if not in_frame(x):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
         return _qr_tall(x, s, h, sym(h) if metric == "euclidean" else h.mH, gamma, xx)
 
     def p_skew():  # B = γI + W − H: −skew(H) (Euclidean) or −2·skew(H) (canonical)

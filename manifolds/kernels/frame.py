@@ -27,8 +27,9 @@ from collections.abc import Callable
 import torch
 
 from .basic import flat
+from .reduce import row_group
 
-__all__ = ["frame_update", "shifted_gram", "replace_refused", "in_place", "D_MAX"]
+__all__ = ["in_frame", "frame_update", "shifted_gram", "replace_refused", "in_place", "D_MAX"]
 
 # Note [Square steps in the frame of X]
 # On O(n) and U(n) a step is Y = X·Q, Q = I + D unitary and computed from
@@ -60,6 +61,15 @@ __all__ = ["frame_update", "shifted_gram", "replace_refused", "in_place", "D_MAX
 # records the call (`torch.is_grad_enabled()`): then every operation is out of
 # place and the step is differentiable, as the tall steps are.
 D_MAX = 0.5
+
+
+def in_frame(x: torch.Tensor) -> bool:
+    """Whether ``x`` takes the square steps: O(n)/U(n) with every row on this rank.
+
+    A row-sharded point (`row_group`) is not square locally; it takes the Gram
+    (QR) or Woodbury (Cayley) path, whose products reduce over the ranks.
+    """
+    return x.shape[-2] == x.shape[-1] and row_group() is None
 
 
 def in_place() -> bool:
