@@ -124,11 +124,14 @@ def complexity_figure(
     title: str,
     rate: float | None = None,
     fit_min: int = 0,
+    flops_key: str = "flops",
 ):
     """Log–log time against size per series, ticks at the measured sizes.
 
-    With ``rate`` (FLOP/s), each series with a FLOP model gets a dashed line
-    at flops / rate in its colour: the time the model predicts at the GEMM rate.
+    With ``rate`` (FLOP/s), each series with a FLOP model (``r[flops_key]``, the
+    model of the plotted time: forward+backward FLOPs for a forward+backward
+    time) gets a dashed line at flops / rate in its colour: the time the model
+    predicts at the GEMM rate.
     Slopes are fitted over the sizes >= ``fit_min`` only (none with fewer than two).
     """
     modelled = False
@@ -145,7 +148,7 @@ def complexity_figure(
         # the colour cycle has 10 colours: series 11–20 repeat them with another marker
         marker = MARKERS[(i // 10) % len(MARKERS)]
         (line,) = ax.loglog(xs, ys, marker=marker, ls="-", label=name)
-        flops = [r.get("flops", float("nan")) for r in rs]
+        flops = [r.get(flops_key, float("nan")) for r in rs]
         if rate and all(np.isfinite(flops)):
             # a dash marker too, so the model shows at a single measured size
             model = [f / rate for f in flops]

@@ -231,6 +231,7 @@ def complexity_section(store: RunStore, opts: dict) -> dict:
             "Maps: forward + backward",
             rate,
             cx.FIT_MIN_N,
+            flops_key="forward_backward_flops",
         ),
         "complexity_maps",
     )
