@@ -11,8 +11,9 @@ For each n (default 256, 512, 1024) and dtype (float32: O(n); complex64: U(n)):
   `Orthogonal` / `Unitary` (our steps include the finiteness and off-manifold
   tests of every step); geoopt's ``RiemannianSGD`` on ``EuclideanStiefel``
   (Householder QR) and ``CanonicalStiefel`` (Cayley transform of an n×n A);
-- **kernel alone**: our fused kernels (with the XᴴX they reuse) against geoopt's
-  ``egrad2rgrad`` + ``retr``, without any optimizer around them;
+- **kernel alone**: our fused kernels as the optimizer calls them (the wide XᴴX
+  in one call of ``CHECK_EVERY``) against geoopt's ``egrad2rgrad`` + ``retr``,
+  without any optimizer around them;
 - **drift**: ‖XᴴX − I‖_F (in float64) after ``--steps`` steps with fresh random
   gradients, the same sequence for everyone, for the sizes in ``--drift-sizes``.
 
@@ -81,11 +82,21 @@ def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torc
     eucl, canon = geoopt.EuclideanStiefel(), geoopt.CanonicalStiefel()
 
     def ours(step):
-        return lambda x, g: step(x, g, lr, "euclidean", xx=kernels.reduce.gram(x, x))
+        # as the optimizer calls it: one call in CHECK_EVERY forms the wide XᴴX and
+        # corrects the drift, the others pass UNCORRECTED; the calls cycle through both
+        count = iter(range(10**9))
 
+        def call(x, g):
+            if next(count) % kernels.frame.CHECK_EVERY:
+                return step(x, g, lr, "euclidean", xx=kernels.frame.UNCORRECTED)
+            return step(x, g, lr, "euclidean", xx=kernels.frame.wide_gram(x))
+
+        return call
+
+    every = kernels.frame.CHECK_EVERY
     return {
-        "our qr kernel (+ XᴴX)": ours(kernels.qr_gradient_step),
-        "our cayley kernel (+ XᴴX)": ours(kernels.cayley_gradient_step),
+        f"our qr kernel (wide XᴴX every {every}th call)": ours(kernels.qr_gradient_step),
+        f"our cayley kernel (wide XᴴX every {every}th call)": ours(kernels.cayley_gradient_step),
         "geoopt Euclidean egrad2rgrad + retr": lambda x, g: eucl.retr(
             x, -lr * eucl.egrad2rgrad(x, g)
         ),
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> str:
     sizes = [16, 32] if args.quick else [int(s) for s in args.sizes.split(",")]
     rounds, steps = (3, 20) if args.quick else (args.rounds, args.steps)
     drift_sizes = (
-        sizes if args.drift_sizes is None else [int(s) for s in args.drift_sizes.split(",")]
+        sizes if args.drift_sizes is None else [int(s) for s in args.drift_sizes.split(",") if s]
     )
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     print(header("Square steps: ours against geoopt"), flush=True)

@@ -47,7 +47,9 @@ METRICS = tuple(EGRAD2RGRAD)
 # load_state_dict of an arbitrary matrix, a weight scaled by 3: K = −3I) the same
 # factor diverges, NaN in a few steps. So a point with ‖E‖_F above OFF_MANIFOLD is
 # projected (polar factor) with a warning before the step; the test reuses the
-# XᴴX the Cayley step needs anyway.
+# XᴴX the Cayley step needs anyway. A square point is tested (with its float64
+# Gram) at every CHECK_EVERY-th step and whenever the optimizer did not write it
+# itself (Note [The drift correction every CHECK_EVERY-th square step]).
 OFF_MANIFOLD = 0.5
 
 
@@ -104,11 +106,20 @@ class Geometry:
         """
         return kernel(x, *args, **kwargs)
 
-    def off_manifold(self, x: torch.Tensor) -> torch.Tensor | None:
+    def off_manifold(
+        self, x: torch.Tensor, step: int | None = None, unchanged: bool = False
+    ) -> torch.Tensor | None:
         """A bool tensor, True when ``x`` is too far off to be stepped; None: no test.
 
         Called by the optimizer's step before the rule; a geometry may keep
         what it formed (e.g. XᴴX) for the step that follows on the same ``x``.
+
+        Args:
+            x: the point.
+            step: how many steps the optimizer has taken on this parameter (None:
+                unknown).
+            unchanged: ``x`` is the point the optimizer's previous step wrote;
+                a geometry may then skip the test and return None.
         """
         return None
 
@@ -170,16 +181,24 @@ class StiefelGeometry(Geometry):
         self.retraction = choice("retraction", retraction, table)
         self._descent = table[retraction]
         self._fused = getattr(self._descent, "gradient_step", None)
-        self._gram: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._gram: tuple[torch.Tensor, object] | None = None
+        self._skips = getattr(self._descent, "takes_uncorrected", False)
 
-    def _xx(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _xx(self, x: torch.Tensor):
         if self._gram is not None and self._gram[0] is x:
             return self._gram[1]
         return None
 
-    def off_manifold(self, x):
-        xx = kernels.reduce.gram(x, x)
-        self._gram = (x, xx)
+    def off_manifold(self, x, step=None, unchanged=False):
+        frame = kernels.frame
+        square = frame.in_frame(x) and self._skips
+        # Note [The drift correction every CHECK_EVERY-th square step]
+        correct = not square or step is None or step % frame.CHECK_EVERY == 0
+        if not correct and unchanged:
+            self._gram = (x, frame.UNCORRECTED)
+            return None
+        xx = frame.wide_gram(x) if square else kernels.reduce.gram(x, x)
+        self._gram = (x, xx if correct else frame.UNCORRECTED)
         # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding
         # of the difference (~M·eps) is far below OFF_MANIFOLD² (only the test uses it)
         tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)

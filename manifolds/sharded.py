@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -185,6 +187,7 @@ class ShardedGeometry(Geometry):
 
         return tuple(wrap(t) for t in out) if isinstance(out, tuple) else wrap(out)
 
-    def off_manifold(self, x):
+    def off_manifold(self, x, step=None, unchanged=False):
         # this rank's answer: the optimizer ORs it over the ranks with its other flags
-        return self._run(self.inner.off_manifold, x)
+        inner = functools.partial(self.inner.off_manifold, step=step, unchanged=unchanged)
+        return self._run(inner, x)

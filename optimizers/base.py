@@ -216,6 +216,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         self.telemetry = telemetry
         self.orthogonality_history: list[torch.Tensor] = []
         self._warned_nonfinite = False
+        # id(p) → the versions of p and its master after this optimizer wrote them
+        # (Note [Points as the optimizer left them])
+        self._written: dict[int, tuple] = {}
         super().__init__(params, defaults)
 
     # ------------------------------------------------------------------ plugin interface
@@ -390,6 +393,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         ]
         super().load_state_dict(state_dict)
         self._restore_master_dtypes(saved_groups, state_dict.get("state", {}))
+        self._written.clear()  # loaded masters: test every point at its next step
 
     # ------------------------------------------------------------------ low precision
     # Note [float32 master copy of a low-precision parameter]
@@ -474,7 +478,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         sharded parameter ``grad`` is the local shard and ``agree`` ORs the flags
         over the ranks, so that every rank takes the same branch.
         """
-        flags = torch.isfinite(grad.sum()).logical_not().reshape(1)
+        total = grad.sum()
+        if off is None and agree is None:  # one scalar: its test on the host (6 ops fewer)
+            bad = not math.isfinite(abs(total.item()))
+            if bad:
+                bad = not bool(torch.isfinite(grad).all())
+            return bad, False
+        flags = torch.isfinite(total).logical_not().reshape(1)
         if off is not None:
             flags = torch.cat((flags, off.reshape(1).to(flags.device)))
         if agree is not None:
@@ -532,7 +542,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         # the point the rule steps: p, or the float32 master of a float16/bfloat16
         # p (Note [float32 master copy of a low-precision parameter])
         x, grad = self._working(p, grad, state)
-        off = None if self.accepts_off_manifold else geo.off_manifold(x)
+        steps = state.get("step")
+        off = None
+        if not self.accepts_off_manifold:
+            off = geo.off_manifold(
+                x, None if steps is None else int(steps), self._unchanged(p, state)
+            )
         if isinstance(grad, DTensor):  # local tests, one agreement (Note [Row-sharded kernels])
             agree = functools.partial(any_rank, mesh=grad.device_mesh)
             bad_grad, is_off = self._nonfinite(grad.to_local(), off, agree)
@@ -586,6 +601,28 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             state.update(saved[0])
             return
         self._store(p, state, new)
+        self._written[id(p)] = self._versions(p, state)
+
+    # Note [Points as the optimizer left them]
+    # A geometry may skip its off-manifold test (and the wide Gram of a square
+    # point, Note [The drift correction every CHECK_EVERY-th square step]) when the
+    # point is the one this optimizer wrote at its previous step. torch's version
+    # counter of a tensor counts its in-place changes (load_state_dict's copy_, an
+    # edit under no_grad, init_): ours were the last ones when the versions of p
+    # (and of its master) are those recorded after the store. `.data` has a
+    # counter of its own: a change through it is caught at the next scheduled
+    # test. Nothing of this is saved: a loaded optimizer tests every point at its
+    # next step (which points get corrected depends on the saved step count only,
+    # so a resumed run repeats the original one bit for bit).
+    @staticmethod
+    def _versions(p: torch.Tensor, state: dict) -> tuple:
+        master = state.get("master")
+        return (getattr(p, "_version", None), None if master is None else master._version)
+
+    def _unchanged(self, p: torch.Tensor, state: dict) -> bool:
+        """Whether p (and its master) are as this optimizer's last step left them."""
+        record = self._written.get(id(p))
+        return record is not None and record[0] is not None and record == self._versions(p, state)
 
     # Note [A skipped step leaves the state as it was]
     # A step whose result is not finite is skipped, and skipped entirely: its

@@ -24,6 +24,7 @@ import math
 import torch
 
 from ..manifolds.kernels import proj_tangent
+from ..manifolds.kernels.frame import CHECK_EVERY
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import register
@@ -92,8 +93,9 @@ class RGD(RiemannianOptimizer):
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = (
         "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
-        "26n³/3 on O(n) (three products and an n×n solve); qr: 10NM² + 28M³/3 either "
-        "metric (five products and a Cholesky-QR of the Gram), 28n³/3 on O(n)"
+        "20n³/3 + 2n³/k on O(n) (two products, an n×n solve, the float64 XᴴX every k-th "
+        "step); qr: 10NM² + 28M³/3 either metric (five products and a Cholesky-QR of the "
+        "Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = 4)"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},
@@ -114,10 +116,12 @@ class RGD(RiemannianOptimizer):
         retraction through the Gram of X − lr·d] (XᴴX, XᴴS, SᴴS and the two
         products of the update, then M×M work: four products, a Cholesky
         factorization and a triangular inverse). Square points (Note [Square steps
-        in the frame of X]): XᴴX, XᴴS and the update X + X·F, with an LU solve
-        with n right-hand sides (Cayley) or PᴴP, a Cholesky factorization and a
-        triangular solve (QR); a step longer than ‖D‖_F = ½ adds one product. The
-        CWY paper's Householder counts are `paper_formula`'s.
+        in the frame of X]): XᴴS and the update X + X·F, with an LU solve with n
+        right-hand sides (Cayley) or PᴴP, a Cholesky factorization and a
+        triangular solve (QR), and the float64 XᴴX of every `CHECK_EVERY`-th step
+        (Note [The drift correction every CHECK_EVERY-th square step]), counted
+        as its share per step; a correcting step longer than ‖D‖_F = ½ adds one
+        product. The CWY paper's Householder counts are `paper_formula`'s.
 
         Args:
             n: rows N.
@@ -132,7 +136,8 @@ class RGD(RiemannianOptimizer):
         if retraction not in ("cayley", "qr"):
             return math.nan
         if n == m:  # O(n), U(n)
-            return (26 if retraction == "cayley" else 28) * n**3 / 3
+            gram = 2 * n**3 / CHECK_EVERY
+            return (20 if retraction == "cayley" else 22) * n**3 / 3 + gram
         if retraction == "cayley":  # our fused step, either metric
             return 12 * n * m * m + 6 * m**3
         return 10 * n * m * m + 28 * m**3 / 3

@@ -19,7 +19,7 @@ import torch
 
 from .basic import eye_like, flat, newton_schulz, sym, two_products
 from .factor import polar_descent, qr_descent
-from .frame import frame_update, in_frame, in_place, replace_refused
+from .frame import frame_update, in_frame, in_place, own_gram, replace_refused, wide_gram
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 
@@ -158,10 +158,11 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     Cayley(S) = 2γ(γI + ½σŜ)⁻¹ − I, so D = Cayley(S) − I = −σ(γI + ½σŜ)⁻¹Ŝ
     is one n×n solve whose right-hand side and result are small (O(lr)), and
     Y = X + X(D − ½E − ½E·D) in the frame of X (Note [Square steps in the
-    frame of X]), the drift correction taken from the optimizer's XᴴX. A step
-    costs XᴴG, the solve and one product, about 4.3n³ multiply-adds with the
-    off-manifold Gram (one product more when ‖D‖_F > ½), against 7.7n³ for
-    geoopt's canonical step (Pu, A, (I + ½A)X and a solve). That holds for
+    frame of X]), the drift correction taken from the optimizer's float64 XᴴX
+    every `CHECK_EVERY`-th step. A step costs XᴴG, the solve and one product,
+    about 3.3n³ multiply-adds (plus a float64 n³ every fourth step, and one
+    product more when that step has ‖D‖_F > ½), against 7.7n³ for geoopt's
+    canonical step (Pu, A, (I + ½A)X and a solve). That holds for
     β ≤ 1 (γ = 1): ‖(I + ½σŜ)⁻¹‖₂ ≤ 1, so D is as accurate as its data. A
     longer step (β > 1) takes the explicit path, Y = 2γ·X(γI + ½σŜ)⁻¹ − X
     (the solve from the right with X as its right-hand side) followed by the
@@ -188,7 +189,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
         y = explicit(lambda t: t)
     else:
         if xx is None:
-            xx = gram(x, x)
+            xx = wide_gram(x)
         y = frame_update(x, torch.linalg.solve(lhs, (-sigma) * ph), xx)
         y = replace_refused(y, short, explicit)
     if v is None:
@@ -202,8 +203,7 @@ def _cayley(x, d, lr, v, xx, smw):
     lr = lr * mu
     if smw is None and in_frame(x):
         return _square(x, x.mH @ dn, lr, v, v is d, mu, xx)
-    if xx is None:
-        xx = gram(x, x)
+    xx = own_gram(x, xx)
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     xhd = gram(x, dn)
@@ -298,8 +298,7 @@ def cayley_gradient_step(
     if in_frame(x):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
         return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx)
     w = sym(h) if metric == "euclidean" else h.mH
-    if xx is None:
-        xx = gram(x, x)
+    xx = own_gram(x, xx)
     if not _woodbury_for(x):
         return _dense(x, gn - x @ w, lr, None, xx)
     xhd = h - xx @ w
@@ -333,4 +332,12 @@ def cayley_retraction_transport(
 
 
 RETRACTIONS = MappingProxyType({"cayley": cayley_descent, "qr": qr_descent, "polar": polar_descent})
-"""The retraction table: name → descent kernel ``fn(x, d, lr, v=None, *, xx=None)``."""
+"""The retraction table: name → descent kernel ``fn(x, d, lr, v=None, *, xx=None)``.
+
+A kernel with the attribute ``takes_uncorrected = True`` accepts
+``xx=UNCORRECTED`` (`frame.UNCORRECTED`): the optimizers then form the Gram of
+a square point every `frame.CHECK_EVERY` steps only (Note [The drift correction
+every CHECK_EVERY-th square step]); others get a Gram at every step.
+"""
+for _kernel in RETRACTIONS.values():  # polar ignores xx: its polar factor corrects X
+    _kernel.takes_uncorrected = True  # type: ignore[attr-defined]

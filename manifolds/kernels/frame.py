@@ -26,10 +26,19 @@ from collections.abc import Callable
 
 import torch
 
-from .basic import flat
-from .reduce import row_group
+from .reduce import gram, row_group
 
-__all__ = ["in_frame", "frame_update", "shifted_gram", "replace_refused", "in_place", "D_MAX"]
+__all__ = [
+    "in_frame",
+    "frame_update",
+    "wide_gram",
+    "shifted_gram",
+    "replace_refused",
+    "in_place",
+    "D_MAX",
+    "CHECK_EVERY",
+    "UNCORRECTED",
+]
 
 # Note [Square steps in the frame of X]
 # On O(n) and U(n) a step is Y = X·Q, Q = I + D unitary and computed from
@@ -38,9 +47,11 @@ __all__ = ["in_frame", "frame_update", "shifted_gram", "replace_refused", "in_pl
 # X̃ = X(I − ½E) the Newton–Schulz step of X (Note [Newton–Schulz drift
 # correction]): the retraction is taken at the corrected point X̃.
 # - drift: Y's Gram is Qᴴ(I − ¾E² + ¼E³)Q, so the error of X is not carried
-#   over, only this step's rounding is added. E comes from the Gram XᴴX that
-#   the optimizer's off-manifold test forms anyway; the Newton–Schulz step
-#   after the retraction, which it replaces, costs two products.
+#   over, only this step's rounding is added. The correction needs E to better
+#   than X's own rounding: a float32 Gram XᴴX is off by ~eps per entry, far more
+#   than E itself (~eps/√n per entry for a point rounded to float32), and
+#   "corrects" X to 6.0e-6 at n = 512 (Frobenius), where storing X in float32
+#   alone gives 8e-7. So E comes from the Gram formed in float64 (`wide_gram`).
 # - the product E·D is formed only for the matrices with ‖D‖_F > ½ (a batch
 #   holding one pays one batched product). Without it Y's Gram is
 #   QᴴQ + ½(DᴴE + ED) + DᴴED + O(E²): the error of X is multiplied by at most
@@ -50,17 +61,64 @@ __all__ = ["in_frame", "frame_update", "shifted_gram", "replace_refused", "in_pl
 #   its error for one step, and the next steps take it to rounding.
 # - rounding: the one product acts on the small F (O(lr) for a short step),
 #   so its rounding is O(eps·‖F‖), below that of storing Y; X·Q is never
-#   formed, and F's diagonal D_jj − ½(XᴴX_jj − 1) is formed from the exact
-#   difference XᴴX_jj − 1 (Sterbenz). D itself carries the rounding of the
-#   factorization it comes from.
-# Measured on O(512), float32, lr = 1e-3, random gradients: ‖YᴴY − I‖_F
-# stays at 6.0e-6 (QR) against 6.4e-6 for Householder QR + Newton–Schulz and
-# 1.4e-5 for geoopt's Householder QR; rounding X to float32 alone gives 8e-7.
+#   formed. D itself carries the rounding of the factorization it comes from.
 # The kernels write their temporaries in place (a 512×512 float32 temporary is
 # a fresh 1 MiB allocation, about a tenth of a product's time) unless autograd
 # records the call (`torch.is_grad_enabled()`): then every operation is out of
 # place and the step is differentiable, as the tall steps are.
+#
+# Note [The drift correction every CHECK_EVERY-th square step]
+# Between two corrections, Y = X + X·D keeps the error of X (Gram Qᴴ(I + E)Q)
+# and adds the rounding of storing Y: a random walk, measured 8.6e-7·√k after
+# k steps on O(512) in float32, with no systematic part once the QR step's
+# columns are normalized (Note [Unit columns of the square QR factor]). A
+# wide Gram costs about two float32 products on a CPU (float64 runs at half
+# the rate), more than the rest of a short QR or Cayley step's extra work. So
+# the optimizer forms it, tests the point (Note [Off-manifold points at a
+# step]) and corrects it every CHECK_EVERY-th step only, and after any change
+# it did not make (the parameter's version counter); the steps in between
+# pass `xx=UNCORRECTED` and cost XᴴG, the n×n factorization and X·F. Measured,
+# ‖XᴴX − I‖_F after 1000 float32 steps (lr = 1e-3, unit-normal gradients),
+# correcting every k-th step with a float64 Gram:
+#   n = 512:  k = 1: 8.3e-7, k = 4: 1.7e-6, k = 8: 2.3e-6 (a float32 Gram at
+#             every step: 5.6e-6; none: 4.8e-4, the QR columns' bias);
+#   n = 1024: k = 1: 1.2e-6, k = 4: 2.4e-6, k = 8: 3.4e-6.
+# Between tests a point changed behind the optimizer's back (through `.data`,
+# which has its own version counter) is stepped as X·Q, which keeps its
+# distance ‖E‖ (no divergence: Q is unitary), and is projected at the next
+# test, at most CHECK_EVERY − 1 steps later.
 D_MAX = 0.5
+CHECK_EVERY = 4
+
+
+class _Uncorrected:
+    """The type of `UNCORRECTED` (one instance, a readable repr)."""
+
+    def __repr__(self) -> str:
+        return "UNCORRECTED"
+
+
+UNCORRECTED = _Uncorrected()
+"""``xx=UNCORRECTED``: X is on the manifold to rounding; skip the drift correction.
+
+Note [The drift correction every CHECK_EVERY-th square step]; the square
+steps then take Y = X + X·D, tall steps form their Gram as for ``xx=None``.
+"""
+
+
+def wide_gram(x: torch.Tensor) -> torch.Tensor:
+    """XᴴX in float64 (complex128) for a lower-precision X, in X's dtype otherwise.
+
+    The Gram of the drift correction (Note [Square steps in the frame of X]).
+    """
+    wide = torch.promote_types(x.dtype, torch.float64)
+    xw = x.to(wide)
+    return xw.mH @ xw
+
+
+def own_gram(x: torch.Tensor, xx) -> torch.Tensor:
+    """``xx`` if it is a Gram the caller formed, else XᴴX formed here (tall kernels)."""
+    return gram(x, x) if xx is None or xx is UNCORRECTED else xx
 
 
 def in_frame(x: torch.Tensor) -> bool:
@@ -78,40 +136,46 @@ def in_place() -> bool:
 
 
 @torch.compiler.disable
-def frame_update(x: torch.Tensor, d: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
     """Y = X + X·((I − ½E)(I + D) − I), E = XᴴX − I (Note [Square steps in the frame of X]).
 
     The term −½E·D is formed for the matrices with ‖D‖_F > `D_MAX` only (one
-    host synchronisation to know whether any has it).
+    host synchronisation to know whether any has it). With ``xx=UNCORRECTED``
+    E is taken as 0: Y = X + X·D.
 
     Args:
         x: square points (..., n, n).
         d: Q − I for the unitary Q of the step, (..., n, n); a temporary of the
             caller, overwritten unless autograd is on.
-        xx: XᴴX, (..., n, n).
+        xx: XᴴX, (..., n, n), in x's dtype or a wider one (`wide_gram`), or
+            `UNCORRECTED`.
 
     Returns:
         Y, of the broadcast batch shape of ``x`` and ``d``.
     """
-    n = x.shape[-1]
-    long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
-    ed = (xx @ d - d) * long if bool(long.any()) else None  # E·D where ‖D‖_F > ½
-    d_diag = d.diagonal(dim1=-2, dim2=-1).clone()
-    e_diag = xx.diagonal(dim1=-2, dim2=-1) - 1  # exact: XᴴX_jj is within 2× of 1
-    # XᴴX is Hermitian: its transposed view has the layout of a LAPACK result (column
-    # major), so the sum reads both operands in one order (a mixed-layout sum costs 5×)
-    xx_t = xx.mH if xx.is_complex() else xx.mT
-    xx_l = xx_t if d.stride(-2) == 1 and xx_t.stride(-1) == 1 else xx
-    f = d.add_(xx_l, alpha=-0.5) if in_place() else torch.add(d, xx_l, alpha=-0.5)
-    f.diagonal(dim1=-2, dim2=-1).copy_(d_diag - 0.5 * e_diag)  # D − ½E
-    if ed is not None:
-        f = f.sub_(ed, alpha=0.5) if in_place() else f - 0.5 * ed  # − ½E·D
-    batch = torch.broadcast_shapes(x.shape[:-2], f.shape[:-2])
-    xb = x.expand(*batch, n, n)
-    if xb.dim() == 2:
-        return torch.addmm(xb, xb, f)
-    fb = f.expand(*batch, n, n)
-    return torch.baddbmm(flat(xb), flat(xb), flat(fb)).reshape(*batch, n, n)
+    if xx is UNCORRECTED:
+        f = d
+    else:
+        # E = XᴴX − I in the Gram's precision, then rounded to d's dtype: its entries
+        # are small, so rounding them keeps their relative digits. E is Hermitian: its
+        # transposed view has the layout of a LAPACK result (column major) and is
+        # chosen when d has it (a mixed-layout sum costs 5×).
+        xx_t = xx.mH if xx.is_complex() else xx.mT
+        xx_l = xx_t if d.stride(-2) == 1 and xx_t.stride(-1) == 1 else xx
+        e = xx_l.to(d.dtype, copy=True) if xx.dtype == d.dtype else xx_l.to(d.dtype)
+        e.diagonal(dim1=-2, dim2=-1).copy_(xx.diagonal(dim1=-2, dim2=-1) - 1)
+        long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
+        ed = (e @ d) * long if bool(long.any()) else None  # E·D where ‖D‖_F > ½
+        f = d.sub_(e, alpha=0.5) if in_place() else torch.sub(d, e, alpha=0.5)  # D − ½E
+        if ed is not None:
+            f = f.sub_(ed, alpha=0.5) if in_place() else f - 0.5 * ed  # − ½E·D
+    # X·F, then one addition: a fused X + X·F (addmm) adds each k-block's partial
+    # product into the stored X, rounding its large entries once per block
+    # (measured 1.4e-6 against 0.9e-6 of drift per uncorrected step on O(512))
+    xf = x @ f
+    if in_place() and xf.shape == torch.broadcast_shapes(x.shape, xf.shape):
+        return xf.add_(x)
+    return x + xf
 
 
 def shifted_gram(p: torch.Tensor, gamma: torch.Tensor, skew: bool = False) -> torch.Tensor:

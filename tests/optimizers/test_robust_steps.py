@@ -123,3 +123,58 @@ def test_landing_accepts_off_manifold_points_without_projection():
     assert not messages
     err = float(man.orthogonality_error(w.detach()))
     assert 0 < err < 1.25 * 3**0.5  # moved towards the manifold, not projected onto it
+
+
+@pytest.mark.parametrize("name", ["rgd", "radam"])
+@pytest.mark.parametrize("retraction", ["qr", "cayley"])
+def test_square_points_are_tested_on_schedule_and_after_every_outside_edit(
+    name, retraction, monkeypatch
+):
+    # Note [The drift correction every CHECK_EVERY-th square step] and Note [Points as
+    # the optimizer left them]: the wide Gram is formed at steps 0, k, 2k, … and at
+    # the first step after an in-place edit, which is then projected at once
+    from stiefel.manifolds import Orthogonal
+    from stiefel.manifolds.kernels import frame
+
+    calls = []
+    wide = frame.wide_gram
+    monkeypatch.setattr(frame, "wide_gram", lambda x: calls.append(1) or wide(x))
+    k = frame.CHECK_EVERY
+    man = Orthogonal(12)
+    w = _param(man, torch.float32)
+    opt = optimizers.create(name, [w], lr=0.01, retraction=retraction)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2 * k):
+        assert _step(opt, w, torch.randn(12, 12, generator=gen)) == []
+    assert len(calls) == 2
+    with torch.no_grad():
+        w.mul_(3)  # an in-place edit: the version counter moves
+    messages = _step(opt, w, torch.randn(12, 12, generator=gen))
+    assert any("off its manifold" in m for m in messages)
+    assert len(calls) == 4  # the test, then the Gram of the projected point
+    assert float(man.orthogonality_error(w.detach())) < 1e-5
+
+
+def test_square_point_edited_through_data_is_projected_at_the_next_scheduled_test():
+    # `.data` has its own version counter: the edit is seen at the next scheduled test;
+    # the steps before it are X·Q with Q unitary, which keeps ‖XᴴX − I‖ (no divergence)
+    from stiefel.manifolds import Orthogonal
+    from stiefel.manifolds.kernels import frame
+
+    man = Orthogonal(10)
+    w = _param(man, torch.float64)
+    opt = optimizers.create("rgd", [w], lr=0.01, retraction="qr")
+    gen = torch.Generator().manual_seed(4)
+    assert _step(opt, w, torch.randn(10, 10, dtype=torch.float64, generator=gen)) == []
+    w.data.mul_(2)  # ‖XᴴX − I‖_F = 3√10
+    far = float(man.orthogonality_error(w.detach()))
+    warned = []
+    for step in range(1, frame.CHECK_EVERY + 1):
+        messages = _step(opt, w, torch.randn(10, 10, dtype=torch.float64, generator=gen))
+        if any("off its manifold" in m for m in messages):
+            warned.append(step)
+        else:
+            err = float(man.orthogonality_error(w.detach()))
+            assert abs(err - far) < 1e-9 * far  # kept, not amplified
+    assert warned == [frame.CHECK_EVERY]
+    assert float(man.orthogonality_error(w.detach())) < 1e-12
