@@ -107,7 +107,11 @@ def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torc
 
 
 def _interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, Any]:
-    """Median seconds per call over ``rounds`` rounds of one call each; a failure is kept."""
+    """Median seconds per call over ``rounds`` rounds of one call each; a failure is kept.
+
+    The order rotates from round to round, so that no call always follows the same
+    other one (the first call of a round ran measurably slower: cold caches).
+    """
     times: dict[str, list[float]] = {k: [] for k in calls}
     failed: dict[str, str] = {}
     for k, fn in calls.items():  # warm-up, and find the calls that fail
@@ -115,12 +119,12 @@ def _interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[st
             fn()
         except Exception as exc:  # noqa: BLE001 (a peer's failure is a result)
             failed[k] = f"fails: {type(exc).__name__}: {str(exc).split('.')[0][:70]}"
-    for _ in range(rounds):
-        for k, fn in calls.items():
-            if k not in failed:
-                t = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t)
+    names = [k for k in calls if k not in failed]
+    for r in range(rounds):  # each round starts one call later: no call always goes first
+        for k in names[r % len(names) :] + names[: r % len(names)] if names else []:
+            t = time.perf_counter()
+            calls[k]()
+            times[k].append(time.perf_counter() - t)
     return {k: failed.get(k) or statistics.median(v) for k, v in times.items()}
 
 
