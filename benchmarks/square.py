@@ -5,8 +5,10 @@ For each n (default 256, 512, 1024) and dtype (float32: O(n); complex64: U(n)):
 
 - **optimizer step**: ``opt.step()`` on a fixed random gradient (unit normal
   entries, ``--lr``, default 1e-3: a step of ‖lr·G‖_F ≈ lr·n), the median
-  over interleaved rounds (each round steps every optimizer once, so a slow
-  phase of the machine hits all of them):
+  over interleaved rounds of the mean of ``CHECK_EVERY`` consecutive steps
+  (each round steps every optimizer that many times, so a slow phase of the
+  machine hits all of them, and our steps' one drift correction in
+  ``CHECK_EVERY`` is counted at its share):
   ours, ``rgd`` with metric euclidean / canonical × retraction qr / cayley on
   `Orthogonal` / `Unitary` (our steps include the finiteness and off-manifold
   tests of every step); geoopt's ``RiemannianSGD`` on ``EuclideanStiefel``
@@ -106,11 +108,14 @@ def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torc
     }
 
 
-def _interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, Any]:
-    """Median seconds per call over ``rounds`` rounds of one call each; a failure is kept.
+def _interleaved(calls: dict[str, Callable[[], object]], rounds: int, block: int) -> dict[str, Any]:
+    """Median seconds per call over ``rounds`` rounds of ``block`` calls each; failures kept.
 
-    The order rotates from round to round, so that no call always follows the same
-    other one (the first call of a round ran measurably slower: cold caches).
+    Each round runs every call ``block`` times in a row and records the mean: our
+    steps correct the drift (and form the wide XᴴX) at one step in `CHECK_EVERY`,
+    so a median over single steps would report the cheap steps only. The order
+    rotates from round to round, so that no call always follows the same other
+    one (the first call of a round ran measurably slower: cold caches).
     """
     times: dict[str, list[float]] = {k: [] for k in calls}
     failed: dict[str, str] = {}
@@ -120,11 +125,12 @@ def _interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[st
         except Exception as exc:  # noqa: BLE001 (a peer's failure is a result)
             failed[k] = f"fails: {type(exc).__name__}: {str(exc).split('.')[0][:70]}"
     names = [k for k in calls if k not in failed]
-    for r in range(rounds):  # each round starts one call later: no call always goes first
+    for r in range(rounds):
         for k in names[r % len(names) :] + names[: r % len(names)] if names else []:
             t = time.perf_counter()
-            calls[k]()
-            times[k].append(time.perf_counter() - t)
+            for _ in range(block):
+                calls[k]()
+            times[k].append((time.perf_counter() - t) / block)
     return {k: failed.get(k) or statistics.median(v) for k, v in times.items()}
 
 
@@ -157,8 +163,10 @@ def run(
     opts = _optimizers(x0, lr)
     for p, _ in opts.values():
         p.grad = g.clone()
-    step = _interleaved({k: o.step for k, (_, o) in opts.items()}, rounds)
-    kern = _interleaved({k: (lambda f=f: f(x0, g)) for k, f in _kernels(lr).items()}, rounds)
+    block = kernels.frame.CHECK_EVERY
+    step = _interleaved({k: o.step for k, (_, o) in opts.items()}, rounds, block)
+    calls = {k: (lambda f=f: f(x0, g)) for k, f in _kernels(lr).items()}
+    kern = _interleaved(calls, rounds, block)
     res = {"n": n, "dtype": str(dtype).replace("torch.", ""), "step": step, "kernel": kern}
     res["drift"] = drift(x0, steps, lr) if with_drift else {}
     return res
@@ -245,7 +253,8 @@ def main(argv: list[str] | None = None) -> str:
     tg = targets(results)
     text = "\n".join(
         [
-            f"lr = {args.lr}, gradient entries N(0, 1), {rounds} interleaved rounds, "
+            f"lr = {args.lr}, gradient entries N(0, 1), {rounds} interleaved rounds of "
+            f"{kernels.frame.CHECK_EVERY} steps, "
             f"{torch.get_num_threads()} threads",
             "",
             report(results, steps),

@@ -210,7 +210,13 @@ def test_batched_quick_reports_the_steps_run(bench, capsys):
     batched = bench["batched"]
     batched.main(["--quick", "--slow-s", "0"])  # every row stops after its timed steps
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if "(sgd)" in line]
-    assert len(rows) == 4 and all(r[-3] == "10" for r in rows)  # "steps": the 10 timed
+    assert len(rows) == 4 and all(r[-3] == "9" for r in rows)  # "steps": the 9 timed
+    batched.main(["--quick", "--slow-s", "0", "--problems", "O"])
+    out = capsys.readouterr().out
+    assert "O(64), batch" in out and "St(64, 16)" not in out
+    with pytest.raises(SystemExit):
+        batched.main(["--quick", "--problems", "SO"])
+    assert "allowed: St, O" in capsys.readouterr().err
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
