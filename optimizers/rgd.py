@@ -95,7 +95,7 @@ class RGD(RiemannianOptimizer):
         "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
         "20n³/3 + 2n³/k on O(n) (two products, an n×n solve, the float64 XᴴX every k-th "
         "step); qr: 10NM² + 28M³/3 either metric (five products and a Cholesky-QR of the "
-        "Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = 4)"
+        "Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = 8)"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},

@@ -160,7 +160,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     Y = X + X(D − ½E − ½E·D) in the frame of X (Note [Square steps in the
     frame of X]), the drift correction taken from the optimizer's float64 XᴴX
     every `CHECK_EVERY`-th step. A step costs XᴴG, the solve and one product,
-    about 3.3n³ multiply-adds (plus a float64 n³ every fourth step, and one
+    about 3.3n³ multiply-adds (plus a float64 n³ every `CHECK_EVERY`-th step, and one
     product more when that step has ‖D‖_F > ½), against 7.7n³ for geoopt's
     canonical step (Pu, A, (I + ½A)X and a solve). That holds for
     β ≤ 4 (γ ≥ ¼): the eigenvalues of γI + ½σŜ are γ + ½iσθ with |θ| ≤ 1, so

@@ -72,23 +72,26 @@ __all__ = [
 # and adds the rounding of storing Y: a random walk, measured 8.6e-7·√k after
 # k steps on O(512) in float32, with no systematic part once the QR step's
 # columns are normalized (Note [Unit columns of the square QR factor]). A
-# wide Gram costs about two float32 products on a CPU (float64 runs at half
-# the rate), more than the rest of a short QR or Cayley step's extra work. So
-# the optimizer forms it, tests the point (Note [Off-manifold points at a
+# wide Gram costs 2.5–2.8 float32 products on this CPU (float64 GEMM runs at
+# less than half the rate), more than the rest of a short step's extra work.
+# So the optimizer forms it, tests the point (Note [Off-manifold points at a
 # step]) and corrects it every CHECK_EVERY-th step only, and after any change
 # it did not make (the parameter's version counter); the steps in between
-# pass `xx=UNCORRECTED` and cost XᴴG, the n×n factorization and X·F. Measured,
-# ‖XᴴX − I‖_F after 1000 float32 steps (lr = 1e-3, unit-normal gradients),
-# correcting every k-th step with a float64 Gram:
+# pass `xx=UNCORRECTED` and cost XᴴG, the n×n factorization and X·F.
+# Measured, ‖XᴴX − I‖_F after 1000 float32 steps (lr = 1e-3, unit-normal
+# gradients), correcting every k-th step with a float64 Gram:
 #   n = 512:  k = 1: 8.3e-7, k = 4: 1.7e-6, k = 8: 2.3e-6 (a float32 Gram at
 #             every step: 5.6e-6; none: 4.8e-4, the QR columns' bias);
 #   n = 1024: k = 1: 1.2e-6, k = 4: 2.4e-6, k = 8: 3.4e-6.
-# Between tests a point changed behind the optimizer's back (through `.data`,
-# which has its own version counter) is stepped as X·Q, which keeps its
-# distance ‖E‖ (no divergence: Q is unitary), and is projected at the next
-# test, at most CHECK_EVERY − 1 steps later.
+# k = 8 keeps 1.5× margin to 5e-6 at n = 1024 and halves the cost of k = 4
+# (O(256): the amortized wide Gram is 0.07 ms of a 2 ms step; k = 4 left the
+# QR step at 1.04× geoopt's, k = 8 at 0.99–1.01×). Between tests a point
+# changed behind the optimizer's back (through `.data`, which has a version
+# counter of its own) is stepped as X·Q, which keeps its distance ‖E‖ (no
+# divergence: Q is unitary), and is projected at the next test, at most
+# CHECK_EVERY − 1 steps later.
 D_MAX = 0.5
-CHECK_EVERY = 4
+CHECK_EVERY = 8
 
 
 class _Uncorrected:

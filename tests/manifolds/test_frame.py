@@ -239,18 +239,19 @@ def test_unit_columns_normalizes_the_columns_of_i_plus_d(cplx):
 
 @pytest.mark.parametrize("cplx", CPLX)
 @pytest.mark.parametrize("kind", ["qr", "cayley"])
-def test_square_float32_drift_with_the_correction_every_fourth_step(cplx, kind):
+def test_square_float32_drift_with_the_scheduled_correction(cplx, kind):
     # the optimizers' schedule: the wide Gram every CHECK_EVERY-th step, UNCORRECTED in
-    # between. Measured 0.6·√n·eps after 400 steps (1.6 without the unit columns of the
-    # QR factor); 300 uncorrected steps only add their random walk (5.3·√n·eps; 69
-    # for the QR step without the unit columns, whose error grows linearly)
+    # between. Measured 0.87·√n·eps after 400 steps with CHECK_EVERY = 8 (0.6 with 4;
+    # 1.6 with 4 without the unit columns of the QR factor); 300 uncorrected steps only
+    # add their random walk (5.3·√n·eps; 69 for the QR step without the unit columns,
+    # whose error grows linearly)
     dtype, gen, step = _float32_case(cplx, kind, 5)
     n, eps = 128, torch.finfo(_dtype(cplx, low=True)).eps
     x = kernels.haar(n, n, dtype=_dtype(cplx), generator=gen).to(dtype)
     for k in range(400):
         xx = frame.UNCORRECTED if k % frame.CHECK_EVERY else frame.wide_gram(x)
         x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), 2e-3, xx=xx)
-    assert float(_err(x)) < n**0.5 * eps
+    assert float(_err(x)) < 1.5 * n**0.5 * eps
     for _ in range(300):
         x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), 2e-3, xx=frame.UNCORRECTED)
     assert float(_err(x)) < 10 * n**0.5 * eps
