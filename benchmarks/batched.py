@@ -74,7 +74,7 @@ def _run(label, make, x0, man, target, steps: int, timed: int, clock=time.perf_c
 
     The mean of the timed steps after the first, not their median: a square step of
     ``rgd`` forms its wide XᴴX and corrects the drift at one step in `CHECK_EVERY`
-    (8 timed steps are two such cycles), which a median would leave out.
+    (the default 8 timed steps are one such cycle), which a median would leave out.
     """
     p, opt = make(x0, man)
     times = []
