@@ -100,13 +100,18 @@ def _cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ρ² = ‖AᴴA/s − I‖²_F = M²‖AᴴA‖²_F/tr(AᴴA)² − M for s = tr(AᴴA)/M: one
     reduction, no identity matrix (its rounding, ~M·eps, is far below ρ² ≤ ¼).
     """
-    m = aa.shape[-1]
     r, info = torch.linalg.cholesky_ex(aa, upper=True)
+    return r, _conditioned(aa, info)
+
+
+def _conditioned(aa: torch.Tensor, info: torch.Tensor) -> torch.Tensor:
+    """Whether the Cholesky factorization of AᴴA succeeded and ρ ≤ ½ (κ(A)² ≤ 3), per matrix."""
+    m = aa.shape[-1]
     tr = _trace(aa).clamp_min(torch.finfo(aa.real.dtype).tiny)
     fro = torch.linalg.matrix_norm(aa, keepdim=True)
     rho2 = (m * fro / tr) ** 2 - m
     # a non-finite AᴴA gives a NaN ρ (refused): R is finite whenever this passes
-    return r, (info[..., None, None] == 0) & (rho2 <= _RHO_MAX**2)
+    return (info[..., None, None] == 0) & (rho2 <= _RHO_MAX**2)
 
 
 def _plus_diagonal(a: torch.Tensor | None, gamma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -196,8 +201,18 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
     if xx is None:
         xx = wide_gram(x)
     bb = shifted_gram(p, gamma, skew)
-    r, ok = _cholesky(bb)  # BᴴB = RᴴR
-    if not skew:  # B = γI + P may cancel: test (ii) of the Note, with ‖B‖²_F = tr(BᴴB)
+    if skew:
+        # B = γI + P with P skew is normal, σ_k(B)² = γ² + λ_k², so κ(B)² ≤ 1 + ‖P‖₂²/γ²
+        # ≤ 1 + ‖P‖₁²/γ² (‖P‖₂² ≤ ‖P‖₁‖P‖_∞ = ‖P‖₁²): ‖P‖₁ ≤ √2·γ gives κ² ≤ 3, the
+        # bound of the ρ-test, in one reduction; the ρ-test decides the others
+        r, info = torch.linalg.cholesky_ex(bb, upper=True)
+        p1 = torch.linalg.matrix_norm(p, ord=1, keepdim=True)
+        ok = (info[..., None, None] == 0) & (p1 <= 2**0.5 * gamma)
+        if not bool(ok.all()):
+            ok = ok | _conditioned(bb, info)
+    else:
+        r, ok = _cholesky(bb)  # BᴴB = RᴴR
+        # B = γI + P may cancel: test (ii) of the Note, with ‖B‖²_F = tr(BᴴB)
         pn = torch.linalg.matrix_norm(p, keepdim=True)
         ok = ok & ((gamma * x.shape[-1] ** 0.5 + pn) ** 2 <= _CANCEL_MAX * _trace(bb))
         diag = p.diagonal(dim1=-2, dim2=-1) - (r.diagonal(dim1=-2, dim2=-1) - gamma[..., 0])

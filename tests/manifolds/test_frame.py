@@ -274,3 +274,30 @@ def test_rows_absmax_is_the_largest_modulus_per_matrix(dtype):
     assert float(rows_absmax(t)[0, 1]) == 1e3
     empty = torch.zeros(2, 0, 4, dtype=dtype)
     assert torch.equal(rows_absmax(empty), torch.zeros(2, 1, 1, dtype=empty.abs().dtype))
+
+
+def test_square_qr_condition_test_falls_back_to_rho(monkeypatch):
+    # Note in _qr_square: ‖P‖₁ ≤ √2·γ decides most steps in one reduction; a skew P
+    # with ‖P‖₁ > √2 but κ(B)² ≤ 3 still takes the frame path through the ρ-test,
+    # and one with κ(B)² large takes the explicit (Householder) path; both equal
+    # X·qf(I + P) computed densely
+    from stiefel.manifolds.kernels import factor
+
+    calls = []
+    householder = factor._householder
+    monkeypatch.setattr(factor, "_householder", lambda a: calls.append(1) or householder(a))
+    gen = torch.Generator().manual_seed(13)
+    n = 64
+    x = kernels.haar(n, n, dtype=torch.float64, generator=gen)
+    a = torch.randn(n, n, dtype=torch.float64, generator=gen)
+    eye = torch.eye(n, dtype=torch.float64)
+    gamma = torch.ones(1, 1, dtype=torch.float64)
+    for scale, explicit in ((0.04, False), (3.0, True)):
+        p = scale * (a - a.mT) / 2
+        p1, p2 = (float(torch.linalg.matrix_norm(p, ord=o)) for o in (1, 2))
+        assert p1 > 2**0.5 and (p2 < 1 if not explicit else p2 > 2**0.5)
+        calls.clear()
+        y = factor._qr_square(x, p.clone(), True, gamma, frame.UNCORRECTED, lambda p=p: p.clone())
+        assert bool(calls) == explicit
+        ref = x @ kernels.qr_unique(eye + p)
+        assert float((y - ref).abs().max()) < 1e3 * n * torch.finfo(torch.float64).eps
