@@ -35,6 +35,7 @@ python -m benchmarks.square --quick --json /tmp/square.json
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -86,7 +87,7 @@ def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torc
     def ours(step):
         # as the optimizer calls it: one call in CHECK_EVERY forms the wide XᴴX and
         # corrects the drift, the others pass UNCORRECTED; the calls cycle through both
-        count = iter(range(10**9))
+        count = itertools.count()
 
         def call(x, g):
             if next(count) % kernels.frame.CHECK_EVERY:

@@ -165,7 +165,7 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         # chosen when d has it (a mixed-layout sum costs 5×).
         xx_t = xx.mH if xx.is_complex() else xx.mT
         xx_l = xx_t if d.stride(-2) == 1 and xx_t.stride(-1) == 1 else xx
-        e = xx_l.to(d.dtype, copy=True) if xx.dtype == d.dtype else xx_l.to(d.dtype)
+        e = xx_l.to(d.dtype, copy=True)  # a fresh tensor either way: E is written below
         e.diagonal(dim1=-2, dim2=-1).copy_(xx.diagonal(dim1=-2, dim2=-1) - 1)
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
         ed = (e @ d) * long if bool(long.any()) else None  # E·D where ‖D‖_F > ½
