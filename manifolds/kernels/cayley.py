@@ -19,7 +19,15 @@ import torch
 
 from .basic import eye_like, flat, newton_schulz, sym, two_products
 from .factor import polar_descent, qr_descent
-from .frame import frame_update, in_frame, in_place, own_gram, replace_refused, wide_gram
+from .frame import (
+    frame_update,
+    in_frame,
+    in_place,
+    minus_adjoint,
+    own_gram,
+    replace_refused,
+    wide_gram,
+)
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 
@@ -176,7 +184,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     corrected in Y (measured: ~1e-4 in float32 after lr = 1e20 when it was
     left in Y).
     """
-    ph = torch.sub(w, w.mH).mul_(0.5)  # skew(Xᴴd), then normalized in place
+    ph = minus_adjoint(w).mul_(0.5)  # skew(Xᴴd), then normalized in place
     t = torch.linalg.matrix_norm(ph, keepdim=True)
     gamma, sigma = weights(lr * t)
     gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)

@@ -33,6 +33,7 @@ __all__ = [
     "frame_update",
     "wide_gram",
     "shifted_gram",
+    "minus_adjoint",
     "replace_refused",
     "in_place",
     "D_MAX",
@@ -179,6 +180,21 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
     return xf.add_(x) if in_place() else x + xf
 
 
+def minus_adjoint(a: torch.Tensor) -> torch.Tensor:
+    """A − Aᴴ, exactly skew-Hermitian, in a fresh tensor.
+
+    torch's elementwise kernels read a transposed operand with a stride of n;
+    from n = 512 (real, outside autograd) Aᵀ is first copied by torch's blocked
+    transpose and subtracted from contiguously (measured 0.89 against 2.65 ms
+    at n = 1024, 0.21 against 0.27 ms at n = 512; at n = 256, where both fit in
+    cache, 56 against 48 µs, so the plain form is kept there).
+    """
+    if a.shape[-1] < 512 or a.is_complex() or not in_place():
+        return a - a.mH
+    t = a.mT.contiguous()
+    return torch.sub(a, t, out=t)
+
+
 def shifted_gram(p: torch.Tensor, gamma: torch.Tensor, skew: bool = False) -> torch.Tensor:
     r"""(γI + P)ᴴ(γI + P) = γ²I + γ(P + Pᴴ) + PᴴP, in the form that keeps its digits.
 
@@ -206,7 +222,7 @@ def shifted_gram(p: torch.Tensor, gamma: torch.Tensor, skew: bool = False) -> to
 
 @torch.compiler.disable
 def replace_refused(
-    y: torch.Tensor, ok: torch.Tensor, exact: Callable[[Callable], torch.Tensor]
+    y: torch.Tensor, ok: torch.Tensor | bool, exact: Callable[[Callable], torch.Tensor]
 ) -> torch.Tensor:
     """Y with the matrices where ``ok`` is False replaced by the kernel's explicit path.
 
@@ -216,13 +232,14 @@ def replace_refused(
 
     Args:
         y: the short path's results (..., N, M).
-        ok: bool per matrix, broadcastable to (..., 1, 1).
+        ok: bool per matrix, broadcastable to (..., 1, 1); ``True``: every matrix
+            (the caller has tested it already).
         exact: computes the explicit results for the selected matrices.
 
     Returns:
         The results, every matrix from one path or the other.
     """
-    if bool(ok.all()):
+    if ok is True or bool(ok.all()):
         return y
     batch = y.shape[:-2]
     if ok.numel() == 1:

@@ -276,28 +276,65 @@ def test_rows_absmax_is_the_largest_modulus_per_matrix(dtype):
     assert torch.equal(rows_absmax(empty), torch.zeros(2, 1, 1, dtype=empty.abs().dtype))
 
 
-def test_square_qr_condition_test_falls_back_to_rho(monkeypatch):
-    # Note in _qr_square: ‖P‖₁ ≤ √2·γ decides most steps in one reduction; a skew P
-    # with ‖P‖₁ > √2 but κ(B)² ≤ 3 still takes the frame path through the ρ-test,
-    # and one with κ(B)² large takes the explicit (Householder) path; both equal
-    # X·qf(I + P) computed densely
+@pytest.mark.parametrize("host", [True, False])
+def test_square_qr_condition_test_falls_back_to_rho(monkeypatch, host):
+    # Note in _qr_square: ‖P‖²_F = tr(BᴴB) − nγ² ≤ 4γ² decides most steps from the
+    # trace; a skew P with ‖P‖_F > 2 but κ(B)² ≤ 3 still takes the frame path
+    # through the ρ-test, and one with κ(B)² large takes the explicit (Householder)
+    # path; all equal X·qf(I + P) computed densely. host: the test on Python floats
+    # (one matrix, autograd off, Note [Step weights on the host]); else on tensors.
     from stiefel.manifolds.kernels import factor
 
-    calls = []
-    householder = factor._householder
+    calls, rho = [], []
+    householder, conditioned = factor._householder, factor._conditioned
     monkeypatch.setattr(factor, "_householder", lambda a: calls.append(1) or householder(a))
+    monkeypatch.setattr(factor, "_conditioned", lambda *a: rho.append(1) or conditioned(*a))
     gen = torch.Generator().manual_seed(13)
     n = 64
     x = kernels.haar(n, n, dtype=torch.float64, generator=gen)
     a = torch.randn(n, n, dtype=torch.float64, generator=gen)
+    v = kernels.haar(n, n, dtype=torch.float64, generator=gen)
+    j = torch.zeros(n, n, dtype=torch.float64)
+    j[torch.arange(0, n, 2), torch.arange(1, n, 2)] = 1.0
+    j = j - j.mT  # PᴴP = θ²I for P = θ·VJVᵀ: ρ = 0, κ(B)² = 1 + θ²
     eye = torch.eye(n, dtype=torch.float64)
     gamma = torch.ones(1, 1, dtype=torch.float64)
-    for scale, explicit in ((0.04, False), (3.0, True)):
-        p = scale * (a - a.mT) / 2
-        p1, p2 = (float(torch.linalg.matrix_norm(p, ord=o)) for o in (1, 2))
-        assert p1 > 2**0.5 and (p2 < 1 if not explicit else p2 > 2**0.5)
-        calls.clear()
-        y = factor._qr_square(x, p.clone(), True, gamma, frame.UNCORRECTED, lambda p=p: p.clone())
-        assert bool(calls) == explicit
+    cases = (  # P, the ρ-test asked, explicit path
+        (0.02 * (a - a.mT) / 2, False, False),
+        (1.9 * (a - a.mT) / torch.linalg.matrix_norm(a - a.mT), False, False),  # ‖P‖₁ > √2
+        (0.5 * v @ j @ v.mT, True, False),
+        (3.0 * (a - a.mT) / 2, True, True),
+    )
+    for p, asked, explicit in cases:
+        assert (float(torch.linalg.matrix_norm(p)) > 2) == asked
+        calls.clear(), rho.clear()
+        with torch.set_grad_enabled(not host):
+            y = factor._qr_square(
+                x, p.clone(), True, gamma, frame.UNCORRECTED, lambda p=p: p.clone()
+            )
+        assert (bool(rho), bool(calls)) == (asked, explicit)
         ref = x @ kernels.qr_unique(eye + p)
         assert float((y - ref).abs().max()) < 1e3 * n * torch.finfo(torch.float64).eps
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e37])
+def test_scaled_gram_equals_the_gram_of_the_scaled_step(scale):
+    # Note [Step weights on the host]: for one CPU matrix outside autograd the scale
+    # rides on XᴴD, unless XᴴD could overflow (scale 1e37: then the scaled copy);
+    # both against the tensor path's scaled copy in float64
+    from stiefel.manifolds.kernels import scaling
+
+    gen = torch.Generator().manual_seed(21)
+    n = 64
+    x = kernels.haar(n, n, generator=gen)
+    d = scale * torch.randn(n, n, generator=gen)
+    with torch.no_grad():
+        assert scaling.host_scalars(d, 0.01)
+        h, gamma = scaling.scaled_gram(x, d, 0.01, -0.5)
+    assert not scaling.host_scalars(d, 0.01)  # autograd on: the tensor path
+    s, gamma_ref = scaling.scaled_step(d.double(), 0.01, -0.5)
+    ref = x.double().mT @ s
+    assert torch.isfinite(h).all()
+    tol = 10 * n * torch.finfo(torch.float32).eps
+    assert float((h.double() - ref).abs().max()) <= tol * float(ref.abs().max())
+    assert abs(float(gamma) - float(gamma_ref)) <= tol * float(gamma_ref)
