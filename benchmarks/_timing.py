@@ -42,6 +42,7 @@ __all__ = [
     "ratio",
     "target",
     "targets_table",
+    "device_of",
 ]
 
 
@@ -98,6 +99,23 @@ def measure(
         if time.perf_counter() - start > budget_s:
             break
     return Timing(statistics.median(times), len(times))
+
+
+def device_of(text: str | None) -> torch.device:
+    """The ``--device`` of a benchmark: ``cpu`` (default) or a CUDA device that exists.
+
+    Raises:
+        ValueError: an unknown device, or CUDA on a machine without it.
+    """
+    try:
+        device = torch.device(text or "cpu")
+    except RuntimeError as err:
+        raise ValueError(f"--device {text!r}: not a device; allowed: cpu, cuda, cuda:<k>") from err
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text!r}; allowed: cpu, cuda, cuda:<k>")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text!r}: this machine has no CUDA device; allowed: cpu")
+    return device
 
 
 def thread_timed(fn: Callable[[], object]) -> float:

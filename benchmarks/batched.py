@@ -26,6 +26,8 @@ import torch
 from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
+from ._timing import device_of
+
 
 def _haar(batch: int, n: int, m: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
@@ -89,7 +91,7 @@ def _run(label, make, x0, man, target, steps: int, timed: int, clock=time.perf_c
         if k == timed and statistics.mean(times[1:] or times) > slow_s:
             break
     x = p.detach()
-    eye = torch.eye(x.shape[-1], dtype=x.dtype)
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
     drift = float(torch.linalg.matrix_norm(x.mH @ x - eye).max())
     loss = float(((x - target) ** 2).sum() / x.shape[0])
     return statistics.mean(times[1:] if len(times) > 1 else times), drift, loss, k
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         default="St,O",
         help="which problems: St (St(64, 16) batch), O (O(64) batch), comma-separated",
     )
+    parser.add_argument("--device", default=None, help="cpu (default) or cuda")
     parser.add_argument(
         "--clock",
         choices=("wall", "thread"),
@@ -120,10 +123,19 @@ def main(argv: list[str] | None = None) -> None:
         help="wall time, or the CPU time of one thread (sets 1 thread; for a shared machine)",
     )
     args = parser.parse_args(argv)
+    device = device_of(args.device)
     clock = time.perf_counter
     if args.clock == "thread":  # Note [Thread CPU time on a shared machine] (benchmarks._timing)
+        if device.type != "cpu":
+            parser.error(f"--clock thread with --device {device}: allowed with --device cpu only")
         torch.set_num_threads(1)
         clock = time.thread_time
+    elif device.type == "cuda":  # a step's time includes its kernels
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
     steps = 20 if args.quick else args.steps
     problems = [("St(64, 16)", 4096, 64, 16), ("O(64)", 1024, 64, 64)]
     if args.quick:
@@ -133,14 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     if unknown or not wanted:
         parser.error(f"--problems={args.problems!r}: allowed: St, O (comma-separated)")
     problems = [p for p in problems if p[0].split("(")[0] in wanted]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
+        f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads, float32, "
         f"lr={args.lr}, {steps} steps (drift after them), step time = mean of "
         f"{args.timed - 1} ({args.clock} clock)"
     )
     for title, batch, n, m in problems:
         man = Orthogonal(n) if n == m else Stiefel(n, m)
-        x0, target = _haar(batch, n, m, 0), _haar(batch, n, m, 1)
+        x0, target = _haar(batch, n, m, 0).to(device), _haar(batch, n, m, 1).to(device)
         print(f"\n{title}, batch {batch}")
         print(
             f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'steps':>6} "

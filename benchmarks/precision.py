@@ -13,7 +13,8 @@ bfloat16 slower), and the orthogonality error of the bfloat16 result. On a
 CPU bfloat16 brings no faster products, so ratios ≥ 1 are expected; timings
 on a shared machine are noisy.
 
-Run: ``python -m benchmarks.precision`` (n = 1024) or ``--quick`` (n = 32).
+Run: ``python -m benchmarks.precision`` (n = 1024) or ``--quick`` (n = 32);
+``--device cuda`` on a GPU, where bfloat16 products are faster.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, kernels
 from stiefel.parametrizations import maps, orthogonalize
 
-from ._timing import fmt_ratio, fmt_time, header, measure, ratio, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, measure, ratio, table
 
 __all__ = ["main", "map_time", "step_time", "riemannian_optimizers"]
 
@@ -56,11 +57,11 @@ def _error(w: torch.Tensor) -> float:
     return float(kernels.orthogonality_error(w.detach().double()).max())
 
 
-def map_time(method: str, n: int, dtype: torch.dtype, repeats: int, budget: float):
+def map_time(method: str, n: int, dtype: torch.dtype, repeats: int, budget: float, device="cpu"):
     """(median seconds of forward + backward of the map's weight, error of the weight)."""
     torch.manual_seed(0)
-    lin = orthogonalize(nn.Linear(n, n, bias=False), method=method).to(dtype)
-    c = torch.randn(n, n).to(dtype)
+    lin = orthogonalize(nn.Linear(n, n, bias=False), method=method).to(device, dtype)
+    c = torch.randn(n, n).to(device, dtype)
 
     def step() -> None:
         lin.zero_grad(set_to_none=True)
@@ -69,13 +70,15 @@ def map_time(method: str, n: int, dtype: torch.dtype, repeats: int, budget: floa
     return measure(step, repeats, budget).seconds, _error(lin.weight)
 
 
-def step_time(name: str, hyper: dict, n: int, dtype: torch.dtype, repeats: int, budget: float):
+def step_time(
+    name: str, hyper: dict, n: int, dtype: torch.dtype, repeats: int, budget: float, device="cpu"
+):
     """(median seconds of one ``opt.step()`` on an O(n) parameter of ``dtype``, its error)."""
     gen = torch.Generator().manual_seed(0)
     manifold = Orthogonal(n)
     x = manifold.random(dtype=torch.float32, generator=gen).as_subclass(torch.Tensor)
-    w = geoopt.ManifoldParameter(x.to(dtype), manifold=manifold)
-    w.grad = (1e-2 * torch.randn(n, n, generator=gen)).to(dtype)
+    w = geoopt.ManifoldParameter(x.to(device, dtype), manifold=manifold)
+    w.grad = (1e-2 * torch.randn(n, n, generator=gen)).to(device, dtype)
     lr = optimizers.info(name).default_lr
     opt = optimizers.create(name, [w], lr=lr, **hyper)
     return measure(opt.step, repeats, budget).seconds, _error(w)
@@ -110,15 +113,22 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--repeats", type=int, default=None, help="most timed runs (median)")
     p.add_argument("--budget", type=float, default=None, help="seconds per measurement")
     p.add_argument("--json", type=pathlib.Path, default=None, help="write the rows here")
+    p.add_argument("--device", default=None, help="cpu (default) or cuda")
     args = p.parse_args(argv)
+    device = device_of(args.device)
     n = args.n or (32 if args.quick else 1024)
     if n < 2:
         raise ValueError(f"--n {n}; allowed: an integer >= 2")
     repeats = args.repeats or (2 if args.quick else 7)
     budget = args.budget if args.budget is not None else (0.05 if args.quick else 3.0)
-    maps_rows = [_row(m, lambda dt, m=m: map_time(m, n, dt, repeats, budget)) for m in maps()]
+    maps_rows = [
+        _row(m, lambda dt, m=m: map_time(m, n, dt, repeats, budget, device)) for m in maps()
+    ]
     opt_rows = [
-        _row(_label(name, h), lambda dt, name=name, h=h: step_time(name, h, n, dt, repeats, budget))
+        _row(
+            _label(name, h),
+            lambda dt, name=name, h=h: step_time(name, h, n, dt, repeats, budget, device),
+        )
         for name, h in riemannian_optimizers()
     ]
     ratios = [r["ratio"] for r in maps_rows + opt_rows if r["ratio"] is not None]
@@ -140,7 +150,8 @@ def main(argv: list[str] | None = None) -> str:
     )
     print(text)
     if args.json is not None:
-        payload = {"n": n, "maps": maps_rows, "optimizers": opt_rows, "geomean_ratio": geo}
+        payload = {"n": n, "device": str(device), "maps": maps_rows, "optimizers": opt_rows}
+        payload["geomean_ratio"] = geo
         args.json.write_text(json.dumps(payload, indent=1))
     return text
 

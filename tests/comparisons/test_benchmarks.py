@@ -12,6 +12,7 @@ import sys
 import zipfile
 
 import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -217,6 +218,24 @@ def test_batched_quick_reports_the_steps_run(bench, capsys):
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--problems", "SO"])
     assert "allowed: St, O" in capsys.readouterr().err
+
+
+def test_device_option_of_the_gpu_benchmarks(bench, capsys):
+    # issue 16's GPU runs: --device of batched and precision (cuda when present)
+    timing, batched = bench["_timing"], bench["batched"]
+    assert timing.device_of(None) == torch.device("cpu")
+    assert timing.device_of("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="allowed: cpu, cuda"):
+        timing.device_of("tpu")
+    with pytest.raises(ValueError, match="allowed: cpu, cuda"):
+        timing.device_of("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            timing.device_of("cuda")
+    batched.main(["--quick", "--slow-s", "0", "--problems", "O", "--device", "cpu"])
+    assert "cpu" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--device 'meta'"):
+        batched.main(["--quick", "--device", "meta"])
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
