@@ -150,8 +150,13 @@ def main(argv: list[str] | None = None) -> str:
     )
     print(text)
     if args.json is not None:
-        payload = {"n": n, "device": str(device), "maps": maps_rows, "optimizers": opt_rows}
-        payload["geomean_ratio"] = geo
+        payload = {
+            "n": n,
+            "device": str(device),
+            "maps": maps_rows,
+            "optimizers": opt_rows,
+            "geomean_ratio": geo,
+        }
         args.json.write_text(json.dumps(payload, indent=1))
     return text
 

@@ -21,7 +21,7 @@ def normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return d / mu, mu
 
 
-def weights(beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def weights(beta: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor] | tuple[float, float]:
     r"""γ = 1/max(1, |β|) and σ = β/max(1, |β|) (= clamp(β, −1, 1)), both finite.
 
     Note [Overflow-safe step]
@@ -89,8 +89,8 @@ def _step_scale(d: torch.Tensor, lr, factor: float):
     return (scale if factor == 1 else scale * factor), gamma, mu
 
 
-def scaled_step(d: torch.Tensor, lr, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""(c·σ·d/μ, γ): the step written as γX − σ·d/μ = (X − lr·d)/max(1, |β|), β = lr·μ.
+def scaled_step(d: torch.Tensor, lr) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""(σ·d/μ, γ): the step written as γX − σ·d/μ = (X − lr·d)/max(1, |β|), β = lr·μ.
 
     One pass over d for μ = max|d| and one for the scaled copy (σ/μ is formed per
     matrix first: |σ/μ| ≤ 1/tiny is finite and every entry of the result is at
@@ -99,13 +99,11 @@ def scaled_step(d: torch.Tensor, lr, factor: float = 1.0) -> tuple[torch.Tensor,
     Args:
         d: directions (..., N, M).
         lr: step size, a float or a tensor broadcastable to (..., 1, 1).
-        factor: c, a power of two the caller wants in the scaled copy (exact: it
-            saves the caller a pass over its products).
 
     Returns:
-        (c·σ·d/μ, γ), γ of shape (..., 1, 1).
+        (σ·d/μ, γ), γ of shape (..., 1, 1).
     """
-    scale, gamma, _ = _step_scale(d, lr, factor)
+    scale, gamma, _ = _step_scale(d, lr, 1.0)
     return d * scale, gamma
 
 
@@ -121,7 +119,8 @@ def scaled_gram(
         x: points (..., N, M).
         d: directions, same shape.
         lr: step size, a float or a tensor broadcastable to (..., 1, 1).
-        factor: c, as in `scaled_step`.
+        factor: c, a power of two the caller wants in the product (exact: it
+            saves the caller a pass over it).
 
     Returns:
         (c·σ·XᴴD/μ, γ), γ of shape (..., 1, 1).
