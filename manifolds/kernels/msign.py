@@ -28,7 +28,8 @@ Methods (every one batched over leading dimensions, real or complex):
   tol = max(N, M)·eps·σ_max.
 
 The iterative methods first divide G by its Frobenius norm (‖G‖_F ≥ ‖G‖₂, so
-every singular value is in (0, 1]); Polar Express by 1.01‖G‖_F. Each step
+every singular value is in (0, 1]); Polar Express by 1.01‖G‖_F (Note [msign
+at any scale]). Each step
 works on the smaller Gram matrix: for a tall N×M matrix a step costs
 4NM² + 2M³ real multiply-adds (×4 for complex). Half-precision inputs are
 computed in float32 and returned in their dtype.
@@ -73,7 +74,7 @@ from __future__ import annotations
 import torch
 
 from .basic import inner_euclidean, polar_step, sym
-from .reduce import gram, row_group
+from .reduce import gram, row_group, rows_absmax
 
 __all__ = [
     "MSIGN_METHODS",
@@ -228,9 +229,18 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
         pe = POLAR_EXPRESS_COEFFICIENTS
         coefficients = [pe[min(k, len(pe) - 1)] for k in range(steps)]
         scale = 1.01
+    # Note [msign at any scale]
+    # msign(cG) = msign(G) for every c > 0, so the result must not depend on the
+    # scale of G; but ‖G‖_F² overflows for entries above ~1e19 (float32: the
+    # factor came out 0) and underflows below ~1e-19 (the division by a zero norm
+    # then blew the iteration up to NaN). G is first divided by the power of two
+    # nearest below max|G_ij|, exactly (no rounding), so the entries lie in
+    # [1, 2) at most and ‖G‖_F² in [1, 4NM): neither can happen. An all-zero
+    # matrix keeps its zero sign.
+    big = rows_absmax(x)
+    x = x / torch.exp2(torch.floor(torch.log2(big))).where(big > 0, 1.0)
     norm = _frobenius(x)
-    tiny = torch.finfo(norm.dtype).tiny
-    x = x / (scale * norm + tiny)
+    x = x / (scale * norm).where(norm > 0, 1.0)
     x = _iterate(x, coefficients)
     return (x.mH if wide else x).to(dtype)
 

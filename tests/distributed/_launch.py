@@ -1,7 +1,18 @@
-"""Run a function on ``world`` gloo processes (CPU) with a hard timeout: CI never hangs.
+"""Run a function on ``world`` gloo processes (CPU) with a hang detector: CI never hangs.
 
 Each rank runs ``fn(rank, world, *args)`` after ``init_process_group``; a rank that
 raises writes its traceback to ``out/error_rank<r>.txt`` and the launcher raises it.
+
+Note [A hang is a stall, not a slow run]
+A fixed wall-clock limit cannot tell a hang from a busy machine: with the load at
+10–16 on 2 cores every multi-process test ran past a fixed 240 s and failed. A hung
+run is one in which no rank does any work: ranks blocked in a collective that will
+never complete (a dead or diverged peer) or in a deadlock sleep in the kernel and
+use no CPU time. So the launcher reads the ranks' CPU time (``/proc/<pid>/stat``)
+and stops them when it has not grown for ``stall`` seconds; a slow run on a loaded
+machine keeps accumulating CPU time however little of it each rank gets. A busy
+loop that never ends is caught by the overall ``timeout``, set generously. Where
+``/proc`` is missing the overall timeout alone applies.
 """
 
 from __future__ import annotations
@@ -18,6 +29,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
+# A collective may wait this long for a peer; the stall detector stops a real hang first.
+COLLECTIVE_TIMEOUT = 600
+# No rank used CPU time for this long: the run is hung.
+STALL = 90.0
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -33,7 +49,9 @@ def _entry(rank: int, fn, world: int, port: int, out: str, args: tuple) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=60),  # a dead peer fails the others, never hangs
+        # a dead peer fails the others; generous, since a peer may be descheduled for
+        # long on a loaded machine (Note [A hang is a stall, not a slow run])
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT),
     )
     pathlib.Path(out, f"joined_rank{rank}").touch()
     try:
@@ -45,11 +63,38 @@ def _entry(rank: int, fn, world: int, port: int, out: str, args: tuple) -> None:
         dist.destroy_process_group()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` (all its threads), or None without /proc."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # after the command name: state is field 3 of stat(5), utime and stime fields 14, 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Watch:
+    """Tells a stalled run (no rank used CPU time for ``stall`` s) from a slow one."""
+
+    def __init__(self, pids: list[int], stall: float):
+        self.pids, self.stall = pids, stall
+        self.last, self.since = None, time.monotonic()
+
+    def stalled(self) -> bool:
+        used = [cpu_seconds(pid) for pid in self.pids]
+        if any(u is None for u in used):
+            return False  # no /proc, or a rank already gone: the join reports it
+        total = sum(used)
+        if self.last is None or total > self.last + 0.01:
+            self.last, self.since = total, time.monotonic()
+        return time.monotonic() - self.since > self.stall
+
+
 class _StartFailed(RuntimeError):
     """A rank died before every rank had joined the process group."""
 
 
-def _launch_once(fn, world: int, out: str, args: tuple, timeout: float) -> None:
+def _launch_once(fn, world: int, out: str, args: tuple, timeout: float, stall: float) -> None:
     for marker in pathlib.Path(out).glob("joined_rank*"):
         marker.unlink()
     ctx = mp.start_processes(
@@ -60,8 +105,14 @@ def _launch_once(fn, world: int, out: str, args: tuple, timeout: float) -> None:
         start_method="spawn",
     )
     deadline = time.monotonic() + timeout
+    watch = _Watch([p.pid for p in ctx.processes], stall)
     try:
         while not ctx.join(timeout=1.0):
+            if watch.stalled():
+                raise TimeoutError(
+                    f"{fn.__name__} on {world} processes: no rank used any CPU time for "
+                    f"{stall} s (a hang)"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{fn.__name__} on {world} processes ran over {timeout} s")
     except ProcessException as exc:
@@ -76,8 +127,19 @@ def _launch_once(fn, world: int, out: str, args: tuple, timeout: float) -> None:
                 p.kill()
 
 
-def launch(fn, world: int, out, *args, timeout: float = 80.0, attempts: int = 3) -> None:
-    """Run ``fn(rank, world, out, *args)`` on ``world`` processes; raise on error or timeout.
+def launch(
+    fn,
+    world: int,
+    out,
+    *args,
+    timeout: float = 1800.0,
+    stall: float = STALL,
+    attempts: int = 3,
+) -> None:
+    """Run ``fn(rank, world, out, *args)`` on ``world`` processes; raise on error or hang.
+
+    The run is stopped as hung when no rank used CPU time for ``stall`` seconds, or
+    when it runs over ``timeout`` (Note [A hang is a stall, not a slow run]).
 
     A launch whose ranks die before all of them joined the process group (the port
     from `free_port` taken by another process before rank 0 bound it, which ended
@@ -87,7 +149,7 @@ def launch(fn, world: int, out, *args, timeout: float = 80.0, attempts: int = 3)
     out = str(out)
     for attempt in range(1, attempts + 1):
         try:
-            _launch_once(fn, world, out, args, timeout)
+            _launch_once(fn, world, out, args, timeout, stall)
             return
         except _StartFailed:
             if attempt == attempts:
@@ -99,6 +161,13 @@ def hello_worker(rank: int, world: int, out: str) -> None:
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     pathlib.Path(out, f"hello_rank{rank}.txt").write_text(str(int(t.item())))
+
+
+def sleeping_worker(rank: int, world: int, out: str) -> None:
+    """A worker that hangs without using CPU time (rank 0 never joins the barrier)."""
+    if rank == 0:
+        time.sleep(3600)
+    dist.barrier()
 
 
 def raising_worker(rank: int, world: int, out: str) -> None:

@@ -24,6 +24,6 @@ def runs(tmp_path_factory):
     from _launch import launch
 
     out = {w: tmp_path_factory.mktemp(f"world{w}") for w in WORLDS}
-    launch(all_worker, 2, out[2], True, None, timeout=240)
-    launch(all_worker, 4, out[4], False, str(out[2] / "ckpt"), timeout=240)
+    launch(all_worker, 2, out[2], True, None)
+    launch(all_worker, 4, out[4], False, str(out[2] / "ckpt"))
     return out

@@ -28,7 +28,7 @@ def test_launch_tries_again_when_the_port_is_taken(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_launch, "free_port", port)
     try:
-        _launch.launch(_launch.hello_worker, 2, tmp_path, timeout=120)
+        _launch.launch(_launch.hello_worker, 2, tmp_path)
     finally:
         taken.close()
     assert len(handed) == 2
@@ -42,5 +42,32 @@ def test_launch_raises_a_failing_worker_without_retrying(tmp_path, monkeypatch):
     real = _launch.free_port
     monkeypatch.setattr(_launch, "free_port", lambda: calls.append(1) or real())
     with pytest.raises(RuntimeError, match="boom"):
-        _launch.launch(_launch.raising_worker, 2, tmp_path, timeout=120)
+        _launch.launch(_launch.raising_worker, 2, tmp_path)
     assert len(calls) == 1
+
+
+def test_launch_stops_a_hang_by_its_stall_not_by_the_wall_clock(tmp_path):
+    import time
+
+    import _launch
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="no rank used any CPU time for 5"):
+        _launch.launch(_launch.sleeping_worker, 2, tmp_path, stall=5.0, timeout=600)
+    assert time.monotonic() - start < 120  # stopped by the stall, long before the timeout
+
+
+def test_a_busy_process_is_not_a_stall():
+    import os
+    import time
+
+    import _launch
+
+    if _launch.cpu_seconds(os.getpid()) is None:
+        pytest.skip("no /proc: only the overall timeout applies")
+    watch = _launch._Watch([os.getpid()], stall=0.2)
+    end = time.monotonic() + 0.6
+    while time.monotonic() < end:  # CPU time grows: never stalled
+        assert not watch.stalled()
+    time.sleep(0.5)  # no CPU time for longer than the stall
+    assert watch.stalled()
