@@ -32,11 +32,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..parametrizations import kernels
+from ...parametrizations import kernels
 
-__all__ = ["accelerate", "restore", "cayley_neumann", "MIN_VERSION"]
+__all__ = ["accelerate", "restore", "cayley_neumann"]
 
-MIN_VERSION = "0.17.0"
 FLAG = "_stiefel_accelerated"
 
 
@@ -184,22 +183,6 @@ def _perms(layer: nn.Module) -> list[tuple[torch.Tensor | None, torch.Tensor | N
 
 
 # --------------------------------------------------------------------------- public API
-def _peft():
-    try:
-        import peft
-    except ImportError as err:  # pragma: no cover - peft is in the test extra
-        raise ImportError("stiefel.integrations.peft needs PEFT: pip install peft") from err
-    from packaging.version import Version
-
-    version = Version(peft.__version__)
-    if not Version(MIN_VERSION) <= version < Version("1.0"):
-        raise ImportError(
-            f"PEFT {peft.__version__} is not supported by stiefel.integrations.peft; "
-            f"allowed: {MIN_VERSION} <= peft < 1.0 (tested with 0.21)"
-        )
-    return peft
-
-
 def _kinds() -> dict[type, tuple[str, Callable]]:
     from peft.tuners.boft.layer import Linear as BOFTLinear
     from peft.tuners.hra.layer import HRALinear
@@ -253,7 +236,6 @@ def accelerate(model: nn.Module, *, exact_cayley: bool = False) -> nn.Module:
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(exact_cayley, bool):
         raise TypeError(f"exact_cayley must be a bool, got {exact_cayley!r}")
-    _peft()
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     kinds = _kinds()
