@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 import stiefel
-from stiefel.integrations.peft import _cayley, _skew, accelerate, cayley_neumann
+from stiefel.integrations.peft import accelerate, cayley_neumann
+from stiefel.integrations.peft.acceleration import _cayley, _skew
 
 
 def median_time(fn: Callable[[], object], repeats: int, budget_s: float = 20.0) -> float:

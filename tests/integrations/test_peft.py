@@ -90,7 +90,7 @@ def test_exact_cayley_option_is_orthogonal_where_neumann_drifts():
     assert torch.allclose(fast(x), exact(x), atol=1e-10, rtol=0)
     assert not torch.allclose(fast(x), ref(x), atol=1e-3)
     rot = ref.base_model.model[0].oft_R["default"]
-    from stiefel.integrations.peft import _cayley, _skew
+    from stiefel.integrations.peft.acceleration import _cayley, _skew
 
     a = _skew(rot.weight.detach(), rot.block_size)
     eye = torch.eye(4, dtype=F64)
