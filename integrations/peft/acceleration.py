@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ...parametrizations import kernels
+from ._support import require
 
 __all__ = ["accelerate", "restore", "cayley_neumann"]
 
@@ -236,6 +237,7 @@ def accelerate(model: nn.Module, *, exact_cayley: bool = False) -> nn.Module:
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(exact_cayley, bool):
         raise TypeError(f"exact_cayley must be a bool, got {exact_cayley!r}")
+    require()
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     kinds = _kinds()
