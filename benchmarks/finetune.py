@@ -94,12 +94,17 @@ def mib(b: int) -> str:
 
 
 def interleaved(steps: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Times of each step, one of each per round (the machine's load hits all alike)."""
+    """Times of each step, one of each per round (the machine's load hits all alike).
+
+    Every other round runs the steps in reverse order, so that no step always
+    follows the same neighbour.
+    """
     for step in steps.values():
         step()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    for i in range(rounds):
+        order = list(steps.items())
+        for name, step in order if i % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - t0)
