@@ -110,8 +110,14 @@ def test_workflow_train_save_load_merge(name, tmp_path):
     _close(_logits(model, ids), base_logits, scale=10)  # Q = I at the start
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
 
+    saved_modules = model.peft_config["default"].modules_to_save or []
+    copies = {n: p.detach().clone() for n, p in model.named_parameters() if "modules_to_save" in n}
+    assert len(copies) == 2 * len(saved_modules)  # LayerNorm weight and bias, trained in full
+    assert all(model.get_parameter(n).requires_grad for n in copies)
+
     losses = _train(model, ids)
     assert losses[-1] < losses[0]
+    assert all(not torch.equal(model.get_parameter(n), v) for n, v in copies.items())
     trained = _logits(model, ids)
     assert (trained - base_logits).abs().max() > 1e-3
     for n, p in model.named_parameters():  # W untouched, frozen
