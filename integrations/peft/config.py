@@ -42,7 +42,8 @@ class StiefelConfig(PeftConfig):
             near I (for tests).
         bias: ``"none"``, ``"all"`` or ``"stiefel_only"`` (biases trained).
         modules_to_save: other modules trained in full and saved.
-        layers_to_transform, layers_pattern: as in PEFT's other methods.
+        layers_to_transform: layer indices to adapt, as in PEFT's other methods.
+        layers_pattern: the name of the layer list, with ``layers_to_transform``.
 
     Raises:
         ValueError: an unknown method, option, side or bias, or a bad count.
