@@ -8,6 +8,7 @@ merge_and_unload, dense float64 W·Q products, and PEFT's OFT (orthogonality).
 from __future__ import annotations
 
 import copy
+import io
 import subprocess
 import sys
 import warnings
@@ -115,6 +116,8 @@ def test_workflow_train_save_load_merge(name, tmp_path):
     assert len(copies) == 2 * len(saved_modules)  # LayerNorm weight and bias, trained in full
     assert all(model.get_parameter(n).requires_grad for n in copies)
 
+    with torch.inference_mode():  # a forward in inference mode does not break training
+        model(input_ids=ids)
     losses = _train(model, ids)
     assert losses[-1] < losses[0]
     assert all(not torch.equal(model.get_parameter(n), v) for n, v in copies.items())
@@ -127,6 +130,11 @@ def test_workflow_train_save_load_merge(name, tmp_path):
     with model.disable_adapter():
         _close(_logits(model, ids), base_logits, scale=10)
     _close(_logits(model, ids), trained)
+
+    buffer = io.BytesIO()  # the whole model pickles
+    torch.save(model, buffer)
+    buffer.seek(0)
+    _close(_logits(torch.load(buffer, weights_only=False), ids), trained)
 
     model.save_pretrained(tmp_path)
     loaded = PeftModel.from_pretrained(make(), tmp_path)
@@ -181,11 +189,17 @@ def test_several_active_adapters_merge_in_peft_order():
     dense = q["c"] @ w @ q["default"] @ q["b"]  # Note [Several adapters, in PEFT's order]
     expected = x @ dense.T + bias
     _close(model(x), expected, torch.float32)
-    model.merge_adapter(["default", "b", "c"])
+    model.merge_adapter(["default", "b", "c"], safe_merge=True)
     _close(layer.base_layer.weight, dense, torch.float32)
     _close(model(x), expected, torch.float32)
     model.unmerge_adapter()
     _close(layer.base_layer.weight, w, torch.float32)
+    w = layer.base_layer.weight.detach().clone()
+    with torch.no_grad():  # a broken adapter: safe_merge refuses it and leaves W as it was
+        layer.stiefel_R["b"].originals[0].fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaNs detected"):
+        model.merge_adapter(["b"], safe_merge=True)
+    assert torch.equal(layer.base_layer.weight, w) and not layer.merged
 
 
 def test_print_trainable_parameters_counts():
