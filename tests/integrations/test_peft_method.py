@@ -174,6 +174,29 @@ def test_two_named_adapters_and_set_adapter():
     _close(_logits(model, ids), first)
 
 
+def test_named_adapters_save_and_load_under_new_names(tmp_path):
+    def base():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+    model = get_peft_model(base(), StiefelConfig(target_modules=["0"], init_weights=False))
+    model.add_adapter(
+        "other",
+        StiefelConfig(method="exp", blocks=2, target_modules=["0", "2"], init_weights=False),
+    )
+    x = torch.randn(3, 16)
+    expected = {}
+    for name in ("other", "default"):
+        model.set_adapter(name)
+        expected[name] = model(x)
+    model.save_pretrained(tmp_path)  # "other" goes to tmp_path / "other"
+    loaded = PeftModel.from_pretrained(base(), tmp_path)
+    loaded.load_adapter(tmp_path / "other", adapter_name="second")
+    _close(loaded(x), expected["default"])
+    loaded.set_adapter("second")
+    _close(loaded(x), expected["other"])
+
+
 def test_several_active_adapters_merge_in_peft_order():
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(12, 8)).double()
@@ -404,3 +427,25 @@ def test_registration_works_when_stiefel_is_imported_first(tmp_path):
         ]
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "cayley", "blocks": 4, "butterfly": 3},
+        {"method": "householder", "blocks": 2},
+        {"method": "cwy", "reflections": 5, "side": "output"},
+    ],
+)
+def test_forward_equals_the_dense_product(options):
+    """The operator forms (gathers, blocks, WY) against F.linear with the dense W·Q, float64."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 16)).double()
+    model = get_peft_model(base, StiefelConfig(target_modules=["0"], init_weights=False, **options))
+    layer = model.base_model.model[0]
+    q = layer.stiefel_R["default"].matrix().detach()
+    assert torch.allclose(q.T @ q, torch.eye(16, dtype=torch.float64), atol=1e-12)
+    w, b = layer.base_layer.weight.detach(), layer.base_layer.bias.detach()
+    dense = w @ q if options.get("side", "input") == "input" else q @ w
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    _close(model(x), x @ dense.T + b, torch.float64, scale=10)
