@@ -5,6 +5,9 @@ A stack of frozen ``Linear(n, n)`` layers, T tokens, forward + backward
 (``--dtype bfloat16`` for bf16 bases). Printed: median times, their ratios,
 and the bytes autograd saves for backward (frozen weights excluded):
 
+0. the registered PEFT method (``StiefelConfig``) against PEFT's HRA r = 8,
+   OFT (blocks of 32) and BOFT (blocks of 32, 1 factor: PEFT's CPU path) on 4 Linear(2048,
+   2048), timed interleaved (one step of each per round), ratios per round;
 1. ``rotate(method="cwy", reflections=8)`` vs the frozen stack alone vs PEFT HRA r = 8;
 2. OFT, b = 32 blocks: ``rotate(method="cayley", blocks=32)`` (exact Cayley) vs
    PEFT OFT (Cayley–Neumann), and ‖RᵀR − I‖_F of both maps as ‖A‖₂ grows;
@@ -31,7 +34,8 @@ import torch
 from torch import nn
 
 import stiefel
-from stiefel.integrations.peft import _cayley, _skew, accelerate, cayley_neumann
+from stiefel.integrations.peft import accelerate, cayley_neumann
+from stiefel.integrations.peft.acceleration import _cayley, _skew
 
 
 def median_time(fn: Callable[[], object], repeats: int, budget_s: float = 20.0) -> float:
@@ -87,6 +91,75 @@ def fwd_bwd(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 def mib(b: int) -> str:
     return f"{b / 2**20:.1f} MiB"
+
+
+def interleaved(steps: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Times of each step, one of each per round (the machine's load hits all alike).
+
+    Every other round runs the steps in reverse order, so that no step always
+    follows the same neighbour.
+    """
+    for step in steps.values():
+        step()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for i in range(rounds):
+        order = list(steps.items())
+        for name, step in order if i % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
+    """Median over rounds of the per-round ratio slow/fast."""
+    return statistics.median(a / b for a, b in zip(times[slow], times[fast], strict=True))
+
+
+def section_method(n, tokens, layers, dtype, rounds):
+    """The registered PEFT method "stiefel" against PEFT's HRA, OFT and BOFT, interleaved."""
+    from peft import BOFTConfig, HRAConfig, OFTConfig
+
+    from stiefel.integrations.peft import StiefelConfig
+
+    block = 32
+    names = [str(i) for i in range(layers)]
+    print(
+        f"\n## 0. The PEFT method 'stiefel' vs PEFT's own: {layers} frozen Linear({n}, {n}), "
+        f"T = {tokens}, fwd+bwd, {rounds} interleaved rounds"
+    )
+    models = {
+        "stiefel cwy L=8": StiefelConfig(method="cwy", reflections=8, target_modules=names),
+        "PEFT HRA r=8": HRAConfig(r=8, target_modules=names),
+        f"stiefel cayley blocks of {block}": StiefelConfig(
+            method="cayley", blocks=n // block, target_modules=names
+        ),
+        f"PEFT OFT blocks of {block}": OFTConfig(r=0, oft_block_size=block, target_modules=names),
+        # PEFT's BOFT builds one factor on a CPU whatever it is asked (no CUDA extension):
+        # the same factors on both sides is one factor here
+        f"stiefel cayley {block}, butterfly 1": StiefelConfig(
+            method="cayley", blocks=n // block, butterfly=1, target_modules=names
+        ),
+        f"PEFT BOFT {block}, 1 factor": BOFTConfig(
+            boft_block_size=block, boft_n_butterfly_factor=1, target_modules=names
+        ),
+    }
+    x = torch.randn(tokens, n, dtype=dtype)
+    wrapped = {name: peft_wrap(stack(n, layers, dtype), config) for name, config in models.items()}
+    times = interleaved({name: fwd_bwd(m, x) for name, m in wrapped.items()}, rounds)
+    print("| adapter | median fwd+bwd | saved for backward |")
+    print("|---|---|---|")
+    saved = {}
+    for name, m in wrapped.items():
+        saved[name] = saved_bytes(m, lambda m=m: m(x.detach().requires_grad_(True)))
+        print(f"| {name} | {statistics.median(times[name]) * 1e3:.0f} ms | {mib(saved[name])} |")
+    keys = list(models)
+    print("\n| comparison | ratio (per-round median) | target |")
+    print("|---|---|---|")
+    print(f"| PEFT HRA / stiefel cwy time | {ratio(times, keys[1], keys[0]):.1f}× | ≥ 8× |")
+    print(f"| stiefel exact OFT / PEFT OFT time | {ratio(times, keys[2], keys[3]):.2f}× | ≤ 1× |")
+    print(f"| PEFT BOFT / stiefel butterfly time | {ratio(times, keys[5], keys[4]):.1f}× | ≥ 5× |")
+    print(f"| stiefel cwy / PEFT HRA saved bytes | {saved[keys[0]] / saved[keys[1]]:.3f} | ≤ 0.1 |")
 
 
 def section_hra(sizes, tokens, layers, dtype, repeats):
@@ -236,7 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sections", nargs="+", default=["hra", "oft", "boft", "accelerate"])
+    parser.add_argument(
+        "--sections", nargs="+", default=["method", "hra", "oft", "boft", "accelerate"]
+    )
+    parser.add_argument("--method-size", type=int, default=2048, help="n of section 0")
+    parser.add_argument("--method-layers", type=int, default=4, help="layers of section 0")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: less noise)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -248,6 +325,9 @@ def main(argv: list[str] | None = None) -> None:
         f"fwd+bwd, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     print("(shared machine: timings are noisy; compare the ratios within this run)")
+    if "method" in args.sections:
+        n = 256 if args.quick else args.method_size
+        section_method(n, tokens, args.method_layers, dtype, args.repeats)
     if "hra" in args.sections:
         section_hra(sizes, tokens, args.layers, dtype, args.repeats)
     if "oft" in args.sections:

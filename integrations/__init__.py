@@ -1,7 +1,9 @@
 """Adapters to other libraries (each imports its library lazily, on first use).
 
-- `stiefel.integrations.peft`: `accelerate(model)` runs a PEFT model's
-  HRA, OFT and BOFT layers with this package's kernels.
+- `stiefel.integrations.peft`: `StiefelConfig`, this package's orthogonal
+  fine-tuning as a PEFT method (registered as ``"stiefel"``), and
+  `accelerate(model)`, which runs a PEFT model's HRA, OFT and BOFT layers
+  with this package's kernels.
 """
 
 import importlib

@@ -90,7 +90,7 @@ def test_exact_cayley_option_is_orthogonal_where_neumann_drifts():
     assert torch.allclose(fast(x), exact(x), atol=1e-10, rtol=0)
     assert not torch.allclose(fast(x), ref(x), atol=1e-3)
     rot = ref.base_model.model[0].oft_R["default"]
-    from stiefel.integrations.peft import _cayley, _skew
+    from stiefel.integrations.peft.acceleration import _cayley, _skew
 
     a = _skew(rot.weight.detach(), rot.block_size)
     eye = torch.eye(4, dtype=F64)
@@ -144,3 +144,137 @@ def test_warnings_and_errors(monkeypatch):
     monkeypatch.setattr(peft, "__version__", "0.6.0")
     with pytest.raises(ImportError, match=r"PEFT 0\.6\.0 is not supported.*allowed"):
         accelerate(_model("hra"))
+
+
+# ---------------------------------------------------------------------------- standard recipes
+def _accelerated_pair(kind: str, dtype=F64):
+    ref = _model(kind, dtype=dtype)
+    return ref, accelerate(copy.deepcopy(ref))
+
+
+@pytest.mark.parametrize("kind", ["oft", "boft", "hra"])
+def test_training_after_an_inference_mode_forward(kind, monkeypatch):
+    """Index caches made under torch.inference_mode() must not break later training."""
+    from stiefel.integrations.peft import acceleration
+
+    monkeypatch.setattr(acceleration, "_TRIU", {})  # empty caches: the first use fills them
+    ref, fast = _accelerated_pair(kind)
+    x = torch.randn(3, 16, dtype=F64)
+    late = copy.deepcopy(ref)
+    with torch.inference_mode():
+        fast(x)
+        accelerate(late)  # accelerated inside inference mode too
+        late(x)
+    for model in (fast, late):
+        y, g = _grads(model, x)
+        y_ref, g_ref = _grads(ref, x)
+        assert torch.allclose(y, y_ref, atol=1e-10, rtol=0)
+        assert all(torch.allclose(g[n], g_ref[n], atol=1e-10, rtol=0) for n in g_ref)
+
+
+@pytest.mark.parametrize("kind", ["oft", "boft", "hra"])
+def test_accelerated_model_pickles_whole(kind):
+    import io
+    import pickle
+
+    ref, fast = _accelerated_pair(kind)
+    x = torch.randn(3, 16, dtype=F64)
+    buffer = io.BytesIO()
+    torch.save(fast, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    again = pickle.loads(pickle.dumps(fast))
+    for model in (loaded, again):
+        assert all("forward" in m.__dict__ for m in model.modules() if hasattr(m, "base_layer"))
+        assert torch.allclose(model(x), ref(x), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["hra", "boft", "oft_exact"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_adapters_run_as_in_peft(kind, dtype):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 8)).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = get_peft_model(base, CONFIGS[kind](), autocast_adapter_dtype=False)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if p.requires_grad and "boft_s" not in n:
+                assert p.dtype == dtype
+                p.add_(0.2 * torch.randn_like(p))
+    fast = accelerate(copy.deepcopy(ref))
+    x = torch.randn(4, 16, dtype=dtype)
+    y_ref, y = ref(x), fast(x)
+    assert y.dtype == y_ref.dtype == dtype
+    assert torch.allclose(y.float(), y_ref.float(), atol=0.05, rtol=0.05)
+    y.float().sum().backward()
+
+
+@pytest.mark.parametrize("kind", ["hra", "oft", "boft"])
+def test_adapters_added_after_accelerate_are_accelerated(kind):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 8)).to(F64)
+    first = CONFIGS[kind]()
+    first.target_modules = ["0"]  # layer 2 gets its PEFT layer only from add_adapter
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = get_peft_model(base, first)
+    fast = accelerate(copy.deepcopy(ref))
+    for model in (ref, fast):
+        torch.manual_seed(3)
+        config = CONFIGS[kind]()
+        config.target_modules = ["2"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.add_adapter("second", config)
+        model.base_model.set_adapter(["default", "second"])
+    assert "forward" in fast.base_model.model[2].__dict__
+    x = torch.randn(3, 16, dtype=F64)
+    assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=0)
+    restore(fast)
+    assert "inject_adapter" not in fast.base_model.__dict__
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_peft_workflows_give_peft_results(kind, tmp_path):
+    """merge, unmerge, safe_merge, disable_adapter, several adapters, save/load (PEFT's tests)."""
+    from safetensors.torch import load_file
+
+    ref, fast = _accelerated_pair(kind)
+    x = torch.randn(3, 16, dtype=F64)
+
+    def same():
+        assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=0)
+
+    for model in (ref, fast):
+        torch.manual_seed(5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.add_adapter("other", CONFIGS[kind]())
+    same()
+    for model in (ref, fast):
+        model.set_adapter("other")
+    same()
+    for model in (ref, fast):
+        model.base_model.set_adapter(["default", "other"])
+    same()
+    for model in (ref, fast):
+        with model.disable_adapter():
+            pass
+    with fast.disable_adapter(), ref.disable_adapter():
+        same()
+    for safe in (False, True):
+        for model in (ref, fast):
+            model.merge_adapter(safe_merge=safe)
+        same()
+        for model in (ref, fast):
+            model.unmerge_adapter()
+        same()
+    fast.save_pretrained(tmp_path / "fast")
+    ref.save_pretrained(tmp_path / "ref")
+    for name in ("default", "other"):
+        sub = "" if name == "default" else name
+        saved = load_file(tmp_path / "fast" / sub / "adapter_model.safetensors")
+        expected = load_file(tmp_path / "ref" / sub / "adapter_model.safetensors")
+        assert saved.keys() == expected.keys()
+        assert all(torch.equal(saved[k], expected[k]) for k in saved)

@@ -19,24 +19,38 @@ Note [What each PEFT map is, and how it is computed here]
   n×n matrix and forms P·B·Pᵀ and x·R with dense products; here each factor
   is two index gathers and b small block products (Note [Butterfly factors
   as index gathers] in `stiefel.parametrizations.finetuning`).
+Note [Caches outside inference mode]
+Index tensors cached across calls (the strict upper triangle of OFT's skew
+blocks, BOFT's permutations) are made under ``torch.inference_mode(False)``:
+a tensor made in inference mode can never be saved for backward, so a cache
+filled by one ``inference_mode`` forward would break every later training
+forward.
+
+Note [Half-precision adapters]
+With ``autocast_adapter_dtype=False`` PEFT keeps float16/bfloat16 adapter
+weights. The LU and triangular solves of the Cayley map and of CWY have no
+half-precision CPU kernels, and their conditioning needs more than 8 bits of
+mantissa anyway: the maps are computed in float32 and their result cast back
+to the adapter's dtype, where PEFT's own arithmetic continues.
+
 Layers in a state the fast path does not cover (adapters disabled or merged,
 HRA with ``apply_GS``, OFT with ``coft``) run PEFT's own forward.
 """
 
 from __future__ import annotations
 
-import types
+import functools
 import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ..parametrizations import kernels
+from ...parametrizations import kernels
+from ._support import require
 
-__all__ = ["accelerate", "restore", "cayley_neumann", "MIN_VERSION"]
+__all__ = ["accelerate", "restore", "cayley_neumann"]
 
-MIN_VERSION = "0.17.0"
 FLAG = "_stiefel_accelerated"
 
 
@@ -79,7 +93,8 @@ _TRIU: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 def _triu(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     key = (size, str(device))
     if key not in _TRIU:
-        rows, cols = torch.triu_indices(size, size, 1, device=device)
+        with torch.inference_mode(False):  # Note [Caches outside inference mode]
+            rows, cols = torch.triu_indices(size, size, 1, device=device)
         _TRIU[key] = (rows, cols)
     return _TRIU[key]
 
@@ -88,6 +103,11 @@ def _blocks_apply(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """x (…, b·s) times diag(R_1, …, R_b) (rows): b products of s×s blocks, no transpose."""
     b, s, _ = r.shape
     return torch.einsum("...bk,bkc->...bc", x.reshape(*x.shape[:-1], b, s), r).reshape(x.shape)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision adapters (Note [Half-precision adapters]), else their own."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _cayley(a: torch.Tensor) -> torch.Tensor:
@@ -106,7 +126,8 @@ def _hra_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     # F.linear(x, W Q_1⋯Q_k) = base(x Q_kᵀ ⋯ Q_1ᵀ): the last adapter's Q acts first
     for a in reversed(adapters):
         u = self.hra_u[a]
-        x = kernels.cwy_linear(u, x.to(u.dtype))
+        work = _work_dtype(u.dtype)  # Note [Half-precision adapters]
+        x = kernels.cwy_linear(u.to(work), x.to(work)).to(u.dtype)
     return _base(self, x, previous, *args, **kwargs)
 
 
@@ -127,8 +148,8 @@ def _oft_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         rot = self.oft_R[a]
         x = self._cast_input_dtype(x, rot.weight.dtype)
         a_skew = _skew(rot.weight, rot.block_size)
-        if exact or not rot.use_cayley_neumann:
-            r = _cayley(a_skew)  # (I + A)⁻¹(I − A) = PEFT's (I − A)(I + A)⁻¹
+        if exact or not rot.use_cayley_neumann:  # (I + A)⁻¹(I − A) = PEFT's (I − A)(I + A)⁻¹
+            r = _cayley(a_skew.to(_work_dtype(a_skew.dtype))).to(a_skew.dtype)
         else:
             r = cayley_neumann(a_skew, rot.num_cayley_neumann_terms)
         blocks = rot.in_features // rot.block_size
@@ -149,7 +170,8 @@ def _boft_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         param = self.boft_R[a]
         n, d, h, _ = param.shape
         raw = param.view(n * d, h, h)
-        blocks = _cayley(0.5 * (raw - raw.mT)).view(n, d, h, h)  # = (I − S)(I + S)⁻¹
+        skew = (0.5 * (raw - raw.mT)).to(_work_dtype(raw.dtype))
+        blocks = _cayley(skew).to(raw.dtype).view(n, d, h, h)  # = (I − S)(I + S)⁻¹
         blocks = self.boft_dropout[a](blocks).to(x.dtype)
         perms = getattr(self, FLAG)["perms"]
         # x·M_{N−1}⋯M_0, M_i = P_i B_i P_iᵀ: x P_i = x[…, π_i⁻¹], (·)P_iᵀ = (·)[…, π_i]
@@ -171,6 +193,11 @@ def _boft_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 
 
 def _perms(layer: nn.Module) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+    with torch.inference_mode(False):  # Note [Caches outside inference mode]
+        return _perms_of(layer)
+
+
+def _perms_of(layer: nn.Module) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
     out = []
     for p in layer.boft_P:
         perm = p.argmax(-1)
@@ -184,22 +211,6 @@ def _perms(layer: nn.Module) -> list[tuple[torch.Tensor | None, torch.Tensor | N
 
 
 # --------------------------------------------------------------------------- public API
-def _peft():
-    try:
-        import peft
-    except ImportError as err:  # pragma: no cover - peft is in the test extra
-        raise ImportError("stiefel.integrations.peft needs PEFT: pip install peft") from err
-    from packaging.version import Version
-
-    version = Version(peft.__version__)
-    if not Version(MIN_VERSION) <= version < Version("1.0"):
-        raise ImportError(
-            f"PEFT {peft.__version__} is not supported by stiefel.integrations.peft; "
-            f"allowed: {MIN_VERSION} <= peft < 1.0 (tested with 0.21)"
-        )
-    return peft
-
-
 def _kinds() -> dict[type, tuple[str, Callable]]:
     from peft.tuners.boft.layer import Linear as BOFTLinear
     from peft.tuners.hra.layer import HRALinear
@@ -253,7 +264,7 @@ def accelerate(model: nn.Module, *, exact_cayley: bool = False) -> nn.Module:
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(exact_cayley, bool):
         raise TypeError(f"exact_cayley must be a bool, got {exact_cayley!r}")
-    _peft()
+    require()
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     kinds = _kinds()
@@ -276,8 +287,36 @@ def accelerate(model: nn.Module, *, exact_cayley: bool = False) -> nn.Module:
         )
     for layer, forward, state in plan:  # all checks done: now swap
         layer.__dict__[FLAG] = state
-        layer.forward = types.MethodType(forward, layer)
+        # a partial of a module-level function pickles (a bound method is pickled by a
+        # name the layer does not have)
+        layer.forward = functools.partial(forward, layer)
+    tuner = _tuner(model)
+    if tuner is not None:  # layers that add_adapter / load_adapter create later
+        tuner.inject_adapter = _InjectThenAccelerate(tuner, exact_cayley)
     return model
+
+
+def _tuner(model: nn.Module) -> nn.Module | None:
+    from peft.tuners.tuners_utils import BaseTuner
+
+    for candidate in (model, getattr(model, "base_model", None)):
+        if isinstance(candidate, BaseTuner):
+            return candidate
+    return None
+
+
+class _InjectThenAccelerate:
+    """``tuner.inject_adapter`` that accelerates the layers it creates (picklable)."""
+
+    def __init__(self, tuner: nn.Module, exact_cayley: bool):
+        self.tuner, self.exact_cayley = tuner, exact_cayley
+
+    def __call__(self, *args, **kwargs):
+        out = type(self.tuner).inject_adapter(self.tuner, *args, **kwargs)
+        with warnings.catch_warnings():  # an adapter of another kind: nothing to accelerate
+            warnings.simplefilter("ignore")
+            accelerate(self.tuner.model, exact_cayley=self.exact_cayley)
+        return out
 
 
 def restore(model: nn.Module) -> nn.Module:
@@ -286,4 +325,6 @@ def restore(model: nn.Module) -> nn.Module:
         if FLAG in layer.__dict__:
             del layer.__dict__[FLAG]
             layer.__dict__.pop("forward", None)
+        if isinstance(layer.__dict__.get("inject_adapter"), _InjectThenAccelerate):
+            del layer.__dict__["inject_adapter"]
     return model

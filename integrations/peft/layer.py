@@ -1,0 +1,243 @@
+r"""``StiefelLayer``: a PEFT tuner layer holding one learned orthogonal Q per adapter.
+
+Note [One layer class for every base layer]
+The adapter never touches W: it rotates the features that enter the base
+layer (``side="input"``: f(Q x) = (W Q) ⋆ x + b) or leave it
+(``side="output"``: Q (f(x) − b) + b = (Q W) ⋆ x + b), Note [Rotating the
+features of a module linear in them] in `stiefel.parametrizations.finetuning`.
+What differs between ``nn.Linear``, ``nn.Conv1d/2d`` and transformers'
+``Conv1D`` is only where the features sit: the last axis of x for the linear
+layers, axis 1 for convolutions; and, for merging, which axis of the weight
+they index (W is (out, in, …), Conv1D stores Wᵀ). One class with that
+geometry serves them all.
+
+Note [Several adapters, in PEFT's order]
+Merging adapters a₁, …, a_k one after another gives W Q₁ ⋯ Q_k (input side)
+and Q_k ⋯ Q₁ W (output side). The forward matches it: the input is rotated
+by Q_k first (x ↦ Q₁(⋯(Q_k x))), the output by Q₁ first.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
+from torch import nn
+
+from ...parametrizations import Rotation
+
+ALLOWED_LAYERS = "nn.Linear, nn.Conv1d, nn.Conv2d (groups=1), transformers' Conv1D"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where a base layer's features sit (Note [One layer class for every base layer])."""
+
+    in_features: int
+    out_features: int
+    axis: int  # feature axis of the input and output: -1 (linear) or 1 (convolution)
+    stored_transposed: bool  # weight stored (in, out): transformers' Conv1D
+
+    def features(self, side: str) -> int:
+        return self.in_features if side == "input" else self.out_features
+
+
+def _conv1d_hf() -> type | None:
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # pragma: no cover - transformers is optional
+        return None
+    return Conv1D
+
+
+def geometry(base: nn.Module, where: str) -> Geometry:
+    """The geometry of a base layer, or a ValueError naming the module and what is allowed."""
+    hf = _conv1d_hf()
+    if isinstance(base, nn.Linear):
+        return Geometry(base.in_features, base.out_features, -1, False)
+    if hf is not None and isinstance(base, hf):
+        rows, cols = base.weight.shape
+        return Geometry(rows, cols, -1, True)
+    if isinstance(base, (nn.Conv1d, nn.Conv2d)):
+        if base.groups != 1:
+            raise ValueError(
+                f"target_modules: {where} is a {type(base).__name__} with groups={base.groups}; "
+                f"W·Q mixes every channel; allowed: {ALLOWED_LAYERS}"
+            )
+        return Geometry(base.in_channels, base.out_channels, 1, False)
+    raise ValueError(
+        f"target_modules: {where} is a {type(base).__module__}.{type(base).__name__}, which "
+        f"the 'stiefel' method cannot serve; allowed: {ALLOWED_LAYERS}"
+    )
+
+
+def check_features(features: int, config: Any, where: str) -> None:
+    """blocks must divide the features, butterfly must fit the blocks (ValueError otherwise)."""
+    blocks, butterfly, side = config.blocks, config.butterfly, config.side
+    if features % blocks:
+        divisors = [d for d in range(1, features + 1) if features % d == 0]
+        raise ValueError(
+            f"blocks={blocks} does not divide the {side} features ({features}) of {where}; "
+            f"allowed: {', '.join(map(str, divisors))}"
+        )
+    size = features // blocks
+    largest = 1
+    while size % 2 == 0 and blocks % 2**largest == 0:
+        largest += 1
+    if butterfly > largest:
+        raise ValueError(
+            f"butterfly={butterfly} is too large for blocks={blocks} (block size {size}) on the "
+            f"{features} {side} features of {where}: a butterfly of k factors needs an even "
+            f"block size and blocks divisible by 2^(k-1); allowed: butterfly <= {largest}"
+        )
+
+
+def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation:
+    """The learned Q of one adapter (the one place this package's maps are built).
+
+    Q is computed in float32, or in W's dtype when that is float64 or complex.
+    """
+    wide = (torch.float64, torch.complex64, torch.complex128)
+    dtype = weight.dtype if weight.dtype in wide else torch.float32
+    device = weight.device if weight.device.type != "meta" else None
+    rot = Rotation(
+        features, config.method, config.blocks, config.butterfly, dtype, device, config.options
+    )
+    if not config.init_weights:
+        with torch.no_grad():  # a random orthogonal start near I: any original is a valid Q
+            for p in rot.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return rot
+
+
+def _along(x: torch.Tensor, axis: int, rot: Rotation) -> torch.Tensor:
+    """x with its features (``axis``) mapped by Q (x ↦ Q x), computed in Q's dtype."""
+    op = rot.operator()
+    z = x.movedim(axis, -1) if axis != -1 else x
+    z = op(z.to(rot.dtype)).to(x.dtype)
+    return z.movedim(-1, axis) if axis != -1 else z
+
+
+class StiefelLayer(nn.Module, BaseTunerLayer):
+    """A base layer (Linear, Conv1d/2d, Conv1D) with one learned orthogonal Q per adapter.
+
+    ``stiefel_R[name]`` is the adapter's `stiefel.parametrizations.Rotation`;
+    ``stiefel_side[name]`` its side. See Note [One layer class for every base
+    layer] and Note [Several adapters, in PEFT's order].
+    """
+
+    adapter_layer_names = ("stiefel_R",)
+    other_param_names = ("stiefel_side",)
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, config: Any, **kwargs: Any):
+        super().__init__()
+        self.base_layer = base_layer
+        self.stiefel_R = nn.ModuleDict()
+        self.stiefel_side: dict[str, str] = {}
+        self._disable_adapters = False
+        self.merged_adapters: list[str] = []
+        self.kwargs = kwargs
+        self.geometry = geometry(self.get_base_layer(), type(base_layer).__name__)
+        self.in_features = self.geometry.in_features
+        self.out_features = self.geometry.out_features
+        self._active_adapter = adapter_name
+        self.update_layer(adapter_name, config)
+
+    def update_layer(self, adapter_name: str, config: Any) -> None:
+        """Add (or replace) the adapter ``adapter_name`` with Q = I (or a random start)."""
+        features = self.geometry.features(config.side)
+        check_features(features, config, type(self.get_base_layer()).__name__)
+        self.stiefel_R[adapter_name] = build_rotation(features, config, self._weight())
+        self.stiefel_side[adapter_name] = config.side
+        self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
+
+    def _weight(self) -> torch.Tensor:
+        return self.get_base_layer().weight
+
+    def _move_adapter_to_device_of_base_layer(
+        self, adapter_name: str, device: torch.device | None = None
+    ) -> None:
+        # Q keeps its own dtype (float32 at least): only the device follows the base layer.
+        target = device if device is not None else self._weight().device
+        if adapter_name in self.stiefel_R and target.type != "meta":
+            self.stiefel_R[adapter_name].to(target)
+
+    # ------------------------------------------------------------------ forward
+    def _active(self) -> list[str]:
+        return [a for a in self.active_adapters if a in self.stiefel_R]
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.disable_adapters:
+            if self.merged:
+                self.unmerge()
+            return self.base_layer(x, *args, **kwargs)
+        if self.merged:
+            return self.base_layer(x, *args, **kwargs)
+        active = self._active()
+        axis = self.geometry.axis
+        for a in reversed(active):  # Note [Several adapters, in PEFT's order]
+            if self.stiefel_side[a] == "input":
+                x = _along(x, axis, self.stiefel_R[a])
+        y = self.base_layer(x, *args, **kwargs)
+        outputs = [a for a in active if self.stiefel_side[a] == "output"]
+        if outputs:
+            b = self.get_base_layer().bias
+            shape = (-1,) + (1,) * (y.dim() - 2) if axis == 1 else (-1,)
+            b = b.view(shape) if isinstance(b, torch.Tensor) else None
+            z = y if b is None else y - b
+            for a in outputs:
+                z = _along(z, axis, self.stiefel_R[a])
+            y = z if b is None else z + b
+        return y
+
+    # ------------------------------------------------------------------ merging
+    def _product(self, w: torch.Tensor, adapter: str, inverse: bool) -> torch.Tensor:
+        """W·Q or Q·W (inverse: W·Qᵀ or Qᵀ·W) in Q's dtype, for W as the layer stores it."""
+        rot = self.stiefel_R[adapter]
+        q = rot.matrix()
+        q = q.mT.conj() if inverse else q
+        canon = w.to(q.dtype)
+        canon = canon.mT if self.geometry.stored_transposed else canon  # (out, in, …)
+        if self.stiefel_side[adapter] == "input":
+            new = torch.einsum("oi...,ij->oj...", canon, q)
+        else:
+            new = torch.einsum("po,oi...->pi...", q, canon)
+        return new.mT if self.geometry.stored_transposed else new
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        """Write W·Q (or Q·W) of the given (default: active) adapters into the base weight."""
+        adapter_names = check_adapters_to_merge(self, adapter_names)
+        w = self._weight()
+        for a in adapter_names:
+            if a not in self.stiefel_R:
+                continue
+            with torch.no_grad():
+                new = self._product(w, a, inverse=False)
+                if safe_merge and not torch.isfinite(new).all():
+                    raise ValueError(
+                        f"NaNs detected in the merged weights; the adapter {a} seems to be broken"
+                    )
+                w.copy_(new.to(w.dtype))  # in place: the base Parameter object is kept
+            self.merged_adapters.append(a)
+
+    def unmerge(self) -> None:
+        """Undo `merge` (W·Q·Qᵀ = W, to rounding in W's dtype)."""
+        if not self.merged:
+            warnings.warn("Already unmerged. Nothing to do.", stacklevel=2)
+            return
+        w = self._weight()
+        while self.merged_adapters:
+            a = self.merged_adapters.pop()
+            if a in self.stiefel_R:
+                with torch.no_grad():
+                    w.copy_(self._product(w, a, inverse=True).to(w.dtype))
+
+    def get_delta_weight(self, adapter_name: str) -> torch.Tensor:
+        """The dense Q of an adapter (features × features, for inspection)."""
+        return self.stiefel_R[adapter_name].matrix()
+
+    def __repr__(self) -> str:
+        return "stiefel." + super().__repr__()

@@ -1,0 +1,451 @@
+"""The registered PEFT method "stiefel": PEFT's whole workflow on tiny local models.
+
+References: the base model's own outputs (identity start, disable_adapter,
+unmerge), the same adapter saved and loaded, a plain model after
+merge_and_unload, dense float64 W·Q products, and PEFT's OFT (orthogonality).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+from peft import OFTConfig, PeftModel, get_peft_model  # noqa: E402
+
+from stiefel.integrations.peft import StiefelConfig, StiefelLayer  # noqa: E402
+
+F32_EPS = torch.finfo(torch.float32).eps
+
+
+def _llama(seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _gpt2(seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _tokens(seed: int = 1):
+    return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _train(model, ids, steps: int = 5, lr: float = 1e-2):
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _stiefel_layers(model):
+    return [m for m in model.modules() if isinstance(m, StiefelLayer)]
+
+
+def _close(a, b, dtype=torch.float32, scale=1.0):
+    tol = 100 * torch.finfo(dtype).eps * scale
+    assert torch.allclose(a, b, atol=tol, rtol=tol), (a - b).abs().max().item()
+
+
+WORKFLOWS = {
+    "llama": (
+        _llama,
+        lambda: StiefelConfig(
+            method="cwy", reflections=4, blocks=2, target_modules=["q_proj", "v_proj", "up_proj"]
+        ),
+    ),
+    "gpt2": (
+        _gpt2,
+        lambda: StiefelConfig(
+            method="cayley",
+            blocks=4,
+            side="output",
+            target_modules=["c_attn", "c_fc"],
+            modules_to_save=["ln_f"],
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WORKFLOWS))
+def test_workflow_train_save_load_merge(name, tmp_path):
+    make, config = WORKFLOWS[name]
+    ids = _tokens()
+    base_logits = _logits(make(), ids)
+    model = get_peft_model(make(), config())
+    assert len(_stiefel_layers(model)) == 2 * len(model.peft_config["default"].target_modules)
+    _close(_logits(model, ids), base_logits, scale=10)  # Q = I at the start
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
+
+    saved_modules = model.peft_config["default"].modules_to_save or []
+    copies = {n: p.detach().clone() for n, p in model.named_parameters() if "modules_to_save" in n}
+    assert len(copies) == 2 * len(saved_modules)  # LayerNorm weight and bias, trained in full
+    assert all(model.get_parameter(n).requires_grad for n in copies)
+
+    with torch.inference_mode():  # a forward in inference mode does not break training
+        model(input_ids=ids)
+    losses = _train(model, ids)
+    assert losses[-1] < losses[0]
+    assert all(not torch.equal(model.get_parameter(n), v) for n, v in copies.items())
+    trained = _logits(model, ids)
+    assert (trained - base_logits).abs().max() > 1e-3
+    for n, p in model.named_parameters():  # W untouched, frozen
+        if n in frozen:
+            assert torch.equal(p, frozen[n]) and not p.requires_grad
+
+    with model.disable_adapter():
+        _close(_logits(model, ids), base_logits, scale=10)
+    _close(_logits(model, ids), trained)
+
+    buffer = io.BytesIO()  # the whole model pickles
+    torch.save(model, buffer)
+    buffer.seek(0)
+    _close(_logits(torch.load(buffer, weights_only=False), ids), trained)
+
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(make(), tmp_path)
+    _close(_logits(loaded, ids), trained)
+
+    loaded.merge_adapter()
+    _close(_logits(loaded, ids), trained, scale=100)
+    loaded.unmerge_adapter()
+    for n, p in loaded.named_parameters():
+        if n in frozen:
+            _close(p, frozen[n], scale=10)
+    _close(_logits(loaded, ids), trained, scale=10)
+
+    plain = loaded.merge_and_unload()
+    assert not _stiefel_layers(plain) and not any("stiefel" in n for n, _ in plain.named_modules())
+    _close(_logits(plain, ids), trained, scale=100)
+
+
+def test_two_named_adapters_and_set_adapter():
+    ids = _tokens()
+    base_logits = _logits(_llama(), ids)
+    config = dict(target_modules=["q_proj", "v_proj"], init_weights=False)
+    model = get_peft_model(_llama(), StiefelConfig(method="cwy", reflections=4, **config))
+    model.add_adapter("other", StiefelConfig(method="exp", blocks=4, side="output", **config))
+    first = _logits(model, ids)
+    model.set_adapter("other")
+    second = _logits(model, ids)
+    assert (first - second).abs().max() > 1e-3
+    assert (second - base_logits).abs().max() > 1e-3
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".stiefel_R.other." in n for n in trainable)
+    # each adapter alone equals a model holding only that adapter
+    alone = copy.deepcopy(model)
+    alone.delete_adapter("default")
+    _close(_logits(alone, ids), second)
+    model.set_adapter("default")
+    _close(_logits(model, ids), first)
+
+
+def test_named_adapters_save_and_load_under_new_names(tmp_path):
+    def base():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+    model = get_peft_model(base(), StiefelConfig(target_modules=["0"], init_weights=False))
+    model.add_adapter(
+        "other",
+        StiefelConfig(method="exp", blocks=2, target_modules=["0", "2"], init_weights=False),
+    )
+    x = torch.randn(3, 16)
+    expected = {}
+    for name in ("other", "default"):
+        model.set_adapter(name)
+        expected[name] = model(x)
+    model.save_pretrained(tmp_path)  # "other" goes to tmp_path / "other"
+    loaded = PeftModel.from_pretrained(base(), tmp_path)
+    loaded.load_adapter(tmp_path / "other", adapter_name="second")
+    _close(loaded(x), expected["default"])
+    loaded.set_adapter("second")
+    _close(loaded(x), expected["other"])
+
+
+def test_several_active_adapters_merge_in_peft_order():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(12, 8)).double()
+    cfg = dict(target_modules=["0"], init_weights=False)
+    model = get_peft_model(base, StiefelConfig(method="cwy", blocks=2, **cfg))
+    model.add_adapter("b", StiefelConfig(method="cayley", blocks=3, **cfg))
+    model.add_adapter("c", StiefelConfig(method="exp", side="output", **cfg))
+    model.base_model.set_adapter(["default", "b", "c"])
+    layer = model.base_model.model[0]
+    w, bias = layer.base_layer.weight.detach().clone(), layer.base_layer.bias.detach()
+    q = {a: layer.stiefel_R[a].matrix().detach().double() for a in ("default", "b", "c")}
+    x = torch.randn(5, 12, dtype=torch.float64)
+    dense = q["c"] @ w @ q["default"] @ q["b"]  # Note [Several adapters, in PEFT's order]
+    expected = x @ dense.T + bias
+    _close(model(x), expected, torch.float32)
+    model.merge_adapter(["default", "b", "c"], safe_merge=True)
+    _close(layer.base_layer.weight, dense, torch.float32)
+    _close(model(x), expected, torch.float32)
+    model.unmerge_adapter()
+    _close(layer.base_layer.weight, w, torch.float32)
+    w = layer.base_layer.weight.detach().clone()
+    with torch.no_grad():  # a broken adapter: safe_merge refuses it and leaves W as it was
+        layer.stiefel_R["b"].originals[0].fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaNs detected"):
+        model.merge_adapter(["b"], safe_merge=True)
+    assert torch.equal(layer.base_layer.weight, w) and not layer.merged
+
+
+def test_print_trainable_parameters_counts():
+    model = _llama()
+    total = sum(p.numel() for p in model.parameters())
+    # q_proj: 32 → 32, up_proj: 32 → 48 (input side: 32 features), 2 layers each
+    config = StiefelConfig(
+        method="cwy", reflections=3, blocks=4, target_modules=["q_proj", "up_proj"]
+    )
+    peft_model = get_peft_model(model, config)
+    expected = 2 * 2 * (4 * 8 * 3)  # layers × targets × (blocks · block size · reflections)
+    trainable, every = peft_model.get_nb_trainable_parameters()
+    assert trainable == expected and every == total + expected
+
+
+@pytest.mark.parametrize("side", ["input", "output"])
+@pytest.mark.parametrize("kind", ["conv1d", "conv2d", "hf_conv1d"])
+def test_convolutions_equal_dense_product(kind, side):
+    torch.manual_seed(0)
+    if kind == "conv1d":
+        layer, x = nn.Conv1d(6, 4, 3, padding=1), torch.randn(2, 6, 7)
+    elif kind == "conv2d":
+        layer, x = nn.Conv2d(6, 4, 3, padding=1), torch.randn(2, 6, 5, 5)
+    else:
+        layer, x = transformers.pytorch_utils.Conv1D(4, 6), torch.randn(2, 3, 6)  # (nf, nx)
+    base = nn.Sequential(layer).double()
+    x = x.double()
+    model = get_peft_model(base, StiefelConfig(side=side, target_modules=["0"], init_weights=False))
+    stl = model.base_model.model[0]
+    q = stl.stiefel_R["default"].matrix().detach()
+    w = stl.base_layer.weight.detach()
+    if kind == "hf_conv1d":
+        merged = (w.T @ q).T if side == "input" else (q @ w.T).T
+        expected = x @ merged + stl.base_layer.bias
+    else:
+        eq = "oi...,ij->oj..." if side == "input" else "po,oi...->pi..."
+        merged = torch.einsum(eq, w, q) if side == "input" else torch.einsum(eq, q, w)
+        conv = nn.functional.conv1d if kind == "conv1d" else nn.functional.conv2d
+        expected = conv(x, merged, stl.base_layer.bias, padding=1)
+    _close(model(x), expected, torch.float64, scale=10)
+    plain = model.merge_and_unload()
+    _close(plain(x), expected, torch.float64, scale=10)
+
+
+def test_bfloat16_base_weights_stay_untouched():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4)).to(torch.bfloat16)
+    originals = list(base.parameters())  # the base's own Parameter objects
+    weights = [p.detach().clone() for p in originals]
+    model = get_peft_model(base, StiefelConfig(method="cwy", reflections=4, target_modules=["0"]))
+    rot = model.base_model.model[0].stiefel_R["default"]
+    assert all(p.dtype == torch.float32 for p in rot.parameters())
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        y = model(x)
+        assert y.dtype == torch.bfloat16
+        y.float().pow(2).sum().backward()
+        opt.step()
+    assert all(
+        torch.equal(a, b) and a.dtype == torch.bfloat16
+        for a, b in zip(originals, weights, strict=True)
+    )
+    q = rot.matrix().detach().double()
+    expected = nn.functional.linear(x.double() @ q.T, weights[0].double(), weights[1].double())
+    expected = base[2](torch.tanh(expected.to(torch.bfloat16)))
+    assert torch.allclose(model(x).float(), expected.float(), atol=0.05)
+
+
+def _orthogonality_error(q):
+    eye = torch.eye(q.shape[-1], dtype=torch.float64)
+    q = q.detach().double()
+    return (q.mT @ q - eye).abs().amax().item()
+
+
+def test_exactly_orthogonal_after_training_unlike_peft_oft():
+    """100 AdamW steps at lr 1e-2: every Q within 10·n·eps(float32); PEFT's OFT is not."""
+    n, block = 64, 16
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(n, n, bias=False))
+
+    torch.manual_seed(1)
+    x = torch.randn(128, n)
+    target = x @ torch.linalg.qr(torch.randn(n, n))[0]  # far from the identity
+
+    def train(model):
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        for _ in range(100):
+            opt.zero_grad()
+            (model(x) - make()(target)).pow(2).mean().backward()
+            opt.step()
+
+    ours = get_peft_model(
+        make(), StiefelConfig(method="cayley", blocks=n // block, target_modules=["0"])
+    )
+    train(ours)
+    q_ours = ours.base_model.model[0].stiefel_R["default"].matrix()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        oft = get_peft_model(make(), OFTConfig(oft_block_size=block, r=0, target_modules=["0"]))
+    train(oft)
+    q_oft = oft.base_model.model[0].oft_R["default"].get_weight()
+    tol = 10 * n * F32_EPS
+    assert _orthogonality_error(q_ours) <= tol
+    assert _orthogonality_error(q_oft) > tol
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"method": "nope"}, ["method='nope'", "cwy"]),
+        ({"method": "cwy", "bogus": 1}, ["bogus", "reflections"]),
+        ({"side": "left"}, ["side='left'", "input, output"]),
+        ({"blocks": 0}, ["blocks=0"]),
+        ({"bias": "some"}, ["bias='some'", "stiefel_only"]),
+    ],
+)
+def test_config_rejects_bad_arguments(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        StiefelConfig(target_modules=["0"], **kwargs)
+    assert all(w in str(err.value) for w in words)
+
+
+def _snapshot(model):
+    return [(type(m), n) for n, m in model.named_modules()], {
+        n: (p.detach().clone(), p.requires_grad) for n, p in model.named_parameters()
+    }
+
+
+def _same(model, snap):
+    modules, params = snap
+    assert [(type(m), n) for n, m in model.named_modules()] == modules
+    now = dict(model.named_parameters())
+    assert set(now) == set(params)
+    for n, (value, flag) in params.items():
+        assert torch.equal(now[n], value) and now[n].requires_grad == flag
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"blocks": 5}, ["blocks=5", "allowed: 1, 2, 3, 4, 6, 12"]),
+        ({"blocks": 3, "butterfly": 2}, ["butterfly=2", "allowed: butterfly <= 1"]),
+        ({"target_modules": ["0", "emb"]}, ["target_modules", "Embedding", "nn.Linear"]),
+    ],
+)
+def test_bad_targets_raise_before_any_change(kwargs, words):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(12, 12), nn.Linear(12, 12))
+    base.emb = nn.Embedding(5, 12)
+    snap = _snapshot(base)
+    config = {"target_modules": ["0", "1"], **kwargs}
+    with pytest.raises(ValueError) as err:
+        get_peft_model(base, StiefelConfig(**config))
+    assert all(w in str(err.value) for w in words), str(err.value)
+    _same(base, snap)
+
+
+def test_loading_into_mismatching_model_raises_and_leaves_it(tmp_path):
+    torch.manual_seed(0)
+    saved = get_peft_model(
+        nn.Sequential(nn.Linear(16, 16)), StiefelConfig(blocks=2, target_modules=["0"])
+    )
+    saved.save_pretrained(tmp_path)
+    other = nn.Sequential(nn.Linear(8, 8))  # blocks=2 divides 8, but the blocks are 4×4
+    snap = _snapshot(other)
+    with pytest.raises(ValueError) as err:
+        PeftModel.from_pretrained(other, tmp_path)
+    assert "blocks=2" in str(err.value) and "(2, 8, 8)" in str(err.value)
+    _same(other, snap)
+    # loaded as a second adapter into a PEFT model: the failure leaves the model as it was
+    host = get_peft_model(nn.Sequential(nn.Linear(8, 8)), StiefelConfig(target_modules=["0"]))
+    before = _snapshot(host)
+    with pytest.raises(ValueError):
+        host.load_adapter(tmp_path, adapter_name="other")
+    _same(host, before)
+    assert set(host.peft_config) == {"default"}
+
+
+def test_registration_works_when_stiefel_is_imported_first(tmp_path):
+    """This test module imported PEFT first; a fresh process imports this package first."""
+    torch.manual_seed(0)
+    model = get_peft_model(nn.Sequential(nn.Linear(8, 8)), StiefelConfig(target_modules=["0"]))
+    model.save_pretrained(tmp_path)
+    imports = ["import stiefel.integrations.peft", "import peft"]
+    code = "\n".join(
+        [
+            "import sys, torch, stiefel",
+            "assert 'peft' not in sys.modules",  # import stiefel alone never imports peft
+            *imports,
+            "from peft import PeftConfig, PeftModel, PeftType",
+            "from stiefel.integrations.peft import StiefelConfig",
+            f"c = PeftConfig.from_pretrained({str(tmp_path)!r})",
+            "assert isinstance(c, StiefelConfig) and c.peft_type == PeftType('STIEFEL')",
+            "assert 'STIEFEL' in list(PeftType)",
+            "base = torch.nn.Sequential(torch.nn.Linear(8, 8))",
+            f"PeftModel.from_pretrained(base, {str(tmp_path)!r})",
+        ]
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "cayley", "blocks": 4, "butterfly": 3},
+        {"method": "householder", "blocks": 2},
+        {"method": "cwy", "reflections": 5, "side": "output"},
+    ],
+)
+def test_forward_equals_the_dense_product(options):
+    """The operator forms (gathers, blocks, WY) against F.linear with the dense W·Q, float64."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 16)).double()
+    model = get_peft_model(base, StiefelConfig(target_modules=["0"], init_weights=False, **options))
+    layer = model.base_model.model[0]
+    q = layer.stiefel_R["default"].matrix().detach()
+    assert torch.allclose(q.T @ q, torch.eye(16, dtype=torch.float64), atol=1e-12)
+    w, b = layer.base_layer.weight.detach(), layer.base_layer.bias.detach()
+    dense = w @ q if options.get("side", "input") == "input" else q @ w
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    _close(model(x), x @ dense.T + b, torch.float64, scale=10)
