@@ -227,7 +227,8 @@ class OrthoConv2d(_OrthoConvBase):
     the interior (Note [Padding of an orthogonal convolution]).
 
     Args:
-        in_channels, out_channels: channel counts (``groups`` divides both).
+        in_channels: input channels (``groups`` divides them).
+        out_channels: output channels (``groups`` divides them).
         kernel_size: k ≥ 1 (square kernels; odd and even k).
         stride: s ≥ 1 (s ≤ k, or out/groups ≤ in/groups·k²); exact when s
             divides the image size.
@@ -319,12 +320,12 @@ class OrthoConvTranspose2d(_OrthoConvBase):
     included (Note [Padding of an orthogonal convolution]). The adjoint of an
     isometry is a co-isometry and conversely: every singular value is 1.
 
-    Args:
-        Those of `OrthoConv2d` (the stride and channel conditions apply to the
-        convolution out → in whose adjoint this is).
+    The arguments are those of `OrthoConv2d`; the stride and channel
+    conditions apply to the convolution out → in whose adjoint this is.
 
     Raises:
-        ValueError, TypeError: as `OrthoConv2d`.
+        ValueError: as `OrthoConv2d`.
+        TypeError: as `OrthoConv2d`.
 
     Example:
         ```python

@@ -125,7 +125,11 @@ class OrthoKernel(nn.Module):
     buffer replaced or modified in place).
 
     Args:
-        in_channels, out_channels, kernel_size, stride, groups: as the layer's.
+        in_channels: input channels of the convolution.
+        out_channels: its output channels.
+        kernel_size: k.
+        stride: s.
+        groups: independent channel groups.
         method: the map of every factor.
         options: ``init`` ("haar" by default, "identity", "random"),
             ``generator`` and the map's own options.
