@@ -72,11 +72,13 @@ def test_every_singular_value_is_one_with_circular_padding(cfg, dtype):
     torch.manual_seed(0)
     ci, co, k, g, d = cfg
     layer = OrthoConv2d(ci, co, k, groups=g, dilation=d, bias=False, dtype=dtype)
+    start = layer.weight.detach().clone()
     for when in ("init", "after 50 Adam steps"):
         sv = fft_singular_values(layer, ci, 8)
         assert sv.numel() == 64 * min(ci, co)
         assert (sv - 1).abs().max() <= _tol(dtype), when
         _train(layer, (ci, 8, 8))
+    assert not torch.allclose(layer.weight, start, atol=1e-3)  # training moved the kernel
 
 
 STRIDED = [  # (in, out, k, stride, groups, dilation)
@@ -320,3 +322,20 @@ def test_bad_dtype_and_options_are_type_errors():
         OrthoConv2d(4, 4, 3, dtype=torch.complex64)
     with pytest.raises(TypeError, match="unknown option"):
         OrthoConv2d(4, 4, 3, colour="blue")
+
+
+def test_riemannian_factors_stay_exact_under_a_riemannian_optimizer():
+    from stiefel import optimizers
+
+    torch.manual_seed(0)
+    layer = OrthoConv2d(4, 6, 3, stride=1, bias=False, method="riemannian", dtype=DT)
+    opt = optimizers.create("rgd", layer.parameters(), lr=0.1)
+    x = torch.randn(2, 4, 6, 6, dtype=DT)
+    target = torch.randn(2, 6, 6, 6, dtype=DT)
+    before = layer.weight.detach().clone()
+    for _ in range(10):
+        opt.zero_grad()
+        (layer(x) - target).square().sum().backward()  # ‖y‖ = ‖x‖: fit a target instead
+        opt.step()
+    assert not torch.allclose(layer.weight, before)
+    assert (fft_singular_values(layer, 4, 6) - 1).abs().max() <= _tol(DT)
