@@ -154,8 +154,8 @@ def tap_dft(cos_taps: torch.Tensor, sin_taps: torch.Tensor, size: tuple[int, int
     The transfer matrix of the centred circular cross-correlation by a real
     k×k kernel P is P̂(ω) = Σ_t P_t e^{iθ_t(ω)} (tap t = (a, b) reads x at
     offset (a − p, b − p)): a DFT of k² terms, not an FFT of P zero-padded to
-    the image. It is two real products (F × k²)·(k² × rc), F = h·(w//2+1),
-    written directly in the per-frequency layout (F, r, c). The skew part needs
+    the image. It is one real product (F × 2k²)·(2k² × 2rc), F = h·(w//2+1),
+    written directly in the per-frequency complex layout (F, r, c). The skew part needs
     no conjugate transpose either: A(ω) = P̂ − P̂ᴴ = Σ_t (P_t − P_tᵀ) cos θ_t +
     i Σ_t (P_t + P_tᵀ) sin θ_t, real k²-tap arrays formed before the DFT.
 
@@ -165,9 +165,15 @@ def tap_dft(cos_taps: torch.Tensor, sin_taps: torch.Tensor, size: tuple[int, int
     """
     r, c, k = cos_taps.shape[0], cos_taps.shape[1], cos_taps.shape[-1]
     theta = _phases(k, size, cos_taps.dtype, cos_taps.device)
-    re = theta.cos() @ cos_taps.reshape(r * c, k * k).mT
-    im = theta.sin() @ sin_taps.reshape(r * c, k * k).mT
-    return torch.complex(re, im).reshape(-1, r, c)
+    trig = torch.cat([theta.cos(), theta.sin()], 1)  # (F, 2k²)
+    # one real product in the complex layout: rows t of the cos taps feed the real
+    # parts, rows k² + t of the sin taps the imaginary parts, so (F, 2k²)·(2k², rc·2) is
+    # the complex (F, rc) already interleaved (and its gradient is read back unstrided)
+    zero = torch.zeros_like(cos_taps)
+    taps = torch.cat([torch.stack([cos_taps, zero], -1), torch.stack([zero, sin_taps], -1)])
+    taps = taps.reshape(2, r * c, k * k, 2).transpose(1, 2).reshape(2 * k * k, r * c * 2)
+    out = trig @ taps
+    return torch.view_as_complex(out.reshape(-1, r, c, 2))
 
 
 class OrthogonalConv2d(nn.Module):
