@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..parametrizations import orthogonalize
-from ..parametrizations.base import LOW
+from ..parametrizations.base import work_dtype
 
 __all__ = ["OrthoKernel", "projector_step", "compose_kernels", "kernel_plan"]
 
@@ -133,7 +133,8 @@ class OrthoKernel(nn.Module):
         method: the map of every factor.
         options: ``init`` ("haar" by default, "identity", "random"),
             ``generator`` and the map's own options.
-        dtype, device: of the factors.
+        dtype: of the factors.
+        device: of the factors.
     """
 
     def __init__(
@@ -156,6 +157,7 @@ class OrthoKernel(nn.Module):
         opts = dict(options, init=self.init)
         g = groups
         bcop, reshaped = self.plan["bcop"], self.plan["reshaped"]
+        self.wide = False  # whether R (out × inter·s²) is stored transposed
         if bcop is not None:
             c, m, size = bcop
             self._factor("isometry", (g, c, m), method, opts, dtype, device)
@@ -195,15 +197,16 @@ class OrthoKernel(nn.Module):
         return kernel
 
     def _assemble(self) -> torch.Tensor:
+        # factors in float32 or wider (Note [Maps compute in float32 or wider]); the kernel is
+        # rounded to the factors' dtype once, at the end
         g = self.groups
         bcop, reshaped = self.plan["bcop"], self.plan["reshaped"]
+        first = self.isometry if bcop is not None else self.reshaped
+        dtype = first.dtype
+        work = work_dtype(dtype)
         kernel = None
-        dtype = None
         if bcop is not None:
-            h = self.isometry
-            dtype = h.dtype
-            work = torch.float32 if dtype in LOW else dtype
-            kernel = h.to(work)[..., None, None]  # (g, c, m, 1, 1)
+            kernel = self.isometry.to(work)[..., None, None]  # (g, c, m, 1, 1)
             if bcop[2] > 1:
                 vs = self.projectors.to(work)
                 for j in range(bcop[2] - 1):
@@ -213,10 +216,7 @@ class OrthoKernel(nn.Module):
                 kernel = kernel.transpose(1, 2)
         if reshaped is not None:
             co, cr, r = reshaped
-            q = self.reshaped
-            dtype = q.dtype
-            work = torch.float32 if dtype in LOW else dtype
-            q = q.to(work)
+            q = self.reshaped.to(work)
             rk = (q.mT if self.wide else q).reshape(g, co, cr, r, r)
             kernel = rk if kernel is None else compose_kernels(kernel, rk)
         return kernel.reshape(self.weight_shape).to(dtype)
