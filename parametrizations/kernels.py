@@ -314,12 +314,13 @@ def cayley_map(
     if spectral if spectral is not None else spectral_needed(a):
         q = skew_spectral(a, "cayley")
         return q if base is None else q @ base
+    # I + A is never singular: the _ex forms skip the error check (a host synchronisation)
     eye = _eye(a)
     if base is None:
-        return 2 * torch.linalg.inv(eye + a) - eye
+        return 2 * torch.linalg.inv_ex(eye + a).inverse - eye
     batch = torch.broadcast_shapes(a.shape[:-2], base.shape[:-2])
     rhs = base.expand(*batch, *base.shape[-2:])  # a 2-D B must not read as a batch of vectors
-    return 2 * torch.linalg.solve(eye + a, rhs) - base
+    return 2 * torch.linalg.solve_ex(eye + a, rhs).result - base
 
 
 def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
