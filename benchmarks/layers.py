@@ -1,21 +1,30 @@
-"""Norm preservation of the stiefel.nn layers, and the cost of the FFT orthogonal convolution.
+"""Norm preservation of the stiefel.nn layers, and the cost of the orthogonal convolutions.
 
 Run from a checkout: ``python -m benchmarks.layers`` (``--quick`` for tiny sizes).
 
 Part 1 prints min/max of ‖y‖/‖x‖ over random inputs for each layer (and for an
 unconstrained ``nn.Conv2d`` as the anchor): a Stiefel kernel
 (``orthogonalize(conv, conv_kernel=True)``) must stay ≤ 1, an orthogonal layer
-at 1. Part 2 times forward+backward of ``OrthogonalConv2d(c, 3)`` on c×n×n
-images against, in the same run, an unconstrained circular ``nn.Conv2d`` and a
-dense-per-frequency Cayley reference: the full spectrum (n² frequencies, no
-conjugate symmetry), A(ω) = P̂ − P̂ᴴ and Q(ω) = (I + A)⁻¹(I − A) by
-``torch.linalg.solve`` at each frequency, output ``Re ifft2``. Timings are the
-fastest of several runs; on a shared machine they are noisy.
+at 1. Part 2 times forward+backward (float32) of the orthogonal convolutions at
+three settings (c = 64 on 32×32; c = 256 on 16×16; c = 64 on 32×32 with
+stride 2), k = 3, batch 16, all in one process: an unconstrained circular
+``nn.Conv2d`` (the anchor), ``OrthoConv2d`` (explicit kernel from exact maps),
+``OrthogonalConv2d`` (FFT, Cayley; stride 1 only) and orthogonium's
+``AdaptiveOrthoConv2d`` (AOC, Björck; imported lazily, left out without it). The
+layers run in interleaved rounds (the order rotates each round); the table
+gives the median time and the median over rounds of the time divided by the
+anchor's in the same round. ``--clock thread`` (default) times the calling
+thread's CPU time with one intra-op thread (Note [Thread CPU time on a shared
+machine]); ``--clock wall`` the wall time with the current threads. Before the
+timing, the FFT layer is checked against a dense-per-frequency Cayley reference
+(full spectrum, (I + A)⁻¹(I − A) solved at each frequency).
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
+import statistics
 import time
 from collections.abc import Callable
 
@@ -24,7 +33,9 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from stiefel import orthogonalize
-from stiefel.nn import ConvNERUCell, OrthogonalConv2d, OrthogonalRNN
+from stiefel.nn import ConvNERUCell, OrthoConv2d, OrthogonalConv2d, OrthogonalRNN
+
+from ._timing import header
 
 
 def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int):
@@ -70,6 +81,14 @@ def norm_table(draws: int) -> list[tuple[str, float, float]]:
     for method in ("cayley", "exp", "cwy"):
         fft = OrthogonalConv2d(8, 3, method=method, dtype=dt)
         rows.append((f"OrthogonalConv2d {method}: 8 ch, k=3", *_ratios(fft, (8, 12, 12), draws)))
+    for mode, stride in (("circular", 1), ("zeros", 1), ("circular", 2)):
+        ortho = OrthoConv2d(8, 8, 3, stride=stride, padding_mode=mode, bias=False, dtype=dt)
+        rows.append(
+            (
+                f"OrthoConv2d cwy: 8 ch, k=3, {mode}, stride {stride}",
+                *_ratios(ortho, (8, 12, 12), draws),
+            )
+        )
     rnn = OrthogonalRNN(2, 16, 1, method="cwy", dtype=dt)
     w = rnn.transition_matrix().detach()
     rows.append(
@@ -88,16 +107,6 @@ def norm_table(draws: int) -> list[tuple[str, float, float]]:
     return rows
 
 
-def _fastest(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def dense_cayley_conv(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The reference: full spectrum, one dense (I + A)⁻¹(I − A) solve per frequency."""
     b, c, h, w = x.shape
@@ -113,54 +122,135 @@ def dense_cayley_conv(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.fft.ifft2(yf).real
 
 
-def timing(c: int, n: int, batch: int, repeats: int) -> list[tuple[str, float]]:
+#: (channels, image size, stride) of the timed settings
+SETTINGS = ((64, 32, 1), (256, 16, 1), (64, 32, 2))
+
+
+def _aoc(c: int, stride: int) -> nn.Module | None:
+    """orthogonium's AdaptiveOrthoConv2d (AOC), or None when orthogonium is not installed."""
+    try:
+        from orthogonium.layers.conv.AOC import AdaptiveOrthoConv2d
+    except ImportError:
+        return None
+    padding = "same" if stride == 1 else 1  # nn.Conv2d refuses "same" with a stride
+    return AdaptiveOrthoConv2d(c, c, 3, stride=stride, padding=padding, bias=False)
+
+
+def layers_for(c: int, stride: int) -> dict[str, nn.Module]:
+    """The timed layers of one setting (the anchor first)."""
+    out = {
+        "nn.Conv2d (circular, unconstrained)": nn.Conv2d(
+            c, c, 3, stride=stride, padding=1, padding_mode="circular", bias=False
+        ),
+        "OrthoConv2d (explicit kernel, cwy)": OrthoConv2d(c, c, 3, stride=stride, bias=False),
+    }
+    if stride == 1:
+        out["OrthogonalConv2d (FFT, cayley)"] = OrthogonalConv2d(c, 3)
+    aoc = _aoc(c, stride)
+    if aoc is not None:
+        out["orthogonium AdaptiveOrthoConv2d (AOC)"] = aoc
+    return out
+
+
+def interleaved(
+    calls: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float]
+) -> dict[str, tuple[float, float]]:
+    """(median seconds, median ratio to the first call) over interleaved rounds.
+
+    Every round runs each call once, in an order rotated by one from the round
+    before; the ratio is taken within a round, so a load change between rounds
+    cancels.
+    """
+    names = list(calls)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for fn in calls.values():  # warm-up
+        fn()
+    for r in range(rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = clock()
+            calls[k]()
+            times[k].append(clock() - t0)
+    anchor = times[names[0]]
+    return {
+        k: (
+            statistics.median(v),
+            statistics.median(t / a for t, a in zip(v, anchor, strict=True)),
+        )
+        for k, v in times.items()
+    }
+
+
+def cpu_name() -> str:
+    """The CPU model (from /proc/cpuinfo where there is one), for the table's heading."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def check_fft_layer() -> float:
+    """Largest difference of the FFT layer from the dense Cayley reference (c = 8, 8×8)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 8, 8)
+    layer = OrthogonalConv2d(8, 3)
+    with torch.no_grad():
+        err = float((dense_cayley_conv(layer.weight, x) - layer(x)).abs().max())
+    assert err < 1e-4, err
+    return err
+
+
+def timing(
+    c: int, n: int, stride: int, batch: int, rounds: int, clock: Callable[[], float]
+) -> dict[str, tuple[float, float]]:
+    """Forward+backward of each layer of `layers_for` on a (batch, c, n, n) input."""
     torch.manual_seed(0)
     x = torch.randn(batch, c, n, n, requires_grad=True)
-    layer = OrthogonalConv2d(c, 3)
-    free = nn.Conv2d(c, c, 3, padding=1, bias=False, padding_mode="circular")
-    weight = layer.weight.detach().clone().requires_grad_(True)
-    with torch.no_grad():  # same function as the layer: the reference is correct
-        err = float((dense_cayley_conv(weight, x) - layer(x)).abs().max())
-    assert err < 1e-3, err
 
-    def fb(f):
-        return lambda: f().sum().backward()
+    def fb(layer: nn.Module) -> Callable[[], None]:
+        return lambda: layer(x).sum().backward()
 
-    return [
-        ("nn.Conv2d (circular, unconstrained)", _fastest(fb(lambda: free(x)), repeats)),
-        ("OrthogonalConv2d cayley (half spectrum)", _fastest(fb(lambda: layer(x)), repeats)),
-        (
-            "dense per-frequency Cayley reference",
-            _fastest(fb(lambda: dense_cayley_conv(weight, x)), repeats),
-        ),
-    ]
+    return interleaved({k: fb(m) for k, m in layers_for(c, stride).items()}, rounds, clock)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
-    ap.add_argument("--channels", type=int, default=64)
-    ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    ap.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    ap.add_argument("--skip-norms", action="store_true", help="only the timing table")
     args = ap.parse_args(argv)
+    settings = [(8, 8, 1), (8, 8, 2)] if args.quick else list(SETTINGS)
     if args.quick:
-        args.channels, args.size, args.batch, args.repeats = 8, 8, 2, 2
-    draws = 8 if args.quick else 64
-    print(f"## ‖y‖/‖x‖ over {draws} random inputs (float64)\n")
-    print("| layer | min ‖y‖/‖x‖ | max ‖y‖/‖x‖ | ‖layer‖₂ (power iteration) |\n|---|---|---|---|")
-    for name, lo, hi, op in norm_table(draws):
-        print(f"| {name} | {float(lo):.6f} | {float(hi):.6f} | {op:.6f} |")
-    c, n, b = args.channels, args.size, args.batch
+        args.batch, args.rounds = 2, 2
+    if not args.skip_norms:
+        draws = 8 if args.quick else 64
+        print(f"## ‖y‖/‖x‖ over {draws} random inputs (float64)\n")
+        print("| layer | min ‖y‖/‖x‖ | max ‖y‖/‖x‖ | ‖layer‖₂ (power iteration) |")
+        print("|---|---|---|---|")
+        for name, lo, hi, op in norm_table(draws):
+            print(f"| {name} | {float(lo):.6f} | {float(hi):.6f} | {op:.6f} |")
+    if args.clock == "thread":
+        torch.set_num_threads(1)
+        clock = time.thread_time
+    else:
+        clock = time.perf_counter
+    err = check_fft_layer()
+    print(f"\nFFT layer against the dense Cayley reference: max |Δ| = {err:.1e}")
     print(
-        f"\n## forward+backward, c = {c}, {n}×{n}, k = 3, batch {b}, float32, "
-        f"{torch.get_num_threads()} threads (fastest of {args.repeats})\n"
+        f"\n## {header('forward+backward, k = 3, batch ' + str(args.batch))}; "
+        f"{args.clock} clock, {args.rounds} interleaved rounds; {cpu_name()}\n"
     )
-    rows = timing(c, n, b, args.repeats)
-    anchor = rows[0][1]
-    print("| layer | time | / nn.Conv2d |\n|---|---|---|")
-    for name, t in rows:
-        print(f"| {name} | {t * 1e3:.2f} ms | {t / anchor:.2f} |")
+    print("| setting | layer | median time | × nn.Conv2d (median of per-round ratios) |")
+    print("|---|---|---|---|")
+    for c, n, stride in settings:
+        rows = timing(c, n, stride, args.batch, args.rounds, clock)
+        for name, (t, r) in rows.items():
+            print(f"| c = {c}, {n}×{n}, stride {stride} | {name} | {t * 1e3:.2f} ms | {r:.2f} |")
 
 
 if __name__ == "__main__":

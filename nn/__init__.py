@@ -1,5 +1,6 @@
 r"""Layers built on the maps: orthogonal/unitary recurrent cells, modReLU, ConvNERU,
-the FFT orthogonal convolution, and the real embedding of U(n) in O(2n).
+the FFT orthogonal convolution, the explicit-kernel orthogonal convolutions
+(BCOP/AOC from exact maps), and the real embedding of U(n) in O(2n).
 
 Example:
     ```python
@@ -13,6 +14,7 @@ Example:
 
 from .conv import ConvNERUCell, OrthogonalConv2d
 from .embedding import complex_from_real, real_embedding
+from .orthoconv import OrthoConv2d, OrthoConvTranspose2d
 from .recurrent import ModReLU, OrthogonalRNN, OrthogonalRNNCell, henaff_init
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "henaff_init",
     "ConvNERUCell",
     "OrthogonalConv2d",
+    "OrthoConv2d",
+    "OrthoConvTranspose2d",
     "real_embedding",
     "complex_from_real",
 ]

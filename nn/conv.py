@@ -2,6 +2,7 @@ r"""Convolutional layers with orthogonality constraints: ConvNERU and the FFT or
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..parametrizations import kernels, orthogonalize
+from ..parametrizations._spectral import SPECTRAL_PER_ROW, SPECTRAL_THRESHOLD
 
 __all__ = ["ConvNERUCell", "OrthogonalConv2d", "NONLINEARITIES"]
 
@@ -121,11 +123,6 @@ class ConvNERUCell(nn.Module):
         return NONLINEARITIES[self.nonlinearity](drive)
 
 
-def _cayley(a: torch.Tensor) -> torch.Tensor:
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    return kernels.cayley_map(a, eye)
-
-
 def _exp(a: torch.Tensor) -> torch.Tensor:
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     return kernels.exp_map(a, eye)
@@ -133,10 +130,50 @@ def _exp(a: torch.Tensor) -> torch.Tensor:
 
 #: per-frequency unitary maps of OrthogonalConv2d: name -> (skew input?, kernel)
 FFT_METHODS: dict[str, tuple[bool, Callable[[torch.Tensor], torch.Tensor]]] = {
-    "cayley": (True, _cayley),
+    "cayley": (True, kernels.cayley_map),
     "exp": (True, _exp),
     "cwy": (False, kernels.cwy_matrix),
 }
+
+
+def _phases(k: int, size: tuple[int, int], dtype: torch.dtype, device) -> torch.Tensor:
+    r"""θ_t(ω) = 2π(ω_h·(a − p)/h + ω_w·(b − p)/w), shape (h·(w//2+1), k²), tap t = (a, b)."""
+    h, w = size
+    p = (k - 1) // 2
+    off = torch.arange(k, dtype=torch.float64) - p
+    wh = torch.arange(h, dtype=torch.float64)[:, None] * off / h  # (h, k)
+    ww = torch.arange(w // 2 + 1, dtype=torch.float64)[:, None] * off / w  # (w', k)
+    theta = 2 * math.pi * (wh[:, None, :, None] + ww[None, :, None, :])  # (h, w', k, k)
+    return theta.reshape(h * (w // 2 + 1), k * k).to(dtype=dtype, device=device)
+
+
+def tap_dft(cos_taps: torch.Tensor, sin_taps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    r"""Σ_t C_t cos θ_t(ω) + i Σ_t S_t sin θ_t(ω) at the half spectrum: (h·(w//2+1), r, c).
+
+    Note [Transfer matrices by a direct DFT of the taps]
+    The transfer matrix of the centred circular cross-correlation by a real
+    k×k kernel P is P̂(ω) = Σ_t P_t e^{iθ_t(ω)} (tap t = (a, b) reads x at
+    offset (a − p, b − p)): a DFT of k² terms, not an FFT of P zero-padded to
+    the image. It is one real product (F × 2k²)·(2k² × 2rc), F = h·(w//2+1),
+    written directly in the per-frequency complex layout (F, r, c). The skew part needs
+    no conjugate transpose either: A(ω) = P̂ − P̂ᴴ = Σ_t (P_t − P_tᵀ) cos θ_t +
+    i Σ_t (P_t + P_tᵀ) sin θ_t, real k²-tap arrays formed before the DFT.
+
+    Args:
+        cos_taps, sin_taps: real (r, c, k, k).
+        size: (h, w) of the image.
+    """
+    r, c, k = cos_taps.shape[0], cos_taps.shape[1], cos_taps.shape[-1]
+    theta = _phases(k, size, cos_taps.dtype, cos_taps.device)
+    trig = torch.cat([theta.cos(), theta.sin()], 1)  # (F, 2k²)
+    # one real product in the complex layout: rows t of the cos taps feed the real
+    # parts, rows k² + t of the sin taps the imaginary parts, so (F, 2k²)·(2k², rc·2) is
+    # the complex (F, rc) already interleaved (and its gradient is read back unstrided)
+    zero = torch.zeros_like(cos_taps)
+    taps = torch.cat([torch.stack([cos_taps, zero], -1), torch.stack([zero, sin_taps], -1)])
+    taps = taps.reshape(2, r * c, k * k, 2).transpose(1, 2).reshape(2 * k * k, r * c * 2)
+    out = trig @ taps
+    return torch.view_as_complex(out.reshape(-1, r, c, 2))
 
 
 class OrthogonalConv2d(nn.Module):
@@ -163,11 +200,15 @@ class OrthogonalConv2d(nn.Module):
     c×c maps instead of n²; at the self-conjugate frequencies Q(ω) is real.
 
     Note [Cost of the FFT orthogonal convolution]
-    Per call: two FFTs of the input (O(B·c·n² log n)), the FFT of P, the maps
-    at n(n/2+1) frequencies (O(n²c³/2): one batched c×c solve for Cayley) and
-    a batched c×c matrix product per frequency (O(B·n²c²)). The maps depend on
-    the image size only; in a loop over many batches of one size, compute
-    them once with ``frequency_matrices``.
+    Per call: two FFTs of the input (O(B·c·n² log n)), the transfer matrices
+    by a k²-term DFT of the taps (O(n²c²k²/2), Note [Transfer matrices by a
+    direct DFT of the taps]) and the maps at n(n/2+1) frequencies. Cayley
+    runs in its operator form, Q(ω)x̂(ω) = 2(I + A)⁻¹x̂(ω) − x̂(ω): one batched
+    LU of the c×c matrices I + A (O(n²c³/6)) and a solve with the B columns
+    of the batch, Q(ω) never formed. ``exp`` and ``cwy`` form Q(ω) and apply
+    it (O(B·n²c²)). The maps depend on the image size only; in a loop over
+    many batches of one size, compute them once with ``frequency_matrices``
+    and pass them as ``q``.
 
     Args:
         channels: c (input and output channels).
@@ -238,6 +279,16 @@ class OrthogonalConv2d(nn.Module):
         self.bias = (
             nn.Parameter(torch.zeros(channels, dtype=dtype, device=device)) if bias else None
         )
+        self._path: tuple[torch.Tensor, int, bool | None] | None = None
+
+    def _check_size(self, size: tuple[int, int]) -> None:
+        h, w = size
+        k = self.kernel_size
+        if k > h or k > w:
+            raise ValueError(
+                f"kernel_size={k} is larger than the input ({h}×{w}); allowed: "
+                f"kernel_size ≤ min(height, width) = {min(h, w)}"
+            )
 
     def transfer(self, size: tuple[int, int]) -> torch.Tensor:
         """P̂(ω) at the half spectrum of an h×w image: shape (h·(w//2+1), c, width).
@@ -248,23 +299,46 @@ class OrthogonalConv2d(nn.Module):
         Raises:
             ValueError: if the kernel is larger than the image.
         """
-        h, w = size
-        k = self.kernel_size
-        if k > h or k > w:
-            raise ValueError(
-                f"kernel_size={k} is larger than the input ({h}×{w}); allowed: "
-                f"kernel_size ≤ min(height, width) = {min(h, w)}"
-            )
-        p = (k - 1) // 2  # tap (a, b) reads x at offset (a − p, b − p): the centred kernel
-        g = F.pad(self.weight, (0, w - k, 0, h - k)).roll((-p, -p), (-2, -1))
-        pf = torch.fft.rfft2(g).conj()  # cross-correlation: the conjugate transfer
-        return pf.permute(2, 3, 0, 1).reshape(h * (w // 2 + 1), *self.weight.shape[:2])
+        self._check_size(size)
+        return tap_dft(self.weight, self.weight, size)
+
+    def skew_transfer(self, size: tuple[int, int]) -> torch.Tensor:
+        """A(ω) = P̂(ω) − P̂(ω)ᴴ at the half spectrum: (h·(w//2+1), c, c), from the taps."""
+        self._check_size(size)
+        pt = self.weight.transpose(0, 1)
+        return tap_dft(self.weight - pt, self.weight + pt, size)
+
+    def _spectral(self) -> bool | None:
+        """False when ‖A(ω)‖₁ is certainly below the ``eigh`` threshold, once per weight version.
+
+        Note [The Cayley path is chosen once per parameter version]
+        |A(ω)ᵢⱼ| ≤ Σ_t |P_t,ij| + |P_t,ji| at every ω, so the column sums of
+        those tap sums bound ‖A(ω)‖₁ at all frequencies at once, from the k²c²
+        taps (no transform). The bound is read (one host synchronisation) once
+        per version of the weight and kept; while it is below the threshold
+        of `spectral_needed` the LU path is taken without reading ‖A‖₁ per
+        call. Above it (rare: ‖A‖₁ > max(64, 4c)), None lets ``cayley_map``
+        test ‖A(ω)‖₁ itself.
+        """
+        w = self.weight
+        if w.device.type == "meta":
+            return None
+        if self._path is None or self._path[0] is not w or self._path[1] != w._version:
+            a = w.detach().abs().sum((-2, -1))
+            try:
+                bound = float((a + a.mT).sum(0).max())
+            except RuntimeError:  # under torch.func transforms no value can be read
+                return None
+            limit = max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW * self.channels)
+            self._path = (w, w._version, False if bound <= limit else None)
+        return self._path[2]
 
     def frequency_matrices(self, size: tuple[int, int]) -> torch.Tensor:
         """Q(ω), the c×c unitary matrices at the half spectrum: (h·(w//2+1), c, c)."""
+        if self.method == "cayley":
+            return kernels.cayley_map(self.skew_transfer(size), spectral=self._spectral())
         skew, fn = FFT_METHODS[self.method]
-        pf = self.transfer(size)
-        return fn(pf - pf.mH if skew else pf)
+        return fn(self.skew_transfer(size) if skew else self.transfer(size))
 
     def forward(self, x: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """y = Q x (+ bias), x of shape (batch, c, h, w).
@@ -281,10 +355,15 @@ class OrthogonalConv2d(nn.Module):
                 f"x must have shape (batch, {self.channels}, h, w), got {tuple(x.shape)}"
             )
         b, c, h, w = x.shape
-        q = self.frequency_matrices((h, w)) if q is None else q
         xf = torch.fft.rfft2(x).permute(2, 3, 1, 0).reshape(-1, c, b)
-        yf = (q @ xf).reshape(h, w // 2 + 1, c, b).permute(3, 2, 0, 1)
-        y = torch.fft.irfft2(yf, s=(h, w))
+        if q is not None:
+            yf = q @ xf
+        elif self.method == "cayley":  # the operator form: Q(ω) never formed
+            a = self.skew_transfer((h, w))
+            yf = kernels.cayley_map(a, xf, spectral=self._spectral())
+        else:
+            yf = self.frequency_matrices((h, w)) @ xf
+        y = torch.fft.irfft2(yf.reshape(h, w // 2 + 1, c, b).permute(3, 2, 0, 1), s=(h, w))
         return y if self.bias is None else y + self.bias[:, None, None]
 
     def extra_repr(self) -> str:

@@ -289,17 +289,38 @@ def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.
     return base @ e[..., :m]
 
 
-def cayley_map(a: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+def cayley_map(
+    a: torch.Tensor, base: torch.Tensor | None = None, *, spectral: bool | None = None
+) -> torch.Tensor:
     r"""Q = (I + A)⁻¹(I − A)·B for skew-Hermitian A and B of shape (…, n, m), by one LU solve.
+
+    Without ``base``, Q = (I + A)⁻¹(I − A) itself (no product by an identity).
+    With it, the operator form: B is any block of vectors and Q is never formed.
+
+    Note [Cayley transform by one solve]
+    (I + A)⁻¹(I − A) = (I + A)⁻¹(2I − (I + A)) = 2(I + A)⁻¹ − I, so
+    Q·B = 2(I + A)⁻¹B − B: one LU solve with the m columns of B, neither I − A
+    nor a product formed. The solve's error is cond(I + A)·eps relative to
+    ‖(I + A)⁻¹B‖ ≤ ‖B‖ (the eigenvalues of I + A are 1 + iλ), as for the
+    textbook form.
 
     I + A is invertible for skew-Hermitian A (its eigenvalues are 1 + iλ). When
     ‖A‖₁ is large, cond(I + A) ≈ ‖A‖₂ would cost orthogonality, and the transform
     goes through ``eigh`` (Note [Large skew-Hermitian matrices go through eigh]).
+    ``spectral`` says which path to take when the caller knows it (e.g. from a
+    bound on ‖A‖₁ computed once per parameter version), so that no host
+    synchronisation reads ‖A‖₁; None tests ‖A‖₁ here.
     """
-    if spectral_needed(a):
-        return skew_spectral(a, "cayley") @ base
+    if spectral if spectral is not None else spectral_needed(a):
+        q = skew_spectral(a, "cayley")
+        return q if base is None else q @ base
+    # I + A is never singular: the _ex forms skip the error check (a host synchronisation)
     eye = _eye(a)
-    return torch.linalg.solve(eye + a, (eye - a) @ base)
+    if base is None:
+        return 2 * torch.linalg.inv_ex(eye + a).inverse - eye
+    batch = torch.broadcast_shapes(a.shape[:-2], base.shape[:-2])
+    rhs = base.expand(*batch, *base.shape[-2:])  # a 2-D B must not read as a batch of vectors
+    return 2 * torch.linalg.solve_ex(eye + a, rhs).result - base
 
 
 def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from stiefel.nn import ConvNERUCell, OrthogonalConv2d
+from stiefel.parametrizations import kernels
 
 DT = torch.float64
 
@@ -177,3 +178,50 @@ def test_fft_conv_bad_input():
         layer(torch.randn(1, 2, 4, 6))
     with pytest.raises(ValueError, match=r"x must have shape \(batch, 2, h, w\)"):
         layer(torch.randn(1, 3, 8, 8))
+
+
+@pytest.mark.parametrize("k, h, w", [(3, 5, 4), (2, 4, 7), (4, 6, 6)])
+def test_fft_transfer_by_direct_dft_equals_the_fft_of_the_padded_kernel(k, h, w):
+    torch.manual_seed(4)
+    layer = OrthogonalConv2d(3, k, dtype=DT)
+    p = (k - 1) // 2
+    g = F.pad(layer.weight, (0, w - k, 0, h - k)).roll((-p, -p), (-2, -1))
+    ref = torch.fft.rfft2(g).conj().permute(2, 3, 0, 1).reshape(h * (w // 2 + 1), 3, 3)
+    pf = layer.transfer((h, w))
+    assert torch.allclose(pf, ref, atol=1e-13)
+    assert torch.allclose(layer.skew_transfer((h, w)), ref - ref.mH, atol=1e-13)
+
+
+def test_cayley_map_without_base_and_in_operator_form():
+    torch.manual_seed(5)
+    raw = torch.randn(7, 5, 5, dtype=torch.complex128)
+    a = raw - raw.mH
+    eye = torch.eye(5, dtype=a.dtype)
+    ref = torch.linalg.solve(eye + a, eye - a)
+    x = torch.randn(7, 5, 3, dtype=a.dtype)
+    for spectral in (None, False, True):
+        assert torch.allclose(kernels.cayley_map(a, spectral=spectral), ref, atol=1e-13)
+        assert torch.allclose(kernels.cayley_map(a, x, spectral=spectral), ref @ x, atol=1e-13)
+        # a 2-D B broadcasts over the batch of A (it is not a batch of vectors)
+        assert torch.allclose(kernels.cayley_map(a, eye, spectral=spectral), ref, atol=1e-13)
+
+
+def test_fft_cayley_path_is_chosen_once_per_weight_version():
+    torch.manual_seed(6)
+    layer = OrthogonalConv2d(4, 3, dtype=DT)
+    x = torch.randn(2, 4, 6, 6, dtype=DT)
+    layer(x)
+    path = layer._path
+    assert path[2] is False
+    layer(x)
+    assert layer._path is path  # same version: no new bound, no host read
+    # the bound holds: max over ω of ‖A(ω)‖₁ ≤ the tap bound
+    a = layer.skew_transfer((6, 6))
+    taps = layer.weight.detach().abs().sum((-2, -1))
+    bound = float((taps + taps.T).sum(0).max())
+    assert float(torch.linalg.matrix_norm(a, ord=1).max()) <= bound * (1 + 1e-12)
+    with torch.no_grad():  # in place: a new version, a large kernel: the eigh path
+        layer.weight.mul_(1e3)
+    y = layer(x)
+    assert layer._path is not path and layer._path[2] is None
+    assert float((y.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1) - 1).abs().max()) < 1e-12

@@ -1,0 +1,385 @@
+r"""Explicit-kernel orthogonal convolutions: ``OrthoConv2d`` and ``OrthoConvTranspose2d``.
+
+The kernel is assembled from exact maps (`stiefel.nn.orthokernel`), then the
+layer is one ordinary ``F.conv2d`` (``F.conv_transpose2d``) with it.
+
+Note [Padding of an orthogonal convolution]
+With ``padding_mode="circular"`` and ``padding="same"`` the layer is a
+convolution on the torus: every singular value is 1 (for a stride s, when s
+divides the image size). "same" pads d(k − 1) + 1 − s in total (d the
+dilation; at least 0), the left side ⌊total/2⌋ as ``nn.Conv2d`` does, so the
+output has n/s positions per axis; any split of the total is a circular shift
+of the output, still orthogonal. With zero padding the layer is the circular
+one on a torus large enough to hold the zero-extended image, restricted to
+the output window: ‖conv(x)‖ ≤ ‖x‖ always, and ‖conv(x)‖ = ‖x‖ (isometric
+layers: out ≥ in) for x that vanishes within d(k − 1) of the border. The
+transposed layer is the adjoint: ``F.conv_transpose2d`` without padding, then
+the adjoint of the padding (a crop for zeros; for circular, the border added
+back onto the opposite side).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..parametrizations.deferred import initialize
+from .orthokernel import OrthoKernel
+
+__all__ = ["OrthoConv2d", "OrthoConvTranspose2d"]
+
+PADDING_MODES = ("circular", "zeros")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+INITS = ("haar", "identity", "random")
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}; allowed: a positive int")
+    return value
+
+
+def _padding(value: object, k: int, stride: int, dilation: int) -> tuple[int, int, int, int]:
+    """(left, right, top, bottom) for ``padding`` ("same", "valid", an int or an (h, w) pair)."""
+    if value == "same":
+        total = max(0, dilation * (k - 1) + 1 - stride)
+        return (total // 2, total - total // 2) * 2
+    if value == "valid":
+        return (0, 0, 0, 0)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return (value,) * 4
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in value)
+    ):
+        return (value[1], value[1], value[0], value[0])
+    raise ValueError(
+        f"padding={value!r}; allowed: 'same', 'valid', a non-negative int or a pair of them"
+    )
+
+
+def _check(
+    in_channels, out_channels, kernel_size, stride, groups, dilation, padding_mode, dtype, names
+) -> None:
+    """Every argument check of the two layers (before anything is built).
+
+    ``in_channels``/``out_channels`` are those of the convolution whose kernel is
+    built; ``names`` are the user's names for them (swapped for the transposed layer).
+    """
+    ni, no = names
+    for name, value in (
+        (ni, in_channels),
+        (no, out_channels),
+        ("kernel_size", kernel_size),
+        ("stride", stride),
+        ("groups", groups),
+        ("dilation", dilation),
+    ):
+        _positive(name, value)
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(
+            f"groups={groups} does not divide both channel counts ({ni}={in_channels}, "
+            f"{no}={out_channels}); allowed: a common divisor of both"
+        )
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode={padding_mode!r}; allowed: {', '.join(PADDING_MODES)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise TypeError(f"dtype={dtype}; allowed: {', '.join(str(d) for d in DTYPES)}")
+    ci, co, k, s = in_channels // groups, out_channels // groups, kernel_size, stride
+    if s > 1 and math.gcd(dilation, s) != 1:
+        raise ValueError(
+            f"dilation={dilation} with stride={s}: the taps then miss some input positions; "
+            f"allowed: a dilation coprime to the stride (Note [Strided orthogonal convolutions])"
+        )
+    if s > k and co > ci * k * k:
+        raise ValueError(
+            f"stride={s} > kernel_size={k} reads k×k of every s×s block: orthogonal only as "
+            f"a co-isometry, which needs {no}/groups ≤ {ni}/groups·k² = {ci * k * k}; "
+            f"got {ni}={in_channels}, {no}={out_channels}, groups={groups}"
+        )
+    size = k if s == 1 else k - s + 1
+    inner = max(ci, co) if s == 1 else max(ci, co // (s * s))
+    if size > 1 and inner < 2:
+        raise ValueError(
+            f"kernel_size={k} with stride={s} needs at least 2 channels per group in its "
+            f"projector part ({'max(in, out)' if s == 1 else 'max(in, out/stride²)'}/groups ≥ 2, "
+            f"a rank-⌊c/2⌋ projector per tap, in = {ni}, out = {no}); got {ni}={in_channels}, "
+            f"{no}={out_channels}, groups={groups}"
+        )
+
+
+def _map_options(options: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    opts = dict(options)
+    dtype, device = opts.pop("dtype", None), opts.pop("device", None)
+    init = opts.get("init", "haar")
+    if init not in INITS:
+        raise ValueError(
+            f"init={init!r}; allowed: {', '.join(INITS)} (a fresh layer has no weight to be near)"
+        )
+    return dtype, device, opts
+
+
+def _adjoint_pad(y: torch.Tensor, pads: tuple[int, int, int, int], mode: str) -> torch.Tensor:
+    """The adjoint of ``F.pad(x, pads, mode)`` (zeros: a crop; circular: borders wrapped back)."""
+    for dim, (lo, hi) in ((-1, pads[:2]), (-2, pads[2:])):
+        n = y.shape[dim] - lo - hi
+        inner = y.narrow(dim, lo, n)
+        if mode == "circular":
+            if lo:
+                inner = inner + F.pad(y.narrow(dim, 0, lo), _along(dim, n - lo, 0))
+            if hi:
+                inner = inner + F.pad(y.narrow(dim, lo + n, hi), _along(dim, 0, n - hi))
+        y = inner
+    return y
+
+
+def _along(dim: int, before: int, after: int) -> tuple[int, ...]:
+    return (before, after) if dim == -1 else (0, 0, before, after)
+
+
+class _OrthoConvBase(nn.Module):
+    """Arguments, kernel, bias and initialisation shared by the two layers."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int,
+        groups: int,
+        dilation: int,
+        padding: Any,
+        padding_mode: str,
+        bias: bool,
+        method: Any,
+        options: dict[str, Any],
+        transposed: bool,
+    ):
+        dtype, device, opts = _map_options(options)
+        # the kernel is that of a convolution conv_in → conv_out (the transposed layer's adjoint)
+        conv_in, conv_out = (
+            (out_channels, in_channels) if transposed else (in_channels, out_channels)
+        )
+        names = ("out_channels", "in_channels") if transposed else ("in_channels", "out_channels")
+        _check(conv_in, conv_out, kernel_size, stride, groups, dilation, padding_mode, dtype, names)
+        pads = _padding(padding, kernel_size, stride, dilation)
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.groups, self.dilation = (
+            kernel_size,
+            stride,
+            groups,
+            dilation,
+        )
+        self.padding, self.padding_mode, self.pads = padding, padding_mode, pads
+        self.method = method
+        self.kernel = OrthoKernel(
+            conv_in, conv_out, kernel_size, stride, groups, method, opts, dtype, device
+        )
+        self.bias = (
+            nn.Parameter(torch.zeros(out_channels, dtype=dtype, device=device)) if bias else None
+        )
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The assembled kernel (cached without gradients until a factor changes)."""
+        return self.kernel()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """A fresh point for every factor (the layer's ``init``) and a zero bias.
+
+        After ``module.to_empty(device=...)`` (deferred initialisation) this makes
+        the layer orthogonal again.
+        """
+        initialize(self.kernel, init=self.kernel.init, generator=generator)
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias[:, None, None].to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, groups={self.groups}, dilation={self.dilation}, "
+            f"padding={self.padding!r}, padding_mode={self.padding_mode!r}, "
+            f"bias={self.bias is not None}, method={self.method!r}"
+        )
+
+
+class OrthoConv2d(_OrthoConvBase):
+    r"""An exactly orthogonal k×k convolution with an explicit kernel (BCOP/AOC from exact maps).
+
+    The kernel (out, in/groups, k, k) is the composition of an isometric 1×1
+    convolution, k − 1 two-tap projector steps per axis (P = VVᵀ) and, for a
+    stride s > 1, a reshaped s×s factor, every orthonormal factor from the map
+    ``method`` (`stiefel.nn.orthokernel`); the forward is one ``F.conv2d``.
+    With ``padding_mode="circular"`` and ``padding="same"`` every singular
+    value of the layer (a map of the whole image) is 1 to working precision:
+    an isometry (‖y‖ = ‖x‖) when out ≥ in, a co-isometry (its adjoint is an
+    isometry) when out < in. With zero padding ‖y‖ ≤ ‖x‖, with equality in
+    the interior (Note [Padding of an orthogonal convolution]).
+
+    Args:
+        in_channels: input channels (``groups`` divides them).
+        out_channels: output channels (``groups`` divides them).
+        kernel_size: k ≥ 1 (square kernels; odd and even k).
+        stride: s ≥ 1 (s ≤ k, or out/groups ≤ in/groups·k²); exact when s
+            divides the image size.
+        groups: independent channel groups, each orthogonal.
+        dilation: d ≥ 1 (coprime to s when s > 1).
+        padding: "same" (default; n/s outputs per axis), "valid", an int or a pair.
+        padding_mode: "circular" (default) or "zeros".
+        bias: add a learned per-channel bias.
+        method: the map of every factor (any of
+            ``stiefel.parametrizations.available()``).
+        **options: ``dtype``, ``device``, ``init`` ("haar" default, "identity",
+            "random"), ``generator`` and the map's options (e.g. ``reflections``).
+
+    Raises:
+        ValueError: a non-positive size, stride, dilation or group count,
+            ``groups`` not dividing both channel counts, a stride the
+            construction cannot serve (the message gives the channel counts it
+            needs), a dilation not coprime to the stride, an unknown
+            ``padding``/``padding_mode``/``init``, or what ``orthogonalize``
+            refuses (unknown method).
+        TypeError: an unsupported dtype or unknown map options.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.nn import OrthoConv2d
+
+        conv = OrthoConv2d(8, 8, 3, bias=False, dtype=torch.float64)
+        x = torch.randn(2, 8, 12, 12, dtype=torch.float64)
+        assert torch.allclose(conv(x).norm(), x.norm())
+        down = OrthoConv2d(8, 16, 3, stride=2)
+        assert down(x.float()).shape == (2, 16, 6, 6)
+        ```
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        groups: int = 1,
+        dilation: int = 1,
+        padding: Any = "same",
+        padding_mode: str = "circular",
+        bias: bool = True,
+        method: Any = "cwy",
+        **options: Any,
+    ):
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            groups,
+            dilation,
+            padding,
+            padding_mode,
+            bias,
+            method,
+            options,
+            transposed=False,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y = conv(x) (+ bias), x of shape (batch, in_channels, h, w)."""
+        w = self.kernel().to(x.dtype)
+        left, right, top, bottom = self.pads
+        if self.padding_mode == "circular" and any(self.pads):
+            x = F.pad(x, self.pads, mode="circular")
+            pad = 0
+        elif left == right == top == bottom:
+            pad = left
+        else:
+            x = F.pad(x, self.pads)
+            pad = 0
+        y = F.conv2d(x, w, None, self.stride, pad, self.dilation, self.groups)
+        return self._add_bias(y)
+
+
+class OrthoConvTranspose2d(_OrthoConvBase):
+    r"""The adjoint of an `OrthoConv2d`: an exactly orthogonal transposed convolution.
+
+    ``OrthoConvTranspose2d(in, out, k, stride=s, ...)`` maps (in, n, n) to
+    (out, n·s, n·s) (``padding="same"``) as the adjoint of the orthogonal
+    convolution out → in with the same kernel (``weight`` has
+    ``nn.ConvTranspose2d``'s layout (in, out/groups, k, k)): one
+    ``F.conv_transpose2d``, then the adjoint of the padding, circular
+    included (Note [Padding of an orthogonal convolution]). The adjoint of an
+    isometry is a co-isometry and conversely: every singular value is 1.
+
+    The arguments are those of `OrthoConv2d`; the stride and channel
+    conditions apply to the convolution out → in whose adjoint this is.
+
+    Raises:
+        ValueError: as `OrthoConv2d`.
+        TypeError: as `OrthoConv2d`.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.nn import OrthoConvTranspose2d
+
+        up = OrthoConvTranspose2d(16, 8, 3, stride=2, bias=False, dtype=torch.float64)
+        x = torch.randn(2, 16, 6, 6, dtype=torch.float64)
+        y = up(x)
+        assert y.shape == (2, 8, 12, 12)
+        assert torch.allclose(y.norm(), x.norm())
+        ```
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        groups: int = 1,
+        dilation: int = 1,
+        padding: Any = "same",
+        padding_mode: str = "circular",
+        bias: bool = True,
+        method: Any = "cwy",
+        **options: Any,
+    ):
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            groups,
+            dilation,
+            padding,
+            padding_mode,
+            bias,
+            method,
+            options,
+            transposed=True,
+        )
+        k_eff = dilation * (kernel_size - 1) + 1
+        self.output_padding = max(0, stride - k_eff) if padding == "same" else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y = convᵀ(x) (+ bias), x of shape (batch, in_channels, h, w)."""
+        w = self.kernel().to(x.dtype)
+        left, right, top, bottom = self.pads
+        symmetric = self.padding_mode == "zeros" and left == right == top == bottom
+        pad = left if symmetric else 0
+        y = F.conv_transpose2d(
+            x, w, None, self.stride, pad, self.output_padding, self.groups, self.dilation
+        )
+        if not symmetric:
+            y = _adjoint_pad(y, self.pads, self.padding_mode)
+        return self._add_bias(y)

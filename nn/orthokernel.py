@@ -1,0 +1,226 @@
+r"""The kernel of an exactly orthogonal convolution, assembled from exact maps (BCOP/AOC).
+
+A k×k kernel is a composition of convolutions that are each orthogonal on the
+torus (circular padding), so their composition is too:
+
+- an isometric 1×1 convolution H ∈ St(c, m) (m → c channels);
+- k − 1 two-tap steps along the width, x ↦ P x(·) + (I − P) x(· + 1), and
+  k − 1 along the height, with P = VVᵀ a symmetric projector, V ∈ St(c, ⌊c/2⌋)
+  (block convolution orthogonal parametrization, BCOP: Li et al., NeurIPS 2019);
+- for a stride s > 1, a reshaped s×s factor R (AOC: Boissin et al., ICML 2025):
+  the s×s convolution of stride s is a space-to-depth reordering (orthogonal)
+  followed by the 1×1 map R of shape out × (c·s²), row- or column-orthonormal.
+
+Every orthonormal factor (H, each V, R) comes from a registered map of
+``stiefel.parametrizations`` (``method=``, exact to working precision); no
+iteration (Björck, Newton–Schulz) is involved.
+
+Note [Two-tap projector steps are unitary per frequency]
+The step x ↦ P x + (I − P) x(· + e) has the transfer matrix P + (I − P) z at
+z = e^{iω}; with P a symmetric projector, (P + (I − P)z)ᴴ(P + (I − P)z) =
+P + (I − P)|z|² = I. Composing kernels multiplies transfer matrices, so the
+assembled kernel's transfer matrix is M(ω) = B_{k−1}(ω)⋯B₁(ω)H, with H the
+isometry: M(ω)ᴴM(ω) = I at every frequency, i.e. every singular value of the
+circular convolution (as a map of the whole image) is 1. A step is applied to
+the kernel K (taps t) as K'[t] = P K[t] + (I − P) K[t − e]: two thin products
+V(VᵀK), never a c×c projector. The taps of a composition of cross-correlations
+are the full convolution of the tap arrays, so the kernel grows by one tap per
+step: k − 1 steps per axis give k×k, for odd and even k alike.
+
+Note [Strided orthogonal convolutions]
+With stride s the layer is R_s ∘ B, with B the stride-1 BCOP kernel of size
+k − s + 1 (m = in → c = inter channels, an isometry) and R_s the s×s, stride-s
+reshaped factor: conv_{s}(x, B ⋆ R) = conv_{s}(conv_{1}(x, B), R) (the taps of
+the composed kernel are the full convolution of both). R_s reads every input
+position exactly once (the s×s blocks tile the image when s divides it and
+gcd(dilation, s) = 1), so it is the orthogonal space-to-depth map followed by
+the 1×1 map R: out × (inter·s²). With inter = max(in, ⌊out/s²⌋) either
+inter = in (B orthogonal, R row-orthonormal: a co-isometry, every singular
+value 1) or inter·s² ≤ out (R column-orthonormal, B an isometry: an isometry).
+For k < s the layer is R alone on k×k blocks read at stride s; the blocks
+miss some positions, so it is orthogonal only as a co-isometry, out ≤ in·k².
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..parametrizations import orthogonalize
+from ..parametrizations.base import work_dtype
+
+__all__ = ["OrthoKernel", "projector_step", "compose_kernels", "kernel_plan"]
+
+
+def projector_step(kernel: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
+    r"""K'[t] = P K[t] + (I − P) K[t − e_dim] with P = VVᵀ (one more tap along ``dim``).
+
+    Args:
+        kernel: K of shape (g, c, m, h, w) (groups, output, input channels, taps).
+        v: V of shape (g, c, r) with orthonormal columns.
+        dim: -1 (width) or -2 (height).
+
+    Returns:
+        K' of shape (g, c, m, h + 1, w) or (g, c, m, h, w + 1).
+    """
+    g, c = kernel.shape[:2]
+    t = (v @ (v.mT @ kernel.reshape(g, c, -1))).reshape(kernel.shape)
+    d = kernel - t
+    n = kernel.shape[dim]
+    middle = t.narrow(dim, 1, n - 1) + d.narrow(dim, 0, n - 1)
+    return torch.cat([t.narrow(dim, 0, 1), middle, d.narrow(dim, n - 1, 1)], dim)
+
+
+def compose_kernels(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    r"""The kernel of ``second ⋆ (first ⋆ x)``: C[t] = Σ_{a+b=t} second[b]·first[a].
+
+    Args:
+        first: (g, c2, c1, h1, w1) applied first.
+        second: (g, c3, c2, h2, w2) applied second.
+
+    Returns:
+        (g, c3, c1, h1 + h2 − 1, w1 + w2 − 1): one grouped ``F.conv2d`` of the tap
+        arrays (the full convolution, hence the flipped, fully padded ``second``).
+    """
+    g, c2, c1, h1, w1 = first.shape
+    c3, h2, w2 = second.shape[1], second.shape[-2], second.shape[-1]
+    inp = first.reshape(g * c2, c1, h1, w1).transpose(0, 1)
+    weight = second.reshape(g * c3, c2, h2, w2).flip(-2, -1)
+    out = F.conv2d(inp, weight, padding=(h2 - 1, w2 - 1), groups=g)  # (c1, g·c3, h, w)
+    return out.transpose(0, 1).reshape(g, c3, c1, h1 + h2 - 1, w1 + w2 - 1)
+
+
+def kernel_plan(
+    in_channels: int, out_channels: int, kernel_size: int, stride: int, groups: int
+) -> dict[str, Any]:
+    """The factors of the construction (shapes per group), after the checks of the layer.
+
+    Returns:
+        ``bcop``: None or (c, m, size) of the stride-1 BCOP part (m → c channels);
+        ``reshaped``: None or (out, inter, size) of the reshaped factor R;
+        ``transpose``: whether the BCOP kernel is used channel-transposed (out < in).
+    """
+    ci, co, k, s = in_channels // groups, out_channels // groups, kernel_size, stride
+    if s == 1:
+        return dict(bcop=(max(ci, co), min(ci, co), k), reshaped=None, transpose=co < ci)
+    r = min(k, s)
+    if k - r + 1 == 1:
+        return dict(bcop=None, reshaped=(co, ci, r), transpose=False)
+    inter = max(ci, co // (s * s))
+    return dict(bcop=(inter, ci, k - s + 1), reshaped=(co, inter, s), transpose=False)
+
+
+class OrthoKernel(nn.Module):
+    r"""The weight (out, in/groups, k, k) of an orthogonal convolution, from exact maps.
+
+    Factors (each an ``orthogonalize``d parameter with leading batch dimensions,
+    so ``method="riemannian"`` works too: every factor is stored tall):
+    ``isometry`` (g, c, m), ``projectors`` (g, 2(k' − 1), c, ⌊c/2⌋) and
+    ``reshaped`` (g, max(out, inter·s²), min(…)), as ``kernel_plan`` says.
+    Calling the module assembles the kernel (module docstring); without
+    gradients (evaluation) it is cached until a factor changes (a parameter or
+    buffer replaced or modified in place).
+
+    Args:
+        in_channels: input channels of the convolution.
+        out_channels: its output channels.
+        kernel_size: k.
+        stride: s.
+        groups: independent channel groups.
+        method: the map of every factor.
+        options: ``init`` ("haar" by default, "identity", "random"),
+            ``generator`` and the map's own options.
+        dtype: of the factors.
+        device: of the factors.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int,
+        groups: int,
+        method: Any,
+        options: dict[str, Any],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        self.groups, self.kernel_size = groups, kernel_size
+        self.plan = kernel_plan(in_channels, out_channels, kernel_size, stride, groups)
+        self.weight_shape = (out_channels, in_channels // groups, kernel_size, kernel_size)
+        self.init = options.get("init", "haar")
+        opts = dict(options, init=self.init)
+        g = groups
+        bcop, reshaped = self.plan["bcop"], self.plan["reshaped"]
+        self.wide = False  # whether R (out × inter·s²) is stored transposed
+        if bcop is not None:
+            c, m, size = bcop
+            self._factor("isometry", (g, c, m), method, opts, dtype, device)
+            if size > 1:
+                self._factor(
+                    "projectors", (g, 2 * (size - 1), c, c // 2), method, opts, dtype, device
+                )
+        if reshaped is not None:
+            co, cr, r = reshaped
+            rows, cols = co, cr * r * r
+            self.wide = rows < cols
+            shape = (g, max(rows, cols), min(rows, cols))
+            self._factor("reshaped", shape, method, opts, dtype, device)
+        self._cache: tuple[list[tuple[torch.Tensor, int]], torch.Tensor] | None = None
+
+    def _factor(self, name: str, shape, method, options, dtype, device) -> None:
+        """Register ``name`` as a constrained (…, n, m) factor: the one call to the map API."""
+        self.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
+        orthogonalize(self, name, method, **options)
+
+    def _state(self) -> list[tuple[torch.Tensor, int]]:
+        return [(t, t._version) for t in (*self.parameters(), *self.buffers())]
+
+    def forward(self) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            self._cache = None
+            return self._assemble()
+        state = self._state()
+        if self._cache is not None:
+            old, kernel = self._cache
+            if len(old) == len(state) and all(
+                a is b and u == v for (a, u), (b, v) in zip(old, state, strict=True)
+            ):
+                return kernel
+        kernel = self._assemble()
+        self._cache = (state, kernel)
+        return kernel
+
+    def _assemble(self) -> torch.Tensor:
+        # factors in float32 or wider (Note [Maps compute in float32 or wider]); the kernel is
+        # rounded to the factors' dtype once, at the end
+        g = self.groups
+        bcop, reshaped = self.plan["bcop"], self.plan["reshaped"]
+        first = self.isometry if bcop is not None else self.reshaped
+        dtype = first.dtype
+        work = work_dtype(dtype)
+        kernel = None
+        if bcop is not None:
+            kernel = self.isometry.to(work)[..., None, None]  # (g, c, m, 1, 1)
+            if bcop[2] > 1:
+                vs = self.projectors.to(work)
+                for j in range(bcop[2] - 1):
+                    kernel = projector_step(kernel, vs[:, 2 * j], -1)
+                    kernel = projector_step(kernel, vs[:, 2 * j + 1], -2)
+            if self.plan["transpose"]:
+                kernel = kernel.transpose(1, 2)
+        if reshaped is not None:
+            co, cr, r = reshaped
+            q = self.reshaped.to(work)
+            rk = (q.mT if self.wide else q).reshape(g, co, cr, r, r)
+            kernel = rk if kernel is None else compose_kernels(kernel, rk)
+        return kernel.reshape(self.weight_shape).to(dtype)
+
+    def extra_repr(self) -> str:
+        plan = ", ".join(f"{k}={v}" for k, v in self.plan.items())
+        return f"weight_shape={self.weight_shape}, {plan}"
