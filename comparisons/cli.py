@@ -19,8 +19,8 @@ import warnings
 
 import torch
 
-from . import config, registry
-from . import tasks as tasks_mod
+from .. import optimizers, parametrizations
+from . import config, tasks
 from .report import write_report
 from .sections import SECTIONS
 from .store import OutputLocked, RunStore
@@ -69,7 +69,7 @@ def _shape(text: str) -> list[int]:
 
 
 def _default(command: str, key: str) -> str:
-    d = config.DEFAULTS.get(command, {}).get(key)
+    d = config.preset("defaults").get(command, {}).get(key)
     if isinstance(d, list):
         d = " ".join(map(str, d))
     return f" (default: {d})" if d is not None else ""
@@ -87,6 +87,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace the results of this subcommand in --out"
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=None,
+        metavar="MODULE",
+        help="import MODULE first (repeatable): it registers tasks, e.g. experiments.lipschitz "
+        "from the root of a checkout",
     )
 
 
@@ -127,16 +136,16 @@ def _training(p: argparse.ArgumentParser, c: str) -> None:
 
 
 def _epilog() -> str:
-    maps = ", ".join(registry.methods())
-    opts = ", ".join(registry.optimizer_names())
+    maps = ", ".join(parametrizations.available())
+    opts = ", ".join(optimizers.available())
     lines = [
         f"methods: {maps}, and those a task builds itself (listed under the task)",
         f"optimizers: {opts}",
         "tasks:",
     ]
-    for t in tasks_mod.available():
-        cls = tasks_mod.get(t)
-        o = ", ".join(f"{k}={v!r}" for k, v in tasks_mod.options(t).items())
+    for t in tasks.available():
+        cls = tasks.get(t)
+        o = ", ".join(f"{k}={v!r}" for k, v in tasks.options(t).items())
         lines.append(f"  {t} ({cls.kind}): {o}")
         if cls.extra_methods:
             own = "; ".join(f"{m}: {what}" for m, what in cls.extra_methods.items())
@@ -192,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SECTIONS) if quick else [args.command] if args.command in SECTIONS else []
     flags = _flags(args)
     opts = {s: config.resolve(s, flags, args.config, quick) for s in names}  # all checks first
-    out = config.resolve("report", {"out": flags.get("out")}, args.config)["out"]
+    only = {k: flags.get(k) for k in ("out", "imports")}
+    out = config.resolve("report", only, args.config)["out"]
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with RunStore(out, resume=args.resume, overwrite=args.overwrite) as store:

@@ -1,193 +1,81 @@
-"""Time and memory of every map and optimizer step against size, beside the FLOP models.
+"""The complexity section: time and memory of every map and optimizer step against size.
 
 The tables follow the papers' layouts: the CWY paper's Table 1 (maps, serial
 complexity) and Table 2 (one optimizer step on St(N, M), FLOPs), and the
 Householder paper's Table 2 (one recurrent step, forward and backward FLOPs),
-each with measured columns and the time the FLOP model predicts at this
-machine's measured GEMM rate (the roofline).
+each with measured columns (`stiefel.comparisons.cost`) and the time the FLOP
+model predicts at this machine's measured GEMM rate (the roofline). Other
+measurements (the convolution layers of ``experiments/``) join through
+`register_part`.
 """
 
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import geoopt
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from .. import optimizers
+from .. import optimizers, parametrizations
 from ..manifolds import Stiefel, kernels
 from ..parametrizations import orthogonalize
-from . import registry
-from .timing import fastest_time
+from . import plots
+from .cost import (
+    FWD_BWD_FACTOR,
+    GEOOPT_STEPS,
+    fastest_time,
+    fit_exponent,
+    forward_backward_flops,
+    gemm_multiple,
+    gemm_rate,
+    map_flops,
+    optimizer_steps,
+    peak_bytes,
+    saved_bytes,
+)
+from .store import run_key
+from .writers import md_table, write_csv, write_json, write_text
 
 __all__ = [
-    "gemm_rate",
+    "map_plan",
+    "step_plan",
     "map_costs",
     "optimizer_costs",
     "recurrent_step_costs",
-    "fit_exponent",
-    "check_options",
-    "peak_bytes",
-    "map_plan",
-    "step_plan",
-    "GEOOPT_STEPS",
+    "with_gemm_multiples",
+    "register_part",
+    "complexity_section",
+    "FIT_MIN_N",
+    "FIT_MIN_STEP_N",
 ]
 
-#: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
-GEOOPT_STEPS = (
-    "geoopt RiemannianSGD CanonicalStiefel",
-    "geoopt RiemannianSGD EuclideanStiefel",
-    "geoopt RiemannianAdam CanonicalStiefel",
-)
 #: below these sizes per-call overhead and a still-rising GEMM efficiency flatten
 #: log–log slopes on a CPU (n = 256–2048 fitted 2.0–2.7 against 3; steps on
 #: N = 1024–4096 fitted 0.5–0.9 against 1): no exponent is fitted under them
 FIT_MIN_N = 512
 FIT_MIN_STEP_N = 8192
 
+Measure = Callable[[dict], list[dict]]
+Table = Callable[[list[dict], float], list[str]]
+#: further measurements of the section, name → (measure(options) → rows, table(rows, rate))
+PARTS: dict[str, tuple[Measure, Table]] = {}
 
-def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7) -> float:
-    """Measured FLOP/s of an n×n GEMM (n >= 512): the roofline the FLOP models are divided by.
 
-    The fastest of ``repeats`` runs (Note [Fastest run for cost models]): a
-    roofline is the rate the machine reaches; a product smaller than 512×512
-    measures call overhead, not the rate.
+def register_part(name: str, measure: Measure, table: Table) -> None:
+    """Add a measurement to the complexity section (stored as ``complexity_<name>.csv``).
+
+    ``measure(options)`` returns rows (dicts) from the section's checked options;
+    ``table(rows, gemm_rate)`` returns the markdown lines of its part of the report.
     """
-    n = max(int(n), 512)
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    t = fastest_time(lambda: a @ b, repeats, warmup=1)
-    return 2 * n**3 / t
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"part name={name!r}; allowed: a Python identifier string")
+    PARTS[name] = (measure, table)
 
 
-def check_options(opts: Mapping) -> None:
-    """Raise ValueError naming the option if sizes, fractions, repeats, shapes or limits are bad.
-
-    ``limits`` maps a map method or optimizer label to the largest n (or N) it is
-    measured at: the dense anchors (``exp``'s backward, geoopt's N×N canonical
-    step) would take minutes or gigabytes beyond it.
-    """
-    sizes = opts.get("sizes", [])
-    if not sizes or not all(isinstance(n, int) and n >= 2 for n in sizes):
-        raise ValueError(f"sizes={sizes!r}; allowed: a non-empty list of integers >= 2")
-    fractions = opts.get("fractions", [])
-    if not fractions or not all(isinstance(f, (int, float)) and 0 < f <= 1 for f in fractions):
-        raise ValueError(f"fractions={fractions!r}; allowed: a non-empty list of L/n in (0, 1]")
-    repeats = opts.get("repeats")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r}; allowed: an integer >= 1")
-    for shape in opts.get("shapes", []):
-        ok = isinstance(shape, (list, tuple)) and len(shape) == 2
-        if not (ok and all(isinstance(k, int) for k in shape) and shape[0] >= shape[1] >= 1):
-            raise ValueError(f"shapes: {shape!r}; allowed: [N, M] with integers N >= M >= 1")
-    known = [*registry.maps(), *registry.optimizer_steps(), *GEOOPT_STEPS]
-    for label, size in (opts.get("limits") or {}).items():
-        if label not in known:
-            raise ValueError(f"limits: unknown name {label!r}; available: {', '.join(known)}")
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"limits[{label!r}]={size!r}; allowed: an integer >= 1 (largest size)")
-
-
-def fit_exponent(sizes: list[float], values: list[float]) -> float:
-    """Least-squares slope of log(value) against log(size).
-
-    Example:
-        ```python
-        from stiefel.comparisons.complexity import fit_exponent
-
-        assert round(fit_exponent([1, 2, 4], [3.0, 24.0, 192.0]), 6) == 3.0
-        ```
-    """
-    xs = [math.log(s) for s in sizes]
-    ys = [math.log(max(v, 1e-12)) for v in values]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-
-
-class _HeldBytes(TorchDispatchMode):
-    """Counts the bytes of the storages torch ops create, until each is freed.
-
-    An op's output whose storage is one of its inputs' (a view, an in-place
-    op) allocates nothing; a new storage is counted from the op's return until
-    its finalizer runs (torch keeps a storage's Python object as long as the
-    storage lives, so the finalizer runs when the memory is released).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.held = self.peak = 0
-        self.live: dict[int, int] = {}
-
-    def _free(self, key: int) -> None:
-        self.held -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {
-            id(t.untyped_storage())
-            for t in tree_flatten((args, kwargs))[0]
-            if isinstance(t, torch.Tensor)
-        }
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key, size = id(st), st.nbytes()
-            if key in inputs or key in self.live or not size:
-                continue
-            self.live[key] = size
-            self.held += size
-            self.peak = max(self.peak, self.held)
-            weakref.finalize(st, self._free, key)
-        return out
-
-
-def peak_bytes(fn, device="cpu") -> int:
-    """Peak of the bytes that torch ops allocate during ``fn()`` and still hold.
-
-    CUDA: the caching allocator's peak statistic above what was allocated
-    before. CPU, which keeps no such statistic: every op's new output storages
-    are counted from their creation until they are freed (kernel-internal
-    workspaces, e.g. LAPACK's, are not seen).
-
-    Example:
-        ```python
-        import torch
-        from stiefel.comparisons.complexity import peak_bytes
-
-        a = torch.randn(256, 256)
-        assert peak_bytes(lambda: a @ a) == 256 * 256 * 4  # the 256 KiB result
-        ```
-    """
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated() - base)
-    with _HeldBytes() as mode:
-        fn()
-    return mode.peak
-
-
-def _saved_bytes(fn) -> int:
-    """Bytes autograd saves for the backward of ``fn()`` (the activation memory)."""
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
+def _reflections(method: str) -> bool:
+    return parametrizations.maps()[method].takes_reflections()
 
 
 def map_plan(
@@ -204,7 +92,7 @@ def map_plan(
     return [
         (method, frac, n)
         for method in methods
-        for frac in (fractions if registry.map_info(method).reflections else [1.0])
+        for frac in (fractions if _reflections(method) else [1.0])
         for n in sizes
         if n <= limits.get(method, n)
     ]
@@ -215,14 +103,8 @@ def step_plan(
 ) -> list[tuple[str, int, int]]:
     """The (optimizer, N, M) measured by `optimizer_costs`: ``limits`` caps N."""
     limits = limits or {}
-    labels = [*registry.optimizer_steps(), *GEOOPT_STEPS]
+    labels = [*optimizer_steps(), *GEOOPT_STEPS]
     return [(label, n, m) for n, m in shapes for label in labels if n <= limits.get(label, n)]
-
-
-def _tick(bar, text: str) -> None:
-    if bar is not None:
-        bar.set_postfix_str(text)
-        bar.update(1)
 
 
 def map_costs(
@@ -232,18 +114,15 @@ def map_costs(
     repeats: int,
     device="cpu",
     limits: Mapping[str, int] | None = None,
-    bar=None,
 ) -> list[dict]:
     """Forward and forward+backward of every map's matrix, against n and L = fraction·n.
 
-    A method named in ``limits`` is measured only up to its size there; ``bar``
-    (a tqdm bar, optional) advances by one per row.
+    A method named in ``limits`` is measured only up to its size there.
     """
     rows = []
     gen = torch.Generator().manual_seed(0)
     for method, frac, n in map_plan(methods, sizes, fractions, limits):
-        info = registry.map_info(method)
-        reflections = info.reflections
+        reflections = _reflections(method)
         L = max(1, int(round(frac * n)))
         x0 = kernels.haar(n, n, generator=gen).to(device)
         # Note [Random reflectors for timing]: the time of a reflection map does
@@ -276,12 +155,11 @@ def map_costs(
                 "fraction": frac,
                 "forward_s": fastest_time(fwd, repeats),
                 "forward_backward_s": fastest_time(fwd_bwd, repeats),
-                "saved_bytes": _saved_bytes(lambda w=w, c=c: (w() * c).sum()),
+                "saved_bytes": saved_bytes(lambda w=w, c=c: (w() * c).sum()),
                 "peak_bytes": peak_bytes(fwd_bwd, device),
-                "flops": info.flops(n, n, L if reflections else None),
+                "flops": map_flops(method, n, n, L if reflections else None),
             }
         )
-        _tick(bar, f"{method} n={n} L={L}")
     return rows
 
 
@@ -290,14 +168,12 @@ def optimizer_costs(
     repeats: int,
     device="cpu",
     limits: Mapping[str, int] | None = None,
-    bar=None,
 ) -> list[dict]:
     """One step of every Riemannian optimizer (and geoopt's) on St(N, M), float32.
 
-    An optimizer named in ``limits`` is measured only up to its N there; ``bar``
-    (a tqdm bar, optional) advances by one per row.
+    An optimizer named in ``limits`` is measured only up to its N there.
     """
-    steps = registry.optimizer_steps()
+    steps = optimizer_steps()
     rows = []
     gen = torch.Generator().manual_seed(0)
     geoopt_setups = {
@@ -326,11 +202,10 @@ def optimizer_costs(
         rows.append(
             {"optimizer": label, "N": n, "M": m, "step_s": t, "peak_bytes": peak, "flops": flops}
         )
-        _tick(bar, f"{label} N={n}")
     return rows
 
 
-def recurrent_step_costs(sizes: list[int], fraction: float, repeats: int, bar=None) -> list[dict]:
+def recurrent_step_costs(sizes: list[int], fraction: float, repeats: int) -> list[dict]:
     """One recurrent step h ↦ Qh (batch 1) forward and backward: oRNN operator form vs dense.
 
     The Householder paper's Table 2: oRNN(n, m) FP (4n − m + 2)m, BP (7n − 2m + 3)m;
@@ -338,11 +213,11 @@ def recurrent_step_costs(sizes: list[int], fraction: float, repeats: int, bar=No
     """
     rows = []
     gen = torch.Generator().manual_seed(1)
-    operators = [name for name in registry.maps() if registry.map_info(name).operator]
+    operators = [name for name, cls in parametrizations.maps().items() if cls.has_operator()]
     for n in sizes:
         L = max(1, int(round(fraction * n)))
         for method in operators:
-            opts = {"reflections": L} if registry.map_info(method).reflections else {}
+            opts = {"reflections": L} if _reflections(method) else {}
             w = orthogonalize(kernels.haar(n, n, generator=gen), method=method, **opts)
             h = torch.randn(1, n, generator=gen, requires_grad=True)
             label = f"{method} operator (n, L={L})" if opts else f"{method} operator (n)"
@@ -350,7 +225,6 @@ def recurrent_step_costs(sizes: list[int], fraction: float, repeats: int, bar=No
         dense = torch.randn(n, n, generator=gen, requires_grad=True)
         h = torch.randn(1, n, generator=gen, requires_grad=True)
         rows.append(_step_row("sRNN dense", n, n, lambda x, d=dense: x @ d.T, h, repeats))
-        _tick(bar, f"recurrent step n={n}")
     return rows
 
 
@@ -377,3 +251,221 @@ def _step_row(label, n, L, fn, h, repeats) -> dict:
         "forward_s": t_f,
         "backward_s": max(t_fb - t_f, 0.0),
     }
+
+
+def with_gemm_multiples(
+    maps: list[dict], steps: list[dict], rate: float
+) -> tuple[list[dict], list[dict]]:
+    """Copies of the rows of `map_costs` and `optimizer_costs` with the GEMM-multiple columns.
+
+    Maps gain ``forward_backward_flops``, ``forward_backward_basis``,
+    ``forward_x_gemm`` and ``forward_backward_x_gemm``; steps gain
+    ``step_x_gemm`` (a step has no backward: its gradient is given), each
+    `stiefel.comparisons.cost.gemm_multiple` of the row's time and FLOP model.
+    """
+    out_maps = []
+    for r in maps:
+        reflections = r["L"] if _reflections(r["method"]) else None
+        fb, basis = forward_backward_flops(r["method"], r["n"], r["n"], reflections)
+        out_maps.append(
+            dict(
+                r,
+                forward_backward_flops=fb,
+                forward_backward_basis=basis,
+                forward_x_gemm=gemm_multiple(r["forward_s"], r["flops"], rate),
+                forward_backward_x_gemm=gemm_multiple(r["forward_backward_s"], fb, rate),
+            )
+        )
+    out_steps = [dict(r, step_x_gemm=gemm_multiple(r["step_s"], r["flops"], rate)) for r in steps]
+    return out_maps, out_steps
+
+
+def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> list[float | None]:
+    """Fitted log–log exponents of ``keys`` against ``size`` over the sizes >= ``min_size``."""
+    rows = [r for r in rows if r[size] >= min_size]
+    if len({r[size] for r in rows}) < 2:
+        return [None for _ in keys]
+    out = []
+    for k in keys:
+        vals = [r[k] for r in rows]
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
+        out.append(fit_exponent([r[size] for r in rows], vals) if ok else None)
+    return out
+
+
+def _span(rows: list[dict], size: str, min_size: int) -> str:
+    sizes = sorted({r[size] for r in rows if r[size] >= min_size})
+    return f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else "–"
+
+
+def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
+    """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
+    fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
+    if not fitted:
+        return "none fitted (sizes too small, or no FLOP model declared)"
+    return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
+
+
+def _measure(store, part: str, fn) -> Any:
+    key = run_key(part=part)
+    done = store.load_run("complexity", key)
+    if done is not None:
+        return done["value"]
+    value = fn()
+    store.save_run("complexity", key, {"value": value})
+    return value
+
+
+def complexity_section(store, opts: dict) -> dict:
+    """Measure the maps, the optimizer steps, one recurrent step and the registered parts."""
+    store.begin_section("complexity", opts)
+    device, repeats = opts["device"], opts["repeats"]
+    limits = opts.get("limits") or {}
+    sizes, fractions = opts["sizes"], opts["fractions"]
+    methods = list(parametrizations.maps())
+    shapes = [tuple(s) for s in opts["shapes"]]
+    rate = _measure(store, "gemm", lambda: gemm_rate(n=min(max(sizes), 2048), device=device))
+    maps = _measure(
+        store, "maps", lambda: map_costs(methods, sizes, fractions, repeats, device, limits)
+    )
+    steps = _measure(store, "steps", lambda: optimizer_costs(shapes, repeats, device, limits))
+    rec = _measure(store, "recurrent", lambda: recurrent_step_costs(sizes, 1 / 8, repeats))
+    parts = {name: _measure(store, name, lambda m=m: m(opts)) for name, (m, _) in PARTS.items()}
+    maps, steps = with_gemm_multiples(maps, steps, rate)
+    result = {
+        "gemm_flops_per_s": rate,
+        "maps": maps,
+        "optimizer_steps": steps,
+        "recurrent_steps": rec,
+        **parts,
+        "options": opts,
+    }
+    write_json(store.path("complexity.json"), result)
+    write_csv(store.path("complexity_maps.csv"), maps)
+    write_csv(store.path("complexity_optimizers.csv"), steps)
+    write_csv(store.path("complexity_recurrent.csv"), rec)
+    for name, rows in parts.items():
+        write_csv(store.path(f"complexity_{name}.csv"), rows)
+    text = [_intro(rate, opts, sizes, shapes)]
+    text += _map_table(maps, methods, rate)
+    text += _step_table(steps, rate)
+    text.append("\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n")
+    text.append(
+        md_table(
+            ["model", "n", "FP flops", "BP flops", "FP [s]", "BP [s]"],
+            [
+                [r["model"], r["n"], r["fp_flops"], r["bp_flops"], r["forward_s"], r["backward_s"]]
+                for r in rec
+            ],
+        )
+    )
+    for name, rows in parts.items():
+        text += PARTS[name][1](rows, rate)
+    write_text(store.path("complexity.md"), "\n".join(text))
+    maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
+    figs = plots.save(
+        store,
+        plots.complexity_figure(
+            maps_fig,
+            "n",
+            "forward_backward_s",
+            "series",
+            "Maps: forward + backward",
+            rate,
+            FIT_MIN_N,
+            flops_key="forward_backward_flops",
+        ),
+        "complexity_maps",
+    )
+    figs += plots.save(
+        store,
+        plots.complexity_figure(
+            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, FIT_MIN_STEP_N
+        ),
+        "complexity_optimizers",
+    )
+    store.end_section("complexity", ["complexity.md", *figs])
+    return result
+
+
+def _intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
+    text = (
+        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s (the fastest of several "
+        f"products of size ≥ 512). Times are the fastest of {opts['repeats']} runs. Exponents are "
+        f"least-squares slopes of log time against log size over the sizes ≥ {FIT_MIN_N} "
+        f"(maps) and N ≥ {FIT_MIN_STEP_N} (steps), column *fitted over*; the model exponent "
+        "is that of the FLOP model over the same sizes.\n"
+    )
+    if max(sizes) < FIT_MIN_N or max(s[0] for s in shapes) < FIT_MIN_STEP_N:
+        text += (
+            "\n**These sizes are too small to show how cost grows**: below them per-call "
+            "overhead dominates, so the exponents are not fitted (–). For the paper-scale "
+            "measurement run `python -m stiefel.comparisons complexity --config "
+            "configs/complexity.toml`.\n"
+        )
+    return text
+
+
+def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
+    rows, pairs, bases = [], [], set()
+    registered = parametrizations.maps()
+    for method in methods:
+        cls = registered[method]
+        for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
+            rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
+            big = max(rs, key=lambda r: r["n"])
+            fit_f, fit_fb, model = _fits(
+                rs, "n", ("forward_s", "forward_backward_s", "flops"), FIT_MIN_N
+            )
+            pairs += [(fit_f, model), (fit_fb, model)]
+            rows.append(
+                [method, f"L = {frac:g}·n" if cls.takes_reflections() else "–"]
+                + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"], big["forward_s"]]
+                + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
+                + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", FIT_MIN_N)]
+                + [big["forward_x_gemm"], big["forward_backward_x_gemm"]]
+            )
+            bases.add(big["forward_backward_basis"])
+    head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
+    head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
+    head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
+    head += ["fwd × FLOPs at GEMM rate", "fwd+bwd × FLOPs at GEMM rate"]
+    return [
+        "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
+        md_table(head, rows),
+        f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
+        f"{_within(pairs)}.\n",
+        "\n*× FLOPs at GEMM rate* = measured time / (FLOP model / measured GEMM rate): how "
+        "many times slower than running the modelled FLOPs at the GEMM rate. Forward+backward "
+        f"FLOPs here: {' and '.join(sorted(bases)) or '–'} (the class's forward + backward "
+        f"model where it declares one, else {FWD_BWD_FACTOR:g}× the forward model: the "
+        "backward of each product is two products of its size).\n",
+    ]
+
+
+def _step_table(steps: list[dict], rate: float) -> list[str]:
+    known = optimizer_steps()
+    rows, pairs = [], []
+    for label in dict.fromkeys(r["optimizer"] for r in steps):
+        rs = [r for r in steps if r["optimizer"] == label]
+        big = max(rs, key=lambda r: r["N"])
+        fit, model = _fits(rs, "N", ("step_s", "flops"), FIT_MIN_STEP_N)
+        modelled = math.isfinite(big["flops"])
+        pairs.append((fit, model if modelled else None))
+        formula = known[label][0].formula if label in known else ""
+        rows.append(
+            [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
+            + [big["step_s"], big["flops"] / rate if modelled else "–", big["peak_bytes"] / 2**20]
+            + [fit, model if modelled else "–", _span(rs, "N", FIT_MIN_STEP_N)]
+            + [big["step_x_gemm"] if modelled else "–"]
+        )
+    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
+    head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
+    head += ["step × FLOPs at GEMM rate"]
+    return [
+        "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
+        md_table(head, rows),
+        f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
+        "\n*step × FLOPs at GEMM rate* = step time / (FLOP model / measured GEMM rate); a step "
+        "has no backward (its gradient is given); – where the optimizer declares no FLOP model.\n",
+    ]

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import optimizers
+from .. import optimizers, parametrizations
 from ..manifolds import kernels
-from . import registry
-from . import tasks as tasks_mod
-from .config import precision
+from . import task as tasks_mod
+from .precision import precision
 from .strategies import Strategy, parse
 
 __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
@@ -25,8 +24,8 @@ def parse_strategy(text: str) -> Strategy:
     The method may also be one a registered task builds itself (`Task.extra_methods`:
     ``lstm``, ``convlstm``, the PEFT adapters, ...).
     """
-    methods = [*registry.methods(), *tasks_mod.extra_methods()]
-    return parse(text, methods=methods, optimizers=registry.optimizer_names())
+    methods = [*parametrizations.available(), *tasks_mod.extra_methods()]
+    return parse(text, methods=methods, optimizers=optimizers.available())
 
 
 def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
@@ -36,7 +35,8 @@ def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
     declare it in `Task.extra_methods`.
     """
     builders = tasks_mod.extra_methods().get(strategy.method)
-    if builders and strategy.method not in registry.methods() and task.name not in builders:
+    own = strategy.method not in parametrizations.available()
+    if builders and own and task.name not in builders:
         what = tasks_mod.get(builders[0]).extra_methods[strategy.method]
         names = ", ".join(builders)
         return f"{strategy.method!r} is a method of the task(s) {names} only ({what})"

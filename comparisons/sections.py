@@ -1,32 +1,23 @@
 """The three measured sections of the harness: drift, convergence, complexity.
 
-Each takes the checked options of its subcommand and a open
+Each takes the checked options of its subcommand and an open
 `stiefel.comparisons.store.RunStore`, stores every run as it finishes,
 then writes ``<section>.json``, ``<section>.csv``, ``<section>.md`` and its
 figures (PNG and SVG) from the stored runs and lists them in the manifest.
+The complexity section lives in `stiefel.comparisons.complexity`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
-from . import complexity as cx
-from . import plots, registry, roofline
-from . import tasks as tasks_mod
-from .conv_complexity import CONV_PLAN, QUICK_CONV_PLAN, conv_costs, conv_table
+from . import plots
+from .complexity import complexity_section
 from .grid import run_grid
 from .report import summarize_runs
-from .store import RunStore, run_key
-from .writers import md_table, save_figure, write_csv, write_json, write_text
+from .store import RunStore
+from .task import get as get_task
+from .writers import md_table, write_csv, write_json, write_text
 
 __all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
-
-
-def _figure(store: RunStore, fig, stem: str) -> list[str]:
-    store.path(stem + ".png")
-    store.path(stem + ".svg")
-    return save_figure(fig, store.root, stem)
 
 
 def _skipped_text(skipped: list[str]) -> str:
@@ -81,7 +72,7 @@ def drift_section(store: RunStore, opts: dict) -> list[dict]:
             if r["drift"][-1] is not None
         ],
     )
-    figs = _figure(store, plots.drift_figure(runs), "drift")
+    figs = plots.save(store, plots.drift_figure(runs), "drift")
     text = (
         f"{opts['steps']} steps per run on {', '.join(opts['tasks'])}; the drift of the "
         "constrained matrix after each recorded step.\n\n"
@@ -110,7 +101,7 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         rows = [s for s in summary if s["task"] == task]
         if not rows:
             continue
-        extra = [k for k in tasks_mod.get(task).table_metrics if k in rows[0]]
+        extra = [k for k in get_task(task).table_metrics if k in rows[0]]
         text.append(f"### {task}\n")
         if rows[0]["optimum"] is not None:
             text.append(
@@ -132,214 +123,10 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
             )
         )
         task_runs = [r for r in runs if r["task"] == task]
-        figs += _figure(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
+        figs += plots.save(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
     write_text(store.path("convergence.md"), "\n".join(text))
     store.end_section("convergence", ["convergence.md", *figs], skipped)
     return runs
-
-
-def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> list[float | None]:
-    """Fitted log–log exponents of ``keys`` against ``size`` over the sizes >= ``min_size``."""
-    rows = [r for r in rows if r[size] >= min_size]
-    if len({r[size] for r in rows}) < 2:
-        return [None for _ in keys]
-    out = []
-    for k in keys:
-        vals = [r[k] for r in rows]
-        ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
-        out.append(cx.fit_exponent([r[size] for r in rows], vals) if ok else None)
-    return out
-
-
-def _span(rows: list[dict], size: str, min_size: int) -> str:
-    sizes = sorted({r[size] for r in rows if r[size] >= min_size})
-    return f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else "–"
-
-
-def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
-    """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
-    fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
-    if not fitted:
-        return "none fitted (sizes too small, or no FLOP model declared)"
-    return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
-
-
-def _measure(store: RunStore, part: str, fn) -> Any:
-    key = run_key(part=part)
-    done = store.load_run("complexity", key)
-    if done is not None:
-        return done["value"]
-    value = fn()
-    store.save_run("complexity", key, {"value": value})
-    return value
-
-
-def complexity_section(store: RunStore, opts: dict) -> dict:
-    cx.check_options(opts)
-    store.begin_section("complexity", opts)
-    device, repeats = opts["device"], opts["repeats"]
-    limits = opts.get("limits") or {}
-    sizes, fractions = opts["sizes"], opts["fractions"]
-    methods = list(registry.maps())
-    shapes = [tuple(s) for s in opts["shapes"]]
-    rate = _measure(store, "gemm", lambda: cx.gemm_rate(n=min(max(sizes), 2048), device=device))
-    maps = _measure(
-        store, "maps", lambda: cx.map_costs(methods, sizes, fractions, repeats, device, limits)
-    )
-    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
-    rec = _measure(store, "recurrent", lambda: cx.recurrent_step_costs(sizes, 1 / 8, repeats))
-    small = max(sizes) < cx.FIT_MIN_N  # the quick preset: the small conv plan
-    plan = QUICK_CONV_PLAN if small else CONV_PLAN
-    conv = _measure(store, "conv", lambda: conv_costs(repeats, device, plan))
-    maps, steps = roofline.with_gemm_multiples(maps, steps, rate)
-    result = {
-        "gemm_flops_per_s": rate,
-        "maps": maps,
-        "optimizer_steps": steps,
-        "recurrent_steps": rec,
-        "conv_layers": conv,
-        "options": opts,
-    }
-    write_json(store.path("complexity.json"), result)
-    write_csv(store.path("complexity_maps.csv"), maps)
-    write_csv(store.path("complexity_optimizers.csv"), steps)
-    write_csv(store.path("complexity_recurrent.csv"), rec)
-    write_csv(store.path("complexity_conv.csv"), conv)
-    text = [_complexity_intro(rate, opts, sizes, shapes)]
-    text += _map_table(maps, methods, rate)
-    text += _step_table(steps, rate)
-    text.append("\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n")
-    text.append(
-        md_table(
-            ["model", "n", "FP flops", "BP flops", "FP [s]", "BP [s]"],
-            [
-                [r["model"], r["n"], r["fp_flops"], r["bp_flops"], r["forward_s"], r["backward_s"]]
-                for r in rec
-            ],
-        )
-    )
-    text += conv_table(conv, rate)
-    write_text(store.path("complexity.md"), "\n".join(text))
-    maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
-    figs = _figure(
-        store,
-        plots.complexity_figure(
-            maps_fig,
-            "n",
-            "forward_backward_s",
-            "series",
-            "Maps: forward + backward",
-            rate,
-            cx.FIT_MIN_N,
-            flops_key="forward_backward_flops",
-        ),
-        "complexity_maps",
-    )
-    figs += _figure(
-        store,
-        plots.complexity_figure(
-            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, cx.FIT_MIN_STEP_N
-        ),
-        "complexity_optimizers",
-    )
-    store.end_section("complexity", ["complexity.md", *figs])
-    return result
-
-
-def _complexity_intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
-    text = (
-        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s (the fastest of several "
-        f"products of size ≥ 512). Times are the fastest of {opts['repeats']} runs. Exponents are "
-        f"least-squares slopes of log time against log size over the sizes ≥ {cx.FIT_MIN_N} "
-        f"(maps) and N ≥ {cx.FIT_MIN_STEP_N} (steps), column *fitted over*; the model exponent "
-        "is that of the FLOP model over the same sizes.\n"
-    )
-    small = max(sizes) < cx.FIT_MIN_N or max(s[0] for s in shapes) < cx.FIT_MIN_STEP_N
-    if small:
-        text += (
-            "\n**These sizes are too small to show how cost grows**: below them per-call "
-            "overhead dominates, so the exponents are not fitted (–). For the paper-scale "
-            "measurement run `python -m stiefel.comparisons complexity --config "
-            "configs/complexity.toml`.\n"
-        )
-    return text
-
-
-def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
-    rows, pairs, multiples, bases = [], [], {}, set()
-    for method in methods:
-        info = registry.map_info(method)
-        for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
-            rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
-            big = max(rs, key=lambda r: r["n"])
-            fit_f, fit_fb, model = _fits(
-                rs, "n", ("forward_s", "forward_backward_s", "flops"), cx.FIT_MIN_N
-            )
-            pairs += [(fit_f, model), (fit_fb, model)]
-            rows.append(
-                [method, f"L = {frac:g}·n" if info.reflections else "–", info.formula or "–"]
-                + [info.domain or "–", big["n"], big["flops"], big["forward_s"]]
-                + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
-                + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
-                + [big["forward_x_gemm"], big["forward_backward_x_gemm"]]
-            )
-            label = f"{method}" + (f" L={frac:g}n" if info.reflections else "") + f" n={big['n']}"
-            multiples |= {
-                f"{label} fwd": big["forward_x_gemm"],
-                f"{label} fwd+bwd": big["forward_backward_x_gemm"],
-            }
-            bases.add(big["forward_backward_basis"])
-    head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
-    head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
-    head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
-    head += ["fwd × FLOPs at GEMM rate", "fwd+bwd × FLOPs at GEMM rate"]
-    return [
-        "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
-        md_table(head, rows),
-        f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
-        f"{_within(pairs)}.\n",
-        roofline.map_caption(bases),
-        roofline.gemm_goal_text(
-            multiples,
-            "maps, fwd and fwd+bwd",
-            max((r["n"] for r in maps), default=0),
-            roofline.GOAL_MAP_N,
-        ),
-    ]
-
-
-def _step_table(steps: list[dict], rate: float) -> list[str]:
-    known = registry.optimizer_steps()
-    rows, pairs, multiples = [], [], {}
-    for label in dict.fromkeys(r["optimizer"] for r in steps):
-        rs = [r for r in steps if r["optimizer"] == label]
-        big = max(rs, key=lambda r: r["N"])
-        fit, model = _fits(rs, "N", ("step_s", "flops"), cx.FIT_MIN_STEP_N)
-        modelled = math.isfinite(big["flops"])
-        pairs.append((fit, model if modelled else None))
-        formula = known[label][0].formula if label in known else ""
-        rows.append(
-            [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
-            + [big["step_s"], big["flops"] / rate if modelled else "–", big["peak_bytes"] / 2**20]
-            + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
-            + [big["step_x_gemm"] if modelled else "–"]
-        )
-        multiples[f"{label} N={big['N']} M={big['M']}"] = big["step_x_gemm"]
-    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
-    head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
-    head += ["step × FLOPs at GEMM rate"]
-    return [
-        "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
-        md_table(head, rows),
-        f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
-        roofline.STEP_CAPTION,
-        roofline.gemm_goal_text(
-            multiples,
-            "optimizer steps",
-            max((r["N"] for r in steps), default=0),
-            roofline.GOAL_STEP_N,
-        ),
-    ]
 
 
 SECTIONS = {

@@ -26,7 +26,7 @@ Example:
     ```
 
 A strategy that names no ``lr`` gets the ``--lr`` of the run, else the
-optimizer's declared default learning rate (`stiefel.comparisons.registry`).
+optimizer's declared default learning rate (`stiefel.optimizers.info`).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ class Strategy:
             return float(self.optimizer_options["lr"])
         if default is not None:
             return float(default)
-        from .registry import default_lr
+        from .. import optimizers
 
-        return default_lr(self.optimizer)
+        return optimizers.info(self.optimizer).default_lr
 
 
 def _value(text: str):

@@ -195,14 +195,15 @@ def test_complexity_subcommand(tmp_path, monkeypatch):
     assert "exponent fwd+bwd" in md and "CWY paper Table 2" in md
     assert "Fitted exponents within 0.3 of the FLOP model's (maps" in md
     # every registered map and every riemannian optimizer × variant is measured
-    from stiefel.comparisons import registry
+    from stiefel import parametrizations
+    from stiefel.comparisons.cost import optimizer_steps
 
-    assert methods == set(registry.maps())
-    assert {r["optimizer"] for r in data["optimizer_steps"]} >= set(registry.optimizer_steps())
+    assert methods == set(parametrizations.maps())
+    assert {r["optimizer"] for r in data["optimizer_steps"]} >= set(optimizer_steps())
     # the FLOP model of a reflection map is homogeneous of degree 3 in n at fixed L/n
     cwy = _table_row(md, "| method |", "| cwy | L = 0.5·n")
     assert cwy["model exponent"] == "3" and cwy["fitted over n"] == "8–16"
-    assert cwy["serial complexity"] == registry.map_info("cwy").formula
+    assert cwy["serial complexity"] == parametrizations.maps()["cwy"].formula
     assert float(cwy["peak fwd+bwd [MiB]"]) > 0
     landing = _table_row(md, "| optimizer |", "| landing")
     assert landing["exponent in N"] == landing["model exponent"] == "–"  # one size
@@ -223,7 +224,7 @@ def _table_row(md: str, header: str, row: str) -> dict[str, str]:
 def test_fit_exponent_matches_a_least_squares_reference():
     import numpy as np
 
-    from stiefel.comparisons.complexity import fit_exponent
+    from stiefel.comparisons.cost import fit_exponent
 
     sizes, times = [256, 512, 1024, 2048], [0.011, 0.07, 0.61, 4.2]
     ref = np.polyfit(np.log(sizes), np.log(times), 1)[0]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from stiefel import optimizers, parametrizations
-from stiefel.comparisons import cli, registry
+from stiefel.comparisons import cli, cost
 from stiefel.manifolds import kernels
 from stiefel.optimizers import RiemannianOptimizer
 
@@ -74,13 +74,12 @@ def plugins(monkeypatch):
 
 
 def test_plugins_are_read_from_the_registries(plugins):
-    assert MAP in registry.maps() and MAP in registry.methods()
-    info = registry.map_info(MAP)
-    assert info.formula == "n³ (SVD)" and info.flops(8, 4) == 22.0 * 8 * 16
-    assert not info.reflections and not info.operator
-    o = registry.optimizer_info(OPT)
+    assert MAP in parametrizations.maps() and MAP in parametrizations.available()
+    assert cost.map_flops(MAP, 8, 4) == 22.0 * 8 * 16
+    assert cost.forward_backward_flops(MAP, 8, 4, None) == (3 * 22.0 * 8 * 16, "3× forward")
+    o = optimizers.info(OPT)
     assert (o.default_lr, o.riemannian, o.flops(8, 4)) == (0.1, True, 8.0 * 8 * 16)
-    assert OPT in registry.optimizer_steps()
+    assert cost.optimizer_steps()[OPT] == (o, {})
 
 
 def test_plugins_run_in_every_subcommand(plugins, tmp_path):

@@ -8,6 +8,7 @@ line (``--task-option k=v``) and TOML configs reach them with no other edit.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ __all__ = [
     "options",
     "make",
     "check_options",
+    "import_modules",
     "extra_methods",
     "digits_split",
     "real_dtype",
@@ -257,3 +259,20 @@ def make(name: str, dtype: torch.dtype, device: torch.device, seed: int, **opts:
     """Instantiate the task ``name`` with its options (checked against its signature)."""
     check_options(name, opts)
     return get(name)(dtype, device, seed, **opts)
+
+
+def import_modules(names: list[str]) -> None:
+    """Import the modules ``names`` (e.g. ``experiments.lipschitz``), which register tasks.
+
+    The harness's ``--import MODULE`` and a config's ``imports = [...]``: the
+    paper reproductions of a checkout's ``experiments/`` are not installed and
+    register their tasks this way (run from the checkout's root).
+    """
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(
+                f"imports: cannot import {name!r} ({exc}); allowed: an importable module, e.g. "
+                "experiments.lipschitz from the root of a checkout"
+            ) from exc
