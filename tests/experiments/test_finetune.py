@@ -9,10 +9,10 @@ import torch.nn.functional as F
 pytest.importorskip("peft")
 pytest.importorskip("sklearn")
 
+from experiments.finetune import ADAPTERS, rotations  # noqa: E402
 from stiefel.comparisons import cli, tasks  # noqa: E402
 from stiefel.comparisons.grid import plan  # noqa: E402
 from stiefel.comparisons.runner import RunConfig, run  # noqa: E402
-from experiments.finetune import ADAPTERS, rotations  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # PEFT BOFT: no CUDA extension
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import experiments.lipschitz  # noqa: F401  (registers lipschitz_digits)
-from stiefel.comparisons import tasks
 from experiments.lipschitz_net import LipschitzNet, maxmin, operator_norm
+from stiefel.comparisons import tasks
 from stiefel.comparisons.runner import RunConfig, run
 
 

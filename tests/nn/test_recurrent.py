@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from stiefel.comparisons.tasks.sequence import LSTMBaseline
 from stiefel.comparisons.runner import RunConfig, run
+from stiefel.comparisons.tasks.sequence import LSTMBaseline
 from stiefel.nn import ModReLU, OrthogonalRNN, OrthogonalRNNCell
 from stiefel.nn.recurrent import has_operator
 from stiefel.parametrizations import available
