@@ -85,7 +85,7 @@ def write_report(store: RunStore) -> str:
         parts.append(f"## {title}\n")
         for name in sec["outputs"]:
             if name.endswith(".md"):
-                parts.append((store.root / name).read_text())
+                parts.append(store.inside(name).read_text())
             elif name.endswith(".png"):
                 parts.append(f"![{name[:-4]}]({name})\n")
     write_text(store.path("report.md"), "\n".join(parts))

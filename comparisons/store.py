@@ -6,10 +6,16 @@ file, then a rename), and the manifest ``manifest.json`` is rewritten after
 it: the options of each section, the versions of python, torch and stiefel,
 start and end times, the state (``running``, ``finished``, ``interrupted``)
 and the list of runs. A process killed at any point leaves whole files only;
-``--resume`` then skips every run whose record exists for the same options.
-A lock file ``.lock`` holding the writer's pid refuses a second writer; a lock
-left by a dead process is taken over. Every path is checked to lie inside
-``--out`` after resolving links, so nothing is written outside it.
+``--resume`` then skips every run whose record exists for the same options
+(each record holds its section's options: with the manifest lost, a record of
+other options is run again, never reused). A lock file ``.lock`` holding the
+writer's pid refuses a second writer: it appears with the pid already in it
+(written to a temporary file, then linked into place), and a pid-less lock (a
+writer of another kind, between creating and writing it) counts as held for
+`LOCK_GRACE_S`; a lock left by a dead process is taken over. Every path
+written, and every path read from ``--out`` (the manifest's run files and
+outputs), must resolve inside ``--out``, so nothing outside it is written,
+deleted or read.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import os
 import pathlib
 import platform
 import re
+import tempfile
+import time
 from typing import Any
 
 from .writers import write_json
@@ -29,6 +37,8 @@ __all__ = ["RunStore", "OutputLocked", "run_key", "normalize"]
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+#: seconds a lock without a pid counts as held (its owner may be about to write the pid)
+LOCK_GRACE_S = 60.0
 
 
 class OutputLocked(RuntimeError):
@@ -148,26 +158,40 @@ class RunStore:
 
     def _lock(self) -> None:
         lock = self.root / LOCK
-        for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    pid = int(lock.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise OutputLocked(
-                        f"--out {self.out} is being written by another process (pid {pid}, "
-                        f"lock file {lock}); wait for it to end or choose another --out"
-                    ) from None
-                lock.unlink(missing_ok=True)  # a stale lock of a dead process
-                continue
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".lock.", suffix=".tmp")
+        try:
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
-            self._locked = True
-            return
+            for _ in range(2):
+                try:
+                    os.link(tmp, lock)  # atomic: the lock appears with the pid in it
+                except FileExistsError:
+                    self._take_over(lock)
+                    continue
+                self._locked = True
+                return
+        finally:
+            os.unlink(tmp)
         raise OutputLocked(f"--out {self.out}: could not take the lock {lock}")
+
+    def _take_over(self, lock: pathlib.Path) -> None:
+        """Remove ``lock`` if its writer is dead; OutputLocked while it may be alive."""
+        try:
+            text, age = lock.read_text().strip(), time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        pid = int(text) if text.isdigit() else 0
+        if pid and pid != os.getpid() and _alive(pid):
+            held = f"pid {pid}"
+        elif not pid and age < LOCK_GRACE_S:
+            held = f"no pid yet, created {age:.0f} s ago"
+        else:
+            lock.unlink(missing_ok=True)  # a stale lock of a dead process
+            return
+        raise OutputLocked(
+            f"--out {self.out} is being written by another process ({held}, lock file "
+            f"{lock}); wait for it to end or choose another --out"
+        )
 
     def _unlock(self) -> None:
         if self._locked:
@@ -186,6 +210,17 @@ class RunStore:
         if not (inside == self.root or inside.is_relative_to(self.root)):
             raise ValueError(
                 f"refusing to write {p}: it is a link to {inside}, outside --out {self.root}"
+            )
+        return p
+
+    def inside(self, rel: str) -> pathlib.Path:
+        """``out/rel`` for a path read from ``--out``; ValueError unless it resolves inside."""
+        assert self.root is not None, "RunStore is not open"
+        p = self.root / rel
+        if not p.resolve().is_relative_to(self.root):
+            raise ValueError(
+                f"{MANIFEST} of --out {self.out} names {rel!r}, which resolves to {p.resolve()}, "
+                "outside --out; remove that entry, or the manifest, or choose another --out"
             )
         return p
 
@@ -214,8 +249,8 @@ class RunStore:
                     f"for {', '.join(diff)}; resume with the same options or use another --out"
                 )
         if old is not None and (self.overwrite or not self.resume):
-            for run in old["runs"]:
-                (self.root / run["file"]).unlink(missing_ok=True)
+            for path in [self.inside(run["file"]) for run in old["runs"]]:  # all checked first
+                path.unlink(missing_ok=True)
             old = None
         sec = old or {"options": opts, "runs": [], "outputs": [], "skipped": []}
         sec.update(state="running", started=sec.get("started") or _now(), ended=None)
@@ -237,7 +272,8 @@ class RunStore:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        if data.get("key") != key:
+        options = self.manifest["sections"][section]["options"]
+        if data.get("key") != key or data.get("options") != options:
             return None
         self._list(section, key, data.get("finished"))
         return data["record"]
@@ -245,9 +281,10 @@ class RunStore:
     def save_run(self, section: str, key: str, record: dict[str, Any]) -> None:
         """Write a finished run's record now, then list it in the manifest."""
         finished = _now()
+        sec_options = self.manifest["sections"][section]["options"]
         write_json(
             self.path(self._file(section, key)),
-            {"key": key, "finished": finished, "record": record},
+            {"key": key, "options": sec_options, "finished": finished, "record": record},
         )
         self._list(section, key, finished)
 
