@@ -115,11 +115,12 @@ def _any(name: str, v: Any) -> Any:
 
 
 #: modules imported before the run, which register tasks or complexity parts (e.g.
-#: ``experiments.lipschitz`` from a checkout)
+#: ``experiments.lipschitz`` from a checkout); ``try_imports`` only where they are there
 COMMON: dict[str, Callable[[str, Any], Any]] = {
     "out": _any,
     "device": _str,
     "imports": _list(_str, nonempty=False),
+    "try_imports": _list(_str, nonempty=False),
 }
 TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "tasks": _list(_str),
@@ -273,11 +274,11 @@ def resolve(
         raw.append((preset("quick").get(command, {}), "configs/quick.toml"))
     raw += _layers(command, load_toml(config), f"--config {config}", quick)
     raw.append((flags, "option"))
-    imports: list[str] = []
+    imports: dict[str, list[str]] = {"imports": [], "try_imports": []}
     for values, where in raw:
-        if "imports" in values:
-            imports = _layer(schema, {"imports": values["imports"]}, where)["imports"]
-    tasks_mod.import_modules(imports)
+        imports.update(_layer(schema, {k: values[k] for k in imports if k in values}, where))
+    tasks_mod.import_modules(imports["imports"])
+    tasks_mod.import_modules(imports["try_imports"], required=False)
     layers = [_layer(schema, values, where) for values, where in raw]
     opts: dict[str, Any] = {}
     preset_options: set[str] = set()

@@ -30,20 +30,10 @@ from torch.utils._pytree import tree_flatten
 from .. import optimizers, parametrizations
 
 __all__ = [
-    "timed",
-    "run_times",
-    "fastest_time",
-    "gemm_rate",
-    "peak_bytes",
-    "saved_bytes",
-    "fit_exponent",
-    "gemm_multiple",
-    "map_flops",
-    "forward_backward_flops",
-    "optimizer_steps",
-    "GEOOPT_STEPS",
+    "timed", "run_times", "fastest_time", "gemm_rate", "peak_bytes", "saved_bytes", "fit_exponent",
+    "gemm_multiple", "map_flops", "forward_backward_flops", "optimizer_steps", "GEOOPT_STEPS",
     "FWD_BWD_FACTOR",
-]
+]  # fmt: skip
 
 #: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
 GEOOPT_STEPS = (
@@ -56,7 +46,6 @@ GEOOPT_STEPS = (
 FWD_BWD_FACTOR = 3.0
 
 
-# ----------------------------------------------------------------------------- time
 def _sync() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -121,7 +110,6 @@ def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7
     return 2 * n**3 / fastest_time(lambda: a @ b, repeats, warmup=1)
 
 
-# ----------------------------------------------------------------------------- bytes
 class _HeldBytes(TorchDispatchMode):
     """Counts the bytes of the storages torch ops create, until each is freed.
 
@@ -200,7 +188,6 @@ def saved_bytes(fn) -> int:
     return total
 
 
-# ----------------------------------------------------------------------------- models
 def fit_exponent(sizes: list[float], values: list[float]) -> float:
     """Least-squares slope of log(value) against log(size).
 

@@ -30,6 +30,7 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
     strategies = [parse_strategy(s) for s in opts["strategies"]]
     parse("none+" + opts["others"])  # the optimizer of the other weights parses
     jobs, skipped = [], []
+    shared = {k: opts.get(k) for k in ("steps", "device", "record_every", "others", "lr")}
     for task in opts["tasks"]:
         cls = tasks_mod.get(task)
         topts = task_options_for(task, opts)
@@ -57,21 +58,10 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
                     text = cls.extra_methods[s.method]  # a task-built model is real
                     skipped.append(f"{s.name} on {task} [{dtype}]: {text} is real")
                     continue
-                for seed in range(opts["seeds"]):
-                    jobs.append(
-                        RunConfig(
-                            task,
-                            s.name,
-                            seed,
-                            opts["steps"],
-                            dtype,
-                            opts["device"],
-                            opts["record_every"],
-                            topts,
-                            opts["others"],
-                            opts.get("lr"),
-                        )
-                    )
+                jobs += [
+                    RunConfig(task, s.name, seed, dtype=dtype, task_options=topts, **shared)
+                    for seed in range(opts["seeds"])
+                ]
     return jobs, skipped
 
 

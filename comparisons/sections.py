@@ -2,20 +2,25 @@
 
 Each takes the checked options of its subcommand and an open
 `stiefel.comparisons.store.RunStore`, stores every run as it finishes,
-then writes ``<section>.json``, ``<section>.csv``, ``<section>.md`` and its
-figures (PNG and SVG) from the stored runs and lists them in the manifest.
-The complexity section lives in `stiefel.comparisons.complexity`.
+then writes ``<section>.md`` and its figures (PNG and SVG) from the stored
+runs and lists them in the manifest; the store writes the long table.
+The complexity section measures with the plans of `stiefel.comparisons.complexity`.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+from .. import parametrizations
+from . import complexity as cx
 from . import plots
-from .complexity import complexity_section
+from .cost import FWD_BWD_FACTOR, fit_exponent, gemm_rate, optimizer_steps
 from .grid import run_grid
 from .report import summarize_runs
-from .store import RunStore
+from .store import RunStore, run_key
 from .task import get as get_task
-from .writers import md_table, write_csv, write_json, write_text
+from .writers import md_table, write_text
 
 __all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
 
@@ -41,21 +46,6 @@ def _setup_text(opts: dict, runs: list[dict]) -> str:
 
 def drift_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "drift", opts)
-    write_json(store.path("drift.json"), {"options": opts, "runs": runs})
-    rows = [
-        {
-            "task": r["task"],
-            "strategy": r["strategy"],
-            "dtype": r["dtype"],
-            "seed": r["seed"],
-            "step": s,
-            "drift": d,
-            "loss": v,
-        }
-        for r in runs
-        for s, d, v in zip(r["step"], r["drift"], r["loss"], strict=True)
-    ]
-    write_csv(store.path("drift.csv"), rows)
     table = md_table(
         ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"],
         [
@@ -88,8 +78,6 @@ def drift_section(store: RunStore, opts: dict) -> list[dict]:
 def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "convergence", opts)
     summary = summarize_runs(runs)
-    write_json(store.path("convergence.json"), {"options": opts, "runs": runs, "summary": summary})
-    write_csv(store.path("convergence.csv"), summary)
     text = [
         f"{opts['steps']} steps, {opts['seeds']} seeds, mean ± std over seeds. A run *failed* "
         "when it diverged or ended no better than chance (loss above the baseline, or a "
@@ -127,6 +115,171 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     write_text(store.path("convergence.md"), "\n".join(text))
     store.end_section("convergence", ["convergence.md", *figs], skipped)
     return runs
+
+
+def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> list[float | None]:
+    """Fitted log–log exponents of ``keys`` against ``size`` over the sizes >= ``min_size``."""
+    rows = [r for r in rows if r[size] >= min_size]
+    if len({r[size] for r in rows}) < 2:
+        return [None for _ in keys]
+    out = []
+    for k in keys:
+        vals = [r[k] for r in rows]
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
+        out.append(fit_exponent([r[size] for r in rows], vals) if ok else None)
+    return out
+
+
+def _span(rows: list[dict], size: str, min_size: int) -> str:
+    sizes = sorted({r[size] for r in rows if r[size] >= min_size})
+    return f"{sizes[0]}–{sizes[-1]}" if len(sizes) > 1 else "–"
+
+
+def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
+    """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
+    fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
+    if not fitted:
+        return "none fitted (sizes too small, or no FLOP model declared)"
+    return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
+
+
+def _measure(store, part: str, fn) -> Any:
+    key = run_key(part=part)
+    done = store.load_run("complexity", key)
+    if done is not None:
+        return done["value"]
+    value = fn()
+    store.save_run("complexity", key, {"value": value})
+    return value
+
+
+def complexity_section(store, opts: dict) -> dict:
+    """Measure the maps, the optimizer steps and the registered parts."""
+    store.begin_section("complexity", opts)
+    device, repeats = opts["device"], opts["repeats"]
+    limits = opts.get("limits") or {}
+    sizes, fractions = opts["sizes"], opts["fractions"]
+    methods = list(parametrizations.maps())
+    shapes = [tuple(s) for s in opts["shapes"]]
+    rate = _measure(store, "gemm", lambda: gemm_rate(n=min(max(sizes), 2048), device=device))
+    maps = _measure(
+        store, "maps", lambda: cx.map_costs(methods, sizes, fractions, repeats, device, limits)
+    )
+    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
+    parts = {name: _measure(store, name, lambda m=m: m(opts)) for name, (m, _) in cx.PARTS.items()}
+    maps, steps = cx.with_gemm_multiples(maps, steps, rate)
+    text = [_intro(rate, opts, sizes, shapes)]
+    text += _map_table(maps, methods, rate)
+    text += _step_table(steps, rate)
+    for name, rows in parts.items():
+        text += cx.PARTS[name][1](rows, rate)
+    write_text(store.path("complexity.md"), "\n".join(text))
+    figs = plots.save(
+        store,
+        plots.complexity_figure(
+            maps,
+            "n",
+            "forward_backward_s",
+            "label",
+            "Maps: forward + backward",
+            rate,
+            cx.FIT_MIN_N,
+            flops_key="forward_backward_flops",
+        ),
+        "complexity_maps",
+    )
+    figs += plots.save(
+        store,
+        plots.complexity_figure(
+            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, cx.FIT_MIN_STEP_N
+        ),
+        "complexity_optimizers",
+    )
+    store.end_section("complexity", ["complexity.md", *figs])
+    return {"gemm_flops_per_s": rate, "maps": maps, "optimizer_steps": steps, **parts}
+
+
+def _intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
+    text = (
+        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s (the fastest of several "
+        f"products of size ≥ 512). Times are the fastest of {opts['repeats']} runs. Exponents are "
+        f"least-squares slopes of log time against log size over the sizes ≥ {cx.FIT_MIN_N} "
+        f"(maps) and N ≥ {cx.FIT_MIN_STEP_N} (steps), column *fitted over*; the model exponent "
+        "is that of the FLOP model over the same sizes.\n"
+    )
+    if max(sizes) < cx.FIT_MIN_N or max(s[0] for s in shapes) < cx.FIT_MIN_STEP_N:
+        text += (
+            "\n**These sizes are too small to show how cost grows**: below them per-call "
+            "overhead dominates, so the exponents are not fitted (–). For the paper-scale "
+            "measurement run `python -m stiefel.comparisons complexity --config "
+            "configs/complexity.toml`.\n"
+        )
+    return text
+
+
+def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
+    rows, pairs, bases = [], [], set()
+    registered = parametrizations.maps()
+    for method in methods:
+        cls = registered[method]
+        for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
+            rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
+            big = max(rs, key=lambda r: r["n"])
+            fit_f, fit_fb, model = _fits(
+                rs, "n", ("forward_s", "forward_backward_s", "flops"), cx.FIT_MIN_N
+            )
+            pairs += [(fit_f, model), (fit_fb, model)]
+            rows.append(
+                [method, f"L = {frac:g}·n" if cls.takes_reflections() else "–"]
+                + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"], big["forward_s"]]
+                + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
+                + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
+                + [big["forward_x_gemm"], big["forward_backward_x_gemm"]]
+            )
+            bases.add(big["forward_backward_basis"])
+    head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
+    head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
+    head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
+    head += ["fwd × FLOPs at GEMM rate", "fwd+bwd × FLOPs at GEMM rate"]
+    return [
+        "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
+        md_table(head, rows),
+        f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
+        f"{_within(pairs)}.\n",
+        "\n*× FLOPs at GEMM rate* = measured time / (FLOP model / measured GEMM rate): how "
+        "many times slower than running the modelled FLOPs at the GEMM rate. Forward+backward "
+        f"FLOPs here: {' and '.join(sorted(bases)) or '–'} (the class's forward + backward "
+        f"model where it declares one, else {FWD_BWD_FACTOR:g}× the forward model: the "
+        "backward of each product is two products of its size).\n",
+    ]
+
+
+def _step_table(steps: list[dict], rate: float) -> list[str]:
+    known = optimizer_steps()
+    rows, pairs = [], []
+    for label in dict.fromkeys(r["optimizer"] for r in steps):
+        rs = [r for r in steps if r["optimizer"] == label]
+        big = max(rs, key=lambda r: r["N"])
+        fit, model = _fits(rs, "N", ("step_s", "flops"), cx.FIT_MIN_STEP_N)
+        modelled = math.isfinite(big["flops"])
+        pairs.append((fit, model if modelled else None))
+        formula = known[label][0].formula if label in known else ""
+        rows.append(
+            [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
+            + [big["step_s"], big["flops"] / rate if modelled else "–", big["peak_bytes"] / 2**20]
+            + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
+            + [big["step_x_gemm"] if modelled else "–"]
+        )
+    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
+    head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
+    head += ["step × FLOPs at GEMM rate"]
+    return [
+        "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
+        md_table(head, rows),
+        f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
+        "\n*step × FLOPs at GEMM rate* = step time / (FLOP model / measured GEMM rate); a step "
+        "has no backward (its gradient is given); – where the optimizer declares no FLOP model.\n",
+    ]
 
 
 SECTIONS = {

@@ -1,4 +1,4 @@
-"""Durable results: one folder (``--out``), a manifest, one JSON file per run, a lock.
+"""Durable results: one folder (``--out``), a manifest, one JSON file per run, a lock, the table.
 
 Note [Durable runs]
 A run's record is written the moment it finishes (atomically: a temporary
@@ -15,7 +15,8 @@ writer of another kind, between creating and writing it) counts as held for
 `LOCK_GRACE_S`; a lock left by a dead process is taken over. Every path
 written, and every path read from ``--out`` (the manifest's run files and
 outputs), must resolve inside ``--out``, so nothing outside it is written,
-deleted or read.
+deleted or read. Each finished section rewrites the long table ``results.jsonl``
+from the runs the manifest lists (`stiefel.comparisons.table`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ import tempfile
 import time
 from typing import Any
 
-from .writers import write_json
+from .table import dumps, run_rows
+from .writers import write_json, write_text
 
 __all__ = ["RunStore", "OutputLocked", "run_key", "normalize"]
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+TABLE = "results.jsonl"
 #: seconds a lock without a pid counts as held (its owner may be about to write the pid)
 LOCK_GRACE_S = 60.0
 
@@ -103,13 +106,8 @@ class RunStore:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            state = "finished"
-        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            state = "interrupted"
-        else:
-            state = "failed"
-        self.close(state)
+        stopped = exc_type and issubclass(exc_type, (KeyboardInterrupt, SystemExit))
+        self.close("finished" if exc_type is None else "interrupted" if stopped else "failed")
 
     def open(self) -> None:
         try:
@@ -296,7 +294,13 @@ class RunStore:
         self.save_manifest()
 
     def end_section(self, name: str, outputs: list[str], skipped: list[str] = ()) -> None:
-        """Mark section ``name`` finished with the files its report part uses."""
+        """Mark section ``name`` finished with the files its report part uses; write the table."""
         sec = self.manifest["sections"][name]
         sec.update(state="finished", ended=_now(), outputs=list(outputs), skipped=list(skipped))
         self.save_manifest()
+        rows = []
+        for section, sec in self.manifest["sections"].items():
+            for run in sec["runs"]:
+                data = json.loads(self.inside(run["file"]).read_text())
+                rows += run_rows(section, json.loads(data["key"]), data["record"])
+        write_text(self.path(TABLE), dumps(rows))

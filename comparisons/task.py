@@ -18,19 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "Task",
-    "register",
-    "available",
-    "get",
-    "options",
-    "make",
-    "check_options",
-    "import_modules",
-    "extra_methods",
-    "digits_split",
-    "real_dtype",
-    "Classification",
-]
+    "Task", "register", "available", "get", "options", "make", "check_options", "import_modules",
+    "extra_methods", "digits_split", "real_dtype", "Classification",
+]  # fmt: skip
 
 _TASKS: dict[str, type[Task]] = {}
 _FIXED = ("self", "dtype", "device", "seed")
@@ -261,18 +251,27 @@ def make(name: str, dtype: torch.dtype, device: torch.device, seed: int, **opts:
     return get(name)(dtype, device, seed, **opts)
 
 
-def import_modules(names: list[str]) -> None:
+def import_modules(names: list[str], required: bool = True) -> None:
     """Import the modules ``names`` (e.g. ``experiments.lipschitz``), which register tasks.
 
     The harness's ``--import MODULE`` and a config's ``imports = [...]``: the
     paper reproductions of a checkout's ``experiments/`` are not installed and
-    register their tasks this way (run from the checkout's root).
+    register their tasks this way (run from the checkout's root). With
+    ``required=False`` (a config's ``try_imports``) a module that is not there
+    is skipped, with a note the first time.
     """
     for name in names:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            raise ValueError(
-                f"imports: cannot import {name!r} ({exc}); allowed: an importable module, e.g. "
-                "experiments.lipschitz from the root of a checkout"
-            ) from exc
+        except ModuleNotFoundError as exc:
+            if required or not (exc.name and name.startswith(exc.name)):
+                raise ValueError(
+                    f"imports: cannot import {name!r} ({exc}); allowed: an importable module, "
+                    "e.g. experiments.lipschitz from the root of a checkout"
+                ) from exc
+            if name not in _SKIPPED:
+                _SKIPPED.add(name)
+                print(f"not imported (not in this installation): {name}", flush=True)
+
+
+_SKIPPED: set[str] = set()

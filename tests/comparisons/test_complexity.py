@@ -1,7 +1,6 @@
 """The complexity section's measuring tools: peak memory, the measurement plans, and the
 measured time as a multiple of the FLOP model at the GEMM rate."""
 
-import csv
 import itertools
 import json
 import math
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from stiefel import optimizers, parametrizations
-from stiefel.comparisons import cli, complexity, cost
+from stiefel.comparisons import cli, complexity, cost, table
 from stiefel.comparisons.complexity import map_plan, step_plan
 from stiefel.comparisons.cost import peak_bytes
 
@@ -142,7 +141,15 @@ def _md_rows(md: str, header: str) -> list[dict[str, str]]:
     return rows
 
 
-def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatch):
+def _rows(out, task: str) -> list[dict]:
+    """The table's rows of complexity part ``task`` regrouped as measured rows."""
+    rows: dict[tuple, dict] = {}
+    for r in table.read(out, section="complexity", task=task):
+        rows.setdefault((r["strategy"], r["step"]), {})[r["metric"]] = r["value"]
+    return list(rows.values())
+
+
+def test_section_writes_the_column_to_the_table_and_markdown(tmp_path, monkeypatch):
     # a fake timer: the k-th timing returns k ms, so forward, forward+backward and steps differ
     ticks = itertools.count(1)
     fake = lambda fn, *a, **k: 1e-3 * next(ticks)  # noqa: E731
@@ -150,34 +157,20 @@ def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatc
     monkeypatch.setattr(complexity, "fastest_time", fake)
     argv = ["complexity", "--out", str(tmp_path), "--sizes", "8", "--fractions", "0.5", "1"]
     cli.main(argv + ["--repeats", "1", "--shapes", "32x4"])
-    data = json.loads((tmp_path / "complexity.json").read_text())
-    rate = data["gemm_flops_per_s"]
+    (rate,) = [r["value"] for r in table.read(tmp_path, task="gemm")]
     assert rate == approx(2 * 512**3 / 1e-3)  # the first timing: the GEMM rate's
-    maps, steps = data["maps"], data["optimizer_steps"]
+    maps, steps = _rows(tmp_path, "maps"), _rows(tmp_path, "steps")
     assert {r["method"] for r in maps} == set(parametrizations.maps())
-    for r in maps:
-        fwd = _map_model(r["method"], r["n"], r["L"])
+    for r in maps:  # the multiples the markdown must show, from the table's raw values
+        fwd = _map_model(r["method"], 8, r["L"])
         assert r["forward_s"] != r["forward_backward_s"]
-        assert r["forward_x_gemm"] == approx(r["forward_s"] / (fwd / rate), rel=1e-9)
-        want = r["forward_backward_s"] / (3 * fwd / rate)
-        assert r["forward_backward_x_gemm"] == approx(want, rel=1e-9)
+        r["forward_x_gemm"] = r["forward_s"] / (fwd / rate)
+        r["forward_backward_x_gemm"] = r["forward_backward_s"] / (3 * fwd / rate)
     assert {r["optimizer"] for r in steps} >= set(cost.optimizer_steps())
-    for r in steps:
-        if r["optimizer"] in cost.optimizer_steps():
-            model = _step_model(r["optimizer"], r["N"], r["M"])
-            if not math.isnan(model):
-                assert r["step_x_gemm"] == approx(r["step_s"] / (model / rate), rel=1e-9)
-    # the CSVs carry the same values
-    with open(tmp_path / "complexity_maps.csv") as f:
-        csv_maps = list(csv.DictReader(f))
-    assert [float(r["forward_backward_x_gemm"]) for r in csv_maps] == approx(
-        [r["forward_backward_x_gemm"] for r in maps], rel=1e-12
-    )
-    with open(tmp_path / "complexity_optimizers.csv") as f:
-        csv_steps = {r["optimizer"]: r for r in csv.DictReader(f)}
-    for r in steps:
-        if not math.isnan(r["step_x_gemm"]):
-            assert float(csv_steps[r["optimizer"]]["step_x_gemm"]) == approx(r["step_x_gemm"])
+    for r in steps:  # geoopt's steps have no FLOP model: no multiple
+        known = r["optimizer"] in cost.optimizer_steps()
+        model = _step_model(r["optimizer"], 32, r["M"]) if known else math.nan
+        r["step_x_gemm"] = r["step_s"] / (model / rate)
     # the markdown tables: one row per map × L/n, one per step, with the column
     md = (tmp_path / "complexity.md").read_text()
     assert "Forward+backward FLOPs here: 3× forward (" in md  # the caption names the basis

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from stiefel.comparisons import cli
+from stiefel.comparisons import cli, table
 from stiefel.comparisons.store import OutputLocked, RunStore
 
 RUN = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--dtype", "float64"]
@@ -222,8 +222,8 @@ def test_runs_of_other_options_are_not_reused_without_the_manifest(tmp_path, cap
     longer = [*TINY, "--steps", "6"]  # the last flag wins
     cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *longer])
     assert "already done" not in capsys.readouterr().out
-    (run,) = json.loads((tmp_path / "drift.json").read_text())["runs"]
-    assert run["step"][-1] == 5  # trained again for 6 steps, not the stored 4-step run
+    (final,) = table.read(tmp_path, metric="final_loss")
+    assert final["step"] == 5  # trained again for 6 steps, not the stored 4-step run
     (tmp_path / "manifest.json").unlink()  # same options: the stored run is reused
     cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *longer])
     assert "1 of 1 runs already done" in capsys.readouterr().out
