@@ -174,27 +174,15 @@ def complexity_section(store, opts: dict) -> dict:
     for name, rows in parts.items():
         text += cx.PARTS[name][1](rows, rate)
     write_text(store.path("complexity.md"), "\n".join(text))
-    figs = plots.save(
-        store,
-        plots.complexity_figure(
-            maps,
-            "n",
-            "forward_backward_s",
-            "label",
-            "Maps: forward + backward",
-            rate,
-            cx.FIT_MIN_N,
-            flops_key="forward_backward_flops",
-        ),
-        "complexity_maps",
-    )
-    figs += plots.save(
-        store,
-        plots.complexity_figure(
-            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, cx.FIT_MIN_STEP_N
-        ),
-        "complexity_optimizers",
-    )
+    figs, fb = [], "forward_backward"
+    for rows, x, y, group, title, fit, flops, stem in (
+        (maps, "n", f"{fb}_s", "label", "Maps: forward + backward", cx.FIT_MIN_N,
+         f"{fb}_flops", "maps"),
+        (steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", cx.FIT_MIN_STEP_N,
+         "flops", "optimizers"),
+    ):  # fmt: skip
+        fig = plots.complexity_figure(rows, x, y, group, title, rate, fit, flops_key=flops)
+        figs += plots.save(store, fig, f"complexity_{stem}")
     store.end_section("complexity", ["complexity.md", *figs])
     return {"gemm_flops_per_s": rate, "maps": maps, "optimizer_steps": steps, **parts}
 

@@ -198,27 +198,18 @@ class RunStore:
 
     # ------------------------------------------------------------------ paths
     def path(self, rel: str) -> pathlib.Path:
-        """``out/rel``, refused when it (or a folder on the way) leads outside ``out``."""
-        assert self.root is not None, "RunStore is not open"
-        p = self.root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        inside = p.parent.resolve()
-        if p.is_symlink() or p.exists():
-            inside = p.resolve()
-        if not (inside == self.root or inside.is_relative_to(self.root)):
-            raise ValueError(
-                f"refusing to write {p}: it is a link to {inside}, outside --out {self.root}"
-            )
-        return p
+        """``out/rel`` to write, refused when it (or a folder on the way) leads outside ``out``."""
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        return self.inside(rel, "a link to")
 
-    def inside(self, rel: str) -> pathlib.Path:
-        """``out/rel`` for a path read from ``--out``; ValueError unless it resolves inside."""
+    def inside(self, rel: str, why: str = f"named in {MANIFEST}:") -> pathlib.Path:
+        """``out/rel`` (a path read from ``--out``); ValueError unless it resolves inside."""
         assert self.root is not None, "RunStore is not open"
         p = self.root / rel
         if not p.resolve().is_relative_to(self.root):
             raise ValueError(
-                f"{MANIFEST} of --out {self.out} names {rel!r}, which resolves to {p.resolve()}, "
-                "outside --out; remove that entry, or the manifest, or choose another --out"
+                f"refusing {rel!r} in --out {self.out}, {why} {p.resolve()}, outside --out; "
+                "remove it (or the manifest), or choose another --out"
             )
         return p
 

@@ -198,7 +198,7 @@ def test_overwrite_deletes_no_file_a_crafted_manifest_names_outside_out(tmp_path
     victim.write_text("precious")
     name = "../victim.txt" if where == "relative" else str(victim)
     _crafted_manifest(tmp_path / "out", runs=[{"key": "k", "file": name, "finished": None}])
-    with pytest.raises(ValueError, match=f"names {name!r}.*outside --out"):
+    with pytest.raises(ValueError, match=f"refusing {name!r} .* named in manifest.*outside --out"):
         cli.main(["drift", "--out", str(tmp_path / "out"), "--overwrite", "--seeds", "1", *TINY])
     assert victim.read_text() == "precious"
     assert not (tmp_path / "out" / ".lock").exists()
@@ -210,7 +210,7 @@ def test_report_copies_no_file_a_crafted_manifest_names_outside_out(tmp_path, wh
     secret.write_text("SECRET outside --out")
     name = "../secret.md" if where == "relative" else str(secret)
     _crafted_manifest(tmp_path / "out", outputs=[name])
-    with pytest.raises(ValueError, match=f"names {name!r}.*outside --out"):
+    with pytest.raises(ValueError, match=f"refusing {name!r} .* named in manifest.*outside --out"):
         cli.main(["report", "--out", str(tmp_path / "out")])
     report = tmp_path / "out" / "report.md"
     assert not report.exists() or "SECRET" not in report.read_text()
