@@ -34,7 +34,8 @@ subcommands: drift, convergence, complexity, report, and quick (a small run of
 all three plus the report, a few minutes on 2 cores). Options come, later
 winning, from the defaults, a TOML file (--config: top-level keys, then the
 table named after the subcommand, [quick] under quick), then the flags.
-Results go to --out: one JSON per run as it finishes, manifest.json, report.md.
+Results go to --out: one JSON per run as it finishes, manifest.json, the long
+table results.jsonl, report.md.
 """
 
 #: Note [Dependency warnings]: geoopt decorates functions with torch.jit.script,
@@ -165,9 +166,7 @@ def parser() -> argparse.ArgumentParser:
 def _flags(args: argparse.Namespace) -> dict:
     skip = {"command", "config", "threads", "resume", "overwrite"}
     flags = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
-    if "task_options" in flags:
-        flags["task_options"] = dict(flags["task_options"])
-    return flags
+    return {k: dict(v) if k == "task_options" else v for k, v in flags.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

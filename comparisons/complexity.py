@@ -132,20 +132,13 @@ def map_costs(
         def fwd_bwd(w=w, c=c):
             (w() * c).sum().backward()
 
-        rows.append(
-            {
-                "label": f"{method} L={frac:g}n",  # the series: one per method and L/n
-                "method": method,
-                "n": n,
-                "L": L,
-                "fraction": frac,
-                "forward_s": fastest_time(fwd, repeats),
-                "forward_backward_s": fastest_time(fwd_bwd, repeats),
-                "saved_bytes": saved_bytes(lambda w=w, c=c: (w() * c).sum()),
-                "peak_bytes": peak_bytes(fwd_bwd, device),
-                "flops": map_flops(method, n, n, L if reflections else None),
-            }
-        )
+        # the label names the series: one per method and L/n
+        row = dict(label=f"{method} L={frac:g}n", method=method, n=n, L=L, fraction=frac)
+        row.update(forward_s=fastest_time(fwd, repeats))
+        row.update(forward_backward_s=fastest_time(fwd_bwd, repeats))
+        row.update(saved_bytes=saved_bytes(lambda w=w, c=c: (w() * c).sum()))
+        row.update(peak_bytes=peak_bytes(fwd_bwd, device))
+        rows.append(dict(row, flops=map_flops(method, n, n, L if reflections else None)))
     return rows
 
 

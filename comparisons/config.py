@@ -11,6 +11,7 @@ the option and what is allowed.
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -40,12 +41,13 @@ def _int(lo: int) -> Callable[[str, Any], Any]:
     return check
 
 
-def _positive_number(name: str, v: Any) -> Any:
-    if v is None:
-        return v
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ValueError(f"{name}={v!r}; allowed: a number > 0")
-    return float(v)
+def _number(hi: float, allowed: str) -> Callable[[str, Any], Any]:
+    def check(name: str, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi:
+            raise ValueError(f"{name}={v!r}; allowed: {allowed}")
+        return float(v)
+
+    return check
 
 
 def _str(name: str, v: Any) -> Any:
@@ -73,12 +75,6 @@ def _dtype(name: str, v: Any) -> Any:
     if v not in PRECISIONS:
         raise ValueError(f"{name}={v!r}; allowed: {', '.join(PRECISIONS)}")
     return v
-
-
-def _fraction(name: str, v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ValueError(f"{name}={v!r}; allowed: L/n in (0, 1]")
-    return float(v)
 
 
 def _shape(name: str, v: Any) -> Any:
@@ -131,7 +127,7 @@ TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "record_every": _int(1),
     "jobs": _int(1),
     "others": _str,
-    "lr": _positive_number,
+    "lr": _number(math.inf, "a number > 0"),
     "task_options": _dict,
     **{k: _any for k in TASK_SHORTCUTS},  # checked against each task's signature
 }
@@ -141,7 +137,7 @@ SCHEMA: dict[str, dict[str, Callable[[str, Any], Any]]] = {
     "complexity": {
         **COMMON,
         "sizes": _list(_int(2)),
-        "fractions": _list(_fraction),
+        "fractions": _list(_number(1.0, "L/n in (0, 1]")),
         "repeats": _int(1),
         "shapes": _list(_shape),
         "limits": _limits,
@@ -236,24 +232,12 @@ def _layer(schema: dict, values: dict, where: str) -> dict:
 def _merge(opts: dict, layer: dict) -> None:
     """``opts`` updated by ``layer``; task options and limits add up key by key."""
     for k, v in layer.items():
-        if k in ("task_options", "limits") and isinstance(opts.get(k), dict):
-            opts[k] = {**opts[k], **v}
-        else:
-            opts[k] = v
+        opts[k] = {**opts[k], **v} if k in ("task_options", "limits") and k in opts else v
 
 
 def preset(name: str) -> dict:
     """The preset file ``configs/<name>.toml`` (``defaults`` or ``quick``), checked."""
     return load_toml(PRESETS / f"{name}.toml")
-
-
-def _layers(command: str, cfg: dict, where: str, quick: bool) -> list[tuple[dict, str]]:
-    tables = (*SCHEMA, "quick")
-    out = [({k: v for k, v in cfg.items() if k not in tables}, where)]
-    out.append((cfg.get(command, {}), where))
-    if quick:
-        out.append((cfg.get("quick", {}), where))
-    return out
 
 
 def resolve(
@@ -269,25 +253,27 @@ def resolve(
     """
     schema = SCHEMA[command]
     flags = {k: v for k, v in flags.items() if v is not None}
+    cfg, where = load_toml(config), f"--config {config}"
+    top = {k: v for k, v in cfg.items() if k not in (*SCHEMA, "quick")}
     raw = [(preset("defaults").get(command, {}), "configs/defaults.toml")]
-    if quick:
-        raw.append((preset("quick").get(command, {}), "configs/quick.toml"))
-    raw += _layers(command, load_toml(config), f"--config {config}", quick)
+    raw += [(preset("quick").get(command, {}), "configs/quick.toml")] if quick else []
+    raw += [(top, where), (cfg.get(command, {}), where)]
+    raw += [(cfg.get("quick", {}), where)] if quick else []
     raw.append((flags, "option"))
     imports: dict[str, list[str]] = {"imports": [], "try_imports": []}
     for values, where in raw:
         imports.update(_layer(schema, {k: values[k] for k in imports if k in values}, where))
     tasks_mod.import_modules(imports["imports"])
     tasks_mod.import_modules(imports["try_imports"], required=False)
-    layers = [_layer(schema, values, where) for values, where in raw]
     opts: dict[str, Any] = {}
-    preset_options: set[str] = set()
-    for i, layer in enumerate(layers):
+    preset_options: set[str] = set()  # the task options only the presets set
+    for values, where in raw:
+        layer = _layer(schema, values, where)
         _merge(opts, layer)
-        if raw[i][1].startswith("configs/"):
-            preset_options |= set(layer.get("task_options") or {})
-        else:
-            preset_options -= set(layer.get("task_options") or {})
+        given = set(layer.get("task_options") or {})
+        preset_options = (
+            preset_options | given if where.startswith("configs/") else preset_options - given
+        )
     opts.setdefault("device", "cpu")
     opts["out"] = pathlib.Path(opts.get("out") or "results")
     if "tasks" in opts:

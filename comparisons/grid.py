@@ -93,10 +93,10 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
             _run_parallel(store, section, jobs, todo, records, opts, bar)
         else:
             for i in todo:
+                j = jobs[i]
                 if bar is not None:
-                    j = jobs[i]
                     bar.set_postfix_str(f"{j.task} {j.strategy} {j.dtype} seed {j.seed}")
-                records[i] = run(jobs[i], bar)
+                records[i] = run(j, bar)
                 store.save_run(section, _key(jobs[i]), records[i])
     finally:
         if bar is not None:

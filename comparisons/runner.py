@@ -14,6 +14,7 @@ from ..manifolds import kernels
 from . import task as tasks_mod
 from .precision import precision
 from .strategies import Strategy, parse
+from .table import SERIES
 
 __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 
@@ -104,22 +105,10 @@ def run(cfg: RunConfig, progress=None) -> dict:
     model = task.build(strategy.method, strategy.method_options)  # in the task's dtype
     opts = build_optimizers(task, model, strategy, cfg.others, cfg.lr)
 
-    record = {
-        "task": cfg.task,
-        "strategy": strategy.name,
-        "seed": cfg.seed,
-        "dtype": cfg.dtype,
-        "device": cfg.device,
-        "task_options": task.describe(),
-        "lr": strategy.lr(cfg.lr),
-        "optimum": task.optimum,
-        "baseline": task.baseline,
-        "step": [],
-        "loss": [],
-        "time": [],
-        "drift": [],
-        "diverged": False,
-    }
+    record = dict(task=cfg.task, strategy=strategy.name, seed=cfg.seed, dtype=cfg.dtype)
+    record.update(device=cfg.device, task_options=task.describe(), lr=strategy.lr(cfg.lr))
+    record.update(optimum=task.optimum, baseline=task.baseline, diverged=False)
+    record.update({k: [] for k in ("step", *SERIES)})
     elapsed = 0.0
     for step in range(cfg.steps):
         t0 = time.perf_counter()
@@ -135,10 +124,9 @@ def run(cfg: RunConfig, progress=None) -> dict:
         elapsed += time.perf_counter() - t0
         value = float(loss.detach())
         if step % cfg.record_every == 0 or step == cfg.steps - 1 or not math.isfinite(value):
-            record["step"].append(step)
-            record["loss"].append(value)
-            record["time"].append(elapsed)
-            record["drift"].append(_drift(task, model))
+            now = (step, value, elapsed, _drift(task, model))
+            for k, v in zip(("step", *SERIES), now, strict=True):
+                record[k].append(v)
         if progress is not None:
             progress.update(1)
         if not math.isfinite(value):

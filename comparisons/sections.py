@@ -39,36 +39,27 @@ def _setup_text(opts: dict, runs: list[dict]) -> str:
             lines.append(f"- {task}: {sizes}")
     lrs = {r["strategy"]: r["lr"] for r in runs}
     lines.append("- learning rates: " + ", ".join(f"{s}: {lr:g}" for s, lr in lrs.items()))
-    if any(r["task"] in ("copying", "adding", "digits") for r in runs):
+    if any(get_task(t).kind == "sequence" for t in {r["task"] for r in runs}):
         lines.append(f"- other weights of the recurrent models: {opts['others']}")
     return "\n".join(lines) + "\n\n"
 
 
 def drift_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "drift", opts)
-    table = md_table(
-        ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"],
-        [
-            [
-                r["task"],
-                r["strategy"],
-                r["dtype"],
-                r["lr"],
-                r["step"][-1] + 1,
-                r["drift"][-1],
-                max(d for d in r["drift"] if d is not None),
-            ]
-            for r in runs
-            if r["drift"][-1] is not None
-        ],
-    )
+    head = ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"]
+    body = [
+        [r["task"], r["strategy"], r["dtype"], r["lr"], r["step"][-1] + 1, r["drift"][-1]]
+        + [max(d for d in r["drift"] if d is not None)]
+        for r in runs
+        if r["drift"][-1] is not None
+    ]
     figs = plots.save(store, plots.drift_figure(runs), "drift")
     text = (
         f"{opts['steps']} steps per run on {', '.join(opts['tasks'])}; the drift of the "
         "constrained matrix after each recorded step.\n\n"
         + _setup_text(opts, runs)
         + _skipped_text(skipped)
-        + table
+        + md_table(head, body)
     )
     write_text(store.path("drift.md"), text)
     store.end_section("drift", ["drift.md", *figs], skipped)
@@ -97,19 +88,15 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
             )
         elif rows[0]["baseline"] is not None:
             text.append(f"baseline (chance level): {rows[0]['baseline']:.6g}\n\n")
-        text.append(
-            md_table(
-                ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
-                + ["max drift", "time [s]", "failed"]
-                + extra,
-                [
-                    [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
-                    + [s.get("gap"), s["max_drift"], s["time_s"], f"{s['failed']} of {s['seeds']}"]
-                    + [s[k] for k in extra]
-                    for s in rows
-                ],
-            )
-        )
+        head = ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
+        head += ["max drift", "time [s]", "failed", *extra]
+        body = [
+            [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
+            + [s.get("gap"), s["max_drift"], s["time_s"], f"{s['failed']} of {s['seeds']}"]
+            + [s[k] for k in extra]
+            for s in rows
+        ]
+        text.append(md_table(head, body))
         task_runs = [r for r in runs if r["task"] == task]
         figs += plots.save(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
     write_text(store.path("convergence.md"), "\n".join(text))

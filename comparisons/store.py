@@ -32,6 +32,9 @@ import tempfile
 import time
 from typing import Any
 
+import torch
+
+from .. import __version__ as version
 from .table import dumps, run_rows
 from .writers import write_json, write_text
 
@@ -70,14 +73,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def versions() -> dict[str, str]:
-    import torch
-
-    from .. import __version__
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "stiefel": __version__}
 
 
 class RunStore:
@@ -123,8 +118,9 @@ class RunStore:
         if path.exists():
             self.manifest = json.loads(path.read_text())
         self.manifest.setdefault("sections", {})
+        v = {"python": platform.python_version(), "torch": torch.__version__, "stiefel": version}
         self.manifest.update(
-            state="running", pid=os.getpid(), started=_now(), ended=None, versions=versions()
+            state="running", pid=os.getpid(), started=_now(), ended=None, versions=v
         )
         self.save_manifest()
 

@@ -19,7 +19,7 @@ from torch import nn
 
 __all__ = [
     "Task", "register", "available", "get", "options", "make", "check_options", "import_modules",
-    "extra_methods", "digits_split", "real_dtype", "Classification",
+    "extra_methods", "digits_split", "Classification",
 ]  # fmt: skip
 
 _TASKS: dict[str, type[Task]] = {}
@@ -32,12 +32,6 @@ def positive_int(task: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"task {task!r}: {name}={value!r}; allowed: an integer >= 1")
     return value
-
-
-def real_dtype(task: str, dtype: torch.dtype) -> None:
-    """ValueError naming the task when ``dtype`` is complex (a task on real data only)."""
-    if dtype.is_complex:
-        raise ValueError(f"task {task!r}: dtype={dtype}; allowed: float32, float64 (a real task)")
 
 
 def digits_split(task: str, generator: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments import real_dtype
 from experiments.transformer import BLOCK_LINEARS, TinyEncoder
 from stiefel.comparisons.cost import fastest_time, peak_bytes
 from stiefel.comparisons.task import (
@@ -45,7 +46,6 @@ from stiefel.comparisons.task import (
     Task,
     digits_split,
     positive_int,
-    real_dtype,
     register,
 )
 from stiefel.parametrizations import Rotation, available, rotate

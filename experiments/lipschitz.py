@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments import real_dtype
 from experiments.lipschitz_net import LipschitzNet
 from stiefel.comparisons.task import (
     Classification,
     Task,
     digits_split,
     positive_int,
-    real_dtype,
     register,
 )
 

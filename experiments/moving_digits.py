@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments import real_dtype
 from experiments.video_models import VARIANTS, VideoPredictor, parameter_count
-from stiefel.comparisons.task import Task, digits_split, positive_int, real_dtype, register
+from stiefel.comparisons.task import Task, digits_split, positive_int, register
 
 __all__ = ["MovingDigits", "moving_digits"]
 

@@ -1,9 +1,6 @@
-"""Tasks of the comparison harness, registered by name (`register`).
-
-The generic tasks live here; the paper reproductions that bring their own
-models (moving digits, the Lipschitz classifier, fine-tuning) live in the
-checkout's ``experiments/`` and register on import (``--import``, or
-``imports = [...]`` in a TOML config).
+"""The generic tasks of the harness, registered by name (`register`); the paper
+reproductions with their own models register from the checkout's ``experiments/``
+(``--import``, or ``imports = [...]`` in a TOML config).
 """
 
 from __future__ import annotations

@@ -40,42 +40,23 @@ class _SequenceTask(Task):
     n_out = 1
 
     def __init__(
-        self,
-        dtype,
-        device,
-        seed,
-        n: int = 64,
-        batch: int = 64,
-        operator: bool | str = "auto",
-        nonpositive_bias: bool = False,
-    ):
+        self, dtype, device, seed, n: int = 64, batch: int = 64,
+        operator: bool | str = "auto", nonpositive_bias: bool = False,
+    ):  # fmt: skip
         super().__init__(dtype, device, seed)
         self.n = positive_int(self.name, "n", n)
         self.batch = positive_int(self.name, "batch", batch)
         self.operator = operator
         self.nonpositive_bias = nonpositive_bias
 
-    @property
-    def complex(self) -> bool:
-        return self.dtype.is_complex
-
     def build(self, method: str, method_options: dict) -> nn.Module:
-        real = self.dtype.to_real()
+        real, size = self.dtype.to_real(), (self.n_in, self.n, self.n_out)
         if method == "lstm":
-            return LSTMBaseline(self.n_in, self.n, self.n_out, dtype=real).to(self.device)
-        return OrthogonalRNN(
-            self.n_in,
-            self.n,
-            self.n_out,
-            method=method,
-            method_options=method_options,
-            complex=self.complex,
-            init="henaff",
-            operator=self.operator,
-            nonpositive_bias=self.nonpositive_bias,
-            generator=self.generator,
-            dtype=real,
-        ).to(self.device)
+            return LSTMBaseline(*size, dtype=real).to(self.device)
+        opts = dict(operator=self.operator, nonpositive_bias=self.nonpositive_bias)
+        opts.update(method=method, method_options=method_options, complex=self.dtype.is_complex)
+        model = OrthogonalRNN(*size, init="henaff", generator=self.generator, dtype=real, **opts)
+        return model.to(self.device)
 
     def constrained(self, model: nn.Module) -> nn.Module | None:
         return getattr(model, "transition", None)
