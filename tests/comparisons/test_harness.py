@@ -184,14 +184,14 @@ def test_complexity_subcommand(tmp_path, monkeypatch):
     )
     (rate,) = table.read(tmp_path, task="gemm")
     assert rate["value"] > 0
-    maps = table.read(tmp_path, task="maps", metric="forward_s")
-    methods = {r["strategy"] for r in maps}
+    maps = table.read(tmp_path, task="maps", metric="method")  # one row per measured map
+    methods = {r["value"] for r in maps}
     assert {"householder", "cwy", "exp", "cayley"} <= methods
     # limits: exp only up to n = 8, landing only up to N = 32; the others at every size
-    assert {r["step"] for r in maps if r["strategy"] == "exp"} == {8}
-    assert {r["step"] for r in maps if r["strategy"] == "cwy"} == {8, 16}
-    steps = table.read(tmp_path, task="steps", metric="step_s")
-    assert {r["step"] for r in steps if r["strategy"] == "landing"} == {32}
+    assert {r["step"] for r in maps if r["value"] == "exp"} == {8}
+    assert {r["step"] for r in maps if r["value"] == "cwy"} == {8, 16}
+    steps = table.read(tmp_path, task="steps", metric="optimizer")
+    assert {r["step"] for r in steps if r["value"] == "landing"} == {32}
     # the default limit on geoopt's canonical N×N step stays beside the config's
     limits = json.loads((tmp_path / "manifest.json").read_text())["sections"]["complexity"]
     assert limits["options"]["limits"]["geoopt RiemannianSGD CanonicalStiefel"] == 16384
@@ -204,7 +204,7 @@ def test_complexity_subcommand(tmp_path, monkeypatch):
     from stiefel.comparisons.cost import optimizer_steps
 
     assert methods == set(parametrizations.maps())
-    assert {r["strategy"] for r in steps} >= set(optimizer_steps())
+    assert {r["value"] for r in steps} >= set(optimizer_steps())
     # the FLOP model of a reflection map is homogeneous of degree 3 in n at fixed L/n
     cwy = _table_row(md, "| method |", "| cwy | L = 0.5·n")
     assert cwy["model exponent"] == "3" and cwy["fitted over n"] == "8–16"

@@ -102,10 +102,10 @@ def test_plugins_run_in_every_subcommand(plugins, tmp_path):
         ["complexity", "--out", str(out), "--sizes", "4", "8", "--fractions", "1"]
         + ["--repeats", "1", "--shapes", "16x2"]
     )
-    polar = table.read(out, task="maps", strategy=MAP, metric="flops")
+    polar = table.read(out, task="maps", strategy=f"{MAP} L=1n", metric="flops")
     assert [r["step"] for r in polar] == [4, 8] and polar[0]["value"] == 22.0 * 4**3
-    (flops,) = table.read(out, task="steps", strategy=OPT, metric="flops")
-    (step_s,) = table.read(out, task="steps", strategy=OPT, metric="step_s")
+    (flops,) = table.read(out, task="steps", strategy=f"{OPT} M=2", metric="flops")
+    (step_s,) = table.read(out, task="steps", strategy=f"{OPT} M=2", metric="step_s")
     assert flops["value"] == 8.0 * 16 * 4 and step_s["value"] > 0
     assert "n³ (SVD)" in (out / "complexity.md").read_text()
     assert torch.isfinite(torch.tensor(step_s["value"]))
