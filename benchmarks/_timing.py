@@ -1,6 +1,6 @@
 """Timing and table helpers of the benchmark scripts (not installed: run from a checkout).
 
-The timed loop is the harness's (`stiefel.comparisons.timing`); the
+The timed loop is the harness's (`stiefel.comparisons.cost`); the
 benchmarks, which compare libraries measured side by side, report its median
 (`median_time`) or adapt the number of runs to the cost of the first call
 (`measure`). Tables and JSON go through `stiefel.comparisons.writers`.
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from stiefel.comparisons import timing
+from stiefel.comparisons import cost as timing
 from stiefel.comparisons.config import parse_shape
 from stiefel.comparisons.writers import md_table as table
 from stiefel.comparisons.writers import write_json

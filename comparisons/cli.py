@@ -9,7 +9,6 @@ Argument parsing only: options are merged and checked in
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import pathlib
 import signal
@@ -19,11 +18,12 @@ import warnings
 
 import torch
 
-from . import config, registry
-from . import tasks as tasks_mod
+from .. import optimizers, parametrizations
+from . import config, tasks
 from .report import write_report
 from .sections import SECTIONS
 from .store import OutputLocked, RunStore
+from .strategies import literal
 
 __all__ = ["main", "run"]
 
@@ -34,7 +34,8 @@ subcommands: drift, convergence, complexity, report, and quick (a small run of
 all three plus the report, a few minutes on 2 cores). Options come, later
 winning, from the defaults, a TOML file (--config: top-level keys, then the
 table named after the subcommand, [quick] under quick), then the flags.
-Results go to --out: one JSON per run as it finishes, manifest.json, report.md.
+Results go to --out: one JSON per run as it finishes, manifest.json, the long
+table results.jsonl, report.md.
 """
 
 #: Note [Dependency warnings]: geoopt decorates functions with torch.jit.script,
@@ -55,10 +56,7 @@ def _task_option(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--task-option {text!r}; expected KEY=VALUE, e.g. T=50")
     key, value = text.split("=", 1)
-    try:
-        return key.strip(), ast.literal_eval(value.strip())
-    except (ValueError, SyntaxError):
-        return key.strip(), value.strip()
+    return key.strip(), literal(value.strip())
 
 
 def _shape(text: str) -> list[int]:
@@ -69,74 +67,76 @@ def _shape(text: str) -> list[int]:
 
 
 def _default(command: str, key: str) -> str:
-    d = config.DEFAULTS.get(command, {}).get(key)
+    d = config.preset("defaults").get(command, {}).get(key)
     if isinstance(d, list):
         d = " ".join(map(str, d))
     return f" (default: {d})" if d is not None else ""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default: results)"
-    )
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
-    p.add_argument("--config", type=pathlib.Path, default=None, help="a TOML file of options")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument(
-        "--resume", action="store_true", help="continue the runs in --out, skipping finished ones"
-    )
-    p.add_argument(
-        "--overwrite", action="store_true", help="replace the results of this subcommand in --out"
-    )
-
-
-def _training(p: argparse.ArgumentParser, c: str) -> None:
-    _common(p)
-    p.add_argument(
-        "--tasks", nargs="+", default=None, help="registered tasks" + _default(c, "tasks")
-    )
-    p.add_argument(
-        "--strategies", nargs="+", default=None, help="METHOD+OPTIMIZER" + _default(c, "strategies")
-    )
-    p.add_argument("--dtype", dest="dtypes", nargs="+", default=None, help=_default(c, "dtypes"))
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0, 1, …" + _default(c, "seeds"))
-    p.add_argument("--steps", type=int, default=None, help=_default(c, "steps"))
-    p.add_argument("--record-every", type=int, default=None, help=_default(c, "record_every"))
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help="learning rate of strategies that name none (default: the optimizer's declared one)",
-    )
-    p.add_argument(
+#: (flag, keywords of add_argument, default-key) of every subcommand's options; a
+#: default-key names the option whose configs/defaults.toml value the help shows
+COMMON = [
+    ("--out", dict(type=pathlib.Path, help="results folder (default: results)"), None),
+    ("--device", dict(help="cpu or cuda (default: cpu)"), None),
+    ("--config", dict(type=pathlib.Path, help="a TOML file of options"), None),
+    ("--threads", dict(type=int, help="torch CPU threads (default: torch's)"), None),
+    ("--resume", dict(action="store_true", help="continue the runs in --out"), None),
+    ("--overwrite", dict(action="store_true", help="replace this subcommand's results"), None),
+    (
+        "--import",
+        dict(dest="imports", action="append", metavar="MODULE", help="import MODULE first "
+             "(repeatable): it registers tasks, e.g. experiments.lipschitz from a checkout"),
+        None,
+    ),
+]  # fmt: skip
+TRAINING = [
+    ("--tasks", dict(nargs="+", help="registered tasks"), "tasks"),
+    ("--strategies", dict(nargs="+", help="METHOD+OPTIMIZER"), "strategies"),
+    ("--dtype", dict(dest="dtypes", nargs="+", help=""), "dtypes"),
+    ("--seeds", dict(type=int, help="seeds 0, 1, …"), "seeds"),
+    ("--steps", dict(type=int, help=""), "steps"),
+    ("--record-every", dict(type=int, help=""), "record_every"),
+    ("--lr", dict(type=float, help="lr of strategies that name none (default: declared)"), None),
+    (
         "--task-option",
-        dest="task_options",
-        type=_task_option,
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="a task option (repeatable), for the tasks that take it; see the list below",
-    )
-    p.add_argument("--n", type=int, default=None, help="task option n (matrix / hidden size)")
-    p.add_argument("--m", type=int, default=None, help="task option m (columns)")
-    p.add_argument("--T", type=int, default=None, help="task option T (sequence length)")
-    p.add_argument("--batch", type=int, default=None, help="task option batch")
-    p.add_argument("--permute", action="store_true", default=None, help="task option permute")
-    p.add_argument("--others", default=None, help="optimizer of the unconstrained weights")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: 1)")
+        dict(dest="task_options", type=_task_option, action="append", metavar="KEY=VALUE",
+             help="a task option (repeatable), for the tasks that take it; see the list below"),
+        None,
+    ),
+    ("--n", dict(type=int, help="task option n (matrix / hidden size)"), None),
+    ("--m", dict(type=int, help="task option m (columns)"), None),
+    ("--T", dict(type=int, help="task option T (sequence length)"), None),
+    ("--batch", dict(type=int, help="task option batch"), None),
+    ("--permute", dict(action="store_true", help="task option permute"), None),
+    ("--others", dict(help="optimizer of the unconstrained weights"), None),
+    ("--jobs", dict(type=int, help="worker processes (default: 1)"), None),
+]  # fmt: skip
+COMPLEXITY = [
+    ("--sizes", dict(type=int, nargs="+", help=""), "sizes"),
+    ("--fractions", dict(type=float, nargs="+", help="L / n"), None),
+    ("--repeats", dict(type=int, help=""), "repeats"),
+    ("--shapes", dict(type=_shape, nargs="+", help="St(N, M) shapes as NxM (4096x64)"), None),
+]
+
+
+def _add(p: argparse.ArgumentParser, command: str, options: list) -> argparse.ArgumentParser:
+    for flag, kw, key in [*COMMON, *options]:
+        help_text = kw["help"] + (_default(command, key) if key else "")
+        p.add_argument(flag, **{"default": None, **kw, "help": help_text})
+    return p
 
 
 def _epilog() -> str:
-    maps = ", ".join(registry.methods())
-    opts = ", ".join(registry.optimizer_names())
+    maps = ", ".join(parametrizations.available())
+    opts = ", ".join(optimizers.available())
     lines = [
         f"methods: {maps}, and those a task builds itself (listed under the task)",
         f"optimizers: {opts}",
         "tasks:",
     ]
-    for t in tasks_mod.available():
-        cls = tasks_mod.get(t)
-        o = ", ".join(f"{k}={v!r}" for k, v in tasks_mod.options(t).items())
+    for t in tasks.available():
+        cls = tasks.get(t)
+        o = ", ".join(f"{k}={v!r}" for k, v in tasks.options(t).items())
         lines.append(f"  {t} ({cls.kind}): {o}")
         if cls.extra_methods:
             own = "; ".join(f"{m}: {what}" for m, what in cls.extra_methods.items())
@@ -151,32 +151,22 @@ def parser() -> argparse.ArgumentParser:
         prog="stiefel-compare", description=DESCRIPTION, epilog=_epilog(), formatter_class=fmt
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("drift", "‖XᴴX − I‖_F against step"),
-        ("convergence", "loss against step and wall time"),
+    for name, text, options in (
+        ("drift", "‖XᴴX − I‖_F against step", TRAINING),
+        ("convergence", "loss against step and wall time", TRAINING),
+        ("complexity", "time and memory against size", COMPLEXITY),
+        ("report", "gather the results in --out into report.md", []),
+        ("quick", "a small run of everything and the report", []),
     ):
-        _training(sub.add_parser(name, help=text, epilog=_epilog(), formatter_class=fmt), name)
-    c = sub.add_parser("complexity", help="time and memory against size", formatter_class=fmt)
-    _common(c)
-    c.add_argument(
-        "--sizes", type=int, nargs="+", default=None, help=_default("complexity", "sizes")
-    )
-    c.add_argument("--fractions", type=float, nargs="+", default=None, help="L / n")
-    c.add_argument("--repeats", type=int, default=None, help=_default("complexity", "repeats"))
-    c.add_argument(
-        "--shapes", type=_shape, nargs="+", default=None, help="St(N, M) shapes as NxM (4096x64)"
-    )
-    _common(sub.add_parser("report", help="gather the results in --out into report.md"))
-    _common(sub.add_parser("quick", help="a small run of everything and the report"))
+        epilog = _epilog() if options is TRAINING else None
+        _add(sub.add_parser(name, help=text, epilog=epilog, formatter_class=fmt), name, options)
     return p
 
 
 def _flags(args: argparse.Namespace) -> dict:
     skip = {"command", "config", "threads", "resume", "overwrite"}
     flags = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
-    if "task_options" in flags:
-        flags["task_options"] = dict(flags["task_options"])
-    return flags
+    return {k: dict(v) if k == "task_options" else v for k, v in flags.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SECTIONS) if quick else [args.command] if args.command in SECTIONS else []
     flags = _flags(args)
     opts = {s: config.resolve(s, flags, args.config, quick) for s in names}  # all checks first
-    out = config.resolve("report", {"out": flags.get("out")}, args.config)["out"]
+    only = {k: flags.get(k) for k in ("out", "imports")}
+    out = config.resolve("report", only, args.config)["out"]
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with RunStore(out, resume=args.resume, overwrite=args.overwrite) as store:

@@ -1,137 +1,34 @@
-"""Options of the harness: defaults, the ``quick`` preset, TOML merging and validation.
+"""Options of the harness: the presets, TOML merging and validation, in one place.
 
-Each subcommand's options come, later winning, from its defaults, the quick
-preset (``quick`` only), the TOML file's top-level keys, its table named after
+Each subcommand's options come, later winning, from its defaults
+(``configs/defaults.toml``), the quick preset (``configs/quick.toml``,
+``quick`` only), the ``--config`` file's top-level keys, its table named after
 the subcommand (and ``[quick]`` under ``quick``), then the command-line flags.
-Every value is checked here, before any training: a wrong type, an
-out-of-range number or an unknown key raises naming the option and what is
-allowed.
+Every value of every layer is checked here, and only here, before any
+training: a wrong type, an out-of-range number or an unknown key raises naming
+the option and what is allowed.
 """
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
-import torch
+from .. import parametrizations
+from . import task as tasks_mod
+from .cost import GEOOPT_STEPS, optimizer_steps
+from .precision import PRECISIONS
 
-from . import tasks as tasks_mod
-from .complexity import GEOOPT_STEPS
-
-__all__ = [
-    "DEFAULTS",
-    "QUICK",
-    "SECTIONS",
-    "TASK_SHORTCUTS",
-    "PRECISIONS",
-    "precision",
-    "resolve",
-    "parse_shape",
-    "load_toml",
-    "task_options_for",
-]
+__all__ = ["SECTIONS", "TASK_SHORTCUTS", "preset", "resolve", "parse_shape", "load_toml"]
+__all__ += ["task_options_for"]
 
 SECTIONS = ("drift", "convergence", "complexity")
 #: flags kept as shortcuts for task options of the same name (applied to the tasks that take them)
 TASK_SHORTCUTS = ("n", "m", "T", "batch", "k", "permute")
-
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "drift": dict(
-        tasks=["procrustes"],
-        strategies=[
-            "householder+adam",
-            "cwy+adam",
-            "exp+adam",
-            "cayley+adam",
-            "riemannian+rgd(retraction=cayley)",
-            "riemannian+rgd(retraction=qr)",
-            "riemannian+radam",
-            "riemannian+landing",
-        ],
-        steps=2000,
-        seeds=1,
-        dtypes=["float32", "float64"],
-        record_every=20,
-        task_options={"n": 64},
-    ),
-    "convergence": dict(
-        tasks=["procrustes", "brockett", "copying", "adding", "digits"],
-        strategies=[
-            "cwy+adam",
-            "exp+adam",
-            "scaled_cayley+rmsprop",
-            "riemannian+rgd(metric=canonical,retraction=cayley)",
-            "riemannian+radam",
-            "riemannian+landing",
-            "lstm+rmsprop",
-        ],
-        steps=2000,
-        seeds=3,
-        dtypes=["float32"],
-        record_every=20,
-        task_options={},
-    ),
-    "complexity": dict(
-        sizes=[128, 256, 512, 1024],
-        fractions=[1 / 16, 1 / 4, 1.0],
-        repeats=7,
-        shapes=[[1024, 64], [2048, 64], [4096, 64]],
-        # geoopt's canonical step forms an N×N matrix: 1 GiB and a minute at N = 16384
-        limits={label: 16384 for label in GEOOPT_STEPS if "Canonical" in label},
-    ),
-}
-for _training in ("drift", "convergence"):
-    DEFAULTS[_training].update(jobs=1, others="adam(lr=1e-3)", lr=None)
-
-#: Note [Quick preset]
-#: ``quick`` must finish in about three minutes on two cores and still show what
-#: the papers claim: matrix problems reach their optimum, the digits classifier
-#: beats chance, the drift of parametrizations stays at rounding level. Memory
-#: tasks (copying, adding) need thousands of steps at T = 100 to leave their
-#: baseline, so they are left to configs/copying.toml and configs/adding.toml;
-#: complexity sizes this small are overhead-bound, so no exponent is fitted
-#: there (complexity.FIT_MIN_N). One learning rate serves every task of a run:
-#: rgd at 0.05 solves Procrustes in 200 steps but leaves the digits RNN at chance,
-#: 0.01 the reverse; landing, which shows its pull back to the manifold in the
-#: drift section, diverged on the digits RNN at 0.02 and 0.005 (measured), so it
-#: is left out of the quick convergence section.
-QUICK: dict[str, dict[str, Any]] = {
-    "drift": dict(
-        tasks=["procrustes"],
-        steps=300,
-        record_every=10,
-        jobs=2,
-        task_options={"n": 24, "m": 8},
-        strategies=[
-            "cwy+adam(lr=0.01)",
-            "exp+adam(lr=0.01)",
-            "riemannian+rgd(lr=0.05,retraction=cayley)",
-            "riemannian+rgd(lr=0.05,retraction=qr)",
-            "riemannian+landing(lr=0.02)",
-        ],
-    ),
-    "convergence": dict(
-        tasks=["procrustes", "brockett", "digits"],
-        steps=200,
-        seeds=2,
-        record_every=10,
-        jobs=2,
-        task_options={"n": 16, "m": 4, "batch": 32},
-        strategies=[
-            "cwy+adam(lr=0.01)",
-            "scaled_cayley+rmsprop(lr=0.001)",
-            "riemannian+rgd(lr=0.02,metric=canonical,retraction=cayley)",
-            "lstm+rmsprop(lr=0.003)",
-        ],
-    ),
-    "complexity": dict(
-        sizes=[32, 64, 128],
-        fractions=[1 / 4, 1.0],
-        repeats=3,
-        shapes=[[256, 16], [512, 16], [1024, 16]],
-    ),
-}
+#: the presets: configs/defaults.toml and configs/quick.toml (Note [Quick preset] there)
+PRESETS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
 # ----------------------------------------------------------------------------- validators
@@ -144,12 +41,13 @@ def _int(lo: int) -> Callable[[str, Any], Any]:
     return check
 
 
-def _positive_number(name: str, v: Any) -> Any:
-    if v is None:
-        return v
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ValueError(f"{name}={v!r}; allowed: a number > 0")
-    return float(v)
+def _number(hi: float, allowed: str) -> Callable[[str, Any], Any]:
+    def check(name: str, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi:
+            raise ValueError(f"{name}={v!r}; allowed: {allowed}")
+        return float(v)
+
+    return check
 
 
 def _str(name: str, v: Any) -> Any:
@@ -173,49 +71,10 @@ def _list(item: Callable[[str, Any], Any], nonempty: bool = True) -> Callable[[s
     return check
 
 
-#: Note [Autocast precisions]
-#: A run's ``dtype`` names its precision: a dtype the weights are stored in, or
-#: ``"bfloat16-autocast"``: float32 weights, the loss computed under
-#: ``torch.autocast(device_type, dtype=torch.bfloat16)`` (the layers' matmuls in
-#: bfloat16, the maps in float32: Note [Maps compute in float32 or wider]),
-#: backward and optimizer steps outside it, evaluation in float32. bfloat16 has
-#: float32's exponent range, so no gradient scaling is needed (float16 autocast
-#: would need a GradScaler and is not offered).
-PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
-    "float32": (torch.float32, None),
-    "float64": (torch.float64, None),
-    "complex64": (torch.complex64, None),
-    "complex128": (torch.complex128, None),
-    "bfloat16-autocast": (torch.float32, torch.bfloat16),
-}
-
-
-def precision(name: str) -> tuple[torch.dtype, torch.dtype | None]:
-    """(weight dtype, autocast dtype or None) of a precision name (Note [Autocast precisions]).
-
-    Example:
-        ```python
-        import torch
-        from stiefel.comparisons.config import precision
-
-        assert precision("bfloat16-autocast") == (torch.float32, torch.bfloat16)
-        ```
-    """
-    if name not in PRECISIONS:
-        raise ValueError(f"dtype={name!r} is not supported; allowed: {', '.join(PRECISIONS)}")
-    return PRECISIONS[name]
-
-
 def _dtype(name: str, v: Any) -> Any:
     if v not in PRECISIONS:
         raise ValueError(f"{name}={v!r}; allowed: {', '.join(PRECISIONS)}")
     return v
-
-
-def _fraction(name: str, v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ValueError(f"{name}={v!r}; allowed: L/n in (0, 1]")
-    return float(v)
 
 
 def _shape(name: str, v: Any) -> Any:
@@ -236,8 +95,13 @@ def _dict(name: str, v: Any) -> Any:
 
 
 def _limits(name: str, v: Any) -> Any:
+    """Largest n (or N) per map or optimizer label: the dense anchors (``exp``'s backward,
+    geoopt's N×N canonical step) would take minutes or gigabytes beyond it."""
     v = _dict(name, v)
+    known = [*parametrizations.maps(), *optimizer_steps(), *GEOOPT_STEPS]
     for k, size in v.items():
+        if k not in known:
+            raise ValueError(f"{name}: unknown name {k!r}; available: {', '.join(known)}")
         _int(1)(f"{name}[{k!r}]", size)
     return v
 
@@ -246,7 +110,14 @@ def _any(name: str, v: Any) -> Any:
     return v
 
 
-COMMON: dict[str, Callable[[str, Any], Any]] = {"out": _any, "device": _str}
+#: modules imported before the run, which register tasks or complexity parts (e.g.
+#: ``experiments.lipschitz`` from a checkout); ``try_imports`` only where they are there
+COMMON: dict[str, Callable[[str, Any], Any]] = {
+    "out": _any,
+    "device": _str,
+    "imports": _list(_str, nonempty=False),
+    "try_imports": _list(_str, nonempty=False),
+}
 TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "tasks": _list(_str),
     "strategies": _list(_str),
@@ -256,7 +127,7 @@ TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "record_every": _int(1),
     "jobs": _int(1),
     "others": _str,
-    "lr": _positive_number,
+    "lr": _number(math.inf, "a number > 0"),
     "task_options": _dict,
     **{k: _any for k in TASK_SHORTCUTS},  # checked against each task's signature
 }
@@ -266,7 +137,7 @@ SCHEMA: dict[str, dict[str, Callable[[str, Any], Any]]] = {
     "complexity": {
         **COMMON,
         "sizes": _list(_int(2)),
-        "fractions": _list(_fraction),
+        "fractions": _list(_number(1.0, "L/n in (0, 1]")),
         "repeats": _int(1),
         "shapes": _list(_shape),
         "limits": _limits,
@@ -361,10 +232,12 @@ def _layer(schema: dict, values: dict, where: str) -> dict:
 def _merge(opts: dict, layer: dict) -> None:
     """``opts`` updated by ``layer``; task options and limits add up key by key."""
     for k, v in layer.items():
-        if k in ("task_options", "limits") and isinstance(opts.get(k), dict):
-            opts[k] = {**opts[k], **v}
-        else:
-            opts[k] = v
+        opts[k] = {**opts[k], **v} if k in ("task_options", "limits") and k in opts else v
+
+
+def preset(name: str) -> dict:
+    """The preset file ``configs/<name>.toml`` (``defaults`` or ``quick``), checked."""
+    return load_toml(PRESETS / f"{name}.toml")
 
 
 def resolve(
@@ -373,31 +246,40 @@ def resolve(
     config: pathlib.Path | None = None,
     quick: bool = False,
 ) -> dict[str, Any]:
-    """The checked options of section ``command`` from its layers (module docstring)."""
+    """The checked options of section ``command`` from its layers (module docstring).
+
+    The modules named by ``imports`` are imported first, so the tasks, maps and
+    optimizers they register are known when the other options are checked.
+    """
     schema = SCHEMA[command]
-    cfg = load_toml(config)
-    opts = {
-        k: (dict(v) if isinstance(v, dict) else v) for k, v in DEFAULTS.get(command, {}).items()
-    }
-    if quick:
-        _merge(opts, QUICK.get(command, {}))
-    where = f"--config {config}"
-    tables = (*SCHEMA, "quick")
-    preset = set(opts.get("task_options") or {})
-    layers = [_layer(schema, {k: v for k, v in cfg.items() if k not in tables}, where)]
-    layers.append(_layer(schema, cfg.get(command, {}), where))
-    if quick:
-        layers.append(_layer(schema, cfg.get("quick", {}), where))
-    layers.append(_layer(schema, {k: v for k, v in flags.items() if v is not None}, "option"))
-    for layer in layers:
+    flags = {k: v for k, v in flags.items() if v is not None}
+    cfg, where = load_toml(config), f"--config {config}"
+    top = {k: v for k, v in cfg.items() if k not in (*SCHEMA, "quick")}
+    raw = [(preset("defaults").get(command, {}), "configs/defaults.toml")]
+    raw += [(preset("quick").get(command, {}), "configs/quick.toml")] if quick else []
+    raw += [(top, where), (cfg.get(command, {}), where)]
+    raw += [(cfg.get("quick", {}), where)] if quick else []
+    raw.append((flags, "option"))
+    imports: dict[str, list[str]] = {"imports": [], "try_imports": []}
+    for values, where in raw:
+        imports.update(_layer(schema, {k: values[k] for k in imports if k in values}, where))
+    tasks_mod.import_modules(imports["imports"])
+    tasks_mod.import_modules(imports["try_imports"], required=False)
+    opts: dict[str, Any] = {}
+    preset_options: set[str] = set()  # the task options only the presets set
+    for values, where in raw:
+        layer = _layer(schema, values, where)
         _merge(opts, layer)
-        preset -= set(layer.get("task_options") or {})
+        given = set(layer.get("task_options") or {})
+        preset_options = (
+            preset_options | given if where.startswith("configs/") else preset_options - given
+        )
     opts.setdefault("device", "cpu")
     opts["out"] = pathlib.Path(opts.get("out") or "results")
     if "tasks" in opts:
-        # a default's task option that none of the chosen tasks takes is dropped (e.g.
+        # a preset's task option that none of the chosen tasks takes is dropped (e.g.
         # drift's n = 64 under tasks = ["finetune"]); one the user gave is an error
-        for k in preset:
+        for k in preset_options:
             if not any(k in tasks_mod.options(t) for t in opts["tasks"]):
                 del opts["task_options"][k]
         for t in opts["tasks"]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import tasks as tasks_mod
+from . import task as tasks_mod
 from .config import task_options_for
 from .runner import RunConfig, parse_strategy, run, unsupported
 from .store import RunStore, run_key
@@ -30,6 +30,7 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
     strategies = [parse_strategy(s) for s in opts["strategies"]]
     parse("none+" + opts["others"])  # the optimizer of the other weights parses
     jobs, skipped = [], []
+    shared = {k: opts.get(k) for k in ("steps", "device", "record_every", "others", "lr")}
     for task in opts["tasks"]:
         cls = tasks_mod.get(task)
         topts = task_options_for(task, opts)
@@ -57,21 +58,10 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
                     text = cls.extra_methods[s.method]  # a task-built model is real
                     skipped.append(f"{s.name} on {task} [{dtype}]: {text} is real")
                     continue
-                for seed in range(opts["seeds"]):
-                    jobs.append(
-                        RunConfig(
-                            task,
-                            s.name,
-                            seed,
-                            opts["steps"],
-                            dtype,
-                            opts["device"],
-                            opts["record_every"],
-                            topts,
-                            opts["others"],
-                            opts.get("lr"),
-                        )
-                    )
+                jobs += [
+                    RunConfig(task, s.name, seed, dtype=dtype, task_options=topts, **shared)
+                    for seed in range(opts["seeds"])
+                ]
     return jobs, skipped
 
 
@@ -100,13 +90,13 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     bar = _progress(sum(jobs[i].steps for i in todo), section)
     try:
         if opts.get("jobs", 1) > 1 and len(todo) > 1:
-            _run_parallel(store, section, jobs, todo, records, opts["jobs"], bar)
+            _run_parallel(store, section, jobs, todo, records, opts, bar)
         else:
             for i in todo:
+                j = jobs[i]
                 if bar is not None:
-                    j = jobs[i]
                     bar.set_postfix_str(f"{j.task} {j.strategy} {j.dtype} seed {j.seed}")
-                records[i] = run(jobs[i], bar)
+                records[i] = run(j, bar)
                 store.save_run(section, _key(jobs[i]), records[i])
     finally:
         if bar is not None:
@@ -114,23 +104,29 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     return records, skipped  # type: ignore[return-value]
 
 
-def _one_thread() -> None:
+def _worker(imports: list[str]) -> None:
+    """A worker's start: one torch thread, and the modules that register the tasks."""
     torch.set_num_threads(1)
+    tasks_mod.import_modules(imports)
 
 
-def _run_parallel(store, section, jobs, todo, records, workers, bar) -> None:
+def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:
     """Note [Parallel runs]
 
     Runs are independent and seeded, so ``jobs=k`` spreads them over k worker
     processes of one torch thread each (small recurrent models use one core
-    badly with more threads). Each record is stored as it arrives; the wall
+    badly with more threads); each imports the run's ``imports`` (the modules
+    that register its tasks). Each record is stored as it arrives; the wall
     times of runs sharing the machine are only comparable with each other.
     """
     import concurrent.futures as cf
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
-    pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_one_thread)
+    imports = opts.get("imports") or []
+    pool = cf.ProcessPoolExecutor(
+        opts["jobs"], mp_context=ctx, initializer=_worker, initargs=(imports,)
+    )
     try:
         futures = {pool.submit(run, jobs[i], None): i for i in todo}
         for fut in cf.as_completed(futures):

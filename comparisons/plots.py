@@ -17,8 +17,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from .complexity import fit_exponent  # noqa: E402
-from .config import precision  # noqa: E402
+from .cost import fit_exponent  # noqa: E402
+from .precision import precision  # noqa: E402
+from .writers import save_figure  # noqa: E402
 
 LABELS = {
     "forward_backward_s": "forward + backward time [s]",
@@ -30,6 +31,13 @@ LABELS = {
 
 
 MARKERS = ("o", "s", "^", "D")
+
+
+def save(store, fig, stem: str) -> list[str]:
+    """Save ``fig`` as ``stem.png`` and ``stem.svg`` in the open store's folder; the names."""
+    store.path(stem + ".png")  # refused when it leads outside --out
+    store.path(stem + ".svg")
+    return save_figure(fig, store.root, stem)
 
 
 def _legend(ax) -> None:

@@ -26,21 +26,15 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
     out = []
     for (task, strategy, dtype), rs in groups.items():
         loss_m, loss_s = mean_std([r["final_loss"] for r in rs])
-        row = {
-            "task": task,
-            "strategy": strategy,
-            "dtype": dtype,
-            "seeds": len(rs),
-            "final_loss": loss_m,
-            "final_loss_std": loss_s,
-            "optimum": rs[0]["optimum"],
-            "baseline": rs[0]["baseline"],
-            "max_drift": max((d for r in rs for d in r["drift"] if d is not None), default=None),
-            "time_s": statistics.fmean(r["time"][-1] for r in rs),
-            "diverged": sum(bool(r["diverged"]) for r in rs),
-            "failed": sum(bool(r.get("failed")) for r in rs),
-            "lr": rs[0].get("lr"),
-        }
+        row = dict(task=task, strategy=strategy, dtype=dtype, seeds=len(rs), lr=rs[0].get("lr"))
+        row.update(final_loss=loss_m, final_loss_std=loss_s, baseline=rs[0]["baseline"])
+        row.update(
+            optimum=rs[0]["optimum"],
+            max_drift=max((d for r in rs for d in r["drift"] if d is not None), default=None),
+            time_s=statistics.fmean(r["time"][-1] for r in rs),
+            diverged=sum(bool(r["diverged"]) for r in rs),
+            failed=sum(bool(r.get("failed")) for r in rs),
+        )
         if rs[0]["optimum"] is not None:  # each seed draws its own problem and optimum
             row["optimum"], _ = mean_std([r["optimum"] for r in rs])
             row["gap"], row["gap_std"] = mean_std([r["final_loss"] - r["optimum"] for r in rs])
@@ -50,11 +44,7 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
     return out
 
 
-TITLES = {
-    "drift": "Orthogonality drift",
-    "convergence": "Convergence",
-    "complexity": "Complexity",
-}
+TITLES = {"drift": "Orthogonality drift", "convergence": "Convergence"}
 
 
 def write_report(store: RunStore) -> str:
@@ -75,7 +65,7 @@ def write_report(store: RunStore) -> str:
         f"python {v.get('python')}, torch {v.get('torch')}, stiefel {v.get('stiefel')}.\n",
     ]
     for key, sec in sections.items():
-        title = TITLES.get(key, key)
+        title = TITLES.get(key, key.capitalize())
         if sec["state"] != "finished":
             parts.append(
                 f"## {title}\n\n*{sec['state']}*: {len(sec['runs'])} runs stored; rerun the "
@@ -85,7 +75,7 @@ def write_report(store: RunStore) -> str:
         parts.append(f"## {title}\n")
         for name in sec["outputs"]:
             if name.endswith(".md"):
-                parts.append((store.root / name).read_text())
+                parts.append(store.inside(name).read_text())
             elif name.endswith(".png"):
                 parts.append(f"![{name[:-4]}]({name})\n")
     write_text(store.path("report.md"), "\n".join(parts))

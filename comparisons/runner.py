@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import optimizers
+from .. import optimizers, parametrizations
 from ..manifolds import kernels
-from . import registry
-from . import tasks as tasks_mod
-from .config import precision
+from . import task as tasks_mod
+from .precision import precision
 from .strategies import Strategy, parse
+from .table import SERIES
 
 __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 
@@ -25,8 +25,8 @@ def parse_strategy(text: str) -> Strategy:
     The method may also be one a registered task builds itself (`Task.extra_methods`:
     ``lstm``, ``convlstm``, the PEFT adapters, ...).
     """
-    methods = [*registry.methods(), *tasks_mod.extra_methods()]
-    return parse(text, methods=methods, optimizers=registry.optimizer_names())
+    methods = [*parametrizations.available(), *tasks_mod.extra_methods()]
+    return parse(text, methods=methods, optimizers=optimizers.available())
 
 
 def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
@@ -36,7 +36,8 @@ def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
     declare it in `Task.extra_methods`.
     """
     builders = tasks_mod.extra_methods().get(strategy.method)
-    if builders and strategy.method not in registry.methods() and task.name not in builders:
+    own = strategy.method not in parametrizations.available()
+    if builders and own and task.name not in builders:
         what = tasks_mod.get(builders[0]).extra_methods[strategy.method]
         names = ", ".join(builders)
         return f"{strategy.method!r} is a method of the task(s) {names} only ({what})"
@@ -104,22 +105,10 @@ def run(cfg: RunConfig, progress=None) -> dict:
     model = task.build(strategy.method, strategy.method_options)  # in the task's dtype
     opts = build_optimizers(task, model, strategy, cfg.others, cfg.lr)
 
-    record = {
-        "task": cfg.task,
-        "strategy": strategy.name,
-        "seed": cfg.seed,
-        "dtype": cfg.dtype,
-        "device": cfg.device,
-        "task_options": task.describe(),
-        "lr": strategy.lr(cfg.lr),
-        "optimum": task.optimum,
-        "baseline": task.baseline,
-        "step": [],
-        "loss": [],
-        "time": [],
-        "drift": [],
-        "diverged": False,
-    }
+    record = dict(task=cfg.task, strategy=strategy.name, seed=cfg.seed, dtype=cfg.dtype)
+    record.update(device=cfg.device, task_options=task.describe(), lr=strategy.lr(cfg.lr))
+    record.update(optimum=task.optimum, baseline=task.baseline, diverged=False)
+    record.update({k: [] for k in ("step", *SERIES)})
     elapsed = 0.0
     for step in range(cfg.steps):
         t0 = time.perf_counter()
@@ -135,10 +124,9 @@ def run(cfg: RunConfig, progress=None) -> dict:
         elapsed += time.perf_counter() - t0
         value = float(loss.detach())
         if step % cfg.record_every == 0 or step == cfg.steps - 1 or not math.isfinite(value):
-            record["step"].append(step)
-            record["loss"].append(value)
-            record["time"].append(elapsed)
-            record["drift"].append(_drift(task, model))
+            now = (step, value, elapsed, _drift(task, model))
+            for k, v in zip(("step", *SERIES), now, strict=True):
+                record[k].append(v)
         if progress is not None:
             progress.update(1)
         if not math.isfinite(value):

@@ -1,9 +1,10 @@
 """The three measured sections of the harness: drift, convergence, complexity.
 
-Each takes the checked options of its subcommand and a open
+Each takes the checked options of its subcommand and an open
 `stiefel.comparisons.store.RunStore`, stores every run as it finishes,
-then writes ``<section>.json``, ``<section>.csv``, ``<section>.md`` and its
-figures (PNG and SVG) from the stored runs and lists them in the manifest.
+then writes ``<section>.md`` and its figures (PNG and SVG) from the stored
+runs and lists them in the manifest; the store writes the long table.
+The complexity section measures with the plans of `stiefel.comparisons.complexity`.
 """
 
 from __future__ import annotations
@@ -11,22 +12,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import parametrizations
 from . import complexity as cx
-from . import plots, registry, roofline
-from . import tasks as tasks_mod
-from .conv_complexity import CONV_PLAN, QUICK_CONV_PLAN, conv_costs, conv_table
+from . import plots
+from .cost import FWD_BWD_FACTOR, fit_exponent, gemm_rate, optimizer_steps
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
-from .writers import md_table, save_figure, write_csv, write_json, write_text
+from .task import get as get_task
+from .writers import md_table, write_text
 
 __all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
-
-
-def _figure(store: RunStore, fig, stem: str) -> list[str]:
-    store.path(stem + ".png")
-    store.path(stem + ".svg")
-    return save_figure(fig, store.root, stem)
 
 
 def _skipped_text(skipped: list[str]) -> str:
@@ -43,51 +39,27 @@ def _setup_text(opts: dict, runs: list[dict]) -> str:
             lines.append(f"- {task}: {sizes}")
     lrs = {r["strategy"]: r["lr"] for r in runs}
     lines.append("- learning rates: " + ", ".join(f"{s}: {lr:g}" for s, lr in lrs.items()))
-    if any(r["task"] in ("copying", "adding", "digits") for r in runs):
+    if any(get_task(t).kind == "sequence" for t in {r["task"] for r in runs}):
         lines.append(f"- other weights of the recurrent models: {opts['others']}")
     return "\n".join(lines) + "\n\n"
 
 
 def drift_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "drift", opts)
-    write_json(store.path("drift.json"), {"options": opts, "runs": runs})
-    rows = [
-        {
-            "task": r["task"],
-            "strategy": r["strategy"],
-            "dtype": r["dtype"],
-            "seed": r["seed"],
-            "step": s,
-            "drift": d,
-            "loss": v,
-        }
+    head = ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"]
+    body = [
+        [r["task"], r["strategy"], r["dtype"], r["lr"], r["step"][-1] + 1, r["drift"][-1]]
+        + [max(d for d in r["drift"] if d is not None)]
         for r in runs
-        for s, d, v in zip(r["step"], r["drift"], r["loss"], strict=True)
+        if r["drift"][-1] is not None
     ]
-    write_csv(store.path("drift.csv"), rows)
-    table = md_table(
-        ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"],
-        [
-            [
-                r["task"],
-                r["strategy"],
-                r["dtype"],
-                r["lr"],
-                r["step"][-1] + 1,
-                r["drift"][-1],
-                max(d for d in r["drift"] if d is not None),
-            ]
-            for r in runs
-            if r["drift"][-1] is not None
-        ],
-    )
-    figs = _figure(store, plots.drift_figure(runs), "drift")
+    figs = plots.save(store, plots.drift_figure(runs), "drift")
     text = (
         f"{opts['steps']} steps per run on {', '.join(opts['tasks'])}; the drift of the "
         "constrained matrix after each recorded step.\n\n"
         + _setup_text(opts, runs)
         + _skipped_text(skipped)
-        + table
+        + md_table(head, body)
     )
     write_text(store.path("drift.md"), text)
     store.end_section("drift", ["drift.md", *figs], skipped)
@@ -97,8 +69,6 @@ def drift_section(store: RunStore, opts: dict) -> list[dict]:
 def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "convergence", opts)
     summary = summarize_runs(runs)
-    write_json(store.path("convergence.json"), {"options": opts, "runs": runs, "summary": summary})
-    write_csv(store.path("convergence.csv"), summary)
     text = [
         f"{opts['steps']} steps, {opts['seeds']} seeds, mean ± std over seeds. A run *failed* "
         "when it diverged or ended no better than chance (loss above the baseline, or a "
@@ -110,7 +80,7 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         rows = [s for s in summary if s["task"] == task]
         if not rows:
             continue
-        extra = [k for k in tasks_mod.get(task).table_metrics if k in rows[0]]
+        extra = [k for k in get_task(task).table_metrics if k in rows[0]]
         text.append(f"### {task}\n")
         if rows[0]["optimum"] is not None:
             text.append(
@@ -118,21 +88,17 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
             )
         elif rows[0]["baseline"] is not None:
             text.append(f"baseline (chance level): {rows[0]['baseline']:.6g}\n\n")
-        text.append(
-            md_table(
-                ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
-                + ["max drift", "time [s]", "failed"]
-                + extra,
-                [
-                    [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
-                    + [s.get("gap"), s["max_drift"], s["time_s"], f"{s['failed']} of {s['seeds']}"]
-                    + [s[k] for k in extra]
-                    for s in rows
-                ],
-            )
-        )
+        head = ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
+        head += ["max drift", "time [s]", "failed", *extra]
+        body = [
+            [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
+            + [s.get("gap"), s["max_drift"], s["time_s"], f"{s['failed']} of {s['seeds']}"]
+            + [s[k] for k in extra]
+            for s in rows
+        ]
+        text.append(md_table(head, body))
         task_runs = [r for r in runs if r["task"] == task]
-        figs += _figure(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
+        figs += plots.save(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
     write_text(store.path("convergence.md"), "\n".join(text))
     store.end_section("convergence", ["convergence.md", *figs], skipped)
     return runs
@@ -147,7 +113,7 @@ def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> 
     for k in keys:
         vals = [r[k] for r in rows]
         ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
-        out.append(cx.fit_exponent([r[size] for r in rows], vals) if ok else None)
+        out.append(fit_exponent([r[size] for r in rows], vals) if ok else None)
     return out
 
 
@@ -164,7 +130,7 @@ def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) ->
     return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
 
 
-def _measure(store: RunStore, part: str, fn) -> Any:
+def _measure(store, part: str, fn) -> Any:
     key = run_key(part=part)
     done = store.load_run("complexity", key)
     if done is not None:
@@ -174,79 +140,41 @@ def _measure(store: RunStore, part: str, fn) -> Any:
     return value
 
 
-def complexity_section(store: RunStore, opts: dict) -> dict:
-    cx.check_options(opts)
+def complexity_section(store, opts: dict) -> dict:
+    """Measure the maps, the optimizer steps and the registered parts."""
     store.begin_section("complexity", opts)
     device, repeats = opts["device"], opts["repeats"]
     limits = opts.get("limits") or {}
     sizes, fractions = opts["sizes"], opts["fractions"]
-    methods = list(registry.maps())
+    methods = list(parametrizations.maps())
     shapes = [tuple(s) for s in opts["shapes"]]
-    rate = _measure(store, "gemm", lambda: cx.gemm_rate(n=min(max(sizes), 2048), device=device))
+    rate = _measure(store, "gemm", lambda: gemm_rate(n=min(max(sizes), 2048), device=device))
     maps = _measure(
         store, "maps", lambda: cx.map_costs(methods, sizes, fractions, repeats, device, limits)
     )
     steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
-    rec = _measure(store, "recurrent", lambda: cx.recurrent_step_costs(sizes, 1 / 8, repeats))
-    small = max(sizes) < cx.FIT_MIN_N  # the quick preset: the small conv plan
-    plan = QUICK_CONV_PLAN if small else CONV_PLAN
-    conv = _measure(store, "conv", lambda: conv_costs(repeats, device, plan))
-    maps, steps = roofline.with_gemm_multiples(maps, steps, rate)
-    result = {
-        "gemm_flops_per_s": rate,
-        "maps": maps,
-        "optimizer_steps": steps,
-        "recurrent_steps": rec,
-        "conv_layers": conv,
-        "options": opts,
-    }
-    write_json(store.path("complexity.json"), result)
-    write_csv(store.path("complexity_maps.csv"), maps)
-    write_csv(store.path("complexity_optimizers.csv"), steps)
-    write_csv(store.path("complexity_recurrent.csv"), rec)
-    write_csv(store.path("complexity_conv.csv"), conv)
-    text = [_complexity_intro(rate, opts, sizes, shapes)]
+    parts = {name: _measure(store, name, lambda m=m: m(opts)) for name, (m, _) in cx.PARTS.items()}
+    maps, steps = cx.with_gemm_multiples(maps, steps, rate)
+    text = [_intro(rate, opts, sizes, shapes)]
     text += _map_table(maps, methods, rate)
     text += _step_table(steps, rate)
-    text.append("\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n")
-    text.append(
-        md_table(
-            ["model", "n", "FP flops", "BP flops", "FP [s]", "BP [s]"],
-            [
-                [r["model"], r["n"], r["fp_flops"], r["bp_flops"], r["forward_s"], r["backward_s"]]
-                for r in rec
-            ],
-        )
-    )
-    text += conv_table(conv, rate)
+    for name, rows in parts.items():
+        text += cx.PARTS[name][1](rows, rate)
     write_text(store.path("complexity.md"), "\n".join(text))
-    maps_fig = [dict(r, series=f"{r['method']} L={r['fraction']:g}n") for r in maps]
-    figs = _figure(
-        store,
-        plots.complexity_figure(
-            maps_fig,
-            "n",
-            "forward_backward_s",
-            "series",
-            "Maps: forward + backward",
-            rate,
-            cx.FIT_MIN_N,
-            flops_key="forward_backward_flops",
-        ),
-        "complexity_maps",
-    )
-    figs += _figure(
-        store,
-        plots.complexity_figure(
-            steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", rate, cx.FIT_MIN_STEP_N
-        ),
-        "complexity_optimizers",
-    )
+    figs, fb = [], "forward_backward"
+    for rows, x, y, group, title, fit, flops, stem in (
+        (maps, "n", f"{fb}_s", "label", "Maps: forward + backward", cx.FIT_MIN_N,
+         f"{fb}_flops", "maps"),
+        (steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", cx.FIT_MIN_STEP_N,
+         "flops", "optimizers"),
+    ):  # fmt: skip
+        fig = plots.complexity_figure(rows, x, y, group, title, rate, fit, flops_key=flops)
+        figs += plots.save(store, fig, f"complexity_{stem}")
     store.end_section("complexity", ["complexity.md", *figs])
-    return result
+    return {"gemm_flops_per_s": rate, "maps": maps, "optimizer_steps": steps, **parts}
 
 
-def _complexity_intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
+def _intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
     text = (
         f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s (the fastest of several "
         f"products of size ≥ 512). Times are the fastest of {opts['repeats']} runs. Exponents are "
@@ -254,8 +182,7 @@ def _complexity_intro(rate: float, opts: dict, sizes: list[int], shapes: list) -
         f"(maps) and N ≥ {cx.FIT_MIN_STEP_N} (steps), column *fitted over*; the model exponent "
         "is that of the FLOP model over the same sizes.\n"
     )
-    small = max(sizes) < cx.FIT_MIN_N or max(s[0] for s in shapes) < cx.FIT_MIN_STEP_N
-    if small:
+    if max(sizes) < cx.FIT_MIN_N or max(s[0] for s in shapes) < cx.FIT_MIN_STEP_N:
         text += (
             "\n**These sizes are too small to show how cost grows**: below them per-call "
             "overhead dominates, so the exponents are not fitted (–). For the paper-scale "
@@ -266,9 +193,10 @@ def _complexity_intro(rate: float, opts: dict, sizes: list[int], shapes: list) -
 
 
 def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
-    rows, pairs, multiples, bases = [], [], {}, set()
+    rows, pairs, bases = [], [], set()
+    registered = parametrizations.maps()
     for method in methods:
-        info = registry.map_info(method)
+        cls = registered[method]
         for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
             rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
             big = max(rs, key=lambda r: r["n"])
@@ -277,17 +205,12 @@ def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
             )
             pairs += [(fit_f, model), (fit_fb, model)]
             rows.append(
-                [method, f"L = {frac:g}·n" if info.reflections else "–", info.formula or "–"]
-                + [info.domain or "–", big["n"], big["flops"], big["forward_s"]]
+                [method, f"L = {frac:g}·n" if cls.takes_reflections() else "–"]
+                + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"], big["forward_s"]]
                 + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
                 + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
                 + [big["forward_x_gemm"], big["forward_backward_x_gemm"]]
             )
-            label = f"{method}" + (f" L={frac:g}n" if info.reflections else "") + f" n={big['n']}"
-            multiples |= {
-                f"{label} fwd": big["forward_x_gemm"],
-                f"{label} fwd+bwd": big["forward_backward_x_gemm"],
-            }
             bases.add(big["forward_backward_basis"])
     head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
     head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
@@ -298,19 +221,17 @@ def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
-        roofline.map_caption(bases),
-        roofline.gemm_goal_text(
-            multiples,
-            "maps, fwd and fwd+bwd",
-            max((r["n"] for r in maps), default=0),
-            roofline.GOAL_MAP_N,
-        ),
+        "\n*× FLOPs at GEMM rate* = measured time / (FLOP model / measured GEMM rate): how "
+        "many times slower than running the modelled FLOPs at the GEMM rate. Forward+backward "
+        f"FLOPs here: {' and '.join(sorted(bases)) or '–'} (the class's forward + backward "
+        f"model where it declares one, else {FWD_BWD_FACTOR:g}× the forward model: the "
+        "backward of each product is two products of its size).\n",
     ]
 
 
 def _step_table(steps: list[dict], rate: float) -> list[str]:
-    known = registry.optimizer_steps()
-    rows, pairs, multiples = [], [], {}
+    known = optimizer_steps()
+    rows, pairs = [], []
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
         big = max(rs, key=lambda r: r["N"])
@@ -324,7 +245,6 @@ def _step_table(steps: list[dict], rate: float) -> list[str]:
             + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
             + [big["step_x_gemm"] if modelled else "–"]
         )
-        multiples[f"{label} N={big['N']} M={big['M']}"] = big["step_x_gemm"]
     head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
     head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
     head += ["step × FLOPs at GEMM rate"]
@@ -332,13 +252,8 @@ def _step_table(steps: list[dict], rate: float) -> list[str]:
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
-        roofline.STEP_CAPTION,
-        roofline.gemm_goal_text(
-            multiples,
-            "optimizer steps",
-            max((r["N"] for r in steps), default=0),
-            roofline.GOAL_STEP_N,
-        ),
+        "\n*step × FLOPs at GEMM rate* = step time / (FLOP model / measured GEMM rate); a step "
+        "has no backward (its gradient is given); – where the optimizer declares no FLOP model.\n",
     ]
 
 

@@ -1,4 +1,4 @@
-"""Durable results: one folder (``--out``), a manifest, one JSON file per run, a lock.
+"""Durable results: one folder (``--out``), a manifest, one JSON file per run, a lock, the table.
 
 Note [Durable runs]
 A run's record is written the moment it finishes (atomically: a temporary
@@ -6,10 +6,17 @@ file, then a rename), and the manifest ``manifest.json`` is rewritten after
 it: the options of each section, the versions of python, torch and stiefel,
 start and end times, the state (``running``, ``finished``, ``interrupted``)
 and the list of runs. A process killed at any point leaves whole files only;
-``--resume`` then skips every run whose record exists for the same options.
-A lock file ``.lock`` holding the writer's pid refuses a second writer; a lock
-left by a dead process is taken over. Every path is checked to lie inside
-``--out`` after resolving links, so nothing is written outside it.
+``--resume`` then skips every run whose record exists for the same options
+(each record holds its section's options: with the manifest lost, a record of
+other options is run again, never reused). A lock file ``.lock`` holding the
+writer's pid refuses a second writer: it appears with the pid already in it
+(written to a temporary file, then linked into place), and a pid-less lock (a
+writer of another kind, between creating and writing it) counts as held for
+`LOCK_GRACE_S`; a lock left by a dead process is taken over. Every path
+written, and every path read from ``--out`` (the manifest's run files and
+outputs), must resolve inside ``--out``, so nothing outside it is written,
+deleted or read. Each finished section rewrites the long table ``results.jsonl``
+from the runs the manifest lists (`stiefel.comparisons.table`).
 """
 
 from __future__ import annotations
@@ -21,14 +28,23 @@ import os
 import pathlib
 import platform
 import re
+import tempfile
+import time
 from typing import Any
 
-from .writers import write_json
+import torch
+
+from .. import __version__ as version
+from .table import dumps, run_rows
+from .writers import write_json, write_text
 
 __all__ = ["RunStore", "OutputLocked", "run_key", "normalize"]
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+TABLE = "results.jsonl"
+#: seconds a lock without a pid counts as held (its owner may be about to write the pid)
+LOCK_GRACE_S = 60.0
 
 
 class OutputLocked(RuntimeError):
@@ -59,14 +75,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def versions() -> dict[str, str]:
-    import torch
-
-    from .. import __version__
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "stiefel": __version__}
-
-
 class RunStore:
     """The results folder of one harness process (use as a context manager).
 
@@ -93,13 +101,8 @@ class RunStore:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            state = "finished"
-        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            state = "interrupted"
-        else:
-            state = "failed"
-        self.close(state)
+        stopped = exc_type and issubclass(exc_type, (KeyboardInterrupt, SystemExit))
+        self.close("finished" if exc_type is None else "interrupted" if stopped else "failed")
 
     def open(self) -> None:
         try:
@@ -115,8 +118,9 @@ class RunStore:
         if path.exists():
             self.manifest = json.loads(path.read_text())
         self.manifest.setdefault("sections", {})
+        v = {"python": platform.python_version(), "torch": torch.__version__, "stiefel": version}
         self.manifest.update(
-            state="running", pid=os.getpid(), started=_now(), ended=None, versions=versions()
+            state="running", pid=os.getpid(), started=_now(), ended=None, versions=v
         )
         self.save_manifest()
 
@@ -148,26 +152,40 @@ class RunStore:
 
     def _lock(self) -> None:
         lock = self.root / LOCK
-        for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    pid = int(lock.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise OutputLocked(
-                        f"--out {self.out} is being written by another process (pid {pid}, "
-                        f"lock file {lock}); wait for it to end or choose another --out"
-                    ) from None
-                lock.unlink(missing_ok=True)  # a stale lock of a dead process
-                continue
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".lock.", suffix=".tmp")
+        try:
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
-            self._locked = True
-            return
+            for _ in range(2):
+                try:
+                    os.link(tmp, lock)  # atomic: the lock appears with the pid in it
+                except FileExistsError:
+                    self._take_over(lock)
+                    continue
+                self._locked = True
+                return
+        finally:
+            os.unlink(tmp)
         raise OutputLocked(f"--out {self.out}: could not take the lock {lock}")
+
+    def _take_over(self, lock: pathlib.Path) -> None:
+        """Remove ``lock`` if its writer is dead; OutputLocked while it may be alive."""
+        try:
+            text, age = lock.read_text().strip(), time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        pid = int(text) if text.isdigit() else 0
+        if pid and pid != os.getpid() and _alive(pid):
+            held = f"pid {pid}"
+        elif not pid and age < LOCK_GRACE_S:
+            held = f"no pid yet, created {age:.0f} s ago"
+        else:
+            lock.unlink(missing_ok=True)  # a stale lock of a dead process
+            return
+        raise OutputLocked(
+            f"--out {self.out} is being written by another process ({held}, lock file "
+            f"{lock}); wait for it to end or choose another --out"
+        )
 
     def _unlock(self) -> None:
         if self._locked:
@@ -176,16 +194,18 @@ class RunStore:
 
     # ------------------------------------------------------------------ paths
     def path(self, rel: str) -> pathlib.Path:
-        """``out/rel``, refused when it (or a folder on the way) leads outside ``out``."""
+        """``out/rel`` to write, refused when it (or a folder on the way) leads outside ``out``."""
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        return self.inside(rel, "a link to")
+
+    def inside(self, rel: str, why: str = f"named in {MANIFEST}:") -> pathlib.Path:
+        """``out/rel`` (a path read from ``--out``); ValueError unless it resolves inside."""
         assert self.root is not None, "RunStore is not open"
         p = self.root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        inside = p.parent.resolve()
-        if p.is_symlink() or p.exists():
-            inside = p.resolve()
-        if not (inside == self.root or inside.is_relative_to(self.root)):
+        if not p.resolve().is_relative_to(self.root):
             raise ValueError(
-                f"refusing to write {p}: it is a link to {inside}, outside --out {self.root}"
+                f"refusing {rel!r} in --out {self.out}, {why} {p.resolve()}, outside --out; "
+                "remove it (or the manifest), or choose another --out"
             )
         return p
 
@@ -214,8 +234,8 @@ class RunStore:
                     f"for {', '.join(diff)}; resume with the same options or use another --out"
                 )
         if old is not None and (self.overwrite or not self.resume):
-            for run in old["runs"]:
-                (self.root / run["file"]).unlink(missing_ok=True)
+            for path in [self.inside(run["file"]) for run in old["runs"]]:  # all checked first
+                path.unlink(missing_ok=True)
             old = None
         sec = old or {"options": opts, "runs": [], "outputs": [], "skipped": []}
         sec.update(state="running", started=sec.get("started") or _now(), ended=None)
@@ -237,7 +257,8 @@ class RunStore:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        if data.get("key") != key:
+        options = self.manifest["sections"][section]["options"]
+        if data.get("key") != key or data.get("options") != options:
             return None
         self._list(section, key, data.get("finished"))
         return data["record"]
@@ -245,9 +266,10 @@ class RunStore:
     def save_run(self, section: str, key: str, record: dict[str, Any]) -> None:
         """Write a finished run's record now, then list it in the manifest."""
         finished = _now()
+        sec_options = self.manifest["sections"][section]["options"]
         write_json(
             self.path(self._file(section, key)),
-            {"key": key, "finished": finished, "record": record},
+            {"key": key, "options": sec_options, "finished": finished, "record": record},
         )
         self._list(section, key, finished)
 
@@ -259,7 +281,13 @@ class RunStore:
         self.save_manifest()
 
     def end_section(self, name: str, outputs: list[str], skipped: list[str] = ()) -> None:
-        """Mark section ``name`` finished with the files its report part uses."""
+        """Mark section ``name`` finished with the files its report part uses; write the table."""
         sec = self.manifest["sections"][name]
         sec.update(state="finished", ended=_now(), outputs=list(outputs), skipped=list(skipped))
         self.save_manifest()
+        rows = []
+        for section, sec in self.manifest["sections"].items():
+            for run in sec["runs"]:
+                data = json.loads(self.inside(run["file"]).read_text())
+                rows += run_rows(section, json.loads(data["key"]), data["record"])
+        write_text(self.path(TABLE), dumps(rows))

@@ -26,7 +26,7 @@ Example:
     ```
 
 A strategy that names no ``lr`` gets the ``--lr`` of the run, else the
-optimizer's declared default learning rate (`stiefel.comparisons.registry`).
+optimizer's declared default learning rate (`stiefel.optimizers.info`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Strategy", "parse"]
+__all__ = ["Strategy", "parse", "literal"]
 
 _PART = re.compile(r"^\s*([A-Za-z_][\w\-]*)\s*(?:\((.*)\))?\s*$")
 
@@ -56,55 +56,41 @@ class Strategy:
             return float(self.optimizer_options["lr"])
         if default is not None:
             return float(default)
-        from .registry import default_lr
+        from .. import optimizers
 
-        return default_lr(self.optimizer)
+        return optimizers.info(self.optimizer).default_lr
 
 
-def _value(text: str):
+def literal(text: str):
+    """``text`` as a Python literal where it is one (``1e-3``, ``(0.9,0.99)``), else the string."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
 
 
-def _split_options(text: str, where: str) -> dict:
-    out: dict = {}
-    depth, start, items = 0, 0, []
+def _split(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` outside brackets."""
+    parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == "," and depth == 0:
-            items.append(text[start:i])
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == sep and depth == 0:
+            parts.append(text[start:i])
             start = i + 1
-    items.append(text[start:])
-    for item in items:
-        if not item.strip():
-            continue
-        if "=" not in item:
-            raise ValueError(f"{where}: option {item.strip()!r} must look like key=value")
-        key, val = item.split("=", 1)
-        out[key.strip()] = _value(val.strip())
-    return out
+    return [*parts, text[start:]]
 
 
 def _part(text: str, where: str) -> tuple[str, dict]:
     m = _PART.match(text)
     if not m:
         raise ValueError(f"{where}: cannot parse {text!r}; expected NAME or NAME(key=value,...)")
-    return m.group(1), _split_options(m.group(2) or "", where)
-
-
-def _top_level_plus(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "+" and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
+    options = {}
+    for item in filter(str.strip, _split(m.group(2) or "", ",")):
+        if "=" not in item:
+            raise ValueError(f"{where}: option {item.strip()!r} must look like key=value")
+        key, val = item.split("=", 1)
+        options[key.strip()] = literal(val.strip())
+    return m.group(1), options
 
 
 def parse(
@@ -113,7 +99,7 @@ def parse(
     """Parse ``"method+optimizer"``; check the names against ``methods``/``optimizers``."""
     if not isinstance(text, str):
         raise TypeError(f"strategy must be a str like 'cwy+adam', got {type(text).__name__}")
-    parts = _top_level_plus(text)
+    parts = _split(text, "+")
     if len(parts) != 2:
         raise ValueError(
             f"strategy {text!r} must be METHOD+OPTIMIZER, e.g. 'cwy+adam' or "
@@ -121,14 +107,11 @@ def parse(
         )
     method, mopts = _part(parts[0], f"strategy {text!r}")
     opt, oopts = _part(parts[1], f"strategy {text!r}")
-    if methods is not None and method not in methods:
-        raise ValueError(
-            f"strategy {text!r}: unknown method {method!r}; available: {', '.join(methods)}"
-        )
-    if optimizers is not None and opt not in optimizers:
-        raise ValueError(
-            f"strategy {text!r}: unknown optimizer {opt!r}; available: {', '.join(optimizers)}"
-        )
+    for kind, name, known in (("method", method, methods), ("optimizer", opt, optimizers)):
+        if known is not None and name not in known:
+            raise ValueError(
+                f"strategy {text!r}: unknown {kind} {name!r}; available: {', '.join(known)}"
+            )
     lr = oopts.get("lr")
     if "lr" in oopts and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0):
         raise ValueError(

@@ -1,4 +1,4 @@
-"""One writer per format: JSON, CSV, markdown tables and PNG/SVG figures.
+"""One writer per format: text, JSON, markdown tables and PNG/SVG figures.
 
 Every file is written atomically (a temporary file in the same folder, then
 ``os.replace``), so an interrupted run never leaves half a file, and a
@@ -7,7 +7,6 @@ symbolic link at the destination is replaced, never written through.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -16,7 +15,7 @@ import pathlib
 import tempfile
 from typing import Any
 
-__all__ = ["write_text", "write_json", "write_csv", "md_table", "fmt", "save_figure"]
+__all__ = ["write_text", "write_json", "md_table", "fmt", "save_figure"]
 
 
 def write_text(path: str | pathlib.Path, text: str | bytes) -> pathlib.Path:
@@ -41,18 +40,6 @@ def write_text(path: str | pathlib.Path, text: str | bytes) -> pathlib.Path:
 def write_json(path: str | pathlib.Path, obj: Any) -> pathlib.Path:
     """``obj`` as indented JSON (values JSON does not know are written with ``str``)."""
     return write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
-
-
-def write_csv(path: str | pathlib.Path, rows: list[dict]) -> pathlib.Path:
-    """Rows of dicts as CSV, the header the union of their keys (first seen first)."""
-    buf = io.StringIO()
-    if rows:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k in keys})
-    return write_text(path, buf.getvalue())
 
 
 def fmt(v: Any) -> str:

@@ -1,23 +1,13 @@
-"""Tasks of the comparison harness, registered by name (`register`)."""
+"""The generic tasks of the harness, registered by name (`register`); the paper
+reproductions with their own models register from the checkout's ``experiments/``
+(``--import``, or ``imports = [...]`` in a TOML config).
+"""
 
 from __future__ import annotations
 
-from . import base as _base
-from .base import *  # noqa: F403
-from .finetune import Finetune
-from .lipschitz import LipschitzDigits
+from .. import task as _task
+from ..task import *  # noqa: F403
 from .matrix import Brockett, Procrustes
 from .sequence import Adding, Copying, Digits
-from .video import MovingDigits
 
-__all__ = [
-    *_base.__all__,
-    "Procrustes",
-    "Brockett",
-    "Copying",
-    "Adding",
-    "Digits",
-    "Finetune",
-    "MovingDigits",
-    "LipschitzDigits",
-]
+__all__ = [*_task.__all__, "Procrustes", "Brockett", "Copying", "Adding", "Digits"]

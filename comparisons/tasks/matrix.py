@@ -7,7 +7,7 @@ from torch import nn
 
 from ...manifolds import kernels
 from ...parametrizations import orthogonalize
-from .base import Task, positive_int, register
+from ..task import Task, positive_int, register
 
 
 class _MatrixModel(nn.Module):

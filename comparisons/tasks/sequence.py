@@ -8,8 +8,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import LSTMBaseline, OrthogonalRNN
-from .base import Classification, Task, digits_split, positive_int, register
+from ...nn import OrthogonalRNN
+from ..task import Classification, Task, digits_split, positive_int, register
+
+__all__ = ["LSTMBaseline", "Copying", "Adding", "Digits"]
+
+
+class LSTMBaseline(nn.Module):
+    """The LSTM baseline (forget-gate bias 1, as in the scaled Cayley paper's settings)."""
+
+    def __init__(self, n_in: int, n_hidden: int, n_out: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.lstm = nn.LSTM(n_in, n_hidden, batch_first=True, dtype=dtype)
+        with torch.no_grad():
+            for name, p in self.lstm.named_parameters():
+                if name.startswith("bias"):
+                    p.zero_()
+                    p[n_hidden : 2 * n_hidden] = 0.5  # two biases add up to 1
+        self.out = nn.Linear(n_hidden, n_out, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, all_steps: bool = False) -> torch.Tensor:
+        hs, _ = self.lstm(x.to(self.out.weight.dtype))
+        y = self.out(hs)
+        return y if all_steps else y[:, -1]
 
 
 class _SequenceTask(Task):
@@ -19,42 +40,23 @@ class _SequenceTask(Task):
     n_out = 1
 
     def __init__(
-        self,
-        dtype,
-        device,
-        seed,
-        n: int = 64,
-        batch: int = 64,
-        operator: bool | str = "auto",
-        nonpositive_bias: bool = False,
-    ):
+        self, dtype, device, seed, n: int = 64, batch: int = 64,
+        operator: bool | str = "auto", nonpositive_bias: bool = False,
+    ):  # fmt: skip
         super().__init__(dtype, device, seed)
         self.n = positive_int(self.name, "n", n)
         self.batch = positive_int(self.name, "batch", batch)
         self.operator = operator
         self.nonpositive_bias = nonpositive_bias
 
-    @property
-    def complex(self) -> bool:
-        return self.dtype.is_complex
-
     def build(self, method: str, method_options: dict) -> nn.Module:
-        real = self.dtype.to_real()
+        real, size = self.dtype.to_real(), (self.n_in, self.n, self.n_out)
         if method == "lstm":
-            return LSTMBaseline(self.n_in, self.n, self.n_out, dtype=real).to(self.device)
-        return OrthogonalRNN(
-            self.n_in,
-            self.n,
-            self.n_out,
-            method=method,
-            method_options=method_options,
-            complex=self.complex,
-            init="henaff",
-            operator=self.operator,
-            nonpositive_bias=self.nonpositive_bias,
-            generator=self.generator,
-            dtype=real,
-        ).to(self.device)
+            return LSTMBaseline(*size, dtype=real).to(self.device)
+        opts = dict(operator=self.operator, nonpositive_bias=self.nonpositive_bias)
+        opts.update(method=method, method_options=method_options, complex=self.dtype.is_complex)
+        model = OrthogonalRNN(*size, init="henaff", generator=self.generator, dtype=real, **opts)
+        return model.to(self.device)
 
     def constrained(self, model: nn.Module) -> nn.Module | None:
         return getattr(model, "transition", None)

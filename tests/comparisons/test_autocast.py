@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from stiefel.comparisons.config import PRECISIONS, precision, resolve
+from stiefel.comparisons.config import resolve
+from stiefel.comparisons.precision import PRECISIONS, precision
 from stiefel.comparisons.runner import RunConfig, run
 
 TINY = dict(n=64, T=10, batch=32)

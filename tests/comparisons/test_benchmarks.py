@@ -62,7 +62,7 @@ def test_measure_counts_runs(bench):
 
 
 def test_median_time_ends_warmup_after_a_slow_call(bench, monkeypatch):
-    from stiefel.comparisons import timing
+    from stiefel.comparisons import cost as timing
 
     _timing = bench["_timing"]
     calls = []
@@ -239,7 +239,8 @@ def test_device_option_of_the_gpu_benchmarks(bench, capsys):
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
-    """The wheel built from this checkout has the harness but no benchmark script."""
+    """The wheel built from this checkout has the harness and its presets, but no benchmark
+    script and no experiment (both run from a checkout)."""
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__")
     shutil.copytree(ROOT, src, ignore=ignore)  # build outside the checkout: no build/ left there
@@ -247,6 +248,9 @@ def test_wheel_holds_no_benchmark(tmp_path):
     subprocess.run([*cmd, "-q", "-w", str(tmp_path)], check=True, timeout=300)
     (wheel,) = tmp_path.glob("stiefel-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "stiefel/comparisons/cli.py" in names and "stiefel/comparisons/timing.py" in names
+    assert "stiefel/comparisons/cli.py" in names and "stiefel/comparisons/cost.py" in names
+    presets = sorted(n for n in names if n.startswith("stiefel/configs/"))
+    assert presets == ["stiefel/configs/defaults.toml", "stiefel/configs/quick.toml"]
+    assert not [n for n in names if "experiments/" in n]
     bad = [n for n in names if "benchmarks/" in n or "/bench/" in n or "bench" in n.split("/")[-1]]
     assert bad == [], bad

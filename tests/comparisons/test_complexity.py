@@ -1,7 +1,6 @@
 """The complexity section's measuring tools: peak memory, the measurement plans, and the
 measured time as a multiple of the FLOP model at the GEMM rate."""
 
-import csv
 import itertools
 import json
 import math
@@ -10,8 +9,9 @@ import pytest
 import torch
 
 from stiefel import optimizers, parametrizations
-from stiefel.comparisons import cli, complexity, registry, roofline
-from stiefel.comparisons.complexity import map_plan, peak_bytes, step_plan
+from stiefel.comparisons import cli, complexity, cost, table
+from stiefel.comparisons.complexity import map_plan, step_plan
+from stiefel.comparisons.cost import peak_bytes
 
 MiB = 2**20
 
@@ -73,7 +73,7 @@ def _map_model(name: str, n: int, L: int) -> float:
 
 
 def _step_model(label: str, n: int, m: int) -> float:
-    info, variant = registry.optimizer_steps()[label]
+    info, variant = cost.optimizer_steps()[label]
     model = optimizers.info(info.name).step_flops
     return math.nan if model is None else float(model(n, m, **variant))
 
@@ -92,12 +92,12 @@ def test_gemm_multiple_is_time_over_model_time_for_every_map_and_step():
             "step_s": 0.002 * k,
             "flops": _step_model(label, 256, 8),
         }
-        for k, label in enumerate(registry.optimizer_steps(), start=1)
+        for k, label in enumerate(cost.optimizer_steps(), start=1)
     ]
     for r in maps:
         r["flops"] = _map_model(r["method"], 64, 16)
     before = json.dumps([maps, steps])
-    out_maps, out_steps = roofline.with_gemm_multiples(maps, steps, rate)
+    out_maps, out_steps = complexity.with_gemm_multiples(maps, steps, rate)
     assert json.dumps([maps, steps]) == before  # the inputs are left as they were
     assert [r["method"] for r in out_maps] == list(parametrizations.maps())
     for r in out_maps:
@@ -108,15 +108,15 @@ def test_gemm_multiple_is_time_over_model_time_for_every_map_and_step():
         assert r["forward_backward_flops"] == approx(3 * fwd, rel=1e-12)
         want = r["forward_backward_s"] / (3 * fwd / rate)
         assert r["forward_backward_x_gemm"] == approx(want, rel=1e-12)
-    assert [r["optimizer"] for r in out_steps] == list(registry.optimizer_steps())
+    assert [r["optimizer"] for r in out_steps] == list(cost.optimizer_steps())
     for r in out_steps:
         model = _step_model(r["optimizer"], 256, 8)
         if math.isnan(model):  # an optimizer without a FLOP model has no multiple
             assert math.isnan(r["step_x_gemm"])
         else:
             assert r["step_x_gemm"] == approx(r["step_s"] * rate / model, rel=1e-12)
-    assert roofline.gemm_multiple(0.3, 1e9, 1e10) == approx(3.0)
-    assert math.isnan(roofline.gemm_multiple(0.3, 0.0, 1e10))
+    assert cost.gemm_multiple(0.3, 1e9, 1e10) == approx(3.0)
+    assert math.isnan(cost.gemm_multiple(0.3, 0.0, 1e10))
 
 
 def test_a_declared_backward_model_replaces_the_convention(monkeypatch):
@@ -124,23 +124,10 @@ def test_a_declared_backward_model_replaces_the_convention(monkeypatch):
     monkeypatch.setattr(
         cls, "backward_flops", classmethod(lambda c, n, m, L: 7.0 * n * m * L), raising=False
     )
-    fb, basis = roofline.forward_backward_flops("cwy", 32, 32, 8)
+    fb, basis = cost.forward_backward_flops("cwy", 32, 32, 8)
     assert basis == "backward model"
     assert fb == approx(_map_model("cwy", 32, 8) + 7.0 * 32 * 32 * 8, rel=1e-12)
-    assert roofline.forward_backward_flops("exp", 32, 32, None)[1] == "3× forward"
-
-
-def test_gemm_goal_text_names_what_is_above_the_goal():
-    text = roofline.gemm_goal_text({"a": 1.5, "b": 2.5, "c": math.nan}, "maps")
-    assert (
-        text == "\nWithin 2× of the FLOP model at the GEMM rate (maps): 1 of 2; above: b (2.5×).\n"
-    )
-    assert "no FLOP model" in roofline.gemm_goal_text({"c": math.nan}, "steps")
-    # below the size the goal is stated at there is no verdict (the quick preset)
-    small = roofline.gemm_goal_text({"a": 9.0}, "maps", 128, roofline.GOAL_MAP_N)
-    assert "not judged at size 128" in small and "above" not in small
-    big = roofline.gemm_goal_text({"a": 9.0}, "maps", 1024, roofline.GOAL_MAP_N)
-    assert "0 of 1; above: a (9×)" in big
+    assert cost.forward_backward_flops("exp", 32, 32, None)[1] == "3× forward"
 
 
 def _md_rows(md: str, header: str) -> list[dict[str, str]]:
@@ -154,40 +141,36 @@ def _md_rows(md: str, header: str) -> list[dict[str, str]]:
     return rows
 
 
-def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatch):
+def _rows(out, task: str) -> list[dict]:
+    """The table's rows of complexity part ``task`` regrouped as measured rows."""
+    rows: dict[tuple, dict] = {}
+    for r in table.read(out, section="complexity", task=task):
+        rows.setdefault((r["strategy"], r["step"]), {})[r["metric"]] = r["value"]
+    return list(rows.values())
+
+
+def test_section_writes_the_column_to_the_table_and_markdown(tmp_path, monkeypatch):
     # a fake timer: the k-th timing returns k ms, so forward, forward+backward and steps differ
     ticks = itertools.count(1)
-    monkeypatch.setattr(complexity, "fastest_time", lambda fn, *a, **k: 1e-3 * next(ticks))
+    fake = lambda fn, *a, **k: 1e-3 * next(ticks)  # noqa: E731
+    monkeypatch.setattr(cost, "fastest_time", fake)  # the GEMM rate's
+    monkeypatch.setattr(complexity, "fastest_time", fake)
     argv = ["complexity", "--out", str(tmp_path), "--sizes", "8", "--fractions", "0.5", "1"]
     cli.main(argv + ["--repeats", "1", "--shapes", "32x4"])
-    data = json.loads((tmp_path / "complexity.json").read_text())
-    rate = data["gemm_flops_per_s"]
+    (rate,) = [r["value"] for r in table.read(tmp_path, task="gemm")]
     assert rate == approx(2 * 512**3 / 1e-3)  # the first timing: the GEMM rate's
-    maps, steps = data["maps"], data["optimizer_steps"]
+    maps, steps = _rows(tmp_path, "maps"), _rows(tmp_path, "steps")
     assert {r["method"] for r in maps} == set(parametrizations.maps())
-    for r in maps:
-        fwd = _map_model(r["method"], r["n"], r["L"])
+    for r in maps:  # the multiples the markdown must show, from the table's raw values
+        fwd = _map_model(r["method"], 8, r["L"])
         assert r["forward_s"] != r["forward_backward_s"]
-        assert r["forward_x_gemm"] == approx(r["forward_s"] / (fwd / rate), rel=1e-9)
-        want = r["forward_backward_s"] / (3 * fwd / rate)
-        assert r["forward_backward_x_gemm"] == approx(want, rel=1e-9)
-    assert {r["optimizer"] for r in steps} >= set(registry.optimizer_steps())
-    for r in steps:
-        if r["optimizer"] in registry.optimizer_steps():
-            model = _step_model(r["optimizer"], r["N"], r["M"])
-            if not math.isnan(model):
-                assert r["step_x_gemm"] == approx(r["step_s"] / (model / rate), rel=1e-9)
-    # the CSVs carry the same values
-    with open(tmp_path / "complexity_maps.csv") as f:
-        csv_maps = list(csv.DictReader(f))
-    assert [float(r["forward_backward_x_gemm"]) for r in csv_maps] == approx(
-        [r["forward_backward_x_gemm"] for r in maps], rel=1e-12
-    )
-    with open(tmp_path / "complexity_optimizers.csv") as f:
-        csv_steps = {r["optimizer"]: r for r in csv.DictReader(f)}
-    for r in steps:
-        if not math.isnan(r["step_x_gemm"]):
-            assert float(csv_steps[r["optimizer"]]["step_x_gemm"]) == approx(r["step_x_gemm"])
+        r["forward_x_gemm"] = r["forward_s"] / (fwd / rate)
+        r["forward_backward_x_gemm"] = r["forward_backward_s"] / (3 * fwd / rate)
+    assert {r["optimizer"] for r in steps} >= set(cost.optimizer_steps())
+    for r in steps:  # geoopt's steps have no FLOP model: no multiple
+        known = r["optimizer"] in cost.optimizer_steps()
+        model = _step_model(r["optimizer"], 32, r["M"]) if known else math.nan
+        r["step_x_gemm"] = r["step_s"] / (model / rate)
     # the markdown tables: one row per map × L/n, one per step, with the column
     md = (tmp_path / "complexity.md").read_text()
     assert "Forward+backward FLOPs here: 3× forward (" in md  # the caption names the basis
@@ -200,11 +183,10 @@ def test_section_writes_the_column_to_json_csv_and_markdown(tmp_path, monkeypatc
         got = float(row["fwd+bwd × FLOPs at GEMM rate"])
         assert got == approx(r["forward_backward_x_gemm"], rel=5e-3)
     md_steps = {r["optimizer"]: r for r in _md_rows(md, "| optimizer |")}
-    assert set(md_steps) >= set(registry.optimizer_steps())
+    assert set(md_steps) >= set(cost.optimizer_steps())
     for r in steps:
         cell = md_steps[r["optimizer"]]["step × FLOPs at GEMM rate"]
         if math.isnan(r["step_x_gemm"]):
             assert cell == "–"
         else:
             assert float(cell) == approx(r["step_x_gemm"], rel=5e-3)
-    assert "Within 2× of the FLOP model at the GEMM rate (optimizer steps): " in md

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import torch
 
-from stiefel.comparisons import cli, strategies
+from stiefel.comparisons import cli, strategies, table
 from stiefel.comparisons.runner import RunConfig, run
 from stiefel.comparisons.tasks import Brockett, Copying, Procrustes, make
 
@@ -109,16 +109,17 @@ def test_drift_subcommand_writes_files(tmp_path):
             *TINY,
         ]
     )
-    for name in ("drift.json", "drift.csv", "drift.md", "drift.png", "drift.svg", "report.md"):
+    for name in ("results.jsonl", "drift.md", "drift.png", "drift.svg", "report.md"):
         assert (tmp_path / name).exists(), name
     assert _is_png(tmp_path / "drift.png")
-    data = json.loads((tmp_path / "drift.json").read_text())
-    assert len(data["runs"]) == 4
+    final = table.read(tmp_path, metric="final_loss")
+    assert len(final) == 4 and {r["section"] for r in final} == {"drift"}
     report = (tmp_path / "report.md").read_text()
     assert "| cwy+adam | float64 |" in report and "drift.png" in report
     # drift values are real measurements: parametrization at the epsilon level
-    run64 = next(r for r in data["runs"] if r["dtype"] == "float64" and r["strategy"] == "cwy+adam")
-    assert max(run64["drift"]) < 100 * 6 * torch.finfo(torch.float64).eps
+    run64 = table.read(tmp_path, dtype="float64", strategy="cwy+adam", metric="drift")
+    assert [r["step"] for r in run64] == [0, 4, 8, 11]  # every 4th step and the last
+    assert max(r["value"] for r in run64) < 100 * 6 * torch.finfo(torch.float64).eps
 
 
 def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
@@ -143,10 +144,11 @@ def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
             "2",
         ]
     )
-    data = json.loads((tmp_path / "convergence.json").read_text())
-    # LSTM runs only on the sequence task; 2 seeds each
-    assert len(data["runs"]) == 2 * 1 + 2 * 2
-    assert all(r["step"] == [0, 2, 4, 5] for r in data["runs"])  # every 2nd and the last
+    runs = {(r["task"], r["strategy"], r["seed"]) for r in table.read(tmp_path)}
+    assert len(runs) == 2 * 1 + 2 * 2  # LSTM runs only on the sequence task; 2 seeds each
+    for task, strategy, seed in runs:  # every 2nd step and the last
+        losses = table.read(tmp_path, task=task, strategy=strategy, seed=seed, metric="loss")
+        assert [r["step"] for r in losses] == [0, 2, 4, 5]
     assert _is_png(tmp_path / "convergence_copying.png")
     assert (tmp_path / "convergence_brockett.svg").exists()
     md = (tmp_path / "convergence.md").read_text()
@@ -180,29 +182,33 @@ def test_complexity_subcommand(tmp_path, monkeypatch):
             "64x4",
         ]
     )
-    data = json.loads((tmp_path / "complexity.json").read_text())
-    assert data["gemm_flops_per_s"] > 0
-    methods = {r["method"] for r in data["maps"]}
+    (rate,) = table.read(tmp_path, task="gemm")
+    assert rate["value"] > 0
+    maps = table.read(tmp_path, task="maps", metric="method")  # one row per measured map
+    methods = {r["value"] for r in maps}
     assert {"householder", "cwy", "exp", "cayley"} <= methods
     # limits: exp only up to n = 8, landing only up to N = 32; the others at every size
-    assert {r["n"] for r in data["maps"] if r["method"] == "exp"} == {8}
-    assert {r["n"] for r in data["maps"] if r["method"] == "cwy"} == {8, 16}
-    assert {r["N"] for r in data["optimizer_steps"] if r["optimizer"] == "landing"} == {32}
+    assert {r["step"] for r in maps if r["value"] == "exp"} == {8}
+    assert {r["step"] for r in maps if r["value"] == "cwy"} == {8, 16}
+    steps = table.read(tmp_path, task="steps", metric="optimizer")
+    assert {r["step"] for r in steps if r["value"] == "landing"} == {32}
     # the default limit on geoopt's canonical N×N step stays beside the config's
-    assert data["options"]["limits"]["geoopt RiemannianSGD CanonicalStiefel"] == 16384
+    limits = json.loads((tmp_path / "manifest.json").read_text())["sections"]["complexity"]
+    assert limits["options"]["limits"]["geoopt RiemannianSGD CanonicalStiefel"] == 16384
     assert _is_png(tmp_path / "complexity_maps.png")
     md = (tmp_path / "complexity.md").read_text()
     assert "exponent fwd+bwd" in md and "CWY paper Table 2" in md
     assert "Fitted exponents within 0.3 of the FLOP model's (maps" in md
     # every registered map and every riemannian optimizer × variant is measured
-    from stiefel.comparisons import registry
+    from stiefel import parametrizations
+    from stiefel.comparisons.cost import optimizer_steps
 
-    assert methods == set(registry.maps())
-    assert {r["optimizer"] for r in data["optimizer_steps"]} >= set(registry.optimizer_steps())
+    assert methods == set(parametrizations.maps())
+    assert {r["value"] for r in steps} >= set(optimizer_steps())
     # the FLOP model of a reflection map is homogeneous of degree 3 in n at fixed L/n
     cwy = _table_row(md, "| method |", "| cwy | L = 0.5·n")
     assert cwy["model exponent"] == "3" and cwy["fitted over n"] == "8–16"
-    assert cwy["serial complexity"] == registry.map_info("cwy").formula
+    assert cwy["serial complexity"] == parametrizations.maps()["cwy"].formula
     assert float(cwy["peak fwd+bwd [MiB]"]) > 0
     landing = _table_row(md, "| optimizer |", "| landing")
     assert landing["exponent in N"] == landing["model exponent"] == "–"  # one size
@@ -223,7 +229,7 @@ def _table_row(md: str, header: str, row: str) -> dict[str, str]:
 def test_fit_exponent_matches_a_least_squares_reference():
     import numpy as np
 
-    from stiefel.comparisons.complexity import fit_exponent
+    from stiefel.comparisons.cost import fit_exponent
 
     sizes, times = [256, 512, 1024, 2048], [0.011, 0.07, 0.61, 4.2]
     ref = np.polyfit(np.log(sizes), np.log(times), 1)[0]
@@ -246,7 +252,7 @@ def test_fit_exponent_matches_a_least_squares_reference():
 def test_complexity_bad_options_name_the_option(tmp_path, argv, message):
     with pytest.raises(ValueError, match=message):
         cli.main(["complexity", "--out", str(tmp_path), "--sizes", "8", *argv])
-    assert not (tmp_path / "complexity.json").exists()
+    assert not (tmp_path / "results.jsonl").exists()
 
 
 @pytest.mark.parametrize(
@@ -273,7 +279,7 @@ def test_config_with_unknown_or_bad_options_says_what_exists(tmp_path, toml, mes
     cfg.write_text(toml)
     with pytest.raises(ValueError, match=message):
         cli.main(["complexity", "--out", str(tmp_path), "--config", str(cfg), "--sizes", "8"])
-    assert not (tmp_path / "complexity.json").exists()
+    assert not (tmp_path / "results.jsonl").exists()
 
 
 def test_shapes_flag_needs_n_x_m(capsys):

@@ -5,14 +5,13 @@ Both are registered the way a third party would (``stiefel.parametrizations.regi
 harness is not edited. The registrations are removed again after the test.
 """
 
-import json
 from typing import ClassVar
 
 import pytest
 import torch
 
 from stiefel import optimizers, parametrizations
-from stiefel.comparisons import cli, registry
+from stiefel.comparisons import cli, cost, table
 from stiefel.manifolds import kernels
 from stiefel.optimizers import RiemannianOptimizer
 
@@ -74,13 +73,12 @@ def plugins(monkeypatch):
 
 
 def test_plugins_are_read_from_the_registries(plugins):
-    assert MAP in registry.maps() and MAP in registry.methods()
-    info = registry.map_info(MAP)
-    assert info.formula == "n³ (SVD)" and info.flops(8, 4) == 22.0 * 8 * 16
-    assert not info.reflections and not info.operator
-    o = registry.optimizer_info(OPT)
+    assert MAP in parametrizations.maps() and MAP in parametrizations.available()
+    assert cost.map_flops(MAP, 8, 4) == 22.0 * 8 * 16
+    assert cost.forward_backward_flops(MAP, 8, 4, None) == (3 * 22.0 * 8 * 16, "3× forward")
+    o = optimizers.info(OPT)
     assert (o.default_lr, o.riemannian, o.flops(8, 4)) == (0.1, True, 8.0 * 8 * 16)
-    assert OPT in registry.optimizer_steps()
+    assert cost.optimizer_steps()[OPT] == (o, {})
 
 
 def test_plugins_run_in_every_subcommand(plugins, tmp_path):
@@ -88,27 +86,26 @@ def test_plugins_run_in_every_subcommand(plugins, tmp_path):
     strategies = [f"{MAP}+adam", f"riemannian+{OPT}", f"{MAP}+{OPT}"]
     out = tmp_path / "d"
     cli.main(["drift", "--out", str(out), "--strategies", *strategies, "--dtype", "float64", *tiny])
-    runs = json.loads((out / "drift.json").read_text())["runs"]
-    assert [r["strategy"] for r in runs] == strategies
-    for r in runs:
-        assert max(r["drift"]) < 1e-12  # both keep the matrix on St(5, 2) in float64
-    assert runs[1]["lr"] == 0.1  # the plugin's declared default learning rate
+    lrs = table.read(out, metric="lr")
+    assert [r["strategy"] for r in lrs] == strategies
+    assert lrs[1]["value"] == 0.1  # the plugin's declared default learning rate
+    # both keep the matrix on St(5, 2) in float64
+    assert max(r["value"] for r in table.read(out, metric="drift")) < 1e-12
     out = tmp_path / "c"
     cli.main(
         ["convergence", "--out", str(out), "--tasks", "brockett", "--strategies", *strategies]
         + ["--dtype", "float64", *tiny]
     )
-    summary = json.loads((out / "convergence.json").read_text())["summary"]
-    assert {s["strategy"] for s in summary} == set(strategies)
+    assert {r["strategy"] for r in table.read(out, metric="final_loss")} == set(strategies)
     out = tmp_path / "x"
     cli.main(
         ["complexity", "--out", str(out), "--sizes", "4", "8", "--fractions", "1"]
         + ["--repeats", "1", "--shapes", "16x2"]
     )
-    data = json.loads((out / "complexity.json").read_text())
-    polar = [r for r in data["maps"] if r["method"] == MAP]
-    assert [r["n"] for r in polar] == [4, 8] and polar[0]["flops"] == 22.0 * 4**3
-    (step,) = [r for r in data["optimizer_steps"] if r["optimizer"] == OPT]
-    assert step["flops"] == 8.0 * 16 * 4 and step["step_s"] > 0
+    polar = table.read(out, task="maps", strategy=f"{MAP} L=1n", metric="flops")
+    assert [r["step"] for r in polar] == [4, 8] and polar[0]["value"] == 22.0 * 4**3
+    (flops,) = table.read(out, task="steps", strategy=f"{OPT} M=2", metric="flops")
+    (step_s,) = table.read(out, task="steps", strategy=f"{OPT} M=2", metric="step_s")
+    assert flops["value"] == 8.0 * 16 * 4 and step_s["value"] > 0
     assert "n³ (SVD)" in (out / "complexity.md").read_text()
-    assert torch.isfinite(torch.tensor(step["step_s"]))
+    assert torch.isfinite(torch.tensor(step_s["value"]))

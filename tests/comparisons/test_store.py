@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from stiefel.comparisons import cli
+from stiefel.comparisons import cli, table
 from stiefel.comparisons.store import OutputLocked, RunStore
 
 RUN = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--dtype", "float64"]
@@ -182,3 +182,63 @@ def test_links_out_of_out_are_refused(tmp_path):
         cli.main(["drift", "--out", str(out), "--seeds", "1", *TINY])
     assert list(outside.iterdir()) == []
     assert not (out / ".lock").exists()
+
+
+# ----------------------------------------------------------------- the audit's findings
+def _crafted_manifest(out: pathlib.Path, **section) -> None:
+    """A manifest.json as an attacker (or a stray edit) would leave it in --out."""
+    sec = {"options": {}, "runs": [], "outputs": [], "skipped": [], "state": "finished"}
+    out.mkdir(exist_ok=True)
+    (out / "manifest.json").write_text(json.dumps({"sections": {"drift": {**sec, **section}}}))
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_overwrite_deletes_no_file_a_crafted_manifest_names_outside_out(tmp_path, where):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    name = "../victim.txt" if where == "relative" else str(victim)
+    _crafted_manifest(tmp_path / "out", runs=[{"key": "k", "file": name, "finished": None}])
+    with pytest.raises(ValueError, match=f"refusing {name!r} .* named in manifest.*outside --out"):
+        cli.main(["drift", "--out", str(tmp_path / "out"), "--overwrite", "--seeds", "1", *TINY])
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "out" / ".lock").exists()
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_report_copies_no_file_a_crafted_manifest_names_outside_out(tmp_path, where):
+    secret = tmp_path / "secret.md"
+    secret.write_text("SECRET outside --out")
+    name = "../secret.md" if where == "relative" else str(secret)
+    _crafted_manifest(tmp_path / "out", outputs=[name])
+    with pytest.raises(ValueError, match=f"refusing {name!r} .* named in manifest.*outside --out"):
+        cli.main(["report", "--out", str(tmp_path / "out")])
+    report = tmp_path / "out" / "report.md"
+    assert not report.exists() or "SECRET" not in report.read_text()
+
+
+def test_runs_of_other_options_are_not_reused_without_the_manifest(tmp_path, capsys):
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *TINY])  # 4 steps
+    (tmp_path / "manifest.json").unlink()
+    longer = [*TINY, "--steps", "6"]  # the last flag wins
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *longer])
+    assert "already done" not in capsys.readouterr().out
+    (final,) = table.read(tmp_path, metric="final_loss")
+    assert final["step"] == 5  # trained again for 6 steps, not the stored 4-step run
+    (tmp_path / "manifest.json").unlink()  # same options: the stored run is reused
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *longer])
+    assert "1 of 1 runs already done" in capsys.readouterr().out
+
+
+def test_a_lock_whose_owner_has_not_written_its_pid_yet_is_held(tmp_path):
+    lock = tmp_path / ".lock"
+    lock.write_text("")  # created by a writer that has not written its pid yet
+    with pytest.raises(OutputLocked, match="no pid yet"):
+        RunStore(tmp_path).open()
+    assert lock.exists() and lock.read_text() == ""  # left to its owner
+    old = time.time() - 3600  # a pid-less lock an hour old was left by a crash: taken over
+    os.utime(lock, (old, old))
+    store = RunStore(tmp_path)
+    store.open()
+    assert lock.read_text() == str(os.getpid())
+    store.close("finished")
+    assert not lock.exists()

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from stiefel.comparisons.models import LSTMBaseline
 from stiefel.comparisons.runner import RunConfig, run
+from stiefel.comparisons.tasks.sequence import LSTMBaseline
 from stiefel.nn import ModReLU, OrthogonalRNN, OrthogonalRNNCell
 from stiefel.nn.recurrent import has_operator
 from stiefel.parametrizations import available
@@ -99,14 +99,6 @@ def test_model_dtype_follows_the_run():
     assert lstm(torch.randn(1, 5, 2)).dtype == torch.float64
     with pytest.raises(TypeError, match="dtype=torch.float16; allowed: torch.float32, torch"):
         OrthogonalRNN(2, 4, 3, dtype=torch.float16)
-
-
-def test_harness_reexports_the_layers():
-    import stiefel.comparisons.models as models
-    import stiefel.nn
-
-    assert models.OrthogonalRNN is stiefel.nn.OrthogonalRNN
-    assert models.ModReLU is stiefel.nn.ModReLU
 
 
 def test_operator_capability_comes_from_the_map_class():

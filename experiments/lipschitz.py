@@ -16,8 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.lipschitz import LipschitzNet
-from .base import Classification, Task, digits_split, positive_int, real_dtype, register
+from experiments import real_dtype
+from experiments.lipschitz_net import LipschitzNet
+from stiefel.comparisons.task import (
+    Classification,
+    Task,
+    digits_split,
+    positive_int,
+    register,
+)
 
 __all__ = ["LipschitzDigits"]
 

@@ -28,11 +28,11 @@ import math
 import torch
 from torch import nn
 
-from ..nn import OrthogonalConv2d
-from ..parametrizations import orthogonalize
-from . import registry
-from .timing import fastest_time
-from .writers import md_table
+from stiefel.comparisons.complexity import FIT_MIN_N, register_part
+from stiefel.comparisons.cost import fastest_time, map_flops
+from stiefel.comparisons.writers import md_table
+from stiefel.nn import OrthogonalConv2d
+from stiefel.parametrizations import maps, orthogonalize
 
 __all__ = ["conv_costs", "conv_table", "CONV_PLAN", "QUICK_CONV_PLAN"]
 
@@ -48,8 +48,8 @@ def _flops(layer: str, b: int, c: int, k: int, n: int) -> float:
     if layer == "nn.Conv2d":
         return direct
     if layer.startswith("conv_kernel"):
-        info = registry.map_info(_MAP)
-        return direct + info.flops(c * k * k, c, c if info.reflections else None)
+        reflections = c if maps()[_MAP].takes_reflections() else None
+        return direct + map_flops(_MAP, c * k * k, c, reflections)
     freqs = n * (n // 2 + 1)
     fft = 2 * 2.5 * b * c * n * n * math.log2(n * n)
     return fft + freqs * (4 * 8 / 3 * c**3 + 8 * b * c * c)
@@ -100,9 +100,18 @@ def conv_table(rows: list[dict], rate: float) -> list[str]:
     head += ["time / roofline"]
     return [
         f"\n### Convolution layers, batch {_BATCH}, {_SIZE}×{_SIZE} images, forward + backward\n",
-        "FLOP models: see `stiefel.comparisons.conv_complexity` (direct 2·B·c²·k²·n²; "
+        "FLOP models: see `experiments/conv_complexity.py` (direct 2·B·c²·k²·n²; "
         f"conv_kernel=True adds the {_MAP} map on St(c·k², c); the FFT layer adds FFTs and a "
         "c×c complex Cayley solve per frequency); the roofline is 3× the forward model "
         "at the measured GEMM rate.\n",
         md_table(head, body),
     ]
+
+
+def _measure(opts: dict) -> list[dict]:
+    """The complexity section's part: the small plan at the quick preset's sizes."""
+    small = max(opts["sizes"]) < FIT_MIN_N
+    return conv_costs(opts["repeats"], opts["device"], QUICK_CONV_PLAN if small else CONV_PLAN)
+
+
+register_part("conv_layers", _measure, conv_table)

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 pytest.importorskip("peft")
 pytest.importorskip("sklearn")
 
+from experiments.finetune import ADAPTERS, rotations  # noqa: E402
 from stiefel.comparisons import cli, tasks  # noqa: E402
 from stiefel.comparisons.grid import plan  # noqa: E402
 from stiefel.comparisons.runner import RunConfig, run  # noqa: E402
-from stiefel.comparisons.tasks.finetune import ADAPTERS, rotations  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # PEFT BOFT: no CUDA extension
 
@@ -54,7 +54,7 @@ def test_registered_with_its_methods():
     assert "finetune" in tasks.available()
     opts = tasks.options("finetune")
     assert {"width", "layers", "shift", "targets", "pretrain_steps"} <= set(opts)
-    extra = tasks.base.extra_methods()
+    extra = tasks.extra_methods()
     for method in [*ADAPTERS, "rotate"]:
         assert extra[method] == ["finetune"]
 

@@ -1,6 +1,6 @@
 r"""Fine-tuning a small pretrained transformer on a shifted task with adapters.
 
-The base is a `stiefel.comparisons.models.transformer.TinyEncoder` trained
+The base is a `experiments.transformer.TinyEncoder` trained
 from its seed on scikit-learn's 8×8 digits (tokens = the 8 rows of 8 pixels;
 a few seconds on a CPU, then kept in memory for the process). It is then
 frozen and fine-tuned on a *shifted* task with an adapter on the Linear
@@ -38,12 +38,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...parametrizations import Rotation, rotate
-from ..complexity import peak_bytes
-from ..models.transformer import BLOCK_LINEARS, TinyEncoder
-from ..registry import methods as registered_methods
-from ..timing import fastest_time
-from .base import Classification, Task, digits_split, positive_int, real_dtype, register
+from experiments import real_dtype
+from experiments.transformer import BLOCK_LINEARS, TinyEncoder
+from stiefel.comparisons.cost import fastest_time, peak_bytes
+from stiefel.comparisons.task import (
+    Classification,
+    Task,
+    digits_split,
+    positive_int,
+    register,
+)
+from stiefel.parametrizations import Rotation, available, rotate
 
 __all__ = ["Finetune", "ADAPTERS", "SHIFTS"]
 
@@ -184,12 +189,12 @@ class Finetune(Classification, Task):
             return self._peft(model, method, options, where)
         if method == ROTATE:
             kw = dict(options)
-        elif method in registered_methods():
+        elif method in available():
             if "method" in options:
                 raise ValueError(f"{where}: method= is given by the name {method!r}; drop it")
             kw = {"method": method, **options}
         else:
-            allowed = [*self.extra_methods, *registered_methods()]
+            allowed = [*self.extra_methods, *available()]
             raise ValueError(f"{where}: unknown method {method!r}; allowed: {', '.join(allowed)}")
         size = kw.pop("block_size", None)
         if size is not None and "blocks" in kw:

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn import OrthogonalConv2d
-from ...nn.conv import FFT_METHODS
-from ...parametrizations import orthogonalize
+from stiefel.nn import OrthogonalConv2d
+from stiefel.nn.conv import FFT_METHODS
+from stiefel.parametrizations import orthogonalize
 
 __all__ = ["LipschitzNet", "maxmin", "operator_norm"]
 
@@ -70,7 +70,7 @@ def operator_norm(
     Example:
         ```python
         import torch
-        from stiefel.comparisons.models.lipschitz import operator_norm
+        from experiments.lipschitz_net import operator_norm
 
         a = torch.diag(torch.tensor([3.0, 1.0, 0.5]))
         assert abs(operator_norm(lambda v: a @ v, (3,)) - 3.0) < 1e-4

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from stiefel.comparisons.models.video import VideoPredictor, parameter_count
-from stiefel.comparisons.tasks.video import MovingDigits, moving_digits
+from experiments.moving_digits import MovingDigits, moving_digits
+from experiments.video_models import VideoPredictor, parameter_count
 from stiefel.manifolds.kernels import orthogonality_error
 
 
@@ -80,7 +80,7 @@ def test_task_loss_metrics_and_drift():
         "copy_last_mae",
         "black_mae",
     }
-    assert metrics["peak_memory_mb"] > 0  # measured on CPU too (complexity.peak_bytes)
+    assert metrics["peak_memory_mb"] > 0  # measured on CPU too (cost.peak_bytes)
     assert metrics["black_mae"] == pytest.approx(float(task.test[:, 1:].mean()))
     assert metrics["test_frame_mae"] == pytest.approx(metrics["test_mae"] * 256, rel=1e-4)
     black_mse = float(task.test[:, 1:].pow(2).mean())  # the default loss is the MSE

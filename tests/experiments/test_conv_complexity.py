@@ -2,8 +2,8 @@
 
 import math
 
-from stiefel.comparisons import registry
-from stiefel.comparisons.conv_complexity import conv_costs, conv_table
+from experiments.conv_complexity import conv_costs, conv_table
+from stiefel.comparisons.cost import map_flops
 
 
 def test_conv_rows_and_flop_models():
@@ -16,7 +16,7 @@ def test_conv_rows_and_flop_models():
     b, c, k, n = 8, 4, 3, 32
     direct = 2 * b * c * c * k * k * n * n
     assert rows[0]["flops"] == direct
-    assert rows[1]["flops"] == direct + registry.map_info("tcwy").flops(c * k * k, c, c)
+    assert rows[1]["flops"] == direct + map_flops("tcwy", c * k * k, c, c)
     freqs = n * (n // 2 + 1)
     fft = 5 * b * c * n * n * math.log2(n * n)
     assert math.isclose(rows[2]["flops"], fft + freqs * (32 / 3 * c**3 + 8 * b * c * c))

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.video import VARIANTS, VideoPredictor, parameter_count
-from .base import Task, digits_split, positive_int, real_dtype, register
+from experiments import real_dtype
+from experiments.video_models import VARIANTS, VideoPredictor, parameter_count
+from stiefel.comparisons.task import Task, digits_split, positive_int, register
 
 __all__ = ["MovingDigits", "moving_digits"]
 
@@ -196,7 +197,7 @@ class MovingDigits(Task):
             "parameters": float(parameter_count(model)),
             **self.trivial,
         }
-        from ..complexity import peak_bytes  # lazy: complexity imports geoopt
+        from stiefel.comparisons.cost import peak_bytes
 
         state = torch.get_rng_state(), self.generator.get_state()
 

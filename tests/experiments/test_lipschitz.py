@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+import experiments.lipschitz  # noqa: F401  (registers lipschitz_digits)
+from experiments.lipschitz_net import LipschitzNet, maxmin, operator_norm
 from stiefel.comparisons import tasks
-from stiefel.comparisons.models.lipschitz import LipschitzNet, maxmin, operator_norm
 from stiefel.comparisons.runner import RunConfig, run
 
 

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ...manifolds.kernels import haar
-from ...nn import ConvNERUCell
-from ...parametrizations.conv import ConvKernel
+from stiefel.manifolds.kernels import haar
+from stiefel.nn import ConvNERUCell
+from stiefel.parametrizations.conv import ConvKernel
 
 __all__ = ["ConvLSTMCell", "VideoPredictor", "VARIANTS", "parameter_count"]
 

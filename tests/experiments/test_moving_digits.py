@@ -2,6 +2,7 @@
 
 import pytest
 
+import experiments.moving_digits  # noqa: F401  (registers moving_digits)
 from stiefel.comparisons import tasks
 from stiefel.comparisons.grid import plan
 from stiefel.comparisons.runner import RunConfig, run

@@ -8,6 +8,7 @@ line (``--task-option k=v``) and TOML configs reach them with no other edit.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,18 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "Task",
-    "register",
-    "available",
-    "get",
-    "options",
-    "make",
-    "check_options",
-    "extra_methods",
-    "digits_split",
-    "real_dtype",
-    "Classification",
-]
+    "Task", "register", "available", "get", "options", "make", "check_options", "import_modules",
+    "extra_methods", "digits_split", "Classification",
+]  # fmt: skip
 
 _TASKS: dict[str, type[Task]] = {}
 _FIXED = ("self", "dtype", "device", "seed")
@@ -40,12 +32,6 @@ def positive_int(task: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"task {task!r}: {name}={value!r}; allowed: an integer >= 1")
     return value
-
-
-def real_dtype(task: str, dtype: torch.dtype) -> None:
-    """ValueError naming the task when ``dtype`` is complex (a task on real data only)."""
-    if dtype.is_complex:
-        raise ValueError(f"task {task!r}: dtype={dtype}; allowed: float32, float64 (a real task)")
 
 
 def digits_split(task: str, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -257,3 +243,29 @@ def make(name: str, dtype: torch.dtype, device: torch.device, seed: int, **opts:
     """Instantiate the task ``name`` with its options (checked against its signature)."""
     check_options(name, opts)
     return get(name)(dtype, device, seed, **opts)
+
+
+def import_modules(names: list[str], required: bool = True) -> None:
+    """Import the modules ``names`` (e.g. ``experiments.lipschitz``), which register tasks.
+
+    The harness's ``--import MODULE`` and a config's ``imports = [...]``: the
+    paper reproductions of a checkout's ``experiments/`` are not installed and
+    register their tasks this way (run from the checkout's root). With
+    ``required=False`` (a config's ``try_imports``) a module that is not there
+    is skipped, with a note the first time.
+    """
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if required or not (exc.name and name.startswith(exc.name)):
+                raise ValueError(
+                    f"imports: cannot import {name!r} ({exc}); allowed: an importable module, "
+                    "e.g. experiments.lipschitz from the root of a checkout"
+                ) from exc
+            if name not in _SKIPPED:
+                _SKIPPED.add(name)
+                print(f"not imported (not in this installation): {name}", flush=True)
+
+
+_SKIPPED: set[str] = set()

@@ -1,0 +1,274 @@
+"""Cost measurement, in one place: time, peak and saved bytes, the GEMM rate, FLOP multiples.
+
+Note [Fastest run for cost models]
+On a shared machine other processes only ever slow a run down, so the fastest
+of several runs is the closest to the cost of the computation itself (the
+advice of Python's ``timeit``). The complexity section fits exponents to these
+times and divides FLOP models by a GEMM rate measured the same way.
+
+Note [Forward+backward FLOP convention]
+A map whose class declares no ``backward_flops`` is charged 3× its forward
+FLOPs for forward+backward: the backward of a product C = AB is two products
+of the same size (∂A = ∂C·Bᴴ, ∂B = Aᴴ·∂C), so a map built of products costs
+twice its forward again. A class whose backward is not built that way (an
+adjoint Fréchet derivative, re-used LU factors) declares
+``backward_flops(n, m, reflections)``, the backward alone, and is charged
+forward + backward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .. import optimizers, parametrizations
+
+__all__ = [
+    "timed", "run_times", "fastest_time", "gemm_rate", "peak_bytes", "saved_bytes", "fit_exponent",
+    "gemm_multiple", "map_flops", "forward_backward_flops", "optimizer_steps", "GEOOPT_STEPS",
+    "FWD_BWD_FACTOR",
+]  # fmt: skip
+
+#: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
+GEOOPT_STEPS = (
+    "geoopt RiemannianSGD CanonicalStiefel",
+    "geoopt RiemannianSGD EuclideanStiefel",
+    "geoopt RiemannianAdam CanonicalStiefel",
+)
+#: forward+backward FLOPs of a map without a backward model, in forward FLOPs
+#: (Note [Forward+backward FLOP convention])
+FWD_BWD_FACTOR = 3.0
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall time of one call ``fn()`` in seconds (CUDA work included)."""
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
+def run_times(
+    fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0
+) -> list[float]:
+    """Times of up to ``repeats`` calls of ``fn()`` after ``warmup`` untimed ones.
+
+    Stops early once ``budget_s`` seconds have been spent (after at least 3
+    runs), so that a slow anchor cannot stall a whole measurement; a warm-up
+    call over a second ends the warm-up (such a call is not dominated by
+    first-call allocations and caches).
+    """
+    for _ in range(warmup):
+        if timed(fn) > 1.0:
+            break
+    times: list[float] = []
+    start = time.perf_counter()
+    for _ in range(max(repeats, 1)):
+        times.append(timed(fn))
+        if len(times) >= 3 and time.perf_counter() - start > budget_s:
+            break
+    return times
+
+
+def fastest_time(
+    fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0
+) -> float:
+    """Fastest wall time of ``fn()`` over ``repeats`` runs (Note [Fastest run for cost models]).
+
+    Example:
+        ```python
+        from stiefel.comparisons.cost import fastest_time
+
+        assert fastest_time(lambda: sum(range(100)), repeats=3) > 0
+        ```
+    """
+    return min(run_times(fn, repeats, warmup, budget_s))
+
+
+def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7) -> float:
+    """Measured FLOP/s of an n×n GEMM (n >= 512): the roofline the FLOP models are divided by.
+
+    The fastest of ``repeats`` runs (Note [Fastest run for cost models]): a
+    roofline is the rate the machine reaches; a product smaller than 512×512
+    measures call overhead, not the rate.
+    """
+    n = max(int(n), 512)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n**3 / fastest_time(lambda: a @ b, repeats, warmup=1)
+
+
+class _HeldBytes(TorchDispatchMode):
+    """Counts the bytes of the storages torch ops create, until each is freed.
+
+    An op's output whose storage is one of its inputs' (a view, an in-place
+    op) allocates nothing; a new storage is counted from the op's return until
+    its finalizer runs (torch keeps a storage's Python object as long as the
+    storage lives, so the finalizer runs when the memory is released).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = self.peak = 0
+        self.live: dict[int, int] = {}
+
+    def _free(self, key: int) -> None:
+        self.held -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat = tree_flatten((args, kwargs))[0]
+        inputs = {id(t.untyped_storage()) for t in flat if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key, size = id(st), st.nbytes()
+            if key in inputs or key in self.live or not size:
+                continue
+            self.live[key] = size
+            self.held += size
+            self.peak = max(self.peak, self.held)
+            weakref.finalize(st, self._free, key)
+        return out
+
+
+def peak_bytes(fn, device="cpu") -> int:
+    """Peak of the bytes that torch ops allocate during ``fn()`` and still hold.
+
+    CUDA: the caching allocator's peak statistic above what was allocated
+    before. CPU, which keeps no such statistic: every op's new output storages
+    are counted from their creation until they are freed (kernel-internal
+    workspaces, e.g. LAPACK's, are not seen).
+
+    Example:
+        ```python
+        import torch
+        from stiefel.comparisons.cost import peak_bytes
+
+        a = torch.randn(256, 256)
+        assert peak_bytes(lambda: a @ a) == 256 * 256 * 4  # the 256 KiB result
+        ```
+    """
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
+    with _HeldBytes() as mode:
+        fn()
+    return mode.peak
+
+
+def saved_bytes(fn) -> int:
+    """Bytes autograd saves for the backward of ``fn()`` (the activation memory)."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def fit_exponent(sizes: list[float], values: list[float]) -> float:
+    """Least-squares slope of log(value) against log(size).
+
+    Example:
+        ```python
+        from stiefel.comparisons.cost import fit_exponent
+
+        assert round(fit_exponent([1, 2, 4], [3.0, 24.0, 192.0]), 6) == 3.0
+        ```
+    """
+    xs = [math.log(s) for s in sizes]
+    ys = [math.log(max(v, 1e-12)) for v in values]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def gemm_multiple(seconds: float, flops: float, rate: float) -> float:
+    """``seconds / (flops / rate)``: how many times slower than the modelled FLOPs at the GEMM rate.
+
+    1 is a computation that runs its FLOP model at the measured GEMM rate;
+    above 1 it loses time to lower-rate kernels (triangular solves,
+    memory-bound updates, Python loops); below 1 the model over-counts. NaN
+    when there is no FLOP model (NaN or <= 0).
+
+    Example:
+        ```python
+        import math
+        from stiefel.comparisons.cost import gemm_multiple
+
+        assert gemm_multiple(0.2, 1e9, 1e10) == 2.0  # 0.1 s ideal, 0.2 s measured
+        assert math.isnan(gemm_multiple(0.2, float("nan"), 1e10))
+        ```
+    """
+    if not (math.isfinite(flops) and flops > 0):
+        return math.nan
+    return seconds / (flops / rate)
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def map_flops(method: str, n: int, m: int, reflections: int | None = None) -> float:
+    """Forward FLOPs the registered map class ``method`` declares (NaN: no model)."""
+    return _number(parametrizations.maps()[method].flops(n, m, reflections))
+
+
+def forward_backward_flops(
+    method: str, n: int, m: int, reflections: int | None
+) -> tuple[float, str]:
+    """FLOPs charged to forward+backward of map ``method``, and their basis.
+
+    Note [Forward+backward FLOP convention]: ``(forward + backward model,
+    "backward model")`` when the class declares ``backward_flops``, else
+    ``(3 × forward, "3× forward")``.
+    """
+    fwd = map_flops(method, n, m, reflections)
+    model = getattr(parametrizations.maps()[method], "backward_flops", None)
+    bwd = math.nan if model is None else _number(model(n, m, reflections))
+    if math.isfinite(bwd):
+        return fwd + bwd, "backward model"
+    return FWD_BWD_FACTOR * fwd, f"{FWD_BWD_FACTOR:g}× forward"
+
+
+def _step_label(name: str, variant: dict) -> str:
+    if not variant:
+        return name
+    return f"{name}({','.join(f'{k}={v}' for k, v in sorted(variant.items()))})"
+
+
+def optimizer_steps() -> dict[str, tuple[optimizers.OptimizerInfo, dict]]:
+    """Every registered Riemannian optimizer × its declared variants, by label.
+
+    Example:
+        ```python
+        from stiefel.comparisons.cost import optimizer_steps
+
+        info, variant = optimizer_steps()["rgd(metric=canonical,retraction=qr)"]
+        assert info.name == "rgd" and variant == {"metric": "canonical", "retraction": "qr"}
+        ```
+    """
+    infos = [optimizers.info(name) for name in optimizers.available()]
+    return {_step_label(i.name, v): (i, dict(v)) for i in infos if i.riemannian for v in i.variants}

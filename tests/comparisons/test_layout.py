@@ -1,0 +1,92 @@
+"""The harness's size and import floors: comparisons/ stays small and flat, with no circle.
+
+A floor is a module's height in the import graph of ``comparisons/``: a module
+importing no other harness module is on floor 1, any other one floor above the
+highest it imports. Edges are the static imports (``from .x import y``,
+``from . import x``, ``import stiefel.comparisons.x``, also inside functions);
+``from .x import y`` where ``x.y`` is a module counts as an import of ``x.y``.
+The package's own ``__init__`` (which registers the generic tasks) is a module
+like the others.
+"""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "comparisons"
+PACKAGE = "stiefel.comparisons"
+
+
+def _name(path: pathlib.Path) -> str:
+    parts = path.relative_to(HARNESS).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join((PACKAGE, *parts))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the harness modules it imports (statically)."""
+    files = {_name(p): p for p in HARNESS.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
+                targets = subs or ([base] if base in files else [])
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name in files]
+            graph[mod] |= {t for t in targets if t != mod}
+    return graph
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's floor; AssertionError naming the circle when there is one."""
+    out: dict[str, int] = {}
+
+    def visit(m: str, path: tuple[str, ...]) -> int:
+        assert m not in path, f"import circle: {' → '.join((*path[path.index(m) :], m))}"
+        if m not in out:
+            out[m] = 1 + max((visit(d, (*path, m)) for d in graph[m]), default=0)
+        return out[m]
+
+    for m in graph:
+        visit(m, ())
+    return out
+
+
+def test_the_harness_is_small_and_flat():
+    lines = sum(len(p.read_text().splitlines()) for p in HARNESS.rglob("*.py"))
+    assert lines <= 3000, lines
+    height = floors(import_graph())
+    assert max(height.values()) <= 6, sorted(height.items(), key=lambda kv: -kv[1])
+
+
+def test_floor_counting_sees_a_circle_and_a_chain():
+    assert floors({"a": {"b"}, "b": {"c"}, "c": set()}) == {"a": 3, "b": 2, "c": 1}
+    try:
+        floors({"a": {"b"}, "b": {"a"}})
+    except AssertionError as exc:
+        assert "a → b → a" in str(exc)
+    else:
+        raise AssertionError("a circle was not seen")
+
+
+def test_nothing_in_the_package_imports_experiments_or_benchmarks():
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("experiments", "benchmarks", "tests", "docs", "build"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            bad = [n for n in names if n.split(".")[0] in ("experiments", "benchmarks")]
+            assert not bad, (rel, bad)
