@@ -37,9 +37,9 @@ def _rgd_qr_np(x, g, lr):
 @pytest.fixture
 def sandbox(monkeypatch):
     """Registry state private to one test (names registered here vanish afterwards)."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_ENTRY_POINTS", dict(registry._ENTRY_POINTS))
-    monkeypatch.setattr(registry, "_SCANNED", registry._SCANNED)
+    saved = registry.OPTIMIZERS.snapshot()
+    yield
+    registry.OPTIMIZERS.restore(saved)
 
 
 # ---------------------------------------------------------------- registry
@@ -82,7 +82,7 @@ def test_register_twice_or_non_optimizer_raises(sandbox):
             class Second(torch.optim.SGD):
                 pass
 
-    assert registry._REGISTRY["twice"] is First  # the first registration is kept
+    assert optimizers.get("twice") is First  # the first registration is kept
     with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
         optimizers.register("not_opt")(dict)
     with pytest.raises(ValueError, match="name="):
@@ -91,7 +91,7 @@ def test_register_twice_or_non_optimizer_raises(sandbox):
     bad = optimizers.register("returns_list")(lambda params, lr: [])
     with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
         optimizers.create("returns_list", [torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    assert bad is registry._REGISTRY["returns_list"]
+    assert bad is optimizers.get("returns_list")
 
 
 def test_entry_point_discovery(sandbox, monkeypatch, tmp_path):
