@@ -133,6 +133,30 @@ def test_entry_point_discovery(sandbox, monkeypatch, tmp_path):
         optimizers.register("ep_half_sgd")(torch.optim.SGD)
 
 
+def test_hyper_parameters_are_read_from_signatures_and_unknown_ones_refused(sandbox):
+    p = torch.nn.Parameter(torch.zeros(3))
+    opts = registry.OPTIMIZERS.options
+    assert opts("sgd")["lr"] == 0.001 and "params" not in opts("sgd")
+    assert opts("rgd")["retraction"] == "cayley" and "telemetry" in opts("rgd")  # keyword-only
+    assert {"stabilize", "betas", "amsgrad"} <= set(opts("geoopt_radam"))  # factory → its class
+    for error in (ValueError, TypeError):  # RegistryError is both; torch raised TypeError
+        with pytest.raises(error, match=r"'momentun' for optimizer name='sgd'.*momentum=0"):
+            optimizers.create("sgd", [p], lr=0.1, momentun=0.9)
+        with pytest.raises(error, match=r"'retractoin'.*retraction='cayley'"):
+            optimizers.create("rgd", [p], lr=0.1, retractoin="qr")
+    with pytest.raises(ValueError, match="'stabilise'.*stabilize=None"):
+        optimizers.create("geoopt_radam", [p], lr=0.1, stabilise=10)
+    assert optimizers.create("geoopt_radam", [p], lr=0.1, stabilize=10)._stabilize == 10
+
+    @optimizers.register("open_sgd")
+    def open_sgd(params, **hyper):  # **hyper says nothing: the factory checks them itself
+        return torch.optim.SGD(params, **hyper)
+
+    assert optimizers.create("open_sgd", [p], lr=0.1, momentum=0.5).defaults["momentum"] == 0.5
+    with pytest.raises(TypeError, match="momentun"):
+        optimizers.create("open_sgd", [p], lr=0.1, momentun=0.5)
+
+
 # ---------------------------------------------------------------- a user plugin
 def test_user_plugin_trains_a_model(sandbox):
     @optimizers.register("capped_rgd")
