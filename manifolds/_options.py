@@ -103,7 +103,10 @@ def signature_options(
     for func in funcs:
         if stops and func is stops[0].__init__:
             return out, True
-        params = _signature(func).parameters.values()
+        try:
+            params = _signature(func).parameters.values()
+        except (TypeError, ValueError):  # no Python signature (a C extension): nothing known
+            return out, True
         for p in params:
             if p.name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                 out.setdefault(p.name, p)
