@@ -77,7 +77,8 @@ class Registry(Generic[T]):
         argument: the name of the argument users pass the name as ("method",
             "name", "task"), for messages.
         group: the entry-point group third-party packages declare in (None: none).
-        reserved: names that cannot be registered, each with the reason.
+        reserved: names that cannot be registered, each with what it means
+            instead (listed with the registered names when a name is unknown).
         fixed: the arguments every registered thing takes that are not options.
         stop: interface classes whose ``__init__`` ends the options walk
             (Note [Options behind **kwargs]).
@@ -113,7 +114,7 @@ class Registry(Generic[T]):
         assert shapes.get("ring")(3) == ("ring", 3, 1.0)
         with pytest.raises(RegistryError, match="radius=1.0"):
             shapes.check_options("ring", {"radious": 2.0})
-        with pytest.raises(ValueError, match="shape='star'.*available: ring"):
+        with pytest.raises(ValueError, match="shape='star' is not supported; allowed: ring"):
             shapes.get("star")
         ```
     """
@@ -228,8 +229,13 @@ class Registry(Generic[T]):
         """
         if not isinstance(name, str):
             raise RegistryError(
-                f"{self.argument}={name!r} is not a registered {self.kind}: {self.argument} "
-                f"must be a str; available: {', '.join(self.available())}"
+                f"{self.argument}={name!r} is not supported: {self.argument} must be a str; "
+                f"allowed: {self._allowed()}"
+            )
+        if name in self.reserved:
+            raise ValueError(
+                f"{self.argument}={name!r} is not a {self.kind}: {self.reserved[name]}; "
+                f"{self.kind}s: {', '.join(self.available())}"
             )
         self.load_entry_points()
         if name in self._pending:
@@ -238,9 +244,15 @@ class Registry(Generic[T]):
             return self._items[name]
         why = f" (its entry point could not be loaded: {self._broken.get(name)})"
         raise ValueError(
-            f"unknown {self.kind} {self.argument}={name!r}{why if name in self._broken else ''}; "
-            f"available: {', '.join(self.available())}"
+            f"{self.argument}={name!r} is not supported{why if name in self._broken else ''}; "
+            f"allowed: {self._allowed()}"
         )
+
+    def _allowed(self) -> str:
+        text = f"{', '.join(self.available())} (the registered {self.kind}s)"
+        for name, reason in self.reserved.items():
+            text += f", {name} ({reason})"
+        return text
 
     # ------------------------------------------------------------------ entry points
     def load_entry_points(self, force: bool = False) -> list[str]:

@@ -84,7 +84,10 @@ MAPS: Registry[type[OrthogonalMap]] = Registry(
     "map",
     argument="method",
     group=ENTRY_POINT_GROUP,
-    reserved={RIEMANNIAN: "it makes the weight a manifold parameter; it is not a map"},
+    reserved={
+        RIEMANNIAN: "orthogonalize makes the weight itself a manifold parameter for the "
+        "Riemannian optimizers"
+    },
     fixed=("shape", "dtype", "device"),
     check=_check_map,
     on_register=_name_map,
@@ -168,11 +171,6 @@ def available() -> list[str]:
 
 def get(name: object) -> type[OrthogonalMap]:
     """The map class registered under ``name`` (ValueError listing `available` otherwise)."""
-    if name == RIEMANNIAN:
-        raise ValueError(
-            "method='riemannian' is not a map: it makes the weight itself a manifold "
-            "parameter (orthogonalize handles it); maps: " + ", ".join(MAPS.available())
-        )
     return MAPS.get(name)  # type: ignore[arg-type]
 
 

@@ -170,10 +170,14 @@ def test_wrong_kind_is_a_type_error_and_registers_nothing():
 def test_unknown_or_non_str_name_lists_the_available():
     reg = toy()
     reg.register("copying")(Copying)
-    with pytest.raises(ValueError, match="unknown task name='copyng'; available: copying"):
+    with pytest.raises(ValueError, match="name='copyng' is not supported; allowed: copying"):
         reg.get("copyng")
+    with pytest.raises(ValueError, match=r"tasks\), all \(it selects every task\)"):
+        reg.get("copyng")  # a reserved name is listed with what it means
+    with pytest.raises(ValueError, match="name='all' is not a task: it selects every task"):
+        reg.get("all")
     for error in (ValueError, TypeError):  # both conventions hold (RegistryError is both)
-        with pytest.raises(error, match="name=None.*must be a str.*available: copying"):
+        with pytest.raises(error, match="name=None.*must be a str; allowed: copying"):
             reg.get(None)
 
 
