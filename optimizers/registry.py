@@ -35,10 +35,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +44,7 @@ from typing import Any
 import geoopt
 import torch
 
+from ..manifolds._registry import Registry
 from .base import RiemannianOptimizer
 
 __all__ = [
@@ -83,28 +82,9 @@ def _geoopt_radam(params, **hyper: Any) -> geoopt.optim.RiemannianAdam:
     return opt
 
 
-_REGISTRY: dict[str, Any] = {
-    "sgd": torch.optim.SGD,
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-    "rmsprop": torch.optim.RMSprop,
-    "adagrad": torch.optim.Adagrad,
-    "geoopt_rsgd": geoopt.optim.RiemannianSGD,
-    "geoopt_radam": _geoopt_radam,
-}
-#: what `info` reports for names registered with keywords (the built-ins of torch
-#: and geoopt below, and `register(name, **info)`); wins over class attributes.
-#: The learning rates are the harness defaults: torch's move a map's free
-#: parameters, geoopt's move points on the manifold.
-_INFO: dict[str, dict[str, Any]] = {
-    "sgd": dict(default_lr=0.05),
-    "adam": dict(default_lr=1e-2),
-    "adamw": dict(default_lr=1e-2),
-    "rmsprop": dict(default_lr=1e-3),
-    "adagrad": dict(default_lr=0.1),
-    "geoopt_rsgd": dict(default_lr=0.05),
-    "geoopt_radam": dict(default_lr=1e-2, riemannian=True),
-}
+_geoopt_radam.__wrapped__ = geoopt.optim.RiemannianAdam  # its options are the class's
+
+
 _INFO_FIELDS = (
     "default_lr",
     "riemannian",
@@ -114,8 +94,6 @@ _INFO_FIELDS = (
     "paper_formula",
     "variants",
 )
-_ENTRY_POINTS: dict[str, importlib.metadata.EntryPoint] = {}
-_SCANNED = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +141,15 @@ class OptimizerInfo:
         return "" if self.paper_formula is None else str(self.paper_formula(**hyper))
 
 
+def _check_info(name: str, declared: dict[str, Any]) -> None:
+    unknown = sorted(set(declared) - set(_INFO_FIELDS))
+    if unknown:
+        raise TypeError(
+            f"register({name!r}, ...): unknown info keyword(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(_INFO_FIELDS)}"
+        )
+
+
 def _check_target(name: str, obj: Any) -> None:
     if inspect.isclass(obj):
         if not issubclass(obj, torch.optim.Optimizer):
@@ -176,13 +163,16 @@ def _check_target(name: str, obj: Any) -> None:
         )
 
 
-def _check_info(name: str, declared: dict[str, Any]) -> None:
-    unknown = sorted(set(declared) - set(_INFO_FIELDS))
-    if unknown:
-        raise TypeError(
-            f"register({name!r}, ...): unknown info keyword(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(_INFO_FIELDS)}"
-        )
+#: the optimizer registry (the one `Registry` policy for names, entry points and options);
+#: an optimizer's options are its keyword arguments after ``params``
+OPTIMIZERS: Registry[Any] = Registry(
+    "optimizer",
+    group=ENTRY_POINT_GROUP,
+    fixed=("params",),
+    stop=(RiemannianOptimizer, torch.optim.Optimizer),
+    check=_check_target,
+    sort=True,
+)
 
 
 def register(name: str, **info: Any) -> Callable[[Any], Any]:
@@ -199,9 +189,10 @@ def register(name: str, **info: Any) -> Callable[[Any], Any]:
         The decorator, which returns its argument unchanged.
 
     Raises:
-        ValueError: `name` is not an identifier or is already registered (an
-            entry point of that name not yet loaded is dropped with a warning:
-            the registered one wins).
+        ValueError: `name` is not an identifier or is taken by another object
+            (an entry point of that name not yet loaded is dropped with a
+            warning: the registered one wins; registering the same object
+            again does nothing).
         TypeError: the target is neither an Optimizer subclass nor callable,
             or an `info` keyword is unknown.
 
@@ -219,45 +210,33 @@ def register(name: str, **info: Any) -> Callable[[Any], Any]:
         assert optimizers.info("half_sgd_doc").default_lr == 0.2
         ```
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"name={name!r} is not allowed; allowed: a Python identifier string")
     _check_info(name, info)
-
-    def decorator(obj: Any) -> Any:
-        _check_target(name, obj)
-        if name in _REGISTRY:
-            raise ValueError(
-                f"an optimizer is already registered under name={name!r} "
-                f"({_REGISTRY[name]!r}); choose another name; taken: {', '.join(available())}"
-            )
-        if name in _ENTRY_POINTS:
-            _warn_shadowed(_ENTRY_POINTS.pop(name))
-        _REGISTRY[name] = obj
-        if info:
-            _INFO[name] = dict(info)
-        return obj
-
-    return decorator
+    return OPTIMIZERS.register(name, **info)
 
 
-def _warn_shadowed(ep: importlib.metadata.EntryPoint) -> None:
-    dist = getattr(ep, "dist", None)
-    origin = f" (from distribution {dist.name!r})" if dist is not None else ""
-    warnings.warn(
-        f"entry point {ep.name!r} = {ep.value!r}{origin} in group {ENTRY_POINT_GROUP!r} "
-        f"clashes with the optimizer registered under that name; the registered one "
-        "is used and the entry point is ignored",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+#: torch's and geoopt's optimizers, with what `info` reports for them (keywords of
+#: `register` win over class attributes). The learning rates are the harness
+#: defaults: torch's move a map's free parameters, geoopt's move points on the manifold.
+for _name, _obj, _declared in (
+    ("sgd", torch.optim.SGD, dict(default_lr=0.05)),
+    ("adam", torch.optim.Adam, dict(default_lr=1e-2)),
+    ("adamw", torch.optim.AdamW, dict(default_lr=1e-2)),
+    ("rmsprop", torch.optim.RMSprop, dict(default_lr=1e-3)),
+    ("adagrad", torch.optim.Adagrad, dict(default_lr=0.1)),
+    ("geoopt_rsgd", geoopt.optim.RiemannianSGD, dict(default_lr=0.05)),
+    ("geoopt_radam", _geoopt_radam, dict(default_lr=1e-2, riemannian=True)),
+):
+    register(_name, **_declared)(_obj)
 
 
 def load_entry_points(force: bool = False) -> list[str]:
     """Scan the entry-point group `stiefel.optimizers` (once, or again with `force`).
 
-    A name that clashes with a registered one is skipped with a warning naming
-    the entry point (the registered one wins). A broken environment warns and
-    finds nothing; it never raises.
+    The policy of every registry (Note [One entry-point policy]): a name that
+    clashes with a registered one is skipped with a warning naming the entry
+    point (the registered one wins); an entry point is imported when its name
+    is first created or asked about; a broken environment warns and finds
+    nothing, it never raises.
 
     Args:
         force: scan again even if scanned before.
@@ -265,44 +244,12 @@ def load_entry_points(force: bool = False) -> list[str]:
     Returns:
         The sorted names found and not yet loaded.
     """
-    global _SCANNED
-    if _SCANNED and not force:
-        return sorted(_ENTRY_POINTS)
-    _SCANNED = True
-    _ENTRY_POINTS.clear()
-    try:
-        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    except Exception as exc:  # noqa: BLE001 - a broken environment must not break the registry
-        warnings.warn(f"could not read entry points {ENTRY_POINT_GROUP!r}: {exc}", stacklevel=2)
-        return []
-    for ep in eps:
-        if ep.name in _REGISTRY or ep.name in _ENTRY_POINTS:
-            _warn_shadowed(ep)
-            continue
-        _ENTRY_POINTS[ep.name] = ep
-    return sorted(_ENTRY_POINTS)
+    return OPTIMIZERS.load_entry_points(force)
 
 
 def available() -> list[str]:
     """Sorted names of every optimizer that `create` accepts (entry points included)."""
-    load_entry_points()
-    return sorted({*_REGISTRY, *_ENTRY_POINTS})
-
-
-def _resolve(name: str) -> Any:
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {name!r}; available: {', '.join(available())}")
-    load_entry_points()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if name in _ENTRY_POINTS:
-        ep = _ENTRY_POINTS[name]
-        obj = ep.load()
-        _check_target(name, obj)
-        _REGISTRY[name] = obj
-        del _ENTRY_POINTS[name]
-        return obj
-    raise ValueError(f"unknown optimizer name={name!r}; available: {', '.join(available())}")
+    return OPTIMIZERS.available()
 
 
 def get(name: str) -> Any:
@@ -315,10 +262,11 @@ def get(name: str) -> Any:
         The registered class or factory.
 
     Raises:
-        ValueError: unknown name (the available ones are listed).
+        ValueError: unknown name (the available ones are listed), or an entry
+            point that could not be loaded (the reason is given).
         TypeError: `name` is not a string.
     """
-    return _resolve(name)
+    return OPTIMIZERS.get(name)
 
 
 def _default_riemannian(obj: Any) -> bool:
@@ -351,8 +299,8 @@ def info(name: str) -> OptimizerInfo:
         print(rgd.flops(1024, 64, metric="euclidean", retraction="qr"))
         ```
     """
-    obj = _resolve(name)
-    declared = _INFO.get(name, {})
+    obj = OPTIMIZERS.get(name)
+    declared = OPTIMIZERS.meta(name)
     values: dict[str, Any] = {"riemannian": _default_riemannian(obj)}
     for key in _INFO_FIELDS:
         if key in declared:
@@ -378,9 +326,12 @@ def create(name: str, params, **hyper: Any) -> torch.optim.Optimizer:
     Raises:
         ValueError: unknown name (the available ones are listed); the
             optimizer's own checks raise for bad hyper-parameters.
+        RegistryError: (a ValueError and a TypeError) a hyper-parameter the
+            optimizer's signature does not take (the accepted ones are listed).
         TypeError: the registered factory did not return an Optimizer.
     """
-    obj = _resolve(name)
+    obj = OPTIMIZERS.get(name)
+    OPTIMIZERS.check_options(name, hyper)
     opt = obj(params, **hyper)
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(

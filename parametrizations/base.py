@@ -19,10 +19,8 @@ polar = "my_package.maps:PolarMap"
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import math
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import ClassVar, TypeVar
@@ -32,6 +30,7 @@ from torch import nn
 
 from ..manifolds import Orthogonal, Stiefel, Unitary, _checks
 from ..manifolds._checks import represented_dtype
+from ..manifolds._registry import Registry
 from ..manifolds.kernels import haar, orthogonality_error, polar
 from ._inverse import Unreachable
 
@@ -68,9 +67,31 @@ INITS = ("nearest", "haar", "identity", "random")
 RIEMANNIAN = "riemannian"
 ENTRY_POINT_GROUP = "stiefel.parametrizations"
 
-_REGISTRY: dict[str, type[OrthogonalMap]] = {}
-_ENTRY_POINTS_LOADED = False
 M = TypeVar("M", bound=type)
+
+
+def _check_map(name: str, cls: object) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, OrthogonalMap)):
+        raise TypeError(f"register({name!r}) decorates OrthogonalMap subclasses, got {cls!r}")
+
+
+def _name_map(name: str, cls: type[OrthogonalMap]) -> None:
+    cls.method = name
+
+
+#: the map registry (the one `Registry` policy for names, entry points and options)
+MAPS: Registry[type[OrthogonalMap]] = Registry(
+    "map",
+    argument="method",
+    group=ENTRY_POINT_GROUP,
+    reserved={
+        RIEMANNIAN: "orthogonalize makes the weight itself a manifold parameter for the "
+        "Riemannian optimizers"
+    },
+    fixed=("shape", "dtype", "device"),
+    check=_check_map,
+    on_register=_name_map,
+)
 
 
 def manifold_for(shape: Sequence[int], is_complex: bool) -> Stiefel:
@@ -86,16 +107,18 @@ def register(name: str) -> Callable[[M], M]:
     """Class decorator adding an `OrthogonalMap` subclass under ``name``.
 
     Built-in maps register in a fixed order when the package is imported; user
-    maps come after them, in registration order.
+    maps come after them, in registration order. Registering the same class
+    again under its name does nothing.
 
     Args:
-        name: the method name ``orthogonalize`` will accept.
+        name: the method name ``orthogonalize`` will accept (a Python identifier).
 
     Returns:
         The decorator (it returns the class unchanged, with ``method = name``).
 
     Raises:
-        ValueError: ``name`` is empty, ``"riemannian"`` or already taken.
+        ValueError: ``name`` is not an identifier, is ``"riemannian"`` or is
+            taken by another class.
         TypeError: the decorated object is not an `OrthogonalMap` subclass.
 
     Example:
@@ -115,83 +138,40 @@ def register(name: str) -> Callable[[M], M]:
         assert "polar_demo" in available()
         ```
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str, got {name!r}")
-    if name == RIEMANNIAN:
-        raise ValueError(f"name={name!r} is reserved for Riemannian weights; choose another name")
-
-    def decorate(cls: M) -> M:
-        if not (isinstance(cls, type) and issubclass(cls, OrthogonalMap)):
-            raise TypeError(f"register({name!r}) decorates OrthogonalMap subclasses, got {cls!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"method {name!r} is already registered ({_REGISTRY[name]!r})")
-        cls.method = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return MAPS.register(name)
 
 
-def load_entry_points() -> None:
-    """Load the maps of the entry-point group ``stiefel.parametrizations`` (once).
+def load_entry_points(force: bool = False) -> list[str]:
+    """Scan the entry-point group ``stiefel.parametrizations`` (once, or again with ``force``).
 
     Note [Plugin maps never break the import]
-    Entry points are read on the first call to `maps`, `available` or `get`,
-    never at import. A plugin whose name is taken (by a built-in or a map
-    registered before) is ignored with a warning: the registered map wins.
-    A plugin that fails to load, or is not an `OrthogonalMap` subclass, is
-    skipped with a warning too.
+    Entry points are scanned on the first call to `maps`, `available` or
+    `get`, never at import, and a plugin's module is imported when its map is
+    first needed. The policy is the one of every registry (Note [One
+    entry-point policy]): a plugin whose name is taken (by a built-in or a map
+    registered before) is ignored with a warning, the registered map wins; a
+    plugin that fails to load, or is not an `OrthogonalMap` subclass, is
+    dropped with a warning naming it.
+
+    Returns:
+        The names found and not loaded yet, sorted.
     """
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    try:
-        eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    except Exception as exc:  # noqa: BLE001 - a broken environment must not break the registry
-        warnings.warn(f"could not read entry points {ENTRY_POINT_GROUP!r}: {exc}", stacklevel=2)
-        return
-    for ep in eps:
-        if ep.name in _REGISTRY or ep.name == RIEMANNIAN:
-            warnings.warn(
-                f"entry point {ep.name!r} = {ep.value!r} clashes with the method already "
-                "registered under that name; it is ignored",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            continue
-        try:
-            cls = ep.load()
-            register(ep.name)(cls)
-        except Exception as exc:  # noqa: BLE001 - one bad plugin must not hide the others
-            warnings.warn(
-                f"entry point {ep.name!r} = {ep.value!r} could not be loaded: {exc}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+    return MAPS.load_entry_points(force)
 
 
 def maps() -> dict[str, type[OrthogonalMap]]:
-    """The registered maps, name → class: built-ins, then user and plugin maps."""
-    load_entry_points()
-    return dict(_REGISTRY)
+    """The registered maps, name → class: built-ins, then user and plugin maps (loaded)."""
+    return MAPS.items()
 
 
 def available() -> list[str]:
     """Names ``orthogonalize`` accepts: the registered maps, then ``"riemannian"``."""
-    return [*maps(), RIEMANNIAN]
+    return [*MAPS.available(), RIEMANNIAN]
 
 
 def get(name: object) -> type[OrthogonalMap]:
     """The map class registered under ``name`` (ValueError listing `available` otherwise)."""
-    registered = maps()
-    _checks.choice("method", name, available())
-    if name == RIEMANNIAN:
-        raise ValueError(
-            "method='riemannian' is not a map: it makes the weight itself a manifold "
-            "parameter (orthogonalize handles it); maps: " + ", ".join(registered)
-        )
-    return registered[name]  # type: ignore[index]
+    return MAPS.get(name)  # type: ignore[arg-type]
 
 
 def methods_serving(shape: Sequence[int], dtype: torch.dtype) -> list[str]:

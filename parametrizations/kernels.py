@@ -38,7 +38,6 @@ __all__ = [
     "embed_diagonal",
     "cwy_matrix",
     "tcwy_matrix",
-    "cwy_apply",
     "cwy_linear",
     "householder_apply",
     "cwy_factors",
@@ -107,12 +106,6 @@ def tcwy_matrix(v: torch.Tensor, m: int, d: torch.Tensor | None = None) -> torch
         ```
     """
     return cwy_matrix(v, d, m)
-
-
-def cwy_apply(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    r"""(I − U S⁻¹ Uᴴ)·X for X of shape (…, n, p), in O(nLp): u = UᴴX, w = S⁻¹u, X − Uw."""
-    u = normalize_columns(v)
-    return x - u @ torch.linalg.solve_triangular(cwy_triangle(u), u.mH @ x, upper=True)
 
 
 def cwy_factors(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

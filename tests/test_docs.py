@@ -81,13 +81,10 @@ def _restore_registries():
     from stiefel.optimizers import registry
     from stiefel.parametrizations import base
 
-    saved = (dict(registry._REGISTRY), dict(registry._ENTRY_POINTS), dict(base._REGISTRY))
+    saved = registry.OPTIMIZERS.snapshot(), base.MAPS.snapshot()
     yield
-    for target, value in zip(
-        (registry._REGISTRY, registry._ENTRY_POINTS, base._REGISTRY), saved, strict=True
-    ):
-        target.clear()
-        target.update(value)
+    registry.OPTIMIZERS.restore(saved[0])
+    base.MAPS.restore(saved[1])
     _RUNS.clear()
 
 

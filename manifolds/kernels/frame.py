@@ -63,8 +63,8 @@ __all__ = [
 # - rounding: the one product acts on the small F (O(lr) for a short step),
 #   so its rounding is O(eps·‖F‖), below that of storing Y; X·Q is never
 #   formed. D itself carries the rounding of the factorization it comes from.
-# The kernels write their temporaries in place (a 512×512 float32 temporary is
-# a fresh 1 MiB allocation, about a tenth of a product's time) unless autograd
+# The kernels write their temporaries in place (each n×n temporary would be a
+# fresh allocation, 1 MiB at n = 512 in float32, per step) unless autograd
 # records the call (`torch.is_grad_enabled()`): then every operation is out of
 # place and the step is differentiable, as the tall steps are.
 #
@@ -73,8 +73,8 @@ __all__ = [
 # and adds the rounding of storing Y: a random walk, measured 8.6e-7·√k after
 # k steps on O(512) in float32, with no systematic part once the QR step's
 # columns are normalized (Note [Unit columns of the square QR factor]). A
-# wide Gram costs 2.5–2.8 float32 products on this CPU (float64 GEMM runs at
-# less than half the rate), more than the rest of a short step's extra work.
+# wide Gram is n³ multiply-adds in float64, whose GEMM rate is below float32's,
+# more than the rest of a short step's extra work.
 # So the optimizer forms it, tests the point (Note [Off-manifold points at a
 # step]) and corrects it every CHECK_EVERY-th step only, and after any change
 # it did not make (the parameter's version counter); the steps in between
@@ -84,9 +84,9 @@ __all__ = [
 #   n = 512:  k = 1: 8.3e-7, k = 4: 1.7e-6, k = 8: 2.3e-6 (a float32 Gram at
 #             every step: 5.6e-6; none: 4.8e-4, the QR columns' bias);
 #   n = 1024: k = 1: 1.2e-6, k = 4: 2.4e-6, k = 8: 3.4e-6.
-# k = 8 keeps 1.5× margin to 5e-6 at n = 1024 and halves the cost of k = 4
-# (O(256): the amortized wide Gram is 0.07 ms of a 2 ms step; k = 4 left the
-# QR step at 1.04× geoopt's, k = 8 at 0.99–1.01×). Between tests a point
+# k = 8 keeps 1.5× margin to 5e-6 at n = 1024 and forms the Gram half as often
+# as k = 4 (what that saves in time, measured: docs/results.md, "Timings moved
+# out of code comments"). Between tests a point
 # changed behind the optimizer's back (through `.data`, which has a version
 # counter of its own) is stepped as X·Q, which keeps its distance ‖E‖ (no
 # divergence: Q is unitary), and is projected at the next test, at most
@@ -183,11 +183,12 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
 def minus_adjoint(a: torch.Tensor) -> torch.Tensor:
     """A − Aᴴ, exactly skew-Hermitian, in a fresh tensor.
 
-    torch's elementwise kernels read a transposed operand with a stride of n;
-    from n = 512 (real, outside autograd) Aᵀ is first copied by torch's blocked
-    transpose and subtracted from contiguously (measured 0.89 against 2.65 ms
-    at n = 1024, 0.21 against 0.27 ms at n = 512; at n = 256, where both fit in
-    cache, 56 against 48 µs, so the plain form is kept there).
+    torch's elementwise kernels read a transposed operand with a stride of n,
+    a cache miss per entry once A outgrows the cache; from n = 512 (real,
+    outside autograd) Aᵀ is first copied by torch's blocked transpose and
+    subtracted from contiguously. Below that both operands fit in cache and the
+    plain form is kept (timings: docs/results.md, "Timings moved out of code
+    comments").
     """
     if a.shape[-1] < 512 or a.is_complex() or not in_place():
         return a - a.mH

@@ -50,13 +50,13 @@ def weights(beta: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor] | t
 
 # Note [Step weights on the host]
 # μ, γ and σ are one number per matrix, and each tensor operation on them costs
-# 3–5 µs of dispatch: about a dozen of them were 3 % of a QR step on O(256) on
-# a CPU. For one matrix on the CPU, outside autograd (the optimizers' steps),
+# a dispatch whatever its size: a dozen of them are a visible part of a small
+# step. For one matrix on the CPU, outside autograd (the optimizers' steps),
 # with a float lr and no row split, the numbers are read once and computed in
 # Python floats (float64; the tensor path computes them in the working dtype,
 # which differs by rounding in γ and σ only). The scale then also rides on the
 # product XᴴD (`scaled_gram`) instead of a scaled copy of D, one pass over an
-# N×M matrix fewer (measured 35 µs of a 1.7 ms step on O(256)), whenever XᴴD
+# N×M matrix fewer (timings: docs/results.md), whenever XᴴD
 # cannot overflow: |(XᴴD)_ij| ≤ N·μ·max|X| and |X| ≤ 2 near the manifold. On a
 # GPU a host number would be a synchronisation per step, so the tensor path is
 # kept there, and for batches.

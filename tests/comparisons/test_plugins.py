@@ -62,14 +62,15 @@ def plugins(monkeypatch):
     from stiefel.optimizers import registry as opt_registry
     from stiefel.parametrizations import base
 
-    # registered through the public decorators; undone through the registries' dicts
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
-    monkeypatch.setattr(opt_registry, "_REGISTRY", dict(opt_registry._REGISTRY))
+    # registered through the public decorators; undone through the registries' snapshots
+    saved = base.MAPS.snapshot(), opt_registry.OPTIMIZERS.snapshot()
     parametrizations.register(MAP)(PolarMap)
     optimizers.register(OPT)(PluginRSGD)
     if hasattr(optimizers, "info"):  # the contract's info() reads the class attributes
         assert optimizers.info(OPT).default_lr == 0.1
     yield
+    base.MAPS.restore(saved[0])
+    opt_registry.OPTIMIZERS.restore(saved[1])
 
 
 def test_plugins_are_read_from_the_registries(plugins):

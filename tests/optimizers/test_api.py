@@ -37,9 +37,9 @@ def _rgd_qr_np(x, g, lr):
 @pytest.fixture
 def sandbox(monkeypatch):
     """Registry state private to one test (names registered here vanish afterwards)."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_ENTRY_POINTS", dict(registry._ENTRY_POINTS))
-    monkeypatch.setattr(registry, "_SCANNED", registry._SCANNED)
+    saved = registry.OPTIMIZERS.snapshot()
+    yield
+    registry.OPTIMIZERS.restore(saved)
 
 
 # ---------------------------------------------------------------- registry
@@ -82,7 +82,7 @@ def test_register_twice_or_non_optimizer_raises(sandbox):
             class Second(torch.optim.SGD):
                 pass
 
-    assert registry._REGISTRY["twice"] is First  # the first registration is kept
+    assert optimizers.get("twice") is First  # the first registration is kept
     with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
         optimizers.register("not_opt")(dict)
     with pytest.raises(ValueError, match="name="):
@@ -91,7 +91,7 @@ def test_register_twice_or_non_optimizer_raises(sandbox):
     bad = optimizers.register("returns_list")(lambda params, lr: [])
     with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
         optimizers.create("returns_list", [torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    assert bad is registry._REGISTRY["returns_list"]
+    assert bad is optimizers.get("returns_list")
 
 
 def test_entry_point_discovery(sandbox, monkeypatch, tmp_path):
@@ -131,6 +131,30 @@ def test_entry_point_discovery(sandbox, monkeypatch, tmp_path):
     assert type(optimizers.create("rgd", [p], lr=1.0)) is optimizers.RGD  # registered one wins
     with pytest.raises(ValueError, match="ep_half_sgd"):
         optimizers.register("ep_half_sgd")(torch.optim.SGD)
+
+
+def test_hyper_parameters_are_read_from_signatures_and_unknown_ones_refused(sandbox):
+    p = torch.nn.Parameter(torch.zeros(3))
+    opts = registry.OPTIMIZERS.options
+    assert opts("sgd")["lr"] == 0.001 and "params" not in opts("sgd")
+    assert opts("rgd")["retraction"] == "cayley" and "telemetry" in opts("rgd")  # keyword-only
+    assert {"stabilize", "betas", "amsgrad"} <= set(opts("geoopt_radam"))  # factory → its class
+    for error in (ValueError, TypeError):  # RegistryError is both; torch raised TypeError
+        with pytest.raises(error, match=r"'momentun' for optimizer name='sgd'.*momentum=0"):
+            optimizers.create("sgd", [p], lr=0.1, momentun=0.9)
+        with pytest.raises(error, match=r"'retractoin'.*retraction='cayley'"):
+            optimizers.create("rgd", [p], lr=0.1, retractoin="qr")
+    with pytest.raises(ValueError, match="'stabilise'.*stabilize=None"):
+        optimizers.create("geoopt_radam", [p], lr=0.1, stabilise=10)
+    assert optimizers.create("geoopt_radam", [p], lr=0.1, stabilize=10)._stabilize == 10
+
+    @optimizers.register("open_sgd")
+    def open_sgd(params, **hyper):  # **hyper says nothing: the factory checks them itself
+        return torch.optim.SGD(params, **hyper)
+
+    assert optimizers.create("open_sgd", [p], lr=0.1, momentum=0.5).defaults["momentum"] == 0.5
+    with pytest.raises(TypeError, match="momentun"):
+        optimizers.create("open_sgd", [p], lr=0.1, momentun=0.5)
 
 
 # ---------------------------------------------------------------- a user plugin

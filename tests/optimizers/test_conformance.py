@@ -274,24 +274,26 @@ def test_entry_point_plugin_is_covered(monkeypatch, tmp_path):
     (tmp_path / f"{module}.py").write_text(_PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, module, raising=False)
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_ENTRY_POINTS", dict(registry._ENTRY_POINTS))
-    group = registry.ENTRY_POINT_GROUP
-    ep = importlib.metadata.EntryPoint("plugin_polar_sgd", f"{module}:PolarSGD", group)
+    saved = registry.OPTIMIZERS.snapshot()
+    try:
+        group = registry.ENTRY_POINT_GROUP
+        ep = importlib.metadata.EntryPoint("plugin_polar_sgd", f"{module}:PolarSGD", group)
 
-    def fake_entry_points(**kw):
-        return importlib.metadata.EntryPoints([ep] if kw.get("group") == ep.group else [])
+        def fake_entry_points(**kw):
+            return importlib.metadata.EntryPoints([ep] if kw.get("group") == ep.group else [])
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
-    registry.load_entry_points(force=True)
-    # the suite's own lists now hold the plugin, so every test above covers it
-    assert "plugin_polar_sgd" in _names(riemannian_only=True)
-    assert "plugin_polar_sgd" in _names()
-    for space in SPACES:
-        for double in (False, True):
-            check_manifold("plugin_polar_sgd", space, double)
-    check_state_dict_resume("plugin_polar_sgd")
-    check_param_groups("plugin_polar_sgd")
-    check_euclidean_parameter("plugin_polar_sgd")
-    info = optimizers.info("plugin_polar_sgd")
-    assert info.riemannian and info.default_lr == 0.05 and info.step_flops is None
+        monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
+        registry.load_entry_points(force=True)
+        # the suite's own lists now hold the plugin, so every test above covers it
+        assert "plugin_polar_sgd" in _names(riemannian_only=True)
+        assert "plugin_polar_sgd" in _names()
+        for space in SPACES:
+            for double in (False, True):
+                check_manifold("plugin_polar_sgd", space, double)
+        check_state_dict_resume("plugin_polar_sgd")
+        check_param_groups("plugin_polar_sgd")
+        check_euclidean_parameter("plugin_polar_sgd")
+        info = optimizers.info("plugin_polar_sgd")
+        assert info.riemannian and info.default_lr == 0.05 and info.step_flops is None
+    finally:
+        registry.OPTIMIZERS.restore(saved)

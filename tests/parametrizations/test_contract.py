@@ -55,12 +55,19 @@ def test_entry_point_clashing_with_a_builtin_is_ignored_with_a_warning(monkeypat
     ep = importlib.metadata.EntryPoint("cwy", "os:getcwd", base.ENTRY_POINT_GROUP)
     broken = importlib.metadata.EntryPoint("broken", "no_such_module:X", base.ENTRY_POINT_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [ep, broken])
-    monkeypatch.setattr(base, "_ENTRY_POINTS_LOADED", False)
-    with pytest.warns(RuntimeWarning) as record:
-        names = available()
-    messages = " ".join(str(r.message) for r in record)
-    assert "clashes" in messages and "could not be loaded" in messages
-    assert get("cwy").__name__ == "CWY" and "broken" not in names
+    saved = base.MAPS.snapshot()
+    try:
+        with pytest.warns(RuntimeWarning, match="'cwy'.*clashes"):
+            assert base.load_entry_points(force=True) == ["broken"]  # scanned, not loaded
+        assert "broken" in available()
+        with pytest.warns(RuntimeWarning, match="'broken'.*could not be loaded"):
+            names = list(maps())
+        assert get("cwy").__name__ == "CWY" and "broken" not in names + available()
+        with pytest.raises(ValueError, match="method='broken'.*could not be loaded.*no_such"):
+            get("broken")
+    finally:
+        base.MAPS.restore(saved)
+    assert "broken" not in available()
 
 
 # ---------------------------------------------------------------- float32-trained points

@@ -68,6 +68,8 @@ def test_complex_with_real_only_option_and_method():
             torch.randn(3, 3, dtype=torch.complex128), method="scaled_cayley", negatives=1
         )
 
+    saved = base_module.MAPS.snapshot()
+
     @register("_real_only_test")
     class RealOnly(OrthogonalMap):
         real_only = True
@@ -85,7 +87,7 @@ def test_complex_with_real_only_option_and_method():
         assert "_real_only_test" in available()
         assert orthogonalize(torch.eye(3), method="_real_only_test").method == "_real_only_test"
     finally:
-        base_module._REGISTRY.pop("_real_only_test")
+        base_module.MAPS.restore(saved)
 
 
 def test_non_finite_at_registration():
