@@ -9,7 +9,6 @@ line (``--task-option k=v``) and TOML configs reach them with no other edit.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,13 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..manifolds._registry import REQUIRED, Registry
+
 __all__ = [
     "Task", "register", "available", "get", "options", "make", "check_options", "import_modules",
-    "extra_methods", "digits_split", "Classification",
+    "extra_methods", "digits_split", "Classification", "TASKS", "ENTRY_POINT_GROUP",
 ]  # fmt: skip
 
-_TASKS: dict[str, type[Task]] = {}
-_FIXED = ("self", "dtype", "device", "seed")
+_FIXED = ("dtype", "device", "seed")
+ENTRY_POINT_GROUP = "stiefel.tasks"
 T = TypeVar("T", bound=type)
 
 
@@ -136,6 +137,30 @@ class Classification:
         }
 
 
+def _check_task(name: str, obj: Any) -> None:
+    if not (isinstance(obj, type) and issubclass(obj, Task)):
+        raise TypeError(f"task {name!r}: {obj!r} is not a Task subclass")
+
+
+def _set_name(name: str, cls: type[Task]) -> None:
+    cls.name = name
+
+
+# The one registry of tasks (the class serves maps and optimizers too); third-party
+# packages declare tasks in the entry-point group ``stiefel.tasks``.
+TASKS: Registry[type[Task]] = Registry(
+    "task",
+    argument="task",
+    group=ENTRY_POINT_GROUP,
+    fixed=_FIXED,
+    stop=(Task,),
+    check=_check_task,
+    on_register=_set_name,
+    sort=True,
+    typed=True,
+)
+
+
 def register(name: str) -> Callable[[T], T]:
     """Class decorator registering a `Task` subclass under ``name``.
 
@@ -147,24 +172,12 @@ def register(name: str) -> Callable[[T], T]:
         assert tasks.options("procrustes")["n"] == 32
         ```
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"task name={name!r}; allowed: a Python identifier string")
-
-    def decorator(cls: T) -> T:
-        if not (isinstance(cls, type) and issubclass(cls, Task)):
-            raise TypeError(f"task {name!r}: {cls!r} is not a Task subclass")
-        if name in _TASKS and _TASKS[name] is not cls:
-            raise ValueError(f"task {name!r} is already registered ({_TASKS[name]!r})")
-        cls.name = name
-        _TASKS[name] = cls
-        return cls
-
-    return decorator
+    return TASKS.register(name)
 
 
 def available() -> list[str]:
     """Sorted names of the registered tasks."""
-    return sorted(_TASKS)
+    return TASKS.available()
 
 
 def extra_methods() -> dict[str, list[str]]:
@@ -179,64 +192,33 @@ def extra_methods() -> dict[str, list[str]]:
         ```
     """
     out: dict[str, list[str]] = {}
-    for name in available():
-        for method in _TASKS[name].extra_methods:
+    for name, cls in TASKS.items().items():
+        for method in cls.extra_methods:
             out.setdefault(method, []).append(name)
     return out
 
 
 def get(name: str) -> type[Task]:
     """The task class registered as ``name`` (ValueError listing the tasks)."""
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; available: {', '.join(available())}")
-    return _TASKS[name]
+    return TASKS.get(name)
 
 
 def options(name: str) -> dict[str, Any]:
-    """The options of task ``name`` and their defaults, read from the signatures.
+    """The options of task ``name`` and their defaults (None where none), from the signatures.
 
     Walks the class's ``__init__`` and, while it takes ``**kw``, its bases'.
     """
-    out: dict[str, Any] = {}
-    for klass in get(name).__mro__:
-        if "__init__" not in vars(klass) or klass is Task:
-            continue
-        params = inspect.signature(klass.__init__).parameters
-        for p in params.values():
-            if p.name in _FIXED or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-                continue
-            out.setdefault(p.name, None if p.default is p.empty else p.default)
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            break
-    return out
-
-
-def _type_ok(value: Any, default: Any) -> bool:
-    if default is None or value is None:
-        return True
-    if isinstance(default, bool):
-        return isinstance(value, bool) or (isinstance(value, str) and isinstance(default, str))
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(default, str):
-        return isinstance(value, (str, bool))  # e.g. operator: bool | "auto"
-    return True
+    return {k: None if v is REQUIRED else v for k, v in TASKS.options(name).items()}
 
 
 def check_options(name: str, given: dict[str, Any]) -> None:
-    """ValueError for an option task ``name`` does not take, TypeError for a wrong type."""
-    known = options(name)
-    listing = ", ".join(f"{k}={v!r}" for k, v in known.items())
-    for k, v in given.items():
-        if k not in known:
-            raise ValueError(f"task {name!r}: unknown option {k!r}; its options: {listing}")
-        if not _type_ok(v, known[k]):
-            raise TypeError(
-                f"task {name!r}: option {k}={v!r} ({type(v).__name__}); "
-                f"allowed: a {type(known[k]).__name__} like the default {known[k]!r}"
-            )
+    """Refuse an option task ``name`` does not take, or a value of the wrong type.
+
+    Raises:
+        RegistryError: (a ValueError and a TypeError) naming the option and
+            listing the task's options with their defaults.
+    """
+    TASKS.check_options(name, given)
 
 
 def make(name: str, dtype: torch.dtype, device: torch.device, seed: int, **opts: Any) -> Task:
