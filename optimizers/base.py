@@ -8,6 +8,34 @@ master of a low-precision parameter and the record of who wrote a point last
 (`.master`), the transactional safe step (`.transaction`), and the terms
 several rules share (`.terms`: weight decay, momentum, stabilize).
 
+Class attributes, read by `stiefel.optimizers.info` (the harness and the
+conformance tests use them; every one has a default): `default_lr` (1e-3),
+`riemannian` (True), `feasible` (True; False for landing-like methods, which
+stay near the manifold), `step_flops(n, m, **hyper)` (or None), `formula`,
+`paper_formula(**hyper)` (or None), `variants` (`({},)`). Behaviour:
+
+- `accepts_off_manifold` (False): a manifold parameter off its manifold is
+  accepted at construction;
+- `off_manifold_bound` (0.5): at `step()`, a point further than this from the
+  manifold (‖XᴴX − I‖_F; past 1 also a rank-deficient one) is projected back
+  with a warning (Note [Off-manifold points at a step]);
+- `writes_state_in_place` (True): False promises that `update` only replaces
+  its state tensors (Note [A skipped step leaves the state as it was]).
+
+A param group may hold only the keys of the constructor's `defaults` (and
+`params`, `initial_lr`, `param_names`, `manifold`, and geoopt's `stabilize`
+where there is a `repair_every`). `retraction=` is checked against the
+parameter's `manifold.retractions`. `state_dict()` records each parameter's
+shape, checked by `load_state_dict`.
+
+A step is a transaction (Note [Safe step]): a non-finite gradient or result
+skips that parameter's step (point and state unchanged, one warning per
+optimizer), and a rule that raises leaves every parameter and state as they
+were. `repair_every=k` (geoopt's `stabilize=k`) re-projects every manifold
+parameter of the group after every k-th step; `stabilize()` does it now.
+`telemetry=True` (keyword-only) records ‖XᴴX − I‖_F of every Stiefel-like
+parameter after each step in `orthogonality_history`.
+
 Example:
     The rule of plain Riemannian SGD, as a plugin would write it:
 
@@ -47,8 +75,9 @@ from ..manifolds import METRICS
 from ..manifolds import _checks as checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
-from . import master, terms
-from .geometry import Binding, Geometry, manifold_of
+from . import master, telemetry, terms
+from . import state as saved_state
+from .geometry import Binding, Geometry, bind_parameter
 from .transaction import Pending, Snapshot, Transaction, finite, gradient_flags
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
@@ -59,18 +88,6 @@ check_choice = checks.choice
 
 #: param-group keys torch and its LR schedulers add besides the hyper-parameters
 _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
-
-
-def _dtensor_optimizers() -> list[str]:
-    """Registered optimizers whose rules run on DTensor manifold points (from the registry)."""
-    from . import registry  # the registry imports this module
-
-    names = []
-    for name in registry.available():
-        obj = registry.get(name)
-        if isinstance(obj, type) and issubclass(obj, RiemannianOptimizer) and obj.dtensor_points:
-            names.append(name)
-    return names
 
 
 class RiemannianOptimizer(torch.optim.Optimizer):
@@ -87,33 +104,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     - optionally `check_group` to validate hyper-parameters (call super), and
       `check_parameter` / `implied_manifold` (see their docstrings).
 
-    Class attributes, read by `stiefel.optimizers.info` (the harness and the
-    conformance tests use them; every one has a default): `default_lr` (1e-3),
-    `riemannian` (True), `feasible` (True; False for landing-like methods, which
-    stay near the manifold), `step_flops(n, m, **hyper)` (or None), `formula`,
-    `paper_formula(**hyper)` (or None), `variants` (`({},)`). Behaviour:
-
-    - `accepts_off_manifold` (False): a manifold parameter off its manifold is
-      accepted at construction;
-    - `off_manifold_bound` (0.5): at `step()`, a point further than this from the
-      manifold (‖XᴴX − I‖_F; past 1 also a rank-deficient one) is projected back
-      with a warning (Note [Off-manifold points at a step]);
-    - `writes_state_in_place` (True): False promises that `update` only replaces
-      its state tensors (Note [A skipped step leaves the state as it was]).
-
-    A param group may hold only the keys of the constructor's `defaults` (and
-    `params`, `initial_lr`, `param_names`, `manifold`, and geoopt's `stabilize`
-    where there is a `repair_every`). `retraction=` is checked against the
-    parameter's `manifold.retractions`. `state_dict()` records each parameter's
-    shape, checked by `load_state_dict`.
-
-    A step is a transaction (Note [Safe step]): a non-finite gradient or result
-    skips that parameter's step (point and state unchanged, one warning per
-    optimizer), and a rule that raises leaves every parameter and state as they
-    were. `repair_every=k` (geoopt's `stabilize=k`) re-projects every manifold
-    parameter of the group after every k-th step; `stabilize()` does it now.
-    `telemetry=True` (keyword-only) records ‖XᴴX − I‖_F of every Stiefel-like
-    parameter after each step in `orthogonality_history`.
+    Class attributes and behaviour: see the module docstring.
 
     Args:
         params: parameters or param groups.
@@ -234,45 +225,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         merged = {**self.defaults, **group}
         self.check_group(merged)
-        bindings = [self._bind(i, p, merged) for i, p in enumerate(params)]
+        bindings = [bind_parameter(self, i, p, merged) for i, p in enumerate(params)]
         if "retraction" in merged and all(b.retractions is None for b in bindings):
             checks.choice("retraction", merged["retraction"], RETRACTIONS)
         group["params"] = params
         super().add_param_group(group)
         self._bindings.append(bindings)
-
-    def _bind(self, i: int, p: torch.Tensor, group: dict) -> Binding:
-        # Note [Manifold from the param group]
-        # A wrapper that replaces parameters (FSDP2's fully_shard makes every
-        # parameter a plain DTensor Parameter) drops a ManifoldParameter's
-        # ``manifold``; the group's ``manifold=`` names it for the group's plain
-        # parameters. A parameter's own manifold wins.
-        man, transposed = manifold_of(p), False
-        if man is None and not isinstance(group.get("manifold"), geoopt.Euclidean):
-            man = group.get("manifold")
-        if man is None:
-            man, transposed = self.implied_manifold(p) or (None, False)
-        cplx = getattr(man, "complex", None)
-        if isinstance(cplx, bool) and p.is_complex() and not cplx:
-            raise TypeError(
-                f"parameter {i} of the new param group has dtype {p.dtype} but its manifold "
-                f"{man!r} is real; {type(self).__name__} cannot step a complex tensor on a "
-                "real manifold: use a complex manifold (e.g. Stiefel(n, m, complex=True), "
-                "Unitary(n)) or a real tensor"
-            )
-        binding = Binding(man, p, group, transposed)  # ValueError: retraction, DTensor layout
-        if binding.like is not None and not self.dtensor_points:
-            raise ValueError(
-                f"parameter {i} of the new param group is a DTensor "
-                f"(placements {tuple(binding.like.placements)}); {type(self).__name__} "
-                "calls kernels that do not run on shards. Optimizers that accept "
-                f"DTensor manifold points: {', '.join(_dtensor_optimizers())}"
-            )
-        geo = binding.bind(group)
-        if man is not None and not self.accepts_off_manifold:
-            binding.check_on_manifold(i, p, geo, type(self).__name__)
-        self.check_parameter(i, p, geo, group)
-        return binding
 
     def manifold_parameters(self) -> list[torch.Tensor]:
         """Parameters whose geometry is Stiefel-like, in param-group order."""
@@ -286,11 +244,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict, with each group's parameter shapes (`param_shapes`)."""
-        sd = super().state_dict()
-        sd["state"] = {k: master.strip(v) for k, v in sd["state"].items()}
-        for saved, group in zip(sd["param_groups"], self.param_groups, strict=True):
-            saved["param_shapes"] = [list(p.shape) for p in group["params"]]
-        return sd
+        return saved_state.pack(self, super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state saved by `state_dict` (or by an older version) after checking shapes.
@@ -299,27 +253,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             ValueError: a parameter's shape differs from the saved one (named by
                 group, index and both shapes); nothing is loaded then.
         """
-        saved_groups = state_dict.get("param_groups", [])
-        if len(saved_groups) == len(self.param_groups):
-            for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
-                shapes = saved.get("param_shapes")
-                if shapes is None or len(shapes) != len(group["params"]):
-                    continue  # torch's own check reports a different count
-                for i, (shape, p) in enumerate(zip(shapes, group["params"], strict=True)):
-                    if tuple(shape) != tuple(p.shape):
-                        raise ValueError(
-                            f"load_state_dict: parameter {i} of param group {g} has shape "
-                            f"{tuple(p.shape)} but the state was saved for shape {tuple(shape)}; "
-                            "load it into a model of the same shapes"
-                        )
-        groups = []
-        for saved in saved_groups:
-            group = {k: v for k, v in saved.items() if k != "param_shapes"}
-            if any(key in group for key in terms.REPAIR_KEYS):  # saved before `stabilize` was kept
-                group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
-            groups.append(group)
-        super().load_state_dict({**state_dict, "param_groups": groups})
-        master.restore_dtypes(self, saved_groups, state_dict.get("state", {}))
+        super().load_state_dict(saved_state.unpack(self, state_dict))
+        saved_state.after_load(self, state_dict)
 
     # ------------------------------------------------------------------ stepping
     def _warn_once(self, key: str, message: str) -> None:
@@ -357,7 +292,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 if is_due:
                     self.stabilize_group(group)
             if self.telemetry:
-                self._record_telemetry()
+                telemetry.record(self)
         return loss
 
     def _compute(self, i: int, p: torch.Tensor, binding: Binding, group: dict) -> Pending:
@@ -445,14 +380,3 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""
         for group in self.param_groups:
             self.stabilize_group(group)
-
-    def _record_telemetry(self) -> None:
-        errors = []
-        for group, bindings in zip(self.param_groups, self._bindings, strict=True):
-            for p, binding in zip(group["params"], bindings, strict=True):
-                if binding.stiefel:
-                    x = p.detach().mT if binding.transposed else p.detach()
-                    errors.append(binding.bind(group).error(x).detach().reshape(-1).max())
-        if errors:
-            dev = errors[0].device
-            self.orthogonality_history.append(torch.stack([e.float().to(dev) for e in errors]))

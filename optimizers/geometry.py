@@ -44,6 +44,7 @@ __all__ = [
     "StiefelGeometry",
     "GeooptGeometry",
     "Binding",
+    "bind_parameter",
     "geometry_for",
     "manifold_of",
 ]
@@ -184,6 +185,63 @@ def _distance(man, x: torch.Tensor) -> str:
     except Exception:  # noqa: BLE001 - a manifold without projx: the reason must do
         return "distance unknown (the manifold has no projx)"
     return f"‖x − projx(x)‖ = {dist:.3e}"
+
+
+def _dtensor_optimizers() -> list[str]:
+    """Registered optimizers whose rules run on DTensor manifold points (from the registry)."""
+    from . import registry  # the registry imports the optimizers, which import this module
+    from .base import RiemannianOptimizer
+
+    names = []
+    for name in registry.available():
+        obj = registry.get(name)
+        if isinstance(obj, type) and issubclass(obj, RiemannianOptimizer) and obj.dtensor_points:
+            names.append(name)
+    return names
+
+
+def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
+    """Parameter ``i`` of a new group of optimizer ``opt``, bound to its manifold and checked.
+
+    Note [Manifold from the param group]
+    A wrapper that replaces parameters (FSDP2's fully_shard makes every
+    parameter a plain DTensor Parameter) drops a ManifoldParameter's
+    ``manifold``; the group's ``manifold=`` names it for the group's plain
+    parameters. A parameter's own manifold wins; a plain parameter with neither
+    gets the one the optimizer implies (``opt.implied_manifold``, None: Euclidean).
+
+    Raises:
+        TypeError: a complex parameter on a real manifold.
+        ValueError: a retraction the manifold does not offer, a DTensor the optimizer
+            cannot step, a point off its manifold (unless ``opt.accepts_off_manifold``),
+            or what ``opt.check_parameter`` refuses.
+    """
+    owner = type(opt).__name__
+    man, transposed = manifold_of(p), False
+    if man is None and not isinstance(group.get("manifold"), geoopt.Euclidean):
+        man = group.get("manifold")
+    if man is None:
+        man, transposed = opt.implied_manifold(p) or (None, False)
+    cplx = getattr(man, "complex", None)
+    if isinstance(cplx, bool) and p.is_complex() and not cplx:
+        raise TypeError(
+            f"parameter {i} of the new param group has dtype {p.dtype} but its manifold "
+            f"{man!r} is real; {owner} cannot step a complex tensor on a real manifold: use a "
+            "complex manifold (e.g. Stiefel(n, m, complex=True), Unitary(n)) or a real tensor"
+        )
+    binding = Binding(man, p, group, transposed)  # ValueError: retraction, DTensor layout
+    if binding.like is not None and not opt.dtensor_points:
+        raise ValueError(
+            f"parameter {i} of the new param group is a DTensor "
+            f"(placements {tuple(binding.like.placements)}); {owner} calls kernels that do "
+            "not run on shards. Optimizers that accept DTensor manifold points: "
+            f"{', '.join(_dtensor_optimizers())}"
+        )
+    geo = binding.bind(group)
+    if man is not None and not opt.accepts_off_manifold:
+        binding.check_on_manifold(i, p, geo, owner)
+    opt.check_parameter(i, p, geo, group)
+    return binding
 
 
 def manifold_of(p: torch.Tensor) -> geoopt.Manifold | None:
