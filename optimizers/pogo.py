@@ -122,9 +122,9 @@ class POGO(RiemannianOptimizer):
     Parameters on a manifold other than St/O/U (e.g. geoopt's Sphere) are refused
     at construction. As in pogo-torch, which treats every parameter it is given as
     orthogonal, a plain matrix (or batch of matrices, ``dim() >= 2``) is a point of
-    St(N, M): a tall or square one as it is, a wide one (pogo-torch's
-    row-orthonormal default) through its transpose; a parameter group's
-    ``manifold=`` names another. Plain vectors (``dim() < 2``) get X ← X − lr·G̃
+    St(N, M): a tall one as it is, a wide or square one through its transpose
+    (pogo-torch's row-orthonormal default, its step to rounding); a parameter
+    group's ``manifold=`` names another. Plain vectors (``dim() < 2``) get X ← X − lr·G̃
     (VectorAdam normalising by the whole tensor's norm).
 
     Points off the manifold are accepted (a state saved mid-training resumes), but
@@ -209,11 +209,11 @@ class POGO(RiemannianOptimizer):
         check_number("lam", group["lam"], high=1.0, closed_high=True)
 
     def implied_manifold(self, p: torch.Tensor) -> tuple[geoopt.Manifold, bool] | None:
-        """A plain matrix is a point of St(N, M) (pogo-torch's convention), wide ones transposed."""
+        """A plain matrix is a point of St (pogo-torch's rows: wide and square ones transposed)."""
         if p.dim() < 2:
             return None
         n, m = p.shape[-2:]
-        return Stiefel(max(n, m), min(n, m), complex=p.is_complex()), n < m
+        return Stiefel(max(n, m), min(n, m), complex=p.is_complex()), n <= m
 
     def check_parameter(self, i: int, p: torch.Tensor, geo: Geometry, group: dict) -> None:
         if geo.riemannian and not geo.stiefel:
