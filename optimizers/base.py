@@ -287,7 +287,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             except BaseException:
                 txn.rollback()
                 raise
-            txn.commit(self._write)
+            txn.commit(lambda pend: master.store(pend.param, pend.state, pend.new))
             for group, is_due in zip(self.param_groups, due, strict=True):
                 if is_due:
                     self.stabilize_group(group)
@@ -304,9 +304,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         state = self.state[p]
         geo = binding.bind(group)
         unchanged = master.unchanged(p, state)
-        x, grad = master.working(p, grad, state)
-        if binding.transposed:
-            x, grad = x.mT, grad.mT
+        x, grad = map(binding.orient, master.working(p, grad, state))
         steps = state.get("step")
         off = None
         if not (self.accepts_off_manifold and unchanged):
@@ -348,16 +346,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 "learning rate); the parameter and its optimizer state keep their values",
             )
             snapshot.restore()
-            return Pending(p, state, snapshot, self._oriented(binding, start), 0)
-        return Pending(p, state, snapshot, self._oriented(binding, new), int(state["step"]))
-
-    @staticmethod
-    def _oriented(binding: Binding, x: torch.Tensor | None) -> torch.Tensor | None:
-        return x.mT if binding.transposed and x is not None else x
-
-    @staticmethod
-    def _write(pending: Pending) -> None:
-        master.store(pending.param, pending.state, pending.new)
+            return Pending(p, state, snapshot, binding.orient(start), 0)
+        return Pending(p, state, snapshot, binding.orient(new), int(state["step"]))
 
     @torch.no_grad()
     def stabilize_group(self, group: dict) -> None:
@@ -372,9 +362,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             if not geo.riemannian:
                 continue
             state = self.state[p]
-            x = master.point(p, state)
-            x = x.mT if binding.transposed else x
-            master.store(p, state, self._oriented(binding, geo.project(x)))
+            x = binding.orient(master.point(p, state))
+            master.store(p, state, binding.orient(geo.project(x)))
 
     def stabilize(self) -> None:
         """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""

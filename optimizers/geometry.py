@@ -150,6 +150,10 @@ class Binding:
             self.manifold, metric, retraction, default_metric=default_metric(self.manifold)
         )
 
+    def orient(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``x`` in the rule's orientation (its transpose for a transposed binding), or back."""
+        return x.mT if self.transposed and x is not None else x
+
     def bind(self, group: dict) -> Geometry:
         """The geometry under this group's options."""
         geo = self._inner(group)
