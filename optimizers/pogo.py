@@ -89,11 +89,11 @@ def pogo_step(
     psi = 0.5 * (g @ xx - x @ gram(g, x))
     mid = x - lr * psi
     mm = gram(mid, mid)
-    new = polar_step(mid, lam, mm)
     tr = mm.diagonal(dim1=-2, dim2=-1).real.sum(-1)
     err2 = torch.linalg.matrix_norm(mm) ** 2 - 2 * tr + x.shape[-1]
     inside = (err2 < BASIN**2)[..., None, None]
-    return torch.where(inside, new, torch.full_like(new, math.nan))
+    # outside the basin the M×M Gram, and with it the corrected point, is NaN
+    return polar_step(mid, lam, torch.where(inside, mm, math.nan))
 
 
 @register("pogo")
