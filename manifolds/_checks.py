@@ -1,13 +1,33 @@
-"""Argument checks shared by the manifold classes (and reused by the rest of the package)."""
+"""Argument checks of the package, written once: `positive_int`, `number`, `flag`, `choice`.
+
+The manifold classes, the optimizers and their hyper-parameters all call these,
+so every bad value raises the same way: ValueError (or TypeError for a value of
+the wrong type) naming the argument, the value given and what is allowed.
+
+Example:
+    ```python
+    from stiefel.manifolds import _checks
+
+    assert _checks.positive_int("k", 3) == 3
+    assert _checks.number("lr", 0.1, low_open=True) == 0.1
+    assert _checks.flag("nesterov", False) is False
+    assert _checks.choice("metric", "canonical", ("euclidean", "canonical")) == "canonical"
+    ```
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 COMPLEX_DTYPES = (torch.complex64, torch.complex128)
+#: the dtypes computed in float32 and returned in their own (Note [Low precision in float32])
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def choice(name: str, value: object, allowed: Iterable[str]) -> str:
@@ -18,10 +38,72 @@ def choice(name: str, value: object, allowed: Iterable[str]) -> str:
     return value
 
 
-def positive_int(name: str, value: object) -> int:
+def positive_int(name: str, value: object, *, none_ok: bool = False) -> int | None:
+    """Return ``value`` if it is an int >= 1 (not a bool), or None when ``none_ok``.
+
+    Raises:
+        ValueError: anything else, naming ``name``, the value and what is allowed.
+    """
+    if value is None and none_ok:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        allowed = ("None or " if none_ok else "") + "an int >= 1"
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: {allowed}")
     return value
+
+
+def number(
+    name: str,
+    value: Any,
+    *,
+    low: float = 0.0,
+    high: float = math.inf,
+    low_open: bool = False,
+    closed_high: bool = False,
+) -> float:
+    """A finite real number in [low, high) (``low_open``: (low, …; ``closed_high``: …, high]).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given (a 1-element real tensor is accepted).
+        low: the lower bound.
+        high: the upper bound.
+        low_open: whether ``low`` itself is refused.
+        closed_high: whether ``high`` itself is allowed.
+
+    Returns:
+        The value as a float.
+
+    Raises:
+        TypeError: not a real number.
+        ValueError: not finite or out of range (the message gives the range).
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    above = low < value if low_open else low <= value
+    below = value <= high if closed_high else value < high
+    if not (math.isfinite(value) and above and below):
+        left, right = "(" if low_open else "[", "]" if closed_high else ")"
+        raise ValueError(f"{name}={value!r} is out of range; allowed: {left}{low}, {high}{right}")
+    return float(value)
+
+
+def flag(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool, else raise TypeError naming it."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is not allowed; allowed: True, False")
+    return value
+
+
+def pair(name: str, value: object) -> tuple:
+    """Return ``value`` as a tuple if it is a pair (tuple or list of two), else raise."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name}={value!r} is not allowed; allowed: a pair (tuple of two)")
+    if len(value) != 2:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: a pair (tuple of two)")
+    return tuple(value)
 
 
 def int_in_range(

@@ -50,6 +50,12 @@ METRICS = tuple(EGRAD2RGRAD)
 # XᴴX the Cayley step needs anyway. A square point is tested (with its float64
 # Gram) at every CHECK_EVERY-th step and whenever the optimizer did not write it
 # itself (Note [The drift correction every CHECK_EVERY-th square step]).
+# Methods that accept points off the manifold have a wider basin (``bound``):
+# POGO's correction σ ↦ σ(3 − σ²)/2 brings every singular value of (0, √3) to 1,
+# ‖E‖_F < 1 keeps them in (0, √2); landing's attraction flow converges from any
+# full-rank X. Neither can leave a rank-deficient X (the zero point is a fixed
+# point of both): past ‖E‖_F = 1 the test adds the rank, XᴴX > 0 (a Cholesky
+# factorization of the M×M Gram).
 OFF_MANIFOLD = 0.5
 
 
@@ -85,6 +91,10 @@ class Geometry:
         """retr(x, −lr·rgrad(x, g)), fused where the kernels allow."""
         return self.descend(x, self.rgrad(x, g), lr)
 
+    def transport(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Vector transport of the tangent vector ``v`` at ``x`` to the point ``y``."""
+        raise NotImplementedError(f"{type(self).__name__} has no vector transport")
+
     def component_inner(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """⟨u, u⟩ per manifold component: per matrix (..., 1, 1), or per element."""
         raise NotImplementedError
@@ -107,7 +117,11 @@ class Geometry:
         return kernel(x, *args, **kwargs)
 
     def off_manifold(
-        self, x: torch.Tensor, step: int | None = None, unchanged: bool = False
+        self,
+        x: torch.Tensor,
+        step: int | None = None,
+        unchanged: bool = False,
+        bound: float = OFF_MANIFOLD,
     ) -> torch.Tensor | None:
         """A bool tensor, True when ``x`` is too far off to be stepped; None: no test.
 
@@ -120,6 +134,8 @@ class Geometry:
                 unknown).
             unchanged: ``x`` is the point the optimizer's previous step wrote;
                 a geometry may then skip the test and return None.
+            bound: the distance ‖XᴴX − I‖_F beyond which the optimizer's rule
+                cannot step ``x`` (Note [Off-manifold points at a step]).
         """
         return None
 
@@ -137,6 +153,9 @@ class EuclideanGeometry(Geometry):
 
     def descend_transport(self, x, d, lr):
         return x - lr * d, d
+
+    def transport(self, x, y, v):
+        return v
 
     def component_inner(self, x, u):
         return (u.conj() * u).real if u.is_complex() else u * u
@@ -189,7 +208,7 @@ class StiefelGeometry(Geometry):
             return self._gram[1]
         return None
 
-    def off_manifold(self, x, step=None, unchanged=False):
+    def off_manifold(self, x, step=None, unchanged=False, bound=OFF_MANIFOLD):
         frame = kernels.frame
         square = frame.in_frame(x) and self._skips
         # Note [The drift correction every CHECK_EVERY-th square step]
@@ -203,7 +222,10 @@ class StiefelGeometry(Geometry):
         # of the difference (~M·eps) is far below OFF_MANIFOLD² (only the test uses it)
         tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)
         err2 = torch.linalg.matrix_norm(xx) ** 2 - 2 * tr + x.shape[-1]
-        return (err2 > OFF_MANIFOLD**2).any()
+        off = (err2 > bound**2).any()
+        if bound >= 1:  # ‖E‖_F < 1 implies XᴴX > 0; past it, test the rank (Cholesky)
+            off = off | (torch.linalg.cholesky_ex(xx).info > 0).any()
+        return off
 
     def rgrad(self, x, g):
         # linear in g: computed for g/max|g| and scaled back, so that XᴴG cannot
@@ -222,6 +244,9 @@ class StiefelGeometry(Geometry):
 
     def descend_transport(self, x, d, lr):
         return self._descent(x, d, lr, d, xx=self._xx(x))
+
+    def transport(self, x, y, v):
+        return kernels.proj_tangent(y, v)  # by projection onto the tangent space at y
 
     def component_inner(self, x, u):
         return INNER[self.metric](x, u, u, keepdim=True)

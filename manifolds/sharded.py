@@ -187,7 +187,9 @@ class ShardedGeometry(Geometry):
 
         return tuple(wrap(t) for t in out) if isinstance(out, tuple) else wrap(out)
 
-    def off_manifold(self, x, step=None, unchanged=False):
+    def off_manifold(self, x, step=None, unchanged=False, **options):
         # this rank's answer: the optimizer ORs it over the ranks with its other flags
-        inner = functools.partial(self.inner.off_manifold, step=step, unchanged=unchanged)
+        inner = functools.partial(
+            self.inner.off_manifold, step=step, unchanged=unchanged, **options
+        )
         return self._run(inner, x)

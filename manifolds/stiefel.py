@@ -14,7 +14,7 @@ from .geometry import EGRAD2RGRAD, INNER, METRICS, StiefelGeometry
 __all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]
 
 RETRACTIONS = tuple(kernels.RETRACTIONS)
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = _checks.LOW_PRECISION
 
 
 def _in_float32(fn):
@@ -91,9 +91,7 @@ class Stiefel(geoopt.Manifold):
                 f"m={m} > n={n}: a Stiefel point needs at most n orthonormal columns "
                 f"(store a wide matrix as its transpose)"
             )
-        if not isinstance(complex, bool):
-            raise TypeError(f"complex must be a bool, got {complex!r}")
-        self.complex = complex
+        self.complex = _checks.flag("complex", complex)
         self.metric = _checks.choice("metric", metric, METRICS)
         self.name = self._name()
 

@@ -5,12 +5,13 @@ this module only decides, once per parameter, which one applies:
 
 - plain tensors (and geoopt's ``Euclidean``): `EuclideanGeometry`, so every
   rule becomes its Euclidean form;
-- this package's manifolds: ``manifold.geometry(metric, retraction)``, so a
-  subclass with its own kernels or geometry is used by every optimizer;
+- any manifold with a ``geometry(metric, retraction)`` method (this package's,
+  their subclasses, a third party's sphere or product): the geometry it returns,
+  with ``retraction=`` checked against its ``retractions`` table;
 - geoopt's Stiefel manifolds: this package's `StiefelGeometry` (Note
   [geoopt's Stiefel manifolds use our kernels]);
 - any other geoopt manifold: `GeooptGeometry`, its own ``egrad2rgrad``,
-  ``retr``, ``retr_transp``, ``component_inner``, ``projx``.
+  ``retr``, ``retr_transp``, ``transp``, ``component_inner``, ``projx``.
 
 Example:
     ```python
@@ -32,17 +33,25 @@ import geoopt
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds import _checks
 from ..manifolds.geometry import EuclideanGeometry, Geometry, StiefelGeometry
+from ..manifolds.kernels import RETRACTIONS, orthogonality_error
 from ..manifolds.sharded import ShardedGeometry, check_placements
 
-__all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "GeooptGeometry", "geometry_for"]
+__all__ = [
+    "Geometry",
+    "EuclideanGeometry",
+    "StiefelGeometry",
+    "GeooptGeometry",
+    "Binding",
+    "bind_parameter",
+    "geometry_for",
+    "manifold_of",
+]
 
 
 def default_metric(manifold) -> str:
-    """The metric a Stiefel-like manifold implies: ours say it; geoopt's by their class."""
-    if isinstance(manifold, _OurStiefel):
-        return manifold.metric
+    """The metric a geoopt Stiefel manifold implies by its class."""
     return "euclidean" if isinstance(manifold, geoopt.EuclideanStiefel) else "canonical"
 
 
@@ -64,6 +73,9 @@ class GeooptGeometry(Geometry):
     def descend_transport(self, x, d, lr):
         return self.manifold.retr_transp(x, -lr * d, d)
 
+    def transport(self, x, y, v):
+        return self.manifold.transp(x, y, v)
+
     def component_inner(self, x, u):
         return self.manifold.component_inner(x, u)
 
@@ -71,47 +83,169 @@ class GeooptGeometry(Geometry):
         return self.manifold.projx(x)
 
 
-class _Binder:
-    """Resolved once per parameter (outside any traced code); binds a group per step.
+def retractions_of(manifold) -> tuple[str, ...] | None:
+    """The retraction names a manifold offers (None: it takes no ``retraction=``)."""
+    if manifold is None:
+        return None
+    if callable(getattr(manifold, "geometry", None)):
+        table = getattr(manifold, "retractions", None)
+        return None if table is None else tuple(table)
+    if isinstance(manifold, geoopt.Stiefel):
+        return tuple(RETRACTIONS)
+    return None
+
+
+class Binding:
+    """One parameter's manifold, resolved once (outside any traced code); binds a group per step.
 
     Note [geoopt's Stiefel manifolds use our kernels]
     geoopt's ``CanonicalStiefel.retr`` moves along (I + XXᴴ)u, not u (its
     initial velocity; ours is u, a true retraction), and neither of geoopt's
-    Stiefel manifolds knows the
-    ``metric``/``retraction`` options or corrects float drift. Their points are
-    the same matrices with orthonormal columns, so they get this package's
-    `StiefelGeometry`, with the metric their class implies.
+    Stiefel manifolds knows the ``metric``/``retraction`` options or corrects
+    float drift. Their points are the same matrices with orthonormal columns,
+    so they get this package's `StiefelGeometry`, with the metric their class
+    implies.
+
+    Args:
+        manifold: the parameter's manifold (None: a plain tensor).
+        param: the parameter (a DTensor gets its geometry on the local shards).
+        group: the param group (merged with the defaults), to resolve the geometry
+            once and check ``retraction=`` against the manifold's table.
+        transposed: the rule steps the parameter's transpose (a wide plain matrix an
+            optimizer treats as a Stiefel point, `RiemannianOptimizer.implied_manifold`).
+
+    Raises:
+        ValueError: a retraction the manifold does not offer, an unsupported DTensor layout.
     """
 
-    def __init__(self, manifold, param: torch.Tensor | None = None):
+    def __init__(self, manifold, param: torch.Tensor | None = None, group: dict | None = None,
+                 transposed: bool = False):  # fmt: skip
         self.manifold = manifold
-        # a DTensor point: the same geometry on its local shards (ShardedGeometry)
+        self.transposed = transposed
+        self.retractions = retractions_of(manifold)
+        group = {} if group is None else group
+        if self.retractions is not None and "retraction" in group:
+            _checks.choice("retraction", group["retraction"], self.retractions)
         self.like = param.detach() if isinstance(param, DTensor) else None
+        self._fixed = None
         if manifold is None:
-            self.kind, self._fixed = "euclidean", EuclideanGeometry()
-        elif isinstance(manifold, _OurStiefel):
-            self.kind = "ours"
-            if self.like is not None:
+            self._fixed = EuclideanGeometry()
+        elif self.retractions is None and not callable(getattr(manifold, "geometry", None)):
+            self._fixed = GeooptGeometry(manifold)
+        self.stiefel = self._inner(group).stiefel
+        if self.like is not None:
+            if self.stiefel:
                 check_placements(self.like)  # an unsupported layout fails at construction
-        elif isinstance(manifold, geoopt.Stiefel):
-            self.kind = "geoopt-stiefel"
-            if self.like is not None:
-                check_placements(self.like)
-        else:
-            self.like = None  # another geoopt manifold: DTensor propagation, as geoopt does
-            self.kind, self._fixed = "geoopt", GeooptGeometry(manifold)
+            else:
+                self.like = None  # DTensor propagation through the manifold's own operations
+
+    def _inner(self, group: dict) -> Geometry:
+        if self._fixed is not None:
+            return self._fixed
+        metric = group.get("metric")
+        retraction = group.get("retraction") or self.retractions[0]
+        if callable(getattr(self.manifold, "geometry", None)):
+            return self.manifold.geometry(metric, retraction)
+        return StiefelGeometry(
+            self.manifold, metric, retraction, default_metric=default_metric(self.manifold)
+        )
+
+    def orient(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``x`` in the rule's orientation (its transpose for a transposed binding), or back."""
+        return x.mT if self.transposed and x is not None else x
 
     def bind(self, group: dict) -> Geometry:
-        if self.kind in ("euclidean", "geoopt"):
-            return self._fixed
-        metric, retraction = group.get("metric"), group.get("retraction", "cayley")
-        if self.kind == "ours":
-            geo = self.manifold.geometry(metric, retraction)
-        else:
-            geo = StiefelGeometry(
-                self.manifold, metric, retraction, default_metric=default_metric(self.manifold)
-            )
+        """The geometry under this group's options."""
+        geo = self._inner(group)
         return geo if self.like is None else ShardedGeometry(geo, self.like)
+
+    def check_on_manifold(self, i: int, p: torch.Tensor, geo: Geometry, owner: str) -> None:
+        """ValueError naming parameter ``i`` when it is not on its manifold."""
+        man, x = self.manifold, p.detach()
+        if self.transposed:
+            x = x.mT
+        if isinstance(geo, ShardedGeometry):  # from the Gram of the shards, no gather
+            err = float(geo.error(x).to_local().max())
+            bound = man.default_atol(x.dtype) if hasattr(man, "default_atol") else 1e-4
+            ok, reason = err <= bound, f"‖XᴴX − I‖_F = {err:.3e} exceeds {bound:.3e}"
+        else:
+            ok, reason = man.check_point_on_manifold(x, explain=True)
+        if not ok and "‖" not in str(reason):  # ours give ‖XᴴX − I‖_F already
+            reason = f"{reason}; {_distance(man, x)}"
+        if not ok:
+            raise ValueError(
+                f"parameter {i} of the new param group is not on its manifold {man!r}: {reason}. "
+                f"{owner} needs points on the manifold (project with manifold.projx, or use "
+                "'landing', which accepts points off it)"
+            )
+
+
+def _distance(man, x: torch.Tensor) -> str:
+    """How far ``x`` is from ``man``, for an error message."""
+    if isinstance(man, geoopt.Stiefel):
+        return f"‖XᴴX − I‖_F = {float(orthogonality_error(x).max()):.3e}"
+    try:
+        dist = float(torch.linalg.vector_norm(x - man.projx(x)))
+    except Exception:  # noqa: BLE001 - a manifold without projx: the reason must do
+        return "distance unknown (the manifold has no projx)"
+    return f"‖x − projx(x)‖ = {dist:.3e}"
+
+
+def _dtensor_optimizers() -> list[str]:
+    """Registered optimizers whose rules run on DTensor manifold points (from the registry)."""
+    from . import registry  # the registry imports the optimizers, which import this module
+    from .base import RiemannianOptimizer
+
+    names = []
+    for name in registry.available():
+        obj = registry.get(name)
+        if isinstance(obj, type) and issubclass(obj, RiemannianOptimizer) and obj.dtensor_points:
+            names.append(name)
+    return names
+
+
+def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
+    """Parameter ``i`` of a new group of optimizer ``opt``, bound to its manifold and checked.
+
+    Note [Manifold from the param group]
+    A wrapper that replaces parameters (FSDP2's fully_shard makes every
+    parameter a plain DTensor Parameter) drops a ManifoldParameter's
+    ``manifold``; the group's ``manifold=`` names it for the group's plain
+    parameters. A parameter's own manifold wins; a plain parameter with neither
+    gets the one the optimizer implies (``opt.implied_manifold``, None: Euclidean).
+
+    Raises:
+        TypeError: a complex parameter on a real manifold.
+        ValueError: a retraction the manifold does not offer, a DTensor the optimizer
+            cannot step, a point off its manifold (unless ``opt.accepts_off_manifold``),
+            or what ``opt.check_parameter`` refuses.
+    """
+    owner = type(opt).__name__
+    man, transposed = manifold_of(p), False
+    if man is None and not isinstance(group.get("manifold"), geoopt.Euclidean):
+        man = group.get("manifold")
+    if man is None:
+        man, transposed = opt.implied_manifold(p) or (None, False)
+    cplx = getattr(man, "complex", None)
+    if isinstance(cplx, bool) and p.is_complex() and not cplx:
+        raise TypeError(
+            f"parameter {i} of the new param group has dtype {p.dtype} but its manifold "
+            f"{man!r} is real; {owner} cannot step a complex tensor on a real manifold: use a "
+            "complex manifold (e.g. Stiefel(n, m, complex=True), Unitary(n)) or a real tensor"
+        )
+    binding = Binding(man, p, group, transposed)  # ValueError: retraction, DTensor layout
+    if binding.like is not None and not opt.dtensor_points:
+        raise ValueError(
+            f"parameter {i} of the new param group is a DTensor "
+            f"(placements {tuple(binding.like.placements)}); {owner} calls kernels that do "
+            "not run on shards. Optimizers that accept DTensor manifold points: "
+            f"{', '.join(_dtensor_optimizers())}"
+        )
+    geo = binding.bind(group)
+    if man is not None and not opt.accepts_off_manifold:
+        binding.check_on_manifold(i, p, geo, owner)
+    opt.check_parameter(i, p, geo, group)
+    return binding
 
 
 def manifold_of(p: torch.Tensor) -> geoopt.Manifold | None:
@@ -124,4 +258,4 @@ def manifold_of(p: torch.Tensor) -> geoopt.Manifold | None:
 
 def geometry_for(p: torch.Tensor, group: dict) -> Geometry:
     """The `Geometry` of parameter ``p`` under param group ``group``."""
-    return _Binder(manifold_of(p)).bind(group)
+    return Binding(manifold_of(p), group=group).bind(group)

@@ -22,8 +22,11 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..manifolds._checks import flag
 from ..manifolds.kernels import landing_direction, landing_safe_step
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -57,6 +60,9 @@ class Landing(RiemannianOptimizer):
     """
 
     accepts_off_manifold = True
+    # its attraction converges from any full-rank point: only a rank-deficient one
+    # is projected at a step (Note [Off-manifold points at a step])
+    off_manifold_bound = math.inf
     feasible = False
     writes_state_in_place = False  # no state but the step count
     default_lr = 0.02
@@ -94,14 +100,9 @@ class Landing(RiemannianOptimizer):
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        if check_number("attraction", group["attraction"]) <= 0:
-            raise ValueError(f"attraction={group['attraction']!r} is out of range; allowed: > 0")
-        if check_number("eps", group["eps"], high=1.0) <= 0:
-            raise ValueError(f"eps={group['eps']!r} is out of range; allowed: (0, 1)")
-        if not isinstance(group["safe_step"], bool):
-            raise TypeError(
-                f"safe_step={group['safe_step']!r} is not allowed; allowed: True, False"
-            )
+        check_number("attraction", group["attraction"], low_open=True)
+        check_number("eps", group["eps"], high=1.0, low_open=True)
+        flag("safe_step", group["safe_step"])
 
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import geoopt
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds._checks import positive_int
 from ..manifolds.geometry import EuclideanGeometry
 from ..manifolds.kernels.msign import (
     MSIGN_METHODS,
@@ -34,17 +33,12 @@ from ..manifolds.kernels.msign import (
     spectral_direction,
 )
 from ..manifolds.sharded import ShardedGeometry, check_placements
+from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
-from .geometry import Geometry, manifold_of
+from .geometry import Geometry
 from .registry import register
 
-__all__ = ["ManifoldMuon", "check_positive_lr"]
-
-
-def check_positive_lr(group: dict) -> None:
-    """lr must be a finite real number > 0 (ValueError/TypeError naming it)."""
-    if check_number("lr", group["lr"]) <= 0:
-        raise ValueError(f"lr={group['lr']!r} is out of range; allowed: a finite number > 0")
+__all__ = ["ManifoldMuon"]
 
 
 def _plain_msign(b: torch.Tensor, method: str, steps: int | None) -> torch.Tensor:
@@ -163,43 +157,25 @@ class ManifoldMuon(RiemannianOptimizer):
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        check_positive_lr(group)
-        check_number("momentum", group["momentum"], high=1.0)
-        if not isinstance(group["nesterov"], bool):
-            raise TypeError(f"nesterov={group['nesterov']!r} is not allowed; allowed: True, False")
-        if group["nesterov"] and group["momentum"] == 0:
-            raise ValueError("nesterov=True needs momentum > 0; allowed: momentum in (0, 1)")
-        k = group["inner_steps"]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"inner_steps={k!r} is not allowed; allowed: an int >= 1")
+        check_number("lr", group["lr"], low_open=True)
+        terms.check_momentum(group, dampening=False)
+        positive_int("inner_steps", group["inner_steps"])
         check_choice("msign", group["msign"], MSIGN_METHODS)
-        s = group["msign_steps"]
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1):
-            raise ValueError(f"msign_steps={s!r} is not allowed; allowed: None or an int >= 1")
-        if check_number("dual_step", group["dual_step"]) <= 0:
-            raise ValueError(f"dual_step={group['dual_step']!r} is out of range; allowed: > 0")
+        positive_int("msign_steps", group["msign_steps"], none_ok=True)
+        check_number("dual_step", group["dual_step"], low_open=True)
 
-    def add_param_group(self, param_group: dict) -> None:
+    def check_parameter(self, i: int, p: torch.Tensor, geo: Geometry, group: dict) -> None:
         # Note [msign on sharded rows]: "svd" needs the whole matrix; refused up front
         # for a row-sharded manifold point, before anything is added.
-        method = param_group.get("msign", self.defaults.get("msign"))
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for i, p in enumerate(params):
-            if method != "svd" or not isinstance(p, DTensor):
-                continue
-            man = manifold_of(p)
-            if man is None and not isinstance(param_group.get("manifold"), geoopt.Euclidean):
-                man = param_group.get("manifold")
-            if isinstance(man, (_OurStiefel, geoopt.Stiefel)) and check_placements(p) is not None:
-                raise ValueError(
-                    f"manifold_muon: parameter {i} of the new param group is row-sharded "
-                    f"(placements {tuple(p.placements)}) and msign='svd' needs the whole "
-                    "matrix; allowed for row-sharded points: msign="
-                    f"{', '.join(repr(m) for m in MSIGN_METHODS if m != 'svd')} (M×M Grams "
-                    "only); 'svd' is allowed on Replicate() and batch-sharded points"
-                )
-        super().add_param_group({**param_group, "params": params})
+        rows = getattr(geo, "row_group", None) is not None
+        if rows and geo.stiefel and group["msign"] == "svd":
+            raise ValueError(
+                f"manifold_muon: parameter {i} of the new param group is row-sharded "
+                f"(placements {tuple(p.placements)}) and msign='svd' needs the whole "
+                "matrix; allowed for row-sharded points: msign="
+                f"{', '.join(repr(m) for m in MSIGN_METHODS if m != 'svd')} (M×M Grams "
+                "only); 'svd' is allowed on Replicate() and batch-sharded points"
+            )
 
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
@@ -207,10 +183,8 @@ class ManifoldMuon(RiemannianOptimizer):
         lr, mu = group["lr"], group["momentum"]
         b = grad
         if mu > 0:
-            buf = state.get("momentum_buffer")
-            buf = grad.clone() if buf is None else buf.mul(mu).add_(grad)
-            state["momentum_buffer"] = buf
-            b = grad.add(buf, alpha=mu) if group["nesterov"] else buf
+            buf = state["momentum_buffer"] = terms.momentum(state.get("momentum_buffer"), grad, mu)
+            b = terms.nesterov(grad, buf, mu) if group["nesterov"] else buf
         method, steps = group["msign"], group["msign_steps"]
         if geo.stiefel:
             # through the geometry: on a row-sharded point the kernel runs on the local

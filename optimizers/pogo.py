@@ -22,22 +22,78 @@ assert st.orthogonality_error(w.detach()).max() < 1e-4
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import geoopt
 import torch
 
-from ..manifolds import Stiefel as _OurStiefel
+from ..manifolds import Stiefel
 from ..manifolds.kernels import inner_euclidean
-from ..manifolds.kernels.msign import pogo_step
+from ..manifolds.kernels.basic import polar_step
+from ..manifolds.kernels.reduce import gram
+from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
-from .geometry import Geometry, manifold_of
-from .muon import check_positive_lr
+from .geometry import Geometry
 from .registry import register
 
-__all__ = ["POGO", "BASES"]
+__all__ = ["POGO", "BASES", "pogo_step"]
 
 BASES = ("sgd", "adam")
+
+#: ‖MᴴM − I‖_F of the midpoint below which POGO's correction converges (Note [POGO's basin])
+BASIN = 1.0
+
+
+def pogo_step(
+    x: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor, lam: float = 0.5
+) -> torch.Tensor:
+    r"""One POGO step on tall points (Javaloy & Vergari 2026, arXiv 2602.14656).
+
+    Note [POGO in column orientation]
+    pogo-torch works on row-orthonormal P×N matrices X' (X'X'ᴴ = I) with the relative
+    gradient ψ' = ½(X'X'ᴴG' − X'G'ᴴX'). For tall points X = X'ᵀ (XᴴX = I) and
+    G = G'ᵀ the same step reads
+
+        ψ = ½(G(XᴴX) − X(GᴴX)),   M = X − lr·ψ,   X ← M + λ(M − M(MᴴM)),
+
+    every product through an M×M matrix (O(NM²), no N×N matrix). XᴴX is computed,
+    not assumed to be I, exactly as pogo-torch does, so the two agree step for step.
+    For XᴴX = I, ψ is half the canonical Riemannian gradient G − XGᴴX; the
+    correction with λ = ½ is one Newton–Schulz step, which leaves a point at
+    distance O(lr²‖ψ‖²) from the manifold whose error does not accumulate.
+    XᴴX, GᴴX and MᴴM are products over the rows (`gram`): on row-sharded points
+    (`stiefel.manifolds.kernels.reduce.rows_split`) the step all-reduces three
+    M×M matrices and updates the local rows.
+
+    Note [POGO's basin]
+    The correction maps each singular value σ of M to σ(1 + λ(1 − σ²)); iterated
+    (one per step) it brings σ to 1 only from inside a basin, and a step so long
+    that M leaves it (a learning rate of 1e10: ‖XᴴX − I‖_F = 1e55 after one step)
+    is not a step of the method. With ‖MᴴM − I‖_F < 1 (`BASIN`) every σ² lies in
+    (0, 2), where the correction keeps σ positive and moves it towards 1 for every
+    λ ∈ (0, 1]. The test costs O(M²) from the MᴴM the correction forms anyway; a
+    matrix outside the basin is returned as NaN, so that the optimizer's safe step
+    (Note [Safe step]) skips the whole step with a warning and keeps the point.
+
+    Args:
+        x: points (..., N, M), N ≥ M.
+        g: the base optimizer's direction G̃, same shape.
+        lr: the step size.
+        lam: λ of the correction.
+
+    Returns:
+        The new points; NaN for a matrix whose step leaves the basin.
+    """
+    xx = gram(x, x)
+    psi = 0.5 * (g @ xx - x @ gram(g, x))
+    mid = x - lr * psi
+    mm = gram(mid, mid)
+    tr = mm.diagonal(dim1=-2, dim2=-1).real.sum(-1)
+    err2 = torch.linalg.matrix_norm(mm) ** 2 - 2 * tr + x.shape[-1]
+    inside = (err2 < BASIN**2)[..., None, None]
+    # outside the basin the M×M Gram, and with it the corrected point, is NaN
+    return polar_step(mid, lam, torch.where(inside, mm, math.nan))
 
 
 @register("pogo")
@@ -48,7 +104,7 @@ class POGO(RiemannianOptimizer):
 
         ψ = ½(G̃(XᴴX) − XG̃ᴴX),   M = X − lr·ψ,   X ← M + λ(M − MMᴴM),
 
-    (`stiefel.manifolds.kernels.msign.pogo_step`; pogo-torch's formula
+    (`pogo_step`; pogo-torch's formula
     ½(XXᴴG̃ − XG̃ᴴX) on row-orthonormal matrices, transposed). No retraction: the
     point stays within O(lr²‖ψ‖²) of the manifold, the correction (one Newton–Schulz
     step for λ = ½) removing the first-order error at every step, so errors do not
@@ -64,8 +120,18 @@ class POGO(RiemannianOptimizer):
       never reshaped entry by entry (a rotation of G rotates G̃).
 
     Parameters on a manifold other than St/O/U (e.g. geoopt's Sphere) are refused
-    at construction. Plain tensors get X ← X − lr·G̃ (VectorAdam normalising by the
-    whole tensor's norm), the Euclidean form every optimizer here has.
+    at construction. As in pogo-torch, which treats every parameter it is given as
+    orthogonal, a plain matrix (or batch of matrices, ``dim() >= 2``) is a point of
+    St(N, M): a tall one as it is, a wide or square one through its transpose
+    (pogo-torch's row-orthonormal default, its step to rounding); a parameter
+    group's ``manifold=`` names another. Plain vectors (``dim() < 2``) get X ← X − lr·G̃
+    (VectorAdam normalising by the whole tensor's norm).
+
+    Points off the manifold are accepted (a state saved mid-training resumes), but
+    one outside the correction's basin (‖XᴴX − I‖_F ≥ 1 or rank-deficient: a weight
+    scaled by 3, the zero matrix) is projected back with a warning at its first
+    step, and a step that would leave the basin is skipped with a warning (Note
+    [POGO's basin]).
 
     DTensor points (``Replicate()``, batch shards, ``Shard(0)`` on the rows of St(N, M))
     step on their local shards; a row-sharded step all-reduces XᴴX, G̃ᴴX, MᴴM (M×M)
@@ -94,6 +160,7 @@ class POGO(RiemannianOptimizer):
     feasible: ClassVar[bool] = False
     # so a state saved mid-training (its point near the manifold) loads and steps on
     accepts_off_manifold: ClassVar[bool] = True
+    off_manifold_bound: ClassVar[float] = BASIN
     formula: ClassVar[str] = "ψ: 6NM², correction: 4NM² (all GEMMs, no factorization)"
 
     def __init__(
@@ -133,34 +200,29 @@ class POGO(RiemannianOptimizer):
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        check_positive_lr(group)
+        check_number("lr", group["lr"], low_open=True)
         check_choice("base", group["base"], BASES)
-        check_number("momentum", group["momentum"], high=1.0)
-        check_number("dampening", group["dampening"], high=1.0, closed_high=True)
-        if not isinstance(group["nesterov"], bool):
-            raise TypeError(f"nesterov={group['nesterov']!r} is not allowed; allowed: True, False")
-        betas = group["betas"]
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ValueError(f"betas={betas!r} is not allowed; allowed: a pair (β₁, β₂) in [0, 1)")
-        check_number("betas[0]", betas[0], high=1.0)
-        check_number("betas[1]", betas[1], high=1.0)
-        if check_number("eps", group["eps"]) <= 0:
-            raise ValueError(f"eps={group['eps']!r} is out of range; allowed: > 0")
+        terms.check_momentum(group)
+        terms.check_betas(group)
+        check_number("eps", group["eps"], low_open=True)
         check_number("weight_decay", group["weight_decay"])
         check_number("lam", group["lam"], high=1.0, closed_high=True)
 
-    def add_param_group(self, param_group: dict) -> None:
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for i, p in enumerate(params):
-            man = manifold_of(p)
-            if man is not None and not isinstance(man, (_OurStiefel, geoopt.Stiefel)):
-                raise ValueError(
-                    f"pogo: parameter {i} of the new param group lies on {man!r}, not a Stiefel "
-                    "manifold; allowed: parameters on St(N, M), O(n), U(n) (this package's or "
-                    "geoopt's Stiefel manifolds) or plain tensors"
-                )
-        super().add_param_group({**param_group, "params": params})
+    def implied_manifold(self, p: torch.Tensor) -> tuple[geoopt.Manifold, bool] | None:
+        """A plain matrix is a point of St (pogo-torch's rows: wide and square ones transposed)."""
+        if p.dim() < 2:
+            return None
+        n, m = p.shape[-2:]
+        return Stiefel(max(n, m), min(n, m), complex=p.is_complex()), n <= m
+
+    def check_parameter(self, i: int, p: torch.Tensor, geo: Geometry, group: dict) -> None:
+        if geo.riemannian and not geo.stiefel:
+            man = getattr(geo, "manifold", None)
+            raise ValueError(
+                f"pogo: parameter {i} of the new param group lies on {man!r}, not a "
+                "Stiefel manifold; allowed: parameters on St(N, M), O(n), U(n) (this "
+                "package's or geoopt's Stiefel manifolds) or plain tensors"
+            )
 
     # ------------------------------------------------------------------ base optimizers
     @staticmethod
@@ -168,10 +230,11 @@ class POGO(RiemannianOptimizer):
         mu = group["momentum"]
         if mu == 0:
             return grad
-        buf = state.get("momentum_buffer")
-        buf = grad if buf is None else buf  # pogo-torch's first buffer: G, then updated
-        buf = state["momentum_buffer"] = buf.mul(mu).add_(grad, alpha=1 - group["dampening"])
-        return grad.add(buf, alpha=mu) if group["nesterov"] else buf
+        # pogo-torch's first buffer: G, then updated
+        buf = terms.momentum(state.get("momentum_buffer"), grad, mu, group["dampening"],
+                             update_first=True)  # fmt: skip
+        state["momentum_buffer"] = buf
+        return terms.nesterov(grad, buf, mu) if group["nesterov"] else buf
 
     @staticmethod
     def _vector_adam(grad: torch.Tensor, state: dict, group: dict, geo: Geometry) -> torch.Tensor:
@@ -193,8 +256,7 @@ class POGO(RiemannianOptimizer):
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
-        wd = group["weight_decay"]
-        g = grad if wd == 0 else grad + wd * x
+        g = terms.weight_decay(grad, x, group["weight_decay"])  # pogo-torch's add(alpha=wd)
         if group["base"] == "sgd":
             g = self._sgd(g, state, group)
         else:

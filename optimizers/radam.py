@@ -22,7 +22,9 @@ import math
 
 import torch
 
+from ..manifolds._checks import flag
 from ..manifolds.kernels.reduce import rows_absmax
+from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import register
@@ -120,19 +122,12 @@ class RAdam(RiemannianOptimizer):
         *,
         telemetry: bool = False,
     ):
-        if stabilize is not None:
-            if repair_every is not None:
-                raise ValueError(
-                    f"stabilize={stabilize!r} and repair_every={repair_every!r} both given; "
-                    "allowed: one of them (stabilize is geoopt's name for repair_every)"
-                )
-            repair_every = stabilize
         defaults = dict(
             lr=lr,
             betas=betas,
             eps=eps,
             retraction=retraction,
-            repair_every=repair_every,
+            repair_every=terms.stabilize_alias(stabilize, repair_every),
             weight_decay=weight_decay,
             amsgrad=amsgrad,
         )
@@ -140,23 +135,16 @@ class RAdam(RiemannianOptimizer):
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        check_number("betas[0]", betas[0], high=1.0)
-        check_number("betas[1]", betas[1], high=1.0)
-        if check_number("eps", group["eps"]) <= 0:
-            raise ValueError(f"eps={group['eps']!r} is out of range; allowed: eps > 0")
+        terms.check_betas(group)
+        check_number("eps", group["eps"], low_open=True)
         check_number("weight_decay", group["weight_decay"])
-        if not isinstance(group["amsgrad"], bool):
-            raise TypeError(f"amsgrad={group['amsgrad']!r} is not allowed; allowed: True, False")
+        flag("amsgrad", group["amsgrad"])
 
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
         b1, b2 = group["betas"]
-        if group["weight_decay"]:
-            grad = grad.add(x, alpha=group["weight_decay"])
+        grad = terms.weight_decay(grad, x, group["weight_decay"])
         xi = geo.rgrad(x, grad)
         # Note [Second moment in scaled form]: v = exp_avg_sq · exp_avg_sq_scale²
         mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))

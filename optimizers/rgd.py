@@ -25,6 +25,7 @@ import torch
 
 from ..manifolds.kernels import proj_tangent
 from ..manifolds.kernels.frame import CHECK_EVERY
+from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import register
@@ -34,14 +35,9 @@ __all__ = ["RGD"]
 
 def _transport(geo: Geometry, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Vector transport of `v` from `x` to `y` for Nesterov's buffer (by projection)."""
-    transport = getattr(geo, "transport", None)
-    if transport is not None:
-        return transport(x, y, v)
-    if not geo.riemannian:
-        return v
-    if geo.stiefel:
+    if geo.stiefel:  # also on the shards of a DTensor point, by DTensor propagation
         return proj_tangent(y, v)
-    return geo.manifold.transp(x, y, v)
+    return geo.transport(x, y, v)
 
 
 @register("rgd")
@@ -177,19 +173,12 @@ class RGD(RiemannianOptimizer):
         *,
         telemetry: bool = False,
     ):
-        if stabilize is not None:
-            if repair_every is not None:
-                raise ValueError(
-                    f"stabilize={stabilize!r} and repair_every={repair_every!r} both given; "
-                    "allowed: one of them (stabilize is geoopt's name for repair_every)"
-                )
-            repair_every = stabilize
         defaults = dict(
             lr=lr,
             momentum=momentum,
             metric=metric,
             retraction=retraction,
-            repair_every=repair_every,
+            repair_every=terms.stabilize_alias(stabilize, repair_every),
             dampening=dampening,
             weight_decay=weight_decay,
             nesterov=nesterov,
@@ -198,34 +187,21 @@ class RGD(RiemannianOptimizer):
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        check_number("momentum", group["momentum"], high=1.0)
-        check_number("dampening", group["dampening"], high=1.0, closed_high=True)
+        terms.check_momentum(group)
         check_number("weight_decay", group["weight_decay"])
-        if not isinstance(group["nesterov"], bool):
-            raise TypeError(f"nesterov={group['nesterov']!r} is not allowed; allowed: True, False")
-        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-            raise ValueError(
-                f"nesterov=True with momentum={group['momentum']!r}, "
-                f"dampening={group['dampening']!r}; allowed: momentum > 0 and dampening = 0"
-            )
 
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
         lr, mu = group["lr"], group["momentum"]
-        if group["weight_decay"]:
-            grad = grad.add(x, alpha=group["weight_decay"])
+        grad = terms.weight_decay(grad, x, group["weight_decay"])
         if mu == 0:
             return geo.gradient_step(x, grad, lr)
         xi = geo.rgrad(x, grad)
-        buf = state.get("momentum_buffer")
-        if buf is None:
-            buf = xi.clone()
-        else:
-            buf = buf.mul(mu).add_(xi, alpha=1 - group["dampening"])
+        buf = terms.momentum(state.get("momentum_buffer"), xi, mu, group["dampening"])
         if not group["nesterov"]:
             new, state["momentum_buffer"] = geo.descend_transport(x, buf, lr)
             return new
-        new = geo.descend(x, xi.add(buf, alpha=mu), lr)
+        new = geo.descend(x, terms.nesterov(xi, buf, mu), lr)
         state["momentum_buffer"] = _transport(geo, x, new, buf)
         return new

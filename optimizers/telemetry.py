@@ -20,7 +20,7 @@ import torch
 from ..manifolds.kernels import orthogonality_error
 from .geometry import geometry_for
 
-__all__ = ["orthogonality_errors"]
+__all__ = ["orthogonality_errors", "record"]
 
 
 def orthogonality_errors(optimizer: torch.optim.Optimizer) -> torch.Tensor:
@@ -45,3 +45,20 @@ def orthogonality_errors(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     if not out:
         return torch.zeros(0)
     return torch.stack([e.to(out[0].device) for e in out])
+
+
+def record(opt) -> None:
+    """Append ‖XᴴX − I‖_F of each Stiefel-like parameter to ``opt.orthogonality_history``.
+
+    For this package's optimizers with ``telemetry=True``, after every step: one
+    tensor per step, no device synchronisation.
+    """
+    errors = []
+    for group, bindings in zip(opt.param_groups, opt._bindings, strict=True):
+        for p, binding in zip(group["params"], bindings, strict=True):
+            if binding.stiefel:
+                x = p.detach().mT if binding.transposed else p.detach()
+                errors.append(binding.bind(group).error(x).detach().reshape(-1).max())
+    if errors:
+        dev = errors[0].device
+        opt.orthogonality_history.append(torch.stack([e.float().to(dev) for e in errors]))

@@ -73,7 +73,8 @@ from __future__ import annotations
 
 import torch
 
-from .basic import inner_euclidean, polar_step, sym
+from .._checks import LOW_PRECISION, choice, positive_int
+from .basic import inner_euclidean, sym
 from .reduce import gram, row_group, rows_absmax
 
 __all__ = [
@@ -84,8 +85,6 @@ __all__ = [
     "msign",
     "msign_flops",
     "spectral_direction",
-    "polar_correction",
-    "pogo_step",
 ]
 
 MSIGN_METHODS = ("newton_schulz", "newton_schulz_cubic", "polar_express", "svd")
@@ -121,15 +120,9 @@ POLAR_EXPRESS_COEFFICIENTS = tuple(
 
 
 def _check(method: str, steps: int | None) -> int:
-    if not isinstance(method, str) or method not in MSIGN_METHODS:
-        raise ValueError(
-            f"msign method={method!r} is not known; allowed: {', '.join(MSIGN_METHODS)}"
-        )
-    if steps is None:
-        return MSIGN_DEFAULT_STEPS[method]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"msign steps={steps!r} is not allowed; allowed: an int >= 1 or None")
-    return steps
+    choice("method", method, MSIGN_METHODS)
+    steps = positive_int("steps", steps, none_ok=True)
+    return MSIGN_DEFAULT_STEPS[method] if steps is None else steps
 
 
 def _svd_sign(g: torch.Tensor) -> torch.Tensor:
@@ -205,7 +198,7 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
     if g.dim() < 2:
         raise ValueError(f"msign needs a matrix (..., N, M), got shape {tuple(g.shape)}")
     dtype = g.dtype
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in LOW_PRECISION:
         g = g.float()
     sharded = row_group() is not None
     if method == "svd":
@@ -343,35 +336,3 @@ def spectral_direction(
         c = torch.where(ok, sym(gram(x, phi_new)), c)
         t = torch.where(ok, t, 0.5 * t)
     return phi - x @ c
-
-
-def polar_correction(y: torch.Tensor, lam: float | torch.Tensor = 0.5) -> torch.Tensor:
-    r"""Y + λ(Y − Y(YᴴY)): POGO's correction, `stiefel.manifolds.kernels.basic.polar_step`."""
-    return polar_step(y, lam)
-
-
-def pogo_step(
-    x: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor, lam: float = 0.5
-) -> torch.Tensor:
-    r"""One POGO step on tall points (Javaloy & Vergari 2026, arXiv 2602.14656).
-
-    Note [POGO in column orientation]
-    pogo-torch works on row-orthonormal P×N matrices X' (X'X'ᴴ = I) with the relative
-    gradient ψ' = ½(X'X'ᴴG' − X'G'ᴴX'). For tall points X = X'ᵀ (XᴴX = I) and
-    G = G'ᵀ the same step reads
-
-        ψ = ½(G(XᴴX) − X(GᴴX)),   M = X − lr·ψ,   X ← M + λ(M − M(MᴴM)),
-
-    every product through an M×M matrix (O(NM²), no N×N matrix). XᴴX is computed,
-    not assumed to be I, exactly as pogo-torch does, so the two agree step for step.
-    For XᴴX = I, ψ is half the canonical Riemannian gradient G − XGᴴX; the
-    correction with λ = ½ is one Newton–Schulz step, which leaves a point at
-    distance O(lr²‖ψ‖²) from the manifold whose error does not accumulate.
-    XᴴX, GᴴX and MᴴM are products over the rows (`gram`): on row-sharded points
-    (`stiefel.manifolds.kernels.reduce.rows_split`) the step all-reduces three
-    M×M matrices and updates the local rows.
-    """
-    xx = gram(x, x)
-    psi = 0.5 * (g @ xx - x @ gram(g, x))
-    mid = x - lr * psi
-    return polar_correction(mid, lam)

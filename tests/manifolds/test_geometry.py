@@ -79,5 +79,5 @@ def test_geoopt_stiefel_gets_our_geometry():
         manifold=geoopt.CanonicalStiefel(),
     )
     opt = optimizers.create("rgd", [w], lr=0.1)
-    geo = opt._binders[0][0].bind(opt.param_groups[0])
+    geo = opt._bindings[0][0].bind(opt.param_groups[0])
     assert isinstance(geo, StiefelGeometry) and geo.metric == "canonical"

@@ -207,9 +207,9 @@ def test_bad_constructor_arguments():
         Stiefel(3, 5)
     with pytest.raises(ValueError, match="metric='riemann'.*euclidean, canonical"):
         Stiefel(3, 2, metric="riemann")
-    with pytest.raises(ValueError, match="n must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="n=0 is not allowed; allowed: an int >= 1"):
         Stiefel(0, 0)
-    with pytest.raises(ValueError, match="n must be a positive int"):
+    with pytest.raises(ValueError, match="n=.* is not allowed; allowed: an int >= 1"):
         Orthogonal(2.5)
 
 

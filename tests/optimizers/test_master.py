@@ -1,7 +1,7 @@
 """float32 master copy of a float16/bfloat16 manifold parameter (issue 14, optimizer side).
 
-`RiemannianOptimizer._working` / `_store` are what `_step_one` calls; here they are
-driven exactly as `_step_one` does (point and gradient for `update`, then store),
+`stiefel.optimizers.master.working` / `store` are what the optimizer's step calls; here
+they are driven exactly as the step does (point and gradient for `update`, then store),
 with the real rules of every optimizer written on the rule interface.
 """
 
@@ -16,28 +16,29 @@ from _optim_problems import orth_err64, rule_names
 
 from stiefel import optimizers
 from stiefel.manifolds import Stiefel
+from stiefel.optimizers import master as master_copy
 
 
 def _step_through_helpers(opt) -> None:
-    """What `_step_one` does with the helpers (no repair, finite gradients)."""
+    """What the step does with the helpers (no repair, finite gradients)."""
     with torch.no_grad():
-        for group, binders in zip(opt.param_groups, opt._binders, strict=True):
-            for p, binder in zip(group["params"], binders, strict=True):
+        for group, bindings in zip(opt.param_groups, opt._bindings, strict=True):
+            for p, binding in zip(group["params"], bindings, strict=True):
                 state = opt.state[p]
                 state.setdefault("step", torch.tensor(0.0))
                 state["step"] += 1
-                x, g = opt._working(p, p.grad, state)
-                opt._store(p, state, opt.update(binder.bind(group), x, g, state, group))
+                x, g = master_copy.working(p, p.grad, state)
+                master_copy.store(p, state, opt.update(binding.bind(group), x, g, state, group))
 
 
 def test_working_and_store_keep_other_dtypes_untouched():
     st = Stiefel(8, 2)
     w = geoopt.ManifoldParameter(st.random(dtype=torch.float32), manifold=st)
     state: dict = {}
-    x, g = optimizers.RiemannianOptimizer._working(w, torch.ones_like(w), state)
+    x, g = master_copy.working(w, torch.ones_like(w), state)
     assert x.data_ptr() == w.data_ptr() and "master" not in state and g.dtype == torch.float32
     with torch.no_grad():
-        optimizers.RiemannianOptimizer._store(w, state, torch.zeros_like(w))
+        master_copy.store(w, state, torch.zeros_like(w))
     assert torch.equal(w.detach(), torch.zeros(8, 2))
 
 
@@ -67,7 +68,7 @@ def test_low_precision_parameter_steps_a_float32_master(name, dtype):
     w2 = geoopt.ManifoldParameter(w.detach().clone(), manifold=st, requires_grad=True)
     opt2 = optimizers.create(name, [w2], lr=1.0)
     opt2.load_state_dict(saved)
-    for key, value in opt.state[w].items():
+    for key, value in master_copy.strip(opt.state[w]).items():
         if key != "step":
             assert opt2.state[w2][key].dtype == value.dtype and torch.equal(
                 opt2.state[w2][key], value

@@ -121,7 +121,7 @@ def test_info_attributes():
 @pytest.mark.parametrize(
     "hyper,exc,match",
     [
-        ({"lr": 0.0}, ValueError, r"lr=0\.0.*> 0"),
+        ({"lr": 0.0}, ValueError, r"lr=0\.0 is out of range; allowed: \(0\.0, inf\)"),
         ({"lr": -0.1}, ValueError, r"lr=-0\.1"),
         ({"lr": 0.1, "base": "lion"}, ValueError, r"base='lion'.*sgd, adam"),
         ({"lr": 0.1, "betas": (0.9,)}, ValueError, r"betas"),
@@ -146,4 +146,4 @@ def test_non_stiefel_parameter_is_refused_and_nothing_is_half_built():
     opt = optimizers.create("pogo", [w], lr=0.1)
     with pytest.raises(ValueError, match="not a Stiefel"):
         opt.add_param_group({"params": [s]})
-    assert len(opt.param_groups) == 1 and len(opt._binders) == 1
+    assert len(opt.param_groups) == 1 and len(opt._bindings) == 1

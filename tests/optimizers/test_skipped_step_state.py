@@ -18,7 +18,7 @@ import torch
 
 from stiefel import optimizers
 from stiefel.manifolds import Stiefel
-from stiefel.optimizers import RiemannianOptimizer
+from stiefel.optimizers import RiemannianOptimizer, base, master
 
 
 def _ours() -> list[str]:
@@ -64,7 +64,7 @@ def _snapshot(opt, params):
     return [
         {
             k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-            for k, v in opt.state[p].items()
+            for k, v in master.strip(opt.state[p]).items()
         }
         for p in params
     ]
@@ -91,7 +91,7 @@ def test_skipped_step_leaves_state_and_point_unchanged(name, before, monkeypatch
     state0 = _snapshot(opt, params)
     points0 = [p.detach().clone() for p in params]
     with monkeypatch.context() as patch:  # the result of this step "is not finite"
-        patch.setattr(opt, "_finite", lambda new: False)
+        patch.setattr(base, "finite", lambda new: False)
         messages = _step(opt, params, _grads(params, 99))
     assert any("keep their values" in m for m in messages)
     _assert_same_state(state0, _snapshot(opt, params))
@@ -171,6 +171,6 @@ def test_plugin_writing_in_place_is_rolled_back_by_copy(monkeypatch):
     opt = _InPlace([w])
     _step(opt, [w], [torch.ones(3)])
     state0 = _snapshot(opt, [w])
-    monkeypatch.setattr(opt, "_finite", lambda new: False)
+    monkeypatch.setattr(base, "finite", lambda new: False)
     _step(opt, [w], [torch.ones(3)])
     _assert_same_state(state0, _snapshot(opt, [w]))

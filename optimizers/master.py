@@ -1,0 +1,146 @@
+r"""The float32 master copy of a float16/bfloat16 manifold parameter, and who wrote it last.
+
+Note [float32 master copy of a low-precision parameter]
+A float16/bfloat16 point cannot hold orthonormal columns to better than
+~√M·eps(bf16) ≈ 1e-2, and a step computed from such a point and written
+back in bf16 loses the step itself when lr·‖d‖ is below the rounding of
+the entries. So the optimizer steps a float32 master copy kept in the
+parameter's state (``state["master"]``, saved in state_dict) and stores the
+rounding of the master in the parameter. The moments live in the master's
+dtype too. The optimizer's step reads the point with `working` and writes the
+result with `store`.
+
+Note [Points as the optimizer left them]
+torch's version counter of a tensor counts its in-place changes
+(``nn.Module.load_state_dict``'s ``copy_``, an initializer, an edit under
+``no_grad``). After each write the optimizer records the versions of p and
+of its master in p's state (``state["_versions"]``, never saved: `strip`);
+p is "as the optimizer left it" when they still match. A geometry may then
+skip its off-manifold test (and the wide Gram of a square point, Note [The
+drift correction every CHECK_EVERY-th square step]). ``.data`` has a counter
+of its own: a change through it is caught at the next scheduled test. A
+loaded optimizer has no record, so it tests every point at its next step
+(which points get corrected depends on the saved step count only, so a
+resumed run repeats the original one bit for bit).
+
+Note [The master follows its parameter]
+When p was changed from outside (its version is not the recorded one: a
+checkpoint's weights loaded into the model, a re-initialisation), the master
+may hold the old weights; stepping it would silently discard the new ones. The
+master is kept only if its rounding is p exactly (an optimizer state loaded
+together with its model's weights: the master is the more precise copy of the
+same point), and is otherwise replaced by p in float32.
+
+Example:
+    ```python
+    import torch
+    from stiefel.optimizers import master
+
+    p = torch.nn.Parameter(torch.eye(3, 2, dtype=torch.bfloat16))
+    state: dict = {}
+    x, g = master.working(p, torch.zeros_like(p), state)
+    assert x.dtype == torch.float32 and state["master"] is x
+    with torch.no_grad():
+        master.store(p, state, x * 0.5)
+        assert master.unchanged(p, state)
+        p.copy_(torch.eye(3, 2))  # replaced from outside: the master follows
+    x, _ = master.working(p, torch.zeros_like(p), state)
+    assert torch.equal(x, torch.eye(3, 2))
+    ```
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..manifolds._checks import LOW_PRECISION
+
+__all__ = ["working", "point", "store", "unchanged", "strip", "restore_dtypes", "VERSIONS"]
+
+#: the state key of the versions recorded after the optimizer's last write
+VERSIONS = "_versions"
+
+
+def _versions(p: torch.Tensor, state: dict) -> tuple:
+    master = state.get("master")
+    return (getattr(p, "_version", None), None if master is None else master._version)
+
+
+def unchanged(p: torch.Tensor, state: dict) -> bool:
+    """Whether p (and its master) are as this optimizer's last write left them."""
+    record = state.get(VERSIONS)
+    return record is not None and record[0] is not None and record == _versions(p, state)
+
+
+def point(p: torch.Tensor, state: dict) -> torch.Tensor:
+    """The point a rule steps: ``p.detach()``, or the float32 master of a low-precision p.
+
+    Creates the master on first use and replaces it when it no longer rounds to p
+    (Note [The master follows its parameter]).
+    """
+    if p.dtype not in LOW_PRECISION:
+        return p.detach()
+    master = state.get("master")
+    if master is not None and not unchanged(p, state):
+        if not torch.equal(master.to(p.dtype), p.detach()):
+            master = None
+    if master is None:
+        master = state["master"] = p.detach().to(torch.float32).clone()
+    return master
+
+
+def working(p: torch.Tensor, grad: torch.Tensor, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The point and gradient a rule works on: `point` and the gradient in its dtype.
+
+    Args:
+        p: the parameter.
+        grad: its gradient.
+        state: its state dict (receives ``"master"`` for a float16/bfloat16
+            parameter on first use).
+
+    Returns:
+        ``(x, grad)``: ``(p.detach(), grad)`` for other dtypes; the float32 master
+        and the gradient in float32 for a float16/bfloat16 parameter.
+    """
+    x = point(p, state)
+    return x, grad if grad.dtype == x.dtype else grad.to(x.dtype)
+
+
+def store(p: torch.Tensor, state: dict, new: torch.Tensor) -> None:
+    """Write a point: into the master (and its rounding into p), or into p; record versions.
+
+    Args:
+        p: the parameter.
+        state: its state dict.
+        new: the new point, in the dtype `working` returned.
+    """
+    master = state.get("master")
+    if master is not None and p.dtype in LOW_PRECISION:
+        if new is not master:
+            master.copy_(new)
+        p.copy_(master)  # rounds to p's dtype
+    else:
+        p.copy_(new)
+    state[VERSIONS] = _versions(p, state)
+
+
+def strip(state: dict) -> dict:
+    """A parameter's state without the version record (for ``state_dict``)."""
+    return {key: value for key, value in state.items() if key != VERSIONS}
+
+
+def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: dict) -> None:
+    """torch's load casts floating state to the parameter's dtype: undo it for masters.
+
+    For a float16/bfloat16 parameter, torch's ``load_state_dict`` would turn the
+    float32 master and moments into float16/bfloat16 (Note [float32 master copy
+    of a low-precision parameter]); they are reloaded in their saved dtype.
+    """
+    ids = [i for g in saved_groups for i in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in zip(ids, params, strict=False):
+        if p.dtype not in LOW_PRECISION or i not in saved_state:
+            continue
+        for key, value in saved_state[i].items():
+            if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point():
+                opt.state[p][key] = value.to(device=p.device).clone()

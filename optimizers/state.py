@@ -1,0 +1,68 @@
+r"""What `state_dict` saves beyond torch's, and how an older or foreign state is loaded.
+
+Each param group records its parameters' shapes (``param_shapes``), so that a
+state loaded into a model of other shapes is refused with the parameter named
+rather than failing later inside a rule; the version record of Note [Points as
+the optimizer left them] is never saved; groups saved before geoopt's
+``stabilize`` key was kept get it back; float32 masters of low-precision
+parameters are reloaded in float32.
+
+Example:
+    ```python
+    import torch
+    from stiefel import optimizers
+
+    w = torch.nn.Parameter(torch.zeros(3))
+    sd = optimizers.create("rgd", [w], lr=0.1).state_dict()
+    assert sd["param_groups"][0]["param_shapes"] == [[3]]
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import master, terms
+
+__all__ = ["pack", "unpack", "after_load"]
+
+
+def pack(opt, sd: dict[str, Any]) -> dict[str, Any]:
+    """torch's ``state_dict`` of ``opt``, with shapes and without version records."""
+    sd["state"] = {k: master.strip(v) for k, v in sd["state"].items()}
+    for saved, group in zip(sd["param_groups"], opt.param_groups, strict=True):
+        saved["param_shapes"] = [list(p.shape) for p in group["params"]]
+    return sd
+
+
+def unpack(opt, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The state dict torch's ``load_state_dict`` gets, after checking the shapes.
+
+    Raises:
+        ValueError: a parameter's shape differs from the saved one.
+    """
+    saved_groups = state_dict.get("param_groups", [])
+    if len(saved_groups) == len(opt.param_groups):
+        for g, (saved, group) in enumerate(zip(saved_groups, opt.param_groups, strict=True)):
+            shapes = saved.get("param_shapes")
+            if shapes is None or len(shapes) != len(group["params"]):
+                continue  # torch's own check reports a different count
+            for i, (shape, p) in enumerate(zip(shapes, group["params"], strict=True)):
+                if tuple(shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"load_state_dict: parameter {i} of param group {g} has shape "
+                        f"{tuple(p.shape)} but the state was saved for shape {tuple(shape)}; "
+                        "load it into a model of the same shapes"
+                    )
+    groups = []
+    for saved in saved_groups:
+        group = {k: v for k, v in saved.items() if k != "param_shapes"}
+        if any(key in group for key in terms.REPAIR_KEYS):  # saved before `stabilize` was kept
+            group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
+        groups.append(group)
+    return {**state_dict, "param_groups": groups}
+
+
+def after_load(opt, state_dict: dict[str, Any]) -> None:
+    """Reload float32 masters and moments of low-precision parameters in their saved dtype."""
+    master.restore_dtypes(opt, state_dict.get("param_groups", []), state_dict.get("state", {}))

@@ -1,0 +1,113 @@
+"""pogo on plain matrices is pogo-torch's step; far points and huge steps are not silent.
+
+pogo-torch treats every parameter it is given as a (row-orthonormal, by default)
+point of the Stiefel manifold: ``optimizers.create("pogo", model.parameters())``
+does the same (a wide matrix through its transpose), compared with pogo-torch's
+own output on the same inputs. A point outside POGO's basin (×3, ×1000, the zero
+matrix) is projected back with a warning, as landing does with the zero matrix;
+a step that would leave the basin (lr = 1e10) is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import geoopt
+import numpy as np
+import pytest
+import torch
+
+from stiefel import optimizers
+from stiefel.manifolds import Stiefel
+from stiefel.manifolds.kernels import orthogonality_error
+
+pogo = pytest.importorskip("pogo", reason="pogo-torch is in the [test] extra")
+pogo_base = pytest.importorskip("pogo.base")
+
+
+def _rows(shape, seed):
+    """Row-orthonormal matrices (..., p, n), p ≤ n: pogo-torch's default layout."""
+    a = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    return torch.linalg.qr(a)[0].mT.contiguous()
+
+
+def _polar_np(x: np.ndarray) -> np.ndarray:
+    u, _, vh = np.linalg.svd(x, full_matrices=False)
+    return u @ vh
+
+
+@pytest.mark.parametrize(
+    "shape,ours,theirs",
+    [
+        ((4, 3, 8), dict(base="adam"), lambda: pogo_base.VectorAdam()),
+        ((2, 5, 5), dict(base="adam"), lambda: pogo_base.VectorAdam()),
+        ((3, 2, 7), dict(base="sgd", momentum=0.9), lambda: pogo_base.SGD(momentum=0.9)),
+        ((3, 9), dict(base="adam"), lambda: pogo_base.VectorAdam()),
+    ],
+)
+def test_plain_parameters_step_as_in_pogo_torch_readme(shape, ours, theirs):
+    x0 = _rows(shape, 0)
+    p, q = torch.nn.Parameter(x0.clone()), torch.nn.Parameter(x0.clone())
+    opt = optimizers.create("pogo", [p], lr=0.05, **ours)
+    # pogo-torch's README: POGO(model.parameters(), base.VectorAdam(), lr), matrices
+    # [num_matrices, p, n]; a single matrix gets a batch dimension through flatten_fn
+    flatten = (lambda t: t) if len(shape) == 3 else (lambda t: t.unsqueeze(0))
+    ref = pogo.POGO([q], theirs(), lr=0.05, flatten_fn=flatten)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        g = torch.randn(shape, dtype=torch.float64, generator=gen)
+        p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        assert float((p.detach() - q.detach()).abs().max()) < 1e-12
+    assert float((p.detach() - x0).abs().max()) > 1e-3  # it moved: not a no-op compared
+
+
+def test_plain_vector_keeps_the_euclidean_base_update():
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+    opt = optimizers.create("pogo", [p], lr=0.5, base="sgd")
+    p.grad = torch.full((4,), 2.0, dtype=torch.float64)
+    opt.step()
+    assert torch.equal(p.detach(), torch.zeros(4, dtype=torch.float64))
+
+
+def _step(opt, p, g):
+    p.grad = g
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    return " ".join(str(c.message) for c in caught)
+
+
+@pytest.mark.parametrize("scale", [3.0, 1000.0, 0.0])
+@pytest.mark.parametrize("name", ["pogo", "landing"])
+def test_far_points_are_projected_back_with_a_warning(name, scale):
+    if name == "landing" and scale != 0.0:
+        pytest.skip("landing converges from any full-rank point (its safe step)")
+    x = _rows((6, 10), 2).mT.contiguous()  # a tall point of St(10, 6)
+    p = geoopt.ManifoldParameter(x * scale, manifold=Stiefel(10, 6))
+    opt = optimizers.create(name, [p], lr=0.01)
+    g = torch.randn(10, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    message = _step(opt, p, g)
+    assert "off its manifold" in message and "projected back" in message
+    assert torch.isfinite(p.detach()).all()
+    assert float(orthogonality_error(p.detach())) < 1e-3
+    if scale:  # the step starts from the polar factor (numpy), moving by ~lr
+        start = torch.tensor(_polar_np((x * scale).numpy()))
+        assert float((p.detach() - start).abs().max()) < 0.1
+    for _ in range(20):  # and it goes on near the manifold (landing: within ~lr‖G‖²/λ)
+        assert "off its manifold" not in _step(opt, p, g)
+    assert float(orthogonality_error(p.detach())) < 0.05
+
+
+def test_a_step_leaving_the_basin_is_skipped_with_a_warning():
+    st = Stiefel(10, 3)
+    p = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    before = p.detach().clone()
+    opt = optimizers.create("pogo", [p], lr=1e10, base="sgd")
+    g = torch.randn(10, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    message = _step(opt, p, g)
+    assert "not finite" in message
+    assert torch.equal(p.detach(), before)
+    assert float(orthogonality_error(p.detach())) < 1e-12
