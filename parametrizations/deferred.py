@@ -74,11 +74,22 @@ def reset_constrained(module: nn.Module, init: str | None = None, generator=None
 
 
 def _reset_parameters(self: nn.Module) -> None:
-    """Constrained weights first (a fresh point), then the module's own reset."""
+    """Constrained weights first (a fresh point), then the module's own reset.
+
+    A map whose output is a view of its original (the identity `ManifoldPoint`
+    reshaped, ``gates=True`` with ``"riemannian"``) lets the module's own reset
+    (``init.uniform_(self.weight_hh_l0)``) write into the original: those
+    originals (their ``_version`` moved) get a fresh point again.
+    """
     reset_constrained(self)
     own = getattr(super(type(self), self), "reset_parameters", None)
-    if own is not None:
-        own()
+    if own is None:
+        return
+    before = [(o, o._version) for _, o, _ in _constrained(self)]
+    own()
+    for (_, original, param), (_, version) in zip(_constrained(self), before, strict=True):
+        if original._version != version and original.device.type != "meta":
+            _write(param, original, None, None)
 
 
 def hook_reset_parameters(module: nn.Module) -> None:

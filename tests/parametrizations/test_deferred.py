@@ -130,3 +130,11 @@ def test_low_precision_round_trip_of_the_base(method):
     target.load_state_dict(bf16.state_dict())  # a bf16 checkpoint into a float32 module
     assert err64(target.weight) <= bound
     assert (target.weight - bf16.weight.float()).abs().max() < 2e-2  # the same point
+
+
+def test_reset_of_a_module_writing_into_an_identity_maps_original():
+    """nn.LSTM's own reset writes uniform_ into weight_hh_l0, a view of a riemannian original."""
+    lstm = orthogonalize(nn.LSTM(4, 4), "weight_hh_l0", method="riemannian", gates=True)
+    lstm.reset_parameters()
+    gates = lstm.weight_hh_l0.detach().double().reshape(4, 4, 4)
+    assert err64(gates) <= 100 * 4 * torch.finfo(F32).eps
