@@ -39,9 +39,9 @@ from .reflections import CWY, TCWY, Householder
 from .dense import Cayley, Exp, ScaledCayley
 
 # isort: on
-from .build import build
 from .constrain import OrthogonalMatrix, orthogonalize
 from .deferred import initialize
+from .factory import build
 from .finetuning import Rotation, merge, rotate, rotation
 from .function import FunctionMap
 from .point import ManifoldPoint

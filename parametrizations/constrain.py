@@ -14,9 +14,9 @@ from torch.nn.utils import parametrize
 
 from ..manifolds import Stiefel, _checks
 from .base import DTYPES, INITS, RIEMANNIAN, OrthogonalMap
-from .build import Method, build, resolve
 from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
 from .deferred import hook_reset_parameters
+from .factory import Method, build, resolve
 from .gates import StackedGates, gate_count
 from .point import ManifoldPoint
 

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .base import OrthogonalMap
-from .build import build
+from .factory import build
 
 __all__ = ["ConvKernel", "conv_kernel_map", "check_convolution"]
 

@@ -30,7 +30,7 @@ from torch.nn.utils import parametrize
 
 from ..manifolds import Stiefel, _checks
 from .base import INITS
-from .build import build
+from .factory import build
 from .finetuning import Rotation
 from .point import ManifoldPoint
 

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .base import OrthogonalMap
-from .build import build, resolve
+from .factory import build, resolve
 from .point import ManifoldPoint
 
 __all__ = ["rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise"]

@@ -28,7 +28,9 @@ class FunctionMap(_Based):
     reachable by f (checked).
 
     Args:
-        shape, dtype, device: as for every map.
+        shape: the weight's shape (…, rows, cols).
+        dtype: the weight's dtype.
+        device: where the base buffer lives.
         function: f.
         inverse: g, optional.
 
