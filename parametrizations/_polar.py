@@ -2,9 +2,9 @@ r"""Initial points: the nearest point by a scaled Newton iteration, and geotorch
 
 Note [Nearest point by the scaled Newton iteration]
 The nearest point of St(n, m) to a tall A = UΣVᴴ is its polar factor UVᴴ. The
-SVD computes it in O(n³) with a large, memory-bound constant (the
-bidiagonalisation: about 13 s for a float32 4096×4096 matrix on two cores).
-For a square A, the scaled Newton iteration (Higham, "Functions of Matrices",
+SVD computes it in O(n³) with a large constant: its bidiagonalisation is
+memory bound (matrix-vector products), where LU and GEMM run at the machine's
+matrix-matrix speed. For a square A, the scaled Newton iteration (Higham, "Functions of Matrices",
 §8.6)
 
     X₀ = A,   X_{k+1} = ½(μ_k X_k + μ_k⁻¹ X_k⁻ᴴ),   μ_k = (‖X_k⁻¹‖₂ / ‖X_k‖₂)^{1/2}
@@ -19,8 +19,8 @@ two spectral norms come from six steps of block power iteration each (O(n²)
 per step but memory bound; an estimate only changes the speed, never the
 limit). The Frobenius norms (Higham's cheaper choice, one pass) mis-scale by
 about (√n/2)^{1/2} for a random square A, which cost two more inverses at
-n = 2048; after two steps (κ ≲ 5, a concentrated spectrum) they are as good,
-and are used.
+n = 2048 (8–10 inverses in all, no faster than the SVD); after two steps
+(κ ≲ 5, a concentrated spectrum) they are as good, and are used.
 
 Near convergence the change δ = ‖X_{k+1} − X_k‖_F is the error E_k of X_k
 (X_k = U(I + E_k)Vᴴ). Once δ ≤ 10⁻²·√n (singular values within about 1%),
