@@ -4,9 +4,12 @@ Methods (see `available`): ``householder``, ``cwy``, ``tcwy``, ``exp``,
 ``cayley``, ``scaled_cayley`` (``nn.Module`` parametrizations for
 ``torch.nn.utils.parametrize``, registered in this order) and ``riemannian``
 (the weight itself becomes a ``geoopt.ManifoldParameter`` for the Riemannian
-optimizers; ``orthogonalize`` handles it, it is not a map). `maps` gives the
-registered map classes, with their capabilities declared on the class. The
-pure tensor kernels are in ``stiefel.parametrizations.kernels``.
+optimizers; ``orthogonalize`` handles it, it is not a registered map). `maps`
+gives the registered map classes, with their capabilities declared on the
+class. `build` makes the map of every constrained weight (``orthogonalize``,
+``conv_kernel=True``, `rotate`, the PEFT method), from a name, a class,
+``"riemannian"`` or a plain function. The pure tensor kernels are in
+``stiefel.parametrizations.kernels``.
 
 Example:
     ```python
@@ -38,10 +41,14 @@ from .dense import Cayley, Exp, ScaledCayley
 # isort: on
 from .constrain import OrthogonalMatrix, orthogonalize
 from .deferred import initialize
+from .factory import build
 from .finetuning import Rotation, merge, rotate, rotation
+from .function import FunctionMap
+from .point import ManifoldPoint
 
 __all__ = [
     "orthogonalize",
+    "build",
     "initialize",
     "available",
     "maps",
@@ -56,6 +63,8 @@ __all__ = [
     "Exp",
     "Cayley",
     "ScaledCayley",
+    "FunctionMap",
+    "ManifoldPoint",
     "rotate",
     "merge",
     "rotation",

@@ -33,6 +33,7 @@ from ..manifolds._checks import represented_dtype
 from ..manifolds._registry import Registry
 from ..manifolds.kernels import haar, orthogonality_error, polar
 from ._inverse import Unreachable
+from ._polar import nearest_point, torus
 
 __all__ = [
     "OrthogonalMap",
@@ -63,7 +64,7 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in LOW else dtype
 
 
-INITS = ("nearest", "haar", "identity", "random")
+INITS = ("nearest", "haar", "identity", "random", "torus")
 RIEMANNIAN = "riemannian"
 ENTRY_POINT_GROUP = "stiefel.parametrizations"
 
@@ -174,12 +175,6 @@ def get(name: object) -> type[OrthogonalMap]:
     return MAPS.get(name)  # type: ignore[arg-type]
 
 
-def methods_serving(shape: Sequence[int], dtype: torch.dtype) -> list[str]:
-    """Names of the methods that can serve a weight of this shape and dtype."""
-    out = [name for name, cls in maps().items() if not (cls.real_only and dtype.is_complex)]
-    return out + ([RIEMANNIAN] if shape[-2] >= shape[-1] else [])
-
-
 class OrthogonalMap(nn.Module):
     r"""A smooth map from free parameters onto St(n, m), O(n) or U(n).
 
@@ -231,6 +226,12 @@ class OrthogonalMap(nn.Module):
         #: False when ``init="nearest"`` may be out of reach (default init: random)
         self.reaches_every_point = True
         self._initial: torch.Tensor | None = None
+        #: how error messages name the constrained weight (set by the caller of `build`)
+        self.label = "the weight"
+        #: the ``init`` given when the weight was constrained (used again by resets)
+        self.init: str | None = None
+        self._verified = False
+        self.register_load_state_dict_post_hook(_changed_outside)
 
     # ------------------------------------------------------------------ capabilities
     @classmethod
@@ -287,6 +288,7 @@ class OrthogonalMap(nn.Module):
 
     # ------------------------------------------------------------------ parametrize interface
     def forward(self, original: torch.Tensor) -> torch.Tensor:
+        self.verify(original)
         if original.is_complex() != self.is_complex:
             raise TypeError(
                 f"the {self.method!r} map was built for {self.manifold!r} "
@@ -327,6 +329,58 @@ class OrthogonalMap(nn.Module):
             )
         except Unreachable as err:
             raise ValueError(f"value: {err}") from None
+
+    def check_original(self, original: torch.Tensor) -> str | None:
+        """Why ``original`` (finite) cannot be used, or None; maps with a singular case override."""
+        return None
+
+    def verify(self, original: torch.Tensor) -> None:
+        r"""Refuse free parameters that were never initialised (first use after a change).
+
+        Note [Free parameters are checked at first use]
+        After ``module.to_empty(device=...)`` the originals and the maps'
+        buffers hold uninitialised memory, and a checkpoint can hold values no
+        map accepts (a zero reflection vector: 0/0). Computing with them would
+        give a NaN or an arbitrary matrix silently. So the first forward after
+        the map is built, moved or converted (``_apply``: ``to``, ``to_empty``,
+        ``half``…) or loaded (``load_state_dict``) checks that the original and
+        the map's tensors are finite and that the map accepts the original
+        (`check_original`), and raises naming the weight and the fix otherwise.
+        Later forwards skip the check: no host synchronisation per step. The
+        check is skipped while tracing with ``torch.compile`` (it would break
+        the graph) and for values that cannot be read (meta, ``vmap``).
+        """
+        if self._verified or original.device.type == "meta" or torch.compiler.is_compiling():
+            return
+        if torch._C._functorch.is_functorch_wrapped_tensor(original):
+            return
+        tensors = [("the free parameter", original.detach())]
+        tensors += [(f"the map's {k}", t.detach()) for k, t in self.named_parameters()]
+        tensors += [(f"the map's {k}", t) for k, t in self.named_buffers()]
+        floating = [(k, t) for k, t in tensors if t.is_floating_point() or t.is_complex()]
+        bad = [k for k, t in floating if not bool(torch.isfinite(t).all())]
+        why = f"{', '.join(bad)} not finite" if bad else self.check_original(original.detach())
+        if why is not None:
+            raise ValueError(
+                f"{self.label} ({self.method!r} map) cannot be computed: {why} (never "
+                "initialised, e.g. after module.to_empty(), or a bad checkpoint); call "
+                "stiefel.parametrizations.initialize(model) or the module's "
+                "reset_parameters(), or assign a point (module.weight = Q)"
+            )
+        self._verified = True
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.changed_outside()
+        return out
+
+    def changed_outside(self) -> None:
+        """The map's tensors were rewritten from outside (``_apply``, ``load_state_dict``).
+
+        Forgets the first-use check (Note [Free parameters are checked at first
+        use]); maps with a buffer that must stay on the manifold also repair it.
+        """
+        self._verified = False
 
     @contextmanager
     def initialised_with(self, original: torch.Tensor) -> Iterator[None]:
@@ -400,9 +454,14 @@ class OrthogonalMap(nn.Module):
     def initial(
         self, weight: torch.Tensor, init: str | None, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """The original for ``init`` ("nearest", "haar", "identity", "random") and ``weight``.
+        """The original for ``init`` and ``weight`` (the map's buffers are set with it).
 
-        ``init=None`` is "nearest" when the map reaches every point, else "random".
+        ``init``: "nearest" (the polar factor of the weight), "haar" (a Haar
+        random point), "identity" ([I; 0]), "random" (a random point the map
+        reaches: Haar for the maps that reach every point), "torus" (geotorch's
+        ``sample("torus")``: a block diagonal of 2×2 rotations with angles
+        uniform in (−π, π), `_polar.torus`). ``init=None`` is "nearest" when
+        the map reaches every point, else "random".
 
         Note [Initialisation in the weight's precision]
         The point is computed in the weight's own precision (a float32 weight:
@@ -411,31 +470,27 @@ class OrthogonalMap(nn.Module):
         stored original is rounded to that precision anyway, and the map's
         output is then orthonormal to a few n·eps of it.
 
-        Note [Nearest point by the SVD]
-        The nearest point is the SVD's polar factor UVᴴ, O(n³) with a large
-        constant (the bidiagonalisation is memory bound): about 16 s for a
-        float32 4096×4096 weight on two cores, against ~1 s for the reflections.
-        Two alternatives were measured on two cores and were not faster: the
-        scaled Newton iteration X ← ½(μX + μ⁻¹X⁻ᴴ) (8–10 LU inverses), and the
-        polar factor A·V Λ^{-1/2} Vᴴ from the eigendecomposition of the float64
-        Gram AᴴA = VΛVᴴ (accurate to float32 for κ(A) ≲ 1e4, but a float64
-        n×n eigh and three float64 products cost as much as the float32 SVD:
-        4.2 s against 3.7 s at n = 1024, one thread). So the SVD stays, and
-        ``orthogonalize`` documents the fast inits ("haar", "identity", "random").
+        The nearest point is computed by a scaled Newton iteration, with the
+        SVD as its fallback (Note [Nearest point by the scaled Newton iteration]).
         """
         if init is None:
             init = "nearest" if self.reaches_every_point else "random"
         weight = weight.detach().to(work_dtype(weight.dtype))
+        self._verified = False
         if weight.device.type == "meta":
-            # Note [Meta weights]: no values exist; the identity's original (computed on the
-            # CPU, its shape and the buffers' layout are all that is kept) stands in. After
-            # module.to_empty(device=...), assign a point: module.weight = Q (e.g.
-            # torch.nn.init.orthogonal_(torch.empty(shape))), which resets every buffer.
-            # The CPU is named explicitly: under ``with torch.device("meta")`` (a model
-            # built there) tensors created without a device would be meta too.
+            # Note [Meta weights]: no values exist; an original computed on the CPU stands
+            # in (its shape and the buffers' layout are all that is kept). After
+            # module.to_empty(device=...), the module's reset_parameters() (FSDP2's recipe)
+            # or initialize(model) writes a point (Note [Deferred initialisation by
+            # reset_parameters]). The CPU is named explicitly: under ``with
+            # torch.device("meta")`` tensors created without a device would be meta too.
+            # A random original (from a fixed generator: the caller's random stream is not
+            # consumed) rather than the identity's: a map with fewer reflections than m
+            # reads its meta sign buffer in ``inverse``.
             with torch.device("cpu"):
-                eye = torch.eye(self.n, self.m, dtype=weight.dtype)
-                return self.inverse(eye.expand(*self.batch, self.n, self.m)).to("meta")
+                like = torch.empty((), dtype=weight.dtype)
+                fixed = torch.Generator().manual_seed(0)
+                return self.random_original(fixed, like).to("meta")
         if init == "random":
             return self.random_original(generator, weight)
         if init == "haar":
@@ -443,8 +498,11 @@ class OrthogonalMap(nn.Module):
         elif init == "identity":
             q = torch.eye(self.n, self.m, dtype=weight.dtype, device=weight.device)
             q = q.expand(*self.batch, self.n, self.m)
+        elif init == "torus":
+            q = torus(self.n, self.m, *self.batch, dtype=weight.dtype, generator=generator)
+            q = q.to(weight.device)
         else:
-            q = polar(weight.mT if self.transposed else weight)
+            q = nearest_point(weight.mT if self.transposed else weight)
         try:
             return self.inverse(q)
         except Unreachable as err:
@@ -453,6 +511,18 @@ class OrthogonalMap(nn.Module):
             ) from None
 
     # ------------------------------------------------------------------ helpers for subclasses
+    def fresh_init(self) -> str:
+        """The ``init`` of a reset: the one given, "nearest" read as a random point.
+
+        A reset (``reset_parameters``, `initialize`) has no weight to be near:
+        the module's own reset draws a fresh random weight, whose nearest point
+        is Haar-distributed for Gaussian entries; "haar" (or "random" where the
+        map does not reach every point) is that distribution, without the SVD.
+        """
+        if self.init in (None, "nearest"):
+            return "haar" if self.reaches_every_point else "random"
+        return self.init
+
     def tolerance(self, dtype: torch.dtype) -> float:
         """Reachability tolerance of right inverses: 1000·n·eps of the weight's dtype."""
         return 1000 * self.n * torch.finfo(dtype).eps
@@ -460,6 +530,10 @@ class OrthogonalMap(nn.Module):
     def extra_repr(self) -> str:
         t = ", transposed" if self.transposed else ""
         return f"{self.method!r}, manifold={self.manifold!r}{t}"
+
+
+def _changed_outside(module: OrthogonalMap, incompatible_keys: object) -> None:
+    module.changed_outside()
 
 
 def high(x: torch.Tensor) -> torch.Tensor:

@@ -13,18 +13,12 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..manifolds import Stiefel, _checks
-from .base import (
-    DTYPES,
-    INITS,
-    RIEMANNIAN,
-    OrthogonalMap,
-    available,
-    get,
-    manifold_for,
-    methods_serving,
-    work_dtype,
-)
-from .deferred import _write_riemannian_point
+from .base import DTYPES, INITS, RIEMANNIAN, OrthogonalMap
+from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
+from .deferred import hook_reset_parameters
+from .factory import Method, build, resolve
+from .gates import StackedGates, gate_count
+from .point import ManifoldPoint
 
 __all__ = ["orthogonalize", "OrthogonalMatrix", "RIEMANNIAN"]
 
@@ -49,28 +43,6 @@ def _check_weight(label: str, w: object, values: bool = True) -> torch.Tensor:
     return w
 
 
-def _serving_error(method: str, w: torch.Tensor, why: str) -> ValueError:
-    can = methods_serving(tuple(w.shape), w.dtype)
-    return ValueError(
-        f"method={method!r} cannot serve a {why} weight of shape {tuple(w.shape)} ({w.dtype}); "
-        f"methods that can: {', '.join(can) if can else 'none'}"
-    )
-
-
-def _resolve(method: object) -> tuple[str, type[OrthogonalMap] | None]:
-    """(name, class) for a method name or an OrthogonalMap subclass; class None: riemannian."""
-    if isinstance(method, type) and issubclass(method, OrthogonalMap):
-        return method.method or method.__name__, method
-    if method == RIEMANNIAN:
-        return RIEMANNIAN, None
-    if isinstance(method, type):
-        raise TypeError(
-            f"method={method!r} is a class but not an OrthogonalMap subclass; allowed: a name "
-            f"({', '.join(available())}) or an OrthogonalMap subclass"
-        )
-    return str(method), get(method)
-
-
 def _locate(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     """The submodule owning a dotted ``name`` ("rnn.weight_hh_l0") and the last part."""
     module = root
@@ -87,20 +59,93 @@ def _locate(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     return module, leaf
 
 
-def _orthogonalize_module(module: nn.Module, name: str, method: object, options: dict[str, Any]):
+def _check_untied(root: nn.Module, module: nn.Module, name: str, w: torch.Tensor) -> None:
+    r"""Refuse a weight that another module of ``root`` holds too.
+
+    Note [Tied weights cannot take a parametrization]
+    A parametrization replaces ``module.<name>`` by a computed tensor on that
+    module only: a second module holding the same Parameter (a tied
+    embedding and output layer) would go on multiplying by the unconstrained
+    tensor, silently. Only the modules under the ``module_or_tensor`` given
+    can be seen: given the root model (with a dotted name) the tie is found;
+    given a submodule, the other holder is outside it and cannot be.
+    ``method="riemannian"`` keeps the Parameter object, so both holders see
+    the manifold parameter: it is allowed.
+    """
+    holders = [
+        f"{path or type(root).__name__}.{key}"
+        for path, sub in root.named_modules(remove_duplicate=False)
+        for key, p in sub._parameters.items()
+        if p is w and not (sub is module and key == name)
+    ]
+    if holders:
+        raise ValueError(
+            f"{name} is tied: the same Parameter is also {', '.join(sorted(set(holders)))}; a "
+            "parametrization would constrain one holder and leave the other multiplying by "
+            "the unconstrained tensor (Note [Tied weights cannot take a parametrization]); "
+            "untie them first (e.g. other.weight = nn.Parameter(w.detach().clone())) or use "
+            "method='riemannian', which keeps the Parameter"
+        )
+
+
+def _parametrization(module, name, w, method, options, conv_kernel, gates):
+    """(the parametrization to register, its map), both built and checked, nothing touched."""
+    count = gate_count(module, name)
+    if gates:
+        if not count:
+            raise ValueError(
+                f"gates=True constrains the stacked gate matrices of nn.LSTM / nn.GRU "
+                f"(weight_hh_l*, weight_ih_l*); {type(module).__name__}.{name} is not one"
+            )
+        g = count
+        shape = (g, w.shape[0] // g, w.shape[1])
+        fmap = build(method, shape, w.dtype, w.device, options)
+        return StackedGates(tuple(w.shape), g, fmap), fmap
+    if count:
+        raise ValueError(
+            f"{type(module).__name__}.{name} stacks {count} gate matrices (shape "
+            f"{tuple(w.shape)} = {count}·hidden × {w.shape[1]}): constraining it as one matrix "
+            "makes no gate orthogonal; allowed: gates=True (each gate constrained by the "
+            "same map), or constrain a cell whose recurrent matrix is one matrix "
+            "(stiefel.nn's recurrent cells, nn.RNN)"
+        )
+    if conv_kernel:
+        param = conv_kernel_map(module, name, method, options)
+        return param, param.map
+    if isinstance(module, CONVOLUTIONS) and name == "weight":
+        warnings.warn(
+            f"orthogonalize({type(module).__name__}, 'weight') without conv_kernel=True "
+            f"constrains each {tuple(w.shape[-2:])} spatial slice of the kernel as its own "
+            "matrix, which does not bound the convolution; conv_kernel=True constrains the "
+            "kernel matrix (a non-expansive convolution)",
+            UserWarning,
+            stacklevel=4,
+        )
+    fmap = build(method, tuple(w.shape), w.dtype, w.device, options)
+    return fmap, fmap
+
+
+def _orthogonalize_module(root: nn.Module, name: str, method: object, options: dict[str, Any]):
     """Validate everything, then register (nothing is modified if anything fails)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if not isinstance(root, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(root).__name__}")
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {name!r}")
-    module, name = _locate(module, name)
-    label, cls = _resolve(method)
-    if parametrize.is_parametrized(module, name):
+    conv_kernel = options.pop("conv_kernel", False)
+    gates = options.pop("gates", False)
+    for key, flag in (("conv_kernel", conv_kernel), ("gates", gates)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{key} must be True or False, got {flag!r}")
+    module, leaf = _locate(root, name)
+    if conv_kernel:
+        check_convolution(module, leaf)
+    label, _, _ = resolve(method)
+    if parametrize.is_parametrized(module, leaf):
         raise ValueError(
-            f"module.{name} is already parametrized; remove it first with "
-            f"torch.nn.utils.parametrize.remove_parametrizations(module, {name!r})"
+            f"module.{leaf} is already parametrized; remove it first with "
+            f"torch.nn.utils.parametrize.remove_parametrizations(module, {leaf!r})"
         )
-    w = getattr(module, name, None)
+    w = getattr(module, leaf, None)
     if not isinstance(w, torch.Tensor):
         tensors = [k for k, _ in module.named_parameters(recurse=False)]
         tensors += [k for k, _ in module.named_buffers(recurse=False)]
@@ -110,70 +155,62 @@ def _orthogonalize_module(module: nn.Module, name: str, method: object, options:
         )
     if isinstance(w, geoopt.ManifoldParameter):
         raise ValueError(
-            f"module.{name} is already a manifold parameter (method='riemannian' or geoopt); "
+            f"module.{leaf} is already a manifold parameter (method='riemannian' or geoopt); "
             f"method={label!r} cannot be applied on top of it: a Riemannian optimizer and a "
             "parametrization would both constrain it"
         )
     init = options.pop("init", None)
-    _check_weight(f"module.{name}", w, values=init in (None, "nearest"))
+    _check_weight(f"module.{leaf}", w, values=init in (None, "nearest"))
     generator = options.pop("generator", None)
     if init is not None:
         _checks.choice("init", init, INITS)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if cls is None:
-        _make_riemannian(module, name, w, options, init, generator)
-        return module
-    if cls.real_only and w.dtype.is_complex:
-        raise _serving_error(label, w, "complex")
-    allowed = cls.options()
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {', '.join(unknown)} for method={label!r}; "
-            f"allowed: {', '.join(['init', 'generator', *allowed])}"
-        )
-    fmap = cls(tuple(w.shape), work_dtype(w.dtype), w.device, **options)
+    in_place = label == RIEMANNIAN and not (conv_kernel or gates)
+    if not in_place:
+        _check_untied(root, module, leaf, w)
+    param, fmap = _parametrization(module, leaf, w, method, options, conv_kernel, gates)
+    fmap.label = f"{type(module).__name__}.{leaf}" if module is root else name
+    fmap.init = init
+    if in_place:
+        _make_riemannian(module, leaf, w, fmap, init, generator)
+        return root
     with torch.no_grad():
-        original = fmap.initial(w, init, generator).to(dtype=w.dtype, device=w.device)
+        original = param.initial(w, init, generator).to(dtype=w.dtype, device=w.device)
     with fmap.initialised_with(original):  # Note [Registering with a precomputed original]
-        parametrize.register_parametrization(module, name, fmap, unsafe=True)
-    return module
+        parametrize.register_parametrization(module, leaf, param, unsafe=True)
+    if isinstance(fmap, ManifoldPoint):  # riemannian kernel: the point is the parameter
+        fmap.claim(module.parametrizations[leaf].original)
+    hook_reset_parameters(module)  # Note [Deferred initialisation by reset_parameters]
+    return root
 
 
-def _make_riemannian(module, name, w, options, init, generator) -> None:
+def _make_riemannian(module, name, w, fmap, init, generator) -> None:
     r"""Make module.<name> a ``geoopt.ManifoldParameter`` on our manifold, in place.
 
     Note [Riemannian weights must be tall]
     A Riemannian optimizer moves the stored tensor itself along St(N, M), whose
     points have orthonormal columns; a wide weight would have to be stored
     transposed, which the module using it would not expect. Wide weights are
-    therefore refused and the parametrization methods suggested.
+    therefore refused (by `build`) and the parametrization methods suggested.
 
     Note [Riemannian weights keep their Parameter]
     The Parameter object is kept: its class becomes ``geoopt.ManifoldParameter``
     (a subclass of ``nn.Parameter`` with no extra storage, only the
-    ``manifold`` attribute) and the projected value is copied into its storage.
+    ``manifold`` attribute) and the point (``fmap.initial``, the map being
+    the identity `ManifoldPoint`) is copied into its storage.
     Tied weights stay tied and an optimizer built before the call keeps
     stepping the same tensor (as a Euclidean one until it is rebuilt: only a
     Riemannian optimizer keeps it on the manifold). On a meta weight nothing
     is computed; ``module.to_empty(device=...)`` rebuilds a plain Parameter,
     so call ``orthogonalize(..., method="riemannian")`` again afterwards.
     """
-    if options:
-        raise TypeError(
-            f"unknown option(s) {', '.join(sorted(options))} for method='riemannian'; "
-            "allowed: init, generator"
-        )
-    if w.shape[-2] < w.shape[-1]:
-        raise _serving_error(RIEMANNIAN, w, "wide")
     if name not in module._parameters or not isinstance(w, nn.Parameter):
         raise ValueError(f"method='riemannian' needs module.{name} to be an nn.Parameter")
-    manifold = manifold_for(tuple(w.shape), w.dtype.is_complex)
     if w.device.type != "meta":
-        _write_riemannian_point(w, manifold, init, generator)
-    w.__class__ = geoopt.ManifoldParameter
-    w.manifold = manifold
+        with torch.no_grad():
+            w.copy_(fmap.initial(w, init, generator).to(w.dtype))
+    fmap.claim(w)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -191,12 +228,13 @@ class OrthogonalMatrix(nn.Module):
     ``"riemannian"``).
     """
 
-    def __init__(
-        self, tensor: torch.Tensor, method: str | type[OrthogonalMap] = "cwy", **options: Any
-    ):
+    def __init__(self, tensor: torch.Tensor, method: Method = "cwy", **options: Any):
         super().__init__()
         t = _check_weight("tensor", tensor)
-        label, _ = _resolve(method)
+        for key, needs in (("conv_kernel", "convolution module"), ("gates", "nn.LSTM/nn.GRU")):
+            if options.get(key):
+                raise TypeError(f"{key}=True needs a {needs}; got {type(tensor).__name__}")
+        label, _, _ = resolve(method)
         self.weight = nn.Parameter(t.detach().clone())
         _orthogonalize_module(self, "weight", method, dict(options))
         self.method = label
@@ -261,7 +299,7 @@ class OrthogonalMatrix(nn.Module):
 def orthogonalize(
     module_or_tensor: nn.Module | torch.Tensor,
     name: str = "weight",
-    method: str | type[OrthogonalMap] = "cwy",
+    method: Method = "cwy",
     **options: Any,
 ):
     r"""Constrain ``module.<name>`` (or a bare tensor) to O(n), U(n) or St(N, M).
@@ -272,7 +310,8 @@ def orthogonalize(
 
     On a module, registers a ``torch.nn.utils.parametrize`` parametrization on
     ``module.<name>`` (``name`` may be dotted, ``"rnn.weight_hh_l0"``) and
-    returns the module; for ``method="riemannian"`` the Parameter itself
+    returns the module given (the root, also for a dotted name); for
+    ``method="riemannian"`` the Parameter itself
     (same object and storage) becomes a ``geoopt.ManifoldParameter`` for the
     Riemannian optimizers instead. On a tensor or ``nn.Parameter``, returns an
     `OrthogonalMatrix` ``W`` with ``W()`` the matrix, built on a copy (a
@@ -280,12 +319,26 @@ def orthogonalize(
     starts at the manifold point nearest the current value (polar factor),
     unless ``init`` says otherwise.
 
-    The nearest point costs an SVD, O(n³): for a float32 4096×4096 weight on
-    two CPU cores about 20 s (2–3 s at n = 2048; `benchmarks/init.py`), of
-    which the reflections of ``householder``/``cwy`` take about 1 s. When the
-    starting point does not matter, ``init="identity"``, ``"haar"`` (a random
-    point: the QR of a Gaussian, in the weight's precision) or ``"random"``
-    skip the SVD (see the troubleshooting page, "Slow initialisation").
+    The nearest point is the polar factor, O(n³), computed by a scaled Newton
+    iteration with the SVD as fallback (Note [Nearest point by the scaled
+    Newton iteration]; `benchmarks/init.py` prints its timing against the
+    SVD). When the starting point does not matter, ``init="identity"``,
+    ``"haar"`` (a random point: the QR of a Gaussian, in the weight's
+    precision), ``"random"`` or ``"torus"`` skip it (see the troubleshooting
+    page, "Slow initialisation").
+
+    Refused, with the alternative: the stacked gates of ``nn.LSTM``/``nn.GRU``
+    as one matrix (``gates=True`` constrains each gate), a weight tied to
+    another module under ``module_or_tensor`` (Note [Tied weights cannot take a
+    parametrization]; a tie with a module outside the one given cannot be
+    seen), and a convolution whose padding breaks ``conv_kernel=True``'s bound.
+    A convolution weight without ``conv_kernel=True`` gets a warning.
+
+    After deferred initialisation (``with torch.device("meta")``, then
+    ``module.to_empty(device=...)``), the module's ``reset_parameters()``
+    (torch's recipe) or `initialize` writes a valid point; a weight used
+    before that is refused with an error (Note [Deferred initialisation by
+    reset_parameters]).
 
     A loop reading a parametrized weight at every step (a recurrent rollout)
     recomputes the map each time: wrap it in ``parametrize.cached()`` or use
@@ -297,11 +350,14 @@ def orthogonalize(
             a tensor).
         method: a name from `available` (``"householder"``, ``"cwy"``,
             ``"tcwy"``, ``"exp"``, ``"cayley"``, ``"scaled_cayley"``,
-            ``"riemannian"``, and any registered map), or an `OrthogonalMap`
-            subclass.
+            ``"riemannian"``, and any registered map), an `OrthogonalMap`
+            subclass, or a plain function f of a skew-symmetric (skew-Hermitian)
+            n×n A onto O(n) (U(n)), as geotorch's ``triv`` (a `FunctionMap`;
+            option ``inverse=g``).
         **options: ``conv_kernel=True`` (an ``nn.Conv1d/2d/3d`` weight constrained
-            through its kernel matrix, see `stiefel.parametrizations.conv`), ``init``
-            ("nearest", "haar", "identity", "random"),
+            through its kernel matrix, see `stiefel.parametrizations.conv`),
+            ``gates=True`` (each stacked gate of an LSTM/GRU weight), ``init``
+            ("nearest", "haar", "identity", "random", "torus"),
             ``generator``, and the method's own options (``reflections=L`` for
             the reflection maps, ``block`` for ``householder``, ``negatives=ρ``
             for ``scaled_cayley``).
@@ -328,16 +384,13 @@ def orthogonalize(
         assert torch.allclose(W.linear(x), torch.nn.functional.linear(x, W()), atol=1e-5)
 
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8))
-        orthogonalize(model, "1.weight", method="exp")
+        assert orthogonalize(model, "1.weight", method="exp") is model
+
+        lstm = orthogonalize(torch.nn.LSTM(4, 4), "weight_hh_l0", gates=True, init="torus")
+        gate = lstm.weight_hh_l0[:4]
+        assert torch.allclose(gate @ gate.T, torch.eye(4), atol=1e-5)
         ```
     """
-    conv_kernel = options.pop("conv_kernel", False)
-    if not isinstance(conv_kernel, bool):
-        raise TypeError(f"conv_kernel must be True or False, got {conv_kernel!r}")
-    if conv_kernel:  # Stiefel convolution kernels: parametrizations/conv.py
-        from .conv import orthogonalize_conv
-
-        return orthogonalize_conv(module_or_tensor, name, method, options)
     if isinstance(module_or_tensor, nn.Module):
         return _orthogonalize_module(module_or_tensor, name, method, dict(options))
     if isinstance(module_or_tensor, torch.Tensor):

@@ -19,9 +19,12 @@ x_{p+t−pad} (zero outside the input) — CWY paper, appendix C. With
 position is read at most once per tap; out-of-range reads are zeros). Hence
 ‖y‖² ≤ (1/k)·k·‖x‖² = ‖x‖². Injectivity also holds for any stride and
 dilation, so the bound does too; with circular padding every tap reads every
-position exactly once (Σ_p ‖x̄_p‖² = k‖x‖²), and with k = 1, in = out the map
-is y_p = Qᵀx_p with Q orthogonal: ‖y‖ = ‖x‖ exactly. Reflect and replicate
-padding read some positions twice, which breaks the bound: they are refused.
+position at most once as long as the output is not longer than the input
+(2·padding ≤ dilation·(k_i − 1) in each dimension; then Σ_p ‖x̄_p‖² ≤ k‖x‖²),
+and with k = 1, in = out the map is y_p = Qᵀx_p with Q orthogonal: ‖y‖ = ‖x‖
+exactly. A larger circular padding wraps around and reads positions twice per
+tap (‖conv‖₂ up to 1.23 was measured for k = 2, padding = 1), and reflect and
+replicate padding read some positions twice: they are refused.
 """
 
 from __future__ import annotations
@@ -29,46 +32,48 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import geoopt
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
-from ..manifolds.kernels import orthogonality_error
 from .base import OrthogonalMap
-from .constrain import orthogonalize
+from .factory import build
 
-__all__ = ["ConvKernel", "orthogonalize_conv"]
+__all__ = ["ConvKernel", "conv_kernel_map", "check_convolution"]
 
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 PADDING_MODES = ("zeros", "circular")
 
 
 class ConvKernel(nn.Module):
-    r"""The parametrization W = reshape(K̂ᵀ)/… of a Stiefel convolution kernel.
+    r"""The parametrization W = reshape(Tᵀ or T)/√k of a Stiefel convolution kernel.
 
-    ``forward(original)`` returns the weight (out, in, *kernel_size):
-    W = reshape(Tᵀ or T, (out, in, *kernel_size)) / √k with T the tall point
-    (n × m, from the map, or the stored manifold parameter for
-    ``"riemannian"``). ``right_inverse`` inverts it
-    (Note [A Stiefel kernel makes the convolution non-expansive]).
+    ``forward(original)`` returns the weight (out, in, *kernel_size) from the
+    tall point T = ``map(original)`` (n × m; for ``"riemannian"`` the map is a
+    `ManifoldPoint` and the original is T itself, a manifold parameter).
+    ``right_inverse`` and ``initial`` read the kernel matrix of a weight and
+    hand it to the map (Note [A Stiefel kernel makes the convolution
+    non-expansive]).
+
+    ``ConvKernel(shape, None)`` is the bare reshape T ↦ W, for callers that
+    hold T themselves (it is not registered).
 
     Attributes:
-        map: the ``OrthogonalMap`` (None for ``"riemannian"``).
+        map: the `OrthogonalMap` of T (built by `build`).
         manifold: St(in·k, out) or St(out, in·k), the manifold of T.
         taps: k, the number of kernel taps.
         wide: whether T = √k·K̂ᵀ (in·k < out) rather than √k·K̂.
     """
 
-    def __init__(self, weight_shape: tuple[int, ...], fmap: OrthogonalMap | None, manifold):
+    def __init__(
+        self, weight_shape: tuple[int, ...], fmap: OrthogonalMap | None, manifold: Any = None
+    ):
         super().__init__()
         self.weight_shape = tuple(weight_shape)
         out, cin = weight_shape[:2]
         self.taps = math.prod(weight_shape[2:])
         self.wide = cin * self.taps < out
         self.map = fmap
-        self.manifold = manifold
-        self._pending: torch.Tensor | None = None
+        self.manifold = fmap.manifold if fmap is not None else manifold
 
     def kernel_matrix(self, weight: torch.Tensor) -> torch.Tensor:
         """The tall point T of a weight: √k·K̂ (or its transpose when wide)."""
@@ -80,45 +85,76 @@ class ConvKernel(nn.Module):
         khat_t = t if self.wide else t.mT  # K̂ᵀ·√k, shape (out, in·k)
         return khat_t.reshape(self.weight_shape) / math.sqrt(self.taps)
 
+    def _weight(self, value: object) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != self.weight_shape:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"value must have the weight's shape {self.weight_shape}, got {got}")
+        return value
+
     def right_inverse(self, value: torch.Tensor) -> torch.Tensor:
         """The original of a weight whose kernel matrix is on the manifold (ValueError if not)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            return pending
-        if tuple(value.shape) != self.weight_shape:
-            raise ValueError(
-                f"value must have the weight's shape {self.weight_shape}, got {tuple(value.shape)}"
-            )
-        t = self.kernel_matrix(value)
-        if self.map is not None:
-            return self.map.right_inverse(t)
-        err = float(orthogonality_error(t.detach()))
-        tol = self.manifold.default_atol(t.dtype)
-        if not err <= tol:
-            raise ValueError(
-                f"value's kernel matrix √k·K̂ is not on {self.manifold!r}: "
-                f"‖QᴴQ − I‖_F = {err:.3e} > {tol:.3e}"
-            )
-        return t
+        return self.map.right_inverse(self.kernel_matrix(self._weight(value)))
+
+    def initial(
+        self, weight: torch.Tensor, init: str | None, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """The original for ``init`` and the kernel matrix of ``weight``."""
+        return self.map.initial(self.kernel_matrix(self._weight(weight)), init, generator)
+
+    def fresh_init(self) -> str:
+        """The init of a reset (`OrthogonalMap.fresh_init`)."""
+        return self.map.fresh_init()
 
     def extra_repr(self) -> str:
         return f"taps={self.taps}, manifold={self.manifold!r}"
 
 
-def orthogonalize_conv(module: nn.Module, name: str, method: Any, options: dict[str, Any]):
-    """``orthogonalize(module, name, method, conv_kernel=True, **options)``.
+def _check_padding(module: nn.Module) -> None:
+    """Refuse paddings that break the non-expansive bound (Note [A Stiefel kernel …])."""
+    if module.padding_mode not in PADDING_MODES:
+        raise ValueError(
+            f"conv_kernel=True with padding_mode={module.padding_mode!r}; allowed: "
+            f"{', '.join(PADDING_MODES)} (Note [A Stiefel kernel makes the convolution "
+            "non-expansive])"
+        )
+    if module.padding_mode != "circular" or isinstance(module.padding, str):
+        return  # zeros: any padding; "same"/"valid" never lengthen the output
+    for pad, k, dil in zip(module.padding, module.kernel_size, module.dilation, strict=True):
+        if 2 * pad > dil * (k - 1):
+            raise ValueError(
+                f"conv_kernel=True with padding_mode='circular' and padding={module.padding} "
+                f"(kernel_size={module.kernel_size}, dilation={module.dilation}): the padding "
+                "wraps around and reads input positions twice, so the convolution is not "
+                "non-expansive; allowed: 2·padding ≤ dilation·(kernel_size − 1) in every "
+                "dimension with circular padding (e.g. padding='same'), or padding_mode='zeros' "
+                "with any padding"
+            )
 
-    Checks everything first (module type, ``groups``, ``padding_mode``, the
-    method and its options, through ``orthogonalize`` on the kernel matrix of a
-    scratch holder), then registers a ``ConvKernel`` parametrization; nothing
-    is modified if a check fails.
+
+def conv_kernel_map(
+    module: nn.Module, name: str, method: Any, options: dict[str, Any]
+) -> ConvKernel:
+    """The `ConvKernel` of ``orthogonalize(module, name, method, conv_kernel=True, **options)``.
+
+    Checks the module (type, ``groups``, ``padding_mode`` and padding) and
+    builds the map of the kernel matrix with `build`; the module is not
+    touched (``orthogonalize`` registers the result).
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Conv1d/2d/3d``.
-        ValueError: ``name`` is not ``"weight"``, ``groups`` ≠ 1, an unsupported
-            ``padding_mode``, an already parametrized weight, or any error of
-            ``orthogonalize`` for the kernel matrix (unknown method, options).
+        TypeError: ``module`` is not an ``nn.Conv1d/2d/3d``; unknown options.
+        ValueError: ``name`` is not ``"weight"``, ``groups`` ≠ 1, a padding or
+            ``padding_mode`` that breaks the bound, or any error of `build`.
     """
+    check_convolution(module, name)
+    w = module.weight
+    out, cin = w.shape[:2]
+    rows = cin * math.prod(w.shape[2:])
+    shape = (max(rows, out), min(rows, out))
+    return ConvKernel(tuple(w.shape), build(method, shape, w.dtype, w.device, options))
+
+
+def check_convolution(module: nn.Module, name: str) -> None:
+    """The module checks of ``conv_kernel=True`` (type, name, groups, padding)."""
     if not isinstance(module, CONVOLUTIONS):
         raise TypeError(
             f"conv_kernel=True needs a convolution module; got {type(module).__name__}; "
@@ -131,35 +167,4 @@ def orthogonalize_conv(module: nn.Module, name: str, method: Any, options: dict[
             f"conv_kernel=True needs groups=1, got groups={module.groups}: a grouped kernel is "
             "block diagonal; constrain a convolution per group instead"
         )
-    if module.padding_mode not in PADDING_MODES:
-        raise ValueError(
-            f"conv_kernel=True with padding_mode={module.padding_mode!r}; allowed: "
-            f"{', '.join(PADDING_MODES)} (Note [A Stiefel kernel makes the convolution "
-            "non-expansive])"
-        )
-    if parametrize.is_parametrized(module, name):
-        raise ValueError(
-            f"module.{name} is already parametrized; remove it first with "
-            f"torch.nn.utils.parametrize.remove_parametrizations(module, {name!r})"
-        )
-    w = module.weight
-    shape = tuple(w.shape)
-    param = ConvKernel(shape, None, None)
-    holder = nn.Module()  # the tall kernel matrix, orthogonalized with every check
-    holder.weight = nn.Parameter(param.kernel_matrix(w.detach()).clone())
-    orthogonalize(holder, "weight", method, **options)
-    if parametrize.is_parametrized(holder, "weight"):
-        param.map = holder.parametrizations.weight[0]
-        param.manifold = param.map.manifold
-        param._pending = holder.parametrizations.weight.original.detach()
-    else:  # riemannian: the tall matrix itself is the manifold parameter
-        point = holder.weight
-        param.manifold = point.manifold
-        param._pending = point.detach()
-    parametrize.register_parametrization(module, name, param, unsafe=True)
-    if param.map is None:
-        plist = module.parametrizations[name]
-        plist.original = geoopt.ManifoldParameter(
-            plist.original.detach(), manifold=param.manifold, requires_grad=w.requires_grad
-        )
-    return module
+    _check_padding(module)

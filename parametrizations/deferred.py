@@ -1,4 +1,25 @@
-r"""Deferred initialisation: `initialize` writes a manifold point into orthogonalized weights."""
+r"""Deferred initialisation: a constrained weight gets a valid point from torch's own recipe.
+
+Note [Deferred initialisation by reset_parameters]
+torch's recipe for a model built without memory (``with torch.device("meta")``,
+FSDP2's documented recipe) is ``model.to_empty(device=...)`` and then
+``reset_parameters()`` on every module that has one. ``to_empty`` leaves
+uninitialised memory in the free parameters and the maps' buffers, and a
+module's own ``reset_parameters`` (``nn.Linear``: ``kaiming_uniform_`` of
+``self.weight``) writes into the *computed* weight, a temporary, so the
+original would stay garbage. The mechanism, one for every constrained weight:
+``orthogonalize`` hooks the module's ``reset_parameters`` on the class torch's
+``parametrize`` made for that module alone (``ParametrizedLinear``, …; it
+disappears with ``remove_parametrizations``, survives ``deepcopy``, and adds
+nothing to the ``state_dict``). The hook first writes a fresh point into every
+constrained original of the module (the map's ``initial`` with its
+``fresh_init``, which also resets the map's buffers), then runs the module's
+own ``reset_parameters`` (the bias, which reads the now valid weight). A
+`Rotation` (``rotate``) is itself a module with ``reset_parameters``: back to
+Q = I. `initialize` does the same for a whole model in one call, with an
+``init`` and a generator. What was never initialised is refused at first use
+(Note [Free parameters are checked at first use]).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +29,12 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..manifolds import Stiefel, _checks
-from .base import INITS, OrthogonalMap
+from .base import INITS
+from .factory import build
+from .finetuning import Rotation
+from .point import ManifoldPoint
 
-__all__ = ["initialize"]
+__all__ = ["initialize", "hook_reset_parameters", "reset_constrained"]
 
 
 def _dtensor_type() -> type:
@@ -21,52 +45,99 @@ def _dtensor_type() -> type:
     return DTensor
 
 
+def _constrained(module: nn.Module) -> list[tuple[str, torch.Tensor, nn.Module]]:
+    """(name, original, parametrization) of the module's own constrained tensors."""
+    out = []
+    if parametrize.is_parametrized(module):
+        for name, plist in module.parametrizations.items():
+            if len(plist) == 1 and hasattr(plist[0], "initial"):
+                out.append((name, plist.original, plist[0]))
+    return out
+
+
 @torch.no_grad()
-def _write_riemannian_point(w: torch.Tensor, manifold: Stiefel, init, generator) -> None:
-    """Copy the point of ``manifold`` chosen by ``init`` into the tall weight ``w``."""
-    if init in (None, "nearest"):
-        value = manifold.projx(w.detach())
-    elif init == "identity":
-        value = torch.eye(manifold.n, manifold.m, dtype=w.dtype, device=w.device).expand(w.shape)
-    else:  # haar and random
-        value = manifold.random(
-            *w.shape[:-2], manifold.n, manifold.m, dtype=w.dtype, generator=generator
-        ).as_subclass(torch.Tensor)
-    w.copy_(value.to(w.device))
+def _write(param: nn.Module, original: torch.Tensor, init, generator) -> None:
+    """A fresh point's original into ``original`` (no value of the old one is read)."""
+    init = param.fresh_init() if init is None else init
+    like = torch.empty(param.weight_shape, dtype=original.dtype, device=original.device)
+    original.copy_(param.initial(like, init, generator).to(original.dtype))
+    fmap = getattr(param, "map", param)
+    if isinstance(fmap, ManifoldPoint) and isinstance(original, nn.Parameter):
+        fmap.claim(original)  # to_empty rebuilt a plain Parameter
+
+
+def reset_constrained(module: nn.Module, init: str | None = None, generator=None) -> None:
+    """Write a fresh point into the module's own constrained tensors (not its children's)."""
+    for _, original, param in _constrained(module):
+        if original.device.type != "meta":
+            _write(param, original, init, generator)
+
+
+def _reset_parameters(self: nn.Module) -> None:
+    """Constrained weights first (a fresh point), then the module's own reset.
+
+    A map whose output is a view of its original (the identity `ManifoldPoint`
+    reshaped, ``gates=True`` with ``"riemannian"``) lets the module's own reset
+    (``init.uniform_(self.weight_hh_l0)``) write into the original: those
+    originals (their ``_version`` moved) get a fresh point again.
+    """
+    reset_constrained(self)
+    own = getattr(super(type(self), self), "reset_parameters", None)
+    if own is None:
+        return
+    before = [(o, o._version) for _, o, _ in _constrained(self)]
+    own()
+    for (_, original, param), (_, version) in zip(_constrained(self), before, strict=True):
+        if original._version != version and original.device.type != "meta":
+            _write(param, original, None, None)
+
+
+def hook_reset_parameters(module: nn.Module) -> None:
+    """Make ``module.reset_parameters()`` reset its constrained weights too (once per module).
+
+    Note [Deferred initialisation by reset_parameters]. ``module`` must be
+    parametrized (its class is then torch's per-module class).
+    """
+    cls = type(module)
+    if cls.__dict__.get("reset_parameters") is not _reset_parameters:
+        cls.reset_parameters = _reset_parameters
 
 
 def initialize(
     module: nn.Module, *, init: str = "random", generator: torch.Generator | None = None
 ) -> nn.Module:
-    r"""Write a fresh manifold point into every orthogonalized weight of ``module``, in place.
+    r"""Write a fresh manifold point into every constrained weight of ``module``, in place.
 
     The one call after deferred initialisation: a model built under
     ``with torch.device("meta")`` (``orthogonalize`` reads no values there) and
     allocated with ``module.to_empty(device=...)`` holds uninitialised memory in
-    its maps' free parameters and buffers (signs, base points, scalings). For
-    every weight parametrized by an `OrthogonalMap`, the original is rewritten
-    with the map's own initialisation (the one ``orthogonalize`` uses) and the
-    map's buffers are reset with it; every ``geoopt.ManifoldParameter`` on a
-    stiefel manifold (``method="riemannian"``) gets a point of its manifold.
-    Other parameters are left alone (call the modules' ``reset_parameters``
-    for them). ``to_empty`` turns a ``method="riemannian"`` weight back into a
-    plain ``Parameter`` (torch rebuilds it): call ``orthogonalize(module, name,
-    method="riemannian", init=...)`` on it again instead.
+    its free parameters and the maps' buffers. Every constrained weight is
+    reset: every parametrization with an ``initial`` (the maps of
+    ``orthogonalize``, ``conv_kernel=True`` kernels, stacked gates) gets the
+    original of a new point and its map's buffers are reset with it; every
+    ``geoopt.ManifoldParameter`` on a stiefel manifold (``method="riemannian"``)
+    gets a point of its manifold; every rotation of `rotate` goes back to
+    Q = I. Other parameters are left alone: torch's recipe, ``reset_parameters()``
+    on every module, does both (Note [Deferred initialisation by
+    reset_parameters]). ``to_empty`` turns a ``method="riemannian"`` weight back
+    into a plain ``Parameter`` (torch rebuilds it): call ``orthogonalize(module,
+    name, method="riemannian", init=...)`` on it again instead.
 
     Args:
         module: the model (searched recursively).
         init: ``"random"`` (default: a random point the map reaches; Haar for
-            the maps that reach every point), ``"haar"`` or ``"identity"``
-            (``"nearest"`` has no weight to be near after ``to_empty``).
-        generator: the random generator of ``"random"`` / ``"haar"``.
+            the maps that reach every point), ``"haar"``, ``"identity"`` or
+            ``"torus"`` (``"nearest"`` has no weight to be near after ``to_empty``).
+        generator: the random generator of ``"random"`` / ``"haar"`` / ``"torus"``.
 
     Returns:
         ``module``.
 
     Raises:
         ValueError: an unknown ``init``, a weight still on the meta device
-            (call ``module.to_empty(device=...)`` first), or no orthogonalized
+            (call ``module.to_empty(device=...)`` first), or no constrained
             weight in ``module``.
+        TypeError: a sharded (DTensor) weight: initialize before ``fully_shard``.
 
     Example:
         ```python
@@ -85,19 +156,21 @@ def initialize(
     _checks.choice("init", init, [i for i in INITS if i != "nearest"])
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    found = []
+    found: list[tuple[str, torch.Tensor, object]] = []
     for path, sub in module.named_modules():
-        for name, w in sub.named_parameters(recurse=False):
-            if isinstance(w, geoopt.ManifoldParameter) and isinstance(w.manifold, Stiefel):
-                found.append((f"{path}.{name}".lstrip("."), w, w.manifold))
-        if parametrize.is_parametrized(sub):
-            for name, plist in sub.parametrizations.items():
-                if len(plist) == 1 and isinstance(plist[0], OrthogonalMap):
-                    found.append((f"{path}.{name}".lstrip("."), plist.original, plist[0]))
+        where = f"{path}." if path else ""
+        found += [(where + name, w, p) for name, w, p in _constrained(sub)]
+        if isinstance(sub, Rotation):
+            found += [(f"{where}originals.{i}", w, sub) for i, w in enumerate(sub.originals)]
+    claimed = {id(w) for _, w, _ in found}
+    for name, w in module.named_parameters():
+        if isinstance(w, geoopt.ManifoldParameter) and isinstance(w.manifold, Stiefel):
+            if id(w) not in claimed:
+                found.append((name, w, None))
     if not found:
         raise ValueError(
-            f"{type(module).__name__} has no orthogonalized weight (no OrthogonalMap "
-            "parametrization, no ManifoldParameter on a stiefel manifold)"
+            f"{type(module).__name__} has no orthogonalized weight (no parametrization of "
+            "orthogonalize, no ManifoldParameter on a stiefel manifold, no rotation)"
         )
     for label, w, _ in found:
         if isinstance(w, _dtensor_type()):
@@ -112,8 +185,11 @@ def initialize(
             )
     with torch.no_grad():
         for _, w, owner in found:
-            if isinstance(owner, OrthogonalMap):  # resets the map's buffers too
-                w.copy_(owner.initial(w, init, generator).to(w.dtype))
-            else:
-                _write_riemannian_point(w, owner, init, generator)
+            if isinstance(owner, Rotation):
+                continue
+            if owner is None:  # method="riemannian": the weight is the point
+                owner = build("riemannian", tuple(w.shape), w.dtype, w.device)
+            _write(owner, w, init, generator)
+        for sub in {id(o): o for _, _, o in found if isinstance(o, Rotation)}.values():
+            sub.reset_parameters()
     return module

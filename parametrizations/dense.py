@@ -63,6 +63,40 @@ class _Based(OrthogonalMap):
             self.base.copy_(p.to(self.base.dtype))
         return torch.zeros(*self.batch, self.n, self.n, dtype=q.dtype, device=q.device)
 
+    def changed_outside(self) -> None:
+        r"""Put the base back on the manifold after a conversion or a load.
+
+        Note [The base point is repaired after a round trip]
+        A product B·f(A) is only as orthonormal as B. ``module.bfloat16()``
+        rounds B to bfloat16 (8 bits of mantissa), and ``.float()`` afterwards
+        (or a bfloat16 checkpoint loaded into a float32 module) keeps that
+        rounding: the weight was 9e-3 off the manifold where the reflection
+        maps (whose buffers are exact ±1) are at float32 rounding. A (the
+        skew part of the original) needs no repair: `skew_from_raw` makes it
+        exactly skew from any tensor. So whenever the buffers are rewritten
+        from outside (``_apply``, ``load_state_dict``), B is replaced by the
+        nearest point, computed in float64 (Newton–Schulz steps, B is within
+        rounding of it) and rounded once to B's dtype, when it is off by more
+        than 10·n·eps of its dtype (a B of its dtype's precision is kept bit
+        for bit): within a few n·eps of
+        the manifold for a float32 B, the change being the size of the
+        rounding it removes. Buffers without values (meta) or not finite
+        (``to_empty``) are left for the first-use check.
+        """
+        super().changed_outside()
+        b = self.base
+        if b.device.type == "meta" or not bool(torch.isfinite(b).all()):
+            return
+        with torch.no_grad():
+            x = high(b)
+            gram = x.mH @ x
+            err = float(torch.linalg.matrix_norm(gram - torch.eye(gram.shape[-1]).to(gram)).max())
+            if err <= 10 * self.n * torch.finfo(b.dtype).eps:
+                return  # already a point of B's precision (a load keeps it bit for bit)
+            for _ in range(4):
+                x = 1.5 * x - 0.5 * (x @ (x.mH @ x))
+            b.copy_(x.to(b.dtype))
+
 
 @register("exp")
 class Exp(_Based):

@@ -29,15 +29,16 @@ two gathers, O(n) each, never an n×n permutation matrix.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
-import geoopt
 import torch
 from torch import nn
 
-from ..manifolds import Orthogonal, Unitary
-from .base import RIEMANNIAN, OrthogonalMap, available, get
+from .base import OrthogonalMap
+from .factory import build, resolve
+from .point import ManifoldPoint
 
 __all__ = ["rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise"]
 
@@ -73,15 +74,18 @@ class Rotation(nn.Module):
 
     Q = F_{k−1}⋯F_0 (Note [Butterfly factors as index gathers]); with
     ``butterfly=0`` one block-diagonal factor. Each factor's blocks are one
-    batched map of the registry (shape (b, s, s)) with its free parameter in
-    ``originals``, or for ``"riemannian"`` one ``geoopt.ManifoldParameter`` on
-    O(s)/U(s) in ``points``.
+    map made by `build` (shape (b, s, s), or (s, s) for one block) with its
+    free parameter in ``originals``; for ``"riemannian"`` the map is the
+    identity `ManifoldPoint` and the original is the blocks themselves, a
+    ``geoopt.ManifoldParameter`` on O(s)/U(s). ``reset_parameters()`` puts Q
+    back to the identity (torch's deferred-initialisation recipe, Note
+    [Deferred initialisation by reset_parameters]).
     """
 
     def __init__(
         self,
         features: int,
-        method: str,
+        method: Any,
         blocks: int,
         butterfly: int,
         dtype: torch.dtype,
@@ -90,53 +94,45 @@ class Rotation(nn.Module):
     ):
         super().__init__()
         self.features, self.blocks, self.butterfly = features, blocks, butterfly
-        self.method, self.dtype = method, dtype
+        self.method, self.dtype = resolve(method)[0], dtype
         size = features // blocks
-        shape = (blocks, size, size)
+        shape = (size, size) if blocks == 1 else (blocks, size, size)
         factors = max(butterfly, 1)
-        cls = RIEMANNIAN if method == RIEMANNIAN else get(method)  # riemannian is not a map
         self.maps = nn.ModuleList()
         self.originals = nn.ParameterList()
-        self.points = nn.ParameterList()
-        eye = torch.eye(size, dtype=dtype, device=device).expand(shape).clone()
-        if cls == RIEMANNIAN:
-            if options:
-                raise TypeError(
-                    f"unknown option(s) {', '.join(sorted(options))} for method='riemannian'; "
-                    "allowed: none"
-                )
-            manifold = Unitary(size) if dtype.is_complex else Orthogonal(size)
-            for _ in range(factors):
-                self.points.append(geoopt.ManifoldParameter(eye.clone(), manifold=manifold))
-        else:
-            assert isinstance(cls, type) and issubclass(cls, OrthogonalMap)
-            if cls.real_only and dtype.is_complex:
-                raise ValueError(
-                    f"method={method!r} cannot serve {blocks} block(s) of {size}×{size} in "
-                    f"{dtype}; allowed: {', '.join(available())}"
-                )
-            names = cls.options()
-            unknown = sorted(set(options) - set(names))
-            if unknown:
-                raise TypeError(
-                    f"unknown option(s) {', '.join(unknown)} for method={method!r}; "
-                    f"allowed: {', '.join(names) or 'none'}"
-                )
-            for _ in range(factors):
-                fmap = cls(shape, dtype, device, **options)
-                with torch.no_grad():  # the map's right inverse at Q = I (the contract's inverse)
-                    original = fmap.inverse(eye).to(dtype=dtype, device=device)
-                self.maps.append(fmap)
-                self.originals.append(nn.Parameter(original))
+        for _ in range(factors):
+            fmap = build(method, shape, dtype, device, options)
+            fmap.label = "a rotation factor"
+            self.maps.append(fmap)
+        for fmap in self.maps:
+            self.originals.append(nn.Parameter(self._identity(fmap, device)))
+            if isinstance(fmap, ManifoldPoint):  # riemannian: the blocks are the parameter
+                fmap.claim(self.originals[-1])
         for level in range(factors if butterfly else 0):
             perm = butterfly_permutation(features, size, level)
             self.register_buffer(f"perm{level}", perm.to(device), persistent=False)
             self.register_buffer(f"inv{level}", torch.argsort(perm).to(device), persistent=False)
 
+    def _identity(self, fmap: OrthogonalMap, device) -> torch.Tensor:
+        """The map's original of Q = I (its buffers reset with it)."""
+        eye = torch.eye(fmap.n, dtype=self.dtype).expand(fmap.weight_shape).clone()
+        with torch.no_grad():
+            if device is not None and torch.device(device).type == "meta":
+                return fmap.initial(eye.to("meta"), "identity", None)
+            return fmap.inverse(eye.to(device)).to(dtype=self.dtype, device=device).clone()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Q = I again: every factor's original (and map buffers) of the identity."""
+        for fmap, original in zip(self.maps, self.originals, strict=True):
+            if original.device.type != "meta":
+                original.copy_(self._identity(fmap, original.device))
+                if isinstance(fmap, ManifoldPoint):  # to_empty rebuilt a plain Parameter
+                    fmap.claim(original)
+
     def _blocks(self, i: int) -> torch.Tensor:
-        if self.points:
-            return self.points[i]
-        return self.maps[i].matrix(self.originals[i])  # square blocks: tall = the matrix
+        q = self.maps[i](self.originals[i])  # square blocks: the map's output is Q's blocks
+        return q if self.blocks > 1 else q.unsqueeze(0)
 
     def operator(self) -> Callable[[torch.Tensor], torch.Tensor]:
         r"""x ↦ ``F.linear(x, Q)`` = x Qᵀ for x of shape (…, features), Q never formed.
@@ -145,11 +141,9 @@ class Rotation(nn.Module):
         """
         ops = []
         for i in range(max(self.butterfly, 1)):
-            if self.points:
-                q = self.points[i]
-                ops.append(lambda z, q=q: z @ q.mT)
-            else:
-                ops.append(self.maps[i].prepare_operator(self.originals[i]))
+            fmap, original = self.maps[i], self.originals[i]
+            fmap.verify(original)  # Note [Free parameters are checked at first use]
+            ops.append(fmap.prepare_operator(original))
 
         def apply(x: torch.Tensor) -> torch.Tensor:
             for i, op in enumerate(ops):
@@ -300,8 +294,7 @@ def rotate(
     w = _check_module(module)
     if not isinstance(side, str) or side not in SIDES:
         raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
-    if method != RIEMANNIAN:
-        get(method)  # unknown names raise, listing the registry
+    resolve(method)  # unknown names raise, listing the registry
     features = int(w.shape[1] if side == "input" else w.shape[0])
     _check_int("blocks", blocks, 1)
     _check_int("butterfly", butterfly, 0)
@@ -385,6 +378,28 @@ def rotation(module: nn.Module) -> torch.Tensor:
     return _rotation_of(module).matrix()
 
 
+def _other_holders(module: nn.Module, w: torch.Tensor) -> list[str]:
+    """Modules other than ``module`` holding ``w`` as a parameter (a tied weight).
+
+    Found through the garbage collector's referrers of ``w`` (the
+    ``_parameters`` dicts holding it, the ``__dict__`` holding those, their
+    modules): a submodule cannot
+    see the model it is tied in, and `merge` runs once, so the scan is cheap.
+    """
+    out = []
+    for params in gc.get_referrers(w):
+        if not isinstance(params, dict) or params is module._parameters:
+            continue
+        for attrs in gc.get_referrers(params):  # a module's __dict__ holding the dict
+            if isinstance(attrs, dict) and attrs.get("_parameters") is params:
+                out += [
+                    type(m).__name__
+                    for m in gc.get_referrers(attrs)
+                    if isinstance(m, nn.Module) and m.__dict__ is attrs
+                ]
+    return out
+
+
 def merge(module: nn.Module) -> nn.Module:
     r"""Write W·Q (``side="input"``) or Q·W (``side="output"``) into the weight; remove Q.
 
@@ -394,11 +409,21 @@ def merge(module: nn.Module) -> nn.Module:
     ``requires_grad`` is restored.
 
     Raises:
-        ValueError: the module is not rotated.
+        ValueError: the module is not rotated, or its weight is tied (held by
+            another module too, e.g. an output layer tied to the embedding):
+            writing W·Q would change the other module silently.
         TypeError: the weight is not floating point (e.g. int8): dequantize first.
     """
     rot = _rotation_of(module)
     w = module.weight
+    others = _other_holders(module, w)
+    if others:
+        raise ValueError(
+            f"merge would write W·Q into a tied weight: {type(module).__name__}.weight is also "
+            f"the weight of {', '.join(others)}, which would change silently; keep the "
+            "rotation (it applies to this module only), or untie first "
+            "(module.weight = nn.Parameter(module.weight.detach().clone())) and merge"
+        )
     if not (w.is_floating_point() or w.is_complex()):
         raise TypeError(
             f"merge writes W·Q into module.weight, which has dtype {w.dtype}; allowed: a "

@@ -62,6 +62,17 @@ class _Reflections(SignPhaseDiagonal, OrthogonalMap):
         real = torch.empty((), dtype=dtype).real.dtype
         self._init_diagonal(torch.ones(*self.batch, self.m, dtype=real, device=device))
 
+    def check_original(self, original: torch.Tensor) -> str | None:
+        """A zero reflection vector has no reflection (H(0) is 0/0): refused."""
+        norms = torch.linalg.vector_norm(original, dim=-2)
+        zero = int((norms == 0).sum())
+        if zero:
+            return (
+                f"{zero} of its reflection vectors (columns of the free parameter, shape "
+                f"{tuple(original.shape)}) are zero, and H(0) = I − 2·0·0ᴴ/0 is undefined"
+            )
+        return None
+
     def random_original(self, generator: torch.Generator | None, like: torch.Tensor):
         """Random unit-variance reflection vectors and d = 1 (``init="random"``)."""
         shape = (*self.batch, self.n, self.reflections)
@@ -72,11 +83,16 @@ class _Reflections(SignPhaseDiagonal, OrthogonalMap):
     def inverse(self, q: torch.Tensor) -> torch.Tensor:
         # full: the point's own precision (Note [Initialisation in the weight's precision]);
         # fewer reflections: rank decisions need float64
+        diagonal = None
+        if not self.reaches_every_point:
+            diagonal = high(self.diagonal().detach())
+            if not bool(torch.isfinite(diagonal).all()):  # never initialised (to_empty): d = 1
+                diagonal = torch.ones_like(diagonal)
         v, d = reflections_from_point(
             q if self.reaches_every_point else high(q),
             self.reflections,
             self.tolerance(q.dtype),
-            diagonal=None if self.reaches_every_point else high(self.diagonal().detach()),
+            diagonal=diagonal,
         )
         self.set_diagonal(d)
         return v.to(dtype=q.dtype, device=q.device)

@@ -74,7 +74,8 @@ def test_entry_point_clashing_with_a_builtin_is_ignored_with_a_warning(monkeypat
 @pytest.mark.parametrize("method", MAPS)
 def test_a_float32_trained_weight_is_assignable_back(method):
     torch.manual_seed(0)
-    conv = orthogonalize(nn.Conv2d(8, 4, 3), method=method)
+    with pytest.warns(UserWarning, match="conv_kernel=True"):  # a batch of 3×3 slices, on purpose
+        conv = orthogonalize(nn.Conv2d(8, 4, 3), method=method)
     opt = torch.optim.SGD(conv.parameters(), lr=0.1)
     x = torch.randn(2, 8, 6, 6)
     for _ in range(2):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import geoopt
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,10 +27,11 @@ def _perturb(module: nn.Module, scale: float = 0.3, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.rotation.originals:
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device))
-        for p in module.rotation.points:
             step = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
-            p.copy_(torch.linalg.qr(p + scale * step)[0])
+            if isinstance(p, geoopt.ManifoldParameter):  # riemannian: the blocks themselves
+                p.copy_(torch.linalg.qr(p + scale * step)[0])
+            else:
+                p.add_(scale * step)
 
 
 def _perm_matrix(perm: list[int]) -> torch.Tensor:
@@ -54,7 +56,8 @@ def _dense_q(module: nn.Module) -> torch.Tensor:
     n, b, k = rot.features, rot.blocks, max(rot.butterfly, 1)
     q = torch.eye(n, dtype=F64)
     for i in range(k):
-        blk = rot.points[i] if rot.points else rot.maps[i](rot.originals[i])
+        blk = rot.maps[i](rot.originals[i])
+        blk = blk if b > 1 else blk.unsqueeze(0)
         f = torch.block_diag(*blk.detach().cpu().unbind(0)).to(F64)
         if rot.butterfly:
             p = _perm_matrix(_peft_perm(n, b, n // b, i, k))
@@ -187,7 +190,7 @@ def test_riemannian_q_trained_by_rgd():
     torch.manual_seed(4)
     lin = nn.Linear(8, 8, dtype=F64)
     rotate(lin, "riemannian", blocks=2)
-    (point,) = lin.rotation.points
+    (point,) = lin.rotation.originals
     opt = optimizers.create("rgd", [point], lr=0.1)
     x = torch.randn(10, 8, dtype=F64)
     for _ in range(3):
