@@ -77,7 +77,7 @@ from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
 from . import master, telemetry, terms
 from . import state as saved_state
-from .geometry import Binding, Geometry, bind_parameter
+from .geometry import Binding, Geometry, bind_parameter, manifold_of
 from .transaction import Pending, Snapshot, Transaction, finite, gradient_flags
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
@@ -277,6 +277,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                     self.param_groups, self._bindings, periods, strict=True
                 ):
                     steps = []
+                    self._bind_marked(group, bindings)
                     for i, (p, binding) in enumerate(zip(group["params"], bindings, strict=True)):
                         if p.grad is not None:
                             steps.append(self._compute(i, p, binding, group))
@@ -294,6 +295,18 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             if self.telemetry:
                 telemetry.record(self)
         return loss
+
+    def _bind_marked(self, group: dict, bindings: list[Binding]) -> None:
+        """Bind again a parameter bound as Euclidean that carries a manifold now.
+
+        Machinery that rebuilt it (``fully_shard``, ``to_empty``, ...) had dropped its
+        manifold when this optimizer was built from a bare parameter list; the forward
+        pre-hook of its module marked it again before this step (Note [The manifold
+        lives on the module] in `stiefel.manifolds.binding`).
+        """
+        for i, p in enumerate(group["params"]):
+            if bindings[i].manifold is None and manifold_of(p) is not None:
+                bindings[i] = bind_parameter(self, i, p, group)
 
     def _compute(self, i: int, p: torch.Tensor, binding: Binding, group: dict) -> Pending:
         """One parameter's new point, not written; never a non-finite one (Note [Safe step])."""

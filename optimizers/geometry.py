@@ -34,6 +34,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ..manifolds import _checks
+from ..manifolds.binding import manifold_of
 from ..manifolds.geometry import EuclideanGeometry, Geometry, StiefelGeometry
 from ..manifolds.kernels import RETRACTIONS, orthogonality_error
 from ..manifolds.sharded import ShardedGeometry, check_placements
@@ -246,14 +247,6 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
         binding.check_on_manifold(i, p, geo, owner)
     opt.check_parameter(i, p, geo, group)
     return binding
-
-
-def manifold_of(p: torch.Tensor) -> geoopt.Manifold | None:
-    """The manifold of a parameter (None for a plain tensor or geoopt's Euclidean)."""
-    man = getattr(p, "manifold", None) if isinstance(p, geoopt.ManifoldTensor) else None
-    if man is None or isinstance(man, geoopt.Euclidean):
-        return None
-    return man
 
 
 def geometry_for(p: torch.Tensor, group: dict) -> Geometry:

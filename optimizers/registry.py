@@ -45,6 +45,7 @@ import geoopt
 import torch
 
 from ..manifolds._registry import Registry
+from ..manifolds.binding import restore
 from .base import RiemannianOptimizer
 
 __all__ = [
@@ -317,7 +318,10 @@ def create(name: str, params, **hyper: Any) -> torch.optim.Optimizer:
 
     Args:
         name: a name of `available()`.
-        params: parameters or param groups, as for any torch optimizer.
+        params: parameters or param groups, as for any torch optimizer, or a
+            module: its parameters, each Riemannian weight marked with the
+            manifold its module recorded (Note [The manifold lives on the
+            module] in `stiefel.manifolds.binding`).
         **hyper: the optimizer's hyper-parameters.
 
     Returns:
@@ -332,6 +336,10 @@ def create(name: str, params, **hyper: Any) -> torch.optim.Optimizer:
     """
     obj = OPTIMIZERS.get(name)
     OPTIMIZERS.check_options(name, hyper)
+    if isinstance(params, torch.nn.Module):  # the parameters sitting at each name now
+        for module in params.modules():
+            restore(module)
+        params = params.parameters()
     opt = obj(params, **hyper)
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(

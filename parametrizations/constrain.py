@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..manifolds import Stiefel, _checks
+from ..manifolds import Stiefel, _checks, binding
 from .base import DTYPES, INITS, RIEMANNIAN, OrthogonalMap
 from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
 from .deferred import hook_reset_parameters
@@ -201,16 +201,31 @@ def _make_riemannian(module, name, w, fmap, init, generator) -> None:
     the identity `ManifoldPoint`) is copied into its storage.
     Tied weights stay tied and an optimizer built before the call keeps
     stepping the same tensor (as a Euclidean one until it is rebuilt: only a
-    Riemannian optimizer keeps it on the manifold). On a meta weight nothing
-    is computed; ``module.to_empty(device=...)`` rebuilds a plain Parameter,
-    so call ``orthogonalize(..., method="riemannian")`` again afterwards.
+    Riemannian optimizer keeps it on the manifold; a torch optimizer stepping
+    it is warned about). On a meta weight nothing is computed. The manifold is
+    also recorded on the module, so that recipes which rebuild the Parameter
+    (``to_empty``, ``fully_shard``, ``load_state_dict(assign=True)``, ...) do
+    not turn it into a Euclidean weight (Note [The manifold lives on the
+    module] in `stiefel.manifolds.binding`). A DTensor weight (already
+    sharded) is marked, not re-classed, and gets its nearest point with M×M
+    reductions only.
     """
     if name not in module._parameters or not isinstance(w, nn.Parameter):
         raise ValueError(f"method='riemannian' needs module.{name} to be an nn.Parameter")
+    if binding.is_dtensor(w):
+        if init not in (None, "nearest"):
+            raise ValueError(
+                f"init={init!r} for the DTensor weight {fmap.label} (placements "
+                f"{tuple(w.placements)}); allowed there: 'nearest' (the point nearest the "
+                "sharded weight); orthogonalize before fully_shard for the other inits"
+            )
+        binding.attach(module, name, fmap.manifold, fmap.label)
+        binding.admit(w, fmap.manifold, fmap.label, "orthogonalize")
+        return
     if w.device.type != "meta":
         with torch.no_grad():
             w.copy_(fmap.initial(w, init, generator).to(w.dtype))
-    fmap.claim(w)
+    binding.attach(module, name, fmap.manifold, fmap.label)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

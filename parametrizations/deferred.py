@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..manifolds import Stiefel, _checks
+from ..manifolds import Stiefel, _checks, binding
 from .base import INITS
 from .factory import build
 from .finetuning import Rotation
@@ -119,9 +119,10 @@ def initialize(
     gets a point of its manifold; every rotation of `rotate` goes back to
     Q = I. Other parameters are left alone: torch's recipe, ``reset_parameters()``
     on every module, does both (Note [Deferred initialisation by
-    reset_parameters]). ``to_empty`` turns a ``method="riemannian"`` weight back
-    into a plain ``Parameter`` (torch rebuilds it): call ``orthogonalize(module,
-    name, method="riemannian", init=...)`` on it again instead.
+    reset_parameters]). A ``method="riemannian"`` weight that ``to_empty``
+    rebuilt as a plain ``Parameter`` is found through the manifold its module
+    recorded (Note [The manifold lives on the module] in
+    `stiefel.manifolds.binding`).
 
     Args:
         module: the model (searched recursively).
@@ -163,6 +164,8 @@ def initialize(
         if isinstance(sub, Rotation):
             found += [(f"{where}originals.{i}", w, sub) for i, w in enumerate(sub.originals)]
     claimed = {id(w) for _, w, _ in found}
+    for sub in module.modules():  # Riemannian weights that to_empty rebuilt, marked again
+        binding.restore(sub, check=False)
     for name, w in module.named_parameters():
         if isinstance(w, geoopt.ManifoldParameter) and isinstance(w.manifold, Stiefel):
             if id(w) not in claimed:

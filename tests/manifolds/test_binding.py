@@ -1,0 +1,136 @@
+"""A Riemannian weight keeps its manifold through torch's recipes that rebuild Parameters
+(Note [The manifold lives on the module]): each step is checked against the step of the
+same optimizer on a weight that was never rebuilt."""
+
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+
+import geoopt
+import pytest
+import torch
+from torch import nn
+
+from stiefel import optimizers, orthogonalize
+from stiefel.parametrizations import initialize
+
+TOL = 100 * 12 * torch.finfo(torch.float64).eps  # a few float64 steps on St(12, 4)
+
+
+def _layer(seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return orthogonalize(nn.Linear(4, 12, dtype=torch.float64), method="riemannian")
+
+
+def _train(layer: nn.Module, params, steps: int = 5) -> torch.Tensor:
+    opt = optimizers.create("rgd", params, lr=0.1)
+    x = torch.randn(16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for _ in range(steps):
+        opt.zero_grad()
+        (layer(x) ** 2).sum().backward()
+        opt.step()
+    return layer.weight.detach().clone()
+
+
+def _err(w: torch.Tensor) -> float:
+    return float(torch.linalg.matrix_norm(w.T @ w - torch.eye(w.shape[1], dtype=w.dtype)))
+
+
+def _rebuilt(how: str) -> nn.Linear:
+    """``_layer(0)``'s values in a layer whose weight Parameter the recipe ``how`` rebuilt."""
+    ref = _layer(0)
+    if how == "assign":
+        layer = _layer(5)
+        layer.load_state_dict(ref.state_dict(), assign=True)
+    elif how == "deepcopy":
+        layer = copy.deepcopy(ref)
+    elif how == "torch.save":
+        buf = io.BytesIO()
+        torch.save(ref, buf)
+        buf.seek(0)
+        layer = torch.load(buf, weights_only=False)
+    else:  # built on meta, to_empty (a new Parameter), then the values loaded
+        with torch.device("meta"):
+            layer = orthogonalize(nn.Linear(4, 12, dtype=torch.float64), method="riemannian")
+        layer.to_empty(device="cpu")
+        layer.load_state_dict(ref.state_dict())
+    return layer
+
+
+@pytest.mark.parametrize("how", ["assign", "deepcopy", "torch.save", "to_empty"])
+@pytest.mark.parametrize("given", ["parameters", "model"])
+def test_rebuilt_weight_is_stepped_on_its_manifold(how, given):
+    want = _train(ref := _layer(0), ref.parameters())
+    layer = _rebuilt(how)
+    got = _train(layer, layer.parameters() if given == "parameters" else layer)
+    assert isinstance(layer.weight, geoopt.ManifoldParameter)
+    assert _err(got) < TOL
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_to_empty_then_reset_parameters_gives_a_point():
+    with torch.device("meta"):
+        layer = orthogonalize(nn.Linear(4, 12, dtype=torch.float64), method="riemannian")
+    layer.to_empty(device="cpu")
+    layer.reset_parameters()  # nn.Linear's own reset: not a point; projected at first use
+    got = _train(layer, layer.parameters(), steps=3)
+    assert _err(got) < TOL
+
+
+@pytest.mark.parametrize("fill", [float("nan"), 0.0])
+def test_uninitialised_memory_is_refused_at_first_use(fill):
+    with torch.device("meta"):
+        model = nn.Sequential(orthogonalize(nn.Linear(4, 12), method="riemannian"))
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model[0].weight.fill_(fill)
+    with pytest.raises(ValueError, match=r"Linear\.weight .*reset_parameters\(\) or .*initialize"):
+        model(torch.randn(2, 4))
+    initialize(model)  # finds the rebuilt weight through its module
+    assert _err(model[0].weight.detach().double()) < 10 * 4 * torch.finfo(torch.float32).eps
+
+
+def test_a_real_weight_made_complex_is_refused():
+    layer = _layer()
+    layer.to(torch.complex128)
+    with pytest.raises(TypeError, match="real manifold"):
+        layer(torch.randn(2, 4, dtype=torch.complex128))
+
+
+def test_a_torch_optimizer_stepping_a_manifold_weight_is_warned_about():
+    layer = _layer()
+    opt = torch.optim.Adam(layer.parameters())
+    (layer(torch.randn(3, 4, dtype=torch.float64)) ** 2).sum().backward()
+    with pytest.warns(UserWarning, match="Adam is not a Riemannian optimizer"):
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per optimizer
+        opt.step()
+        fresh = _layer()
+        (fresh(torch.randn(3, 4, dtype=torch.float64)) ** 2).sum().backward()
+        optimizers.create("rgd", fresh.parameters(), lr=0.1).step()  # Riemannian: silent
+
+
+def test_a_dtensor_weight_is_marked_not_reclassed():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs a fresh single-process gloo group")
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        lin = nn.Linear(4, 12, dtype=torch.float64)
+        lin.weight = nn.Parameter(distribute_tensor(lin.weight.detach(), mesh, [Replicate()]))
+        orthogonalize(lin, method="riemannian")  # TypeError on __class__ before
+        w = lin.weight
+        assert w.manifold is not None and _err(w.full_tensor()) < TOL
+        lin2 = nn.Linear(4, 12, dtype=torch.float64)
+        lin2.weight = nn.Parameter(distribute_tensor(lin2.weight.detach(), mesh, [Replicate()]))
+        with pytest.raises(ValueError, match="allowed there: 'nearest'"):
+            orthogonalize(lin2, method="riemannian", init="haar")
+    finally:
+        dist.destroy_process_group()
