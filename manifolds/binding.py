@@ -183,6 +183,7 @@ def admit(t: torch.Tensor, manifold: geoopt.Manifold, label: str, why: str) -> N
 
 def _admit_sharded(t, manifold, label: str, why: str, fix: str) -> None:
     """`_admit` of a DTensor point, with M×M reductions only (every rank agrees)."""
+    from .kernels.reduce import gram, rows_split
     from .sharded import ShardedGeometry
 
     x = t.detach()
@@ -192,8 +193,19 @@ def _admit_sharded(t, manifold, label: str, why: str, fix: str) -> None:
         raise ValueError(f"{label} holds non-finite values ({why}, e.g. to_empty): {fix}")
     tol = 10 * x.shape[-1] * torch.finfo(x.dtype).eps
     err = geo.error(x)
-    if bool((geo.local(err) > tol).any()):  # replicated over the rows: the same everywhere
-        t.copy_(geo.project(x))
+    if not bool((geo.local(err) > tol).any()):  # replicated over the rows: the same everywhere
+        return
+    with rows_split(geo.row_group):  # the M×M Gram of all the rows
+        w = torch.linalg.eigvalsh(gram(local, local).to(torch.float64))
+    if bool((w[..., 0] <= 1e-12 * w[..., -1].clamp_min(1e-300)).any()):
+        raise ValueError(
+            f"{label} holds a rank-deficient matrix ({why}), which is no point of "
+            f"{manifold!r} and has no nearest one. A reset that drew every shard with the "
+            "same generator (torch.manual_seed on every rank, on a CPU mesh) writes the same "
+            "rows on every rank: seed the ranks differently before reset_parameters(), or "
+            f"initialize before fully_shard; else {fix}"
+        )
+    t.copy_(geo.project(x))
 
 
 def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
@@ -212,15 +224,22 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
         if p is None:
             continue
         sharded = _fsdp_sharded(module, name)
-        for t in (p,) if sharded is None or sharded is p else (sharded, p):
-            if manifold_of(t) is not manifold:
+        if sharded is None or sharded is p:
+            if manifold_of(p) is not manifold:
                 if check:
-                    admit(t, manifold, label, "its Parameter was rebuilt")
-                if t is p and sharded is not None:
-                    t.manifold = manifold  # FSDP2's unsharded Parameter: attribute only
-                else:
-                    mark(t, manifold)
-        found.append(p if sharded is None else sharded)
+                    admit(p, manifold, label, "its Parameter was rebuilt")
+                mark(p, manifold)
+            found.append(p)
+            continue
+        # inside FSDP2's forward: p is the gathered copy of the sharded Parameter
+        if manifold_of(sharded) is not manifold:
+            if check:
+                admit(sharded, manifold, label, "its Parameter was rebuilt by fully_shard")
+                with torch.no_grad():  # this forward uses the (projected) point
+                    p.copy_(sharded.full_tensor())
+            mark(sharded, manifold)
+        p.manifold = manifold  # attribute only (Note [Marking a tensor])
+        found.append(sharded)
     return found
 
 

@@ -23,6 +23,9 @@ Q = I. `initialize` does the same for a whole model in one call, with an
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import geoopt
 import torch
 from torch import nn
@@ -59,11 +62,41 @@ def _constrained(module: nn.Module) -> list[tuple[str, torch.Tensor, nn.Module]]
 def _write(param: nn.Module, original: torch.Tensor, init, generator) -> None:
     """A fresh point's original into ``original`` (no value of the old one is read)."""
     init = param.fresh_init() if init is None else init
-    like = torch.empty(param.weight_shape, dtype=original.dtype, device=original.device)
-    original.copy_(param.initial(like, init, generator).to(original.dtype))
+    if isinstance(original, _dtensor_type()):
+        _write_sharded(param, original, init, generator)
+    else:
+        like = torch.empty(param.weight_shape, dtype=original.dtype, device=original.device)
+        original.copy_(param.initial(like, init, generator).to(original.dtype))
     fmap = getattr(param, "map", param)
     if isinstance(fmap, ManifoldPoint) and isinstance(original, nn.Parameter):
         fmap.claim(original)  # to_empty rebuilt a plain Parameter
+
+
+def _write_sharded(param: nn.Module, original, init, generator) -> None:
+    """`_write` into a sharded original (FSDP2's recipe: ``fully_shard`` before the reset).
+
+    Note [A fresh point for a sharded original]
+    Every rank draws the whole original, but the ranks' generators need not
+    agree: the point is scattered from the first rank of the mesh
+    (``distribute_tensor``) and the map's buffers (signs, base points, drawn
+    with it) are broadcast from the same rank, so that every rank holds the
+    shards and buffers of one point.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = original.device_mesh
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"{param.label}: a fresh point for an original sharded on a {mesh.ndim}-D mesh is "
+            "not supported; allowed: a 1-D mesh (or initialize before fully_shard)"
+        )
+    local = original.to_local()
+    like = torch.empty(param.weight_shape, dtype=original.dtype, device=local.device)
+    full = param.initial(like, init, generator).to(original.dtype)
+    original.copy_(distribute_tensor(full, mesh, original.placements))
+    for buf in param.buffers():
+        dist.broadcast(buf, group=mesh.get_group(0), group_src=0)
 
 
 def reset_constrained(module: nn.Module, init: str | None = None, generator=None) -> None:
@@ -71,6 +104,29 @@ def reset_constrained(module: nn.Module, init: str | None = None, generator=None
     for _, original, param in _constrained(module):
         if original.device.type != "meta":
             _write(param, original, init, generator)
+
+
+@contextlib.contextmanager
+def _gathered_weights(module: nn.Module) -> Iterator[None]:
+    """Constrained weights with sharded originals readable by the module's own reset.
+
+    FSDP2 gathers a sharded original only inside the forward; a module's own
+    ``reset_parameters`` reads its weight outside it (nn.Linear's bias bound
+    needs the weight's fan-in), where the map would mix a DTensor original with
+    its local buffers. Those weights are computed once from the gathered
+    original and served from torch's parametrization cache meanwhile; what the
+    reset writes into them is discarded (the point was just written).
+    """
+    sharded = [c for c in _constrained(module) if isinstance(c[1], _dtensor_type())]
+    if not sharded:
+        yield
+        return
+    with parametrize.cached():
+        for name, original, param in sharded:
+            with torch.no_grad():
+                weight = param(original.full_tensor())
+            parametrize._cache[(id(module), name)] = weight
+        yield
 
 
 def _reset_parameters(self: nn.Module) -> None:
@@ -82,14 +138,20 @@ def _reset_parameters(self: nn.Module) -> None:
     originals (their ``_version`` moved) get a fresh point again.
     """
     reset_constrained(self)
-    own = getattr(super(type(self), self), "reset_parameters", None)
+    # the class that holds this function (FSDP2's fully_shard subclasses it again)
+    holder = next(c for c in type(self).__mro__ if vars(c).get("reset_parameters") is _RESET)
+    own = getattr(super(holder, self), "reset_parameters", None)
     if own is None:
         return
     before = [(o, o._version) for _, o, _ in _constrained(self)]
-    own()
+    with _gathered_weights(self):
+        own()
     for (_, original, param), (_, version) in zip(_constrained(self), before, strict=True):
         if original._version != version and original.device.type != "meta":
             _write(param, original, None, None)
+
+
+_RESET = _reset_parameters
 
 
 def hook_reset_parameters(module: nn.Module) -> None:

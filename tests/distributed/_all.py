@@ -6,6 +6,7 @@ import os
 
 from _dtensor_workers import dtensor_worker
 from _fsdp_workers import ddp_worker, fsdp_worker
+from _recipes_workers import meta_init_worker, plain_list_worker
 
 
 def all_worker(rank: int, world: int, out: str, save: bool, load: str | None) -> None:
@@ -14,3 +15,5 @@ def all_worker(rank: int, world: int, out: str, save: bool, load: str | None) ->
     if load is not None:
         fsdp_worker(rank, world, out, None, load)
     ddp_worker(rank, world, out)
+    plain_list_worker(rank, world, out)
+    meta_init_worker(rank, world, out)
