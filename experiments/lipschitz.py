@@ -2,10 +2,18 @@
 
 The 8×8 digits (1397 train / 400 test, split by the seed) are upsampled
 bilinearly to ``size``×``size`` and classified by `LipschitzNet`: two
-`OrthogonalConv2d` layers and an orthogonal head (the strategy's map names
-the layers' map: ``cayley+adam``, ``exp+adam``, ``cwy+adam``), or by its
-unconstrained twin (the ``conv`` baseline of ``extra_methods``: ``nn.Conv2d``
-and ``nn.Linear``).
+orthogonal convolutions and an orthogonal head. The strategy names the
+convolutions (all stride 1, circular "same" padding):
+
+- ``cayley+adam``: the FFT layer `OrthogonalConv2d` with the map Cayley
+  (``exp``, ``cwy`` likewise); the method option ``layer`` picks the others,
+  with the strategy's map: ``tcwy(layer=conv_kernel)+adam`` (an ``nn.Conv2d``
+  with ``conv_kernel=True``), ``cwy(layer=orthoconv)+adam`` (`OrthoConv2d`);
+  the other method options go to the map (``cwy(layer=orthoconv,reflections=4)``);
+- ``aoc+adam``: orthogonium's ``AdaptiveOrthoConv2d`` (``extra_methods``,
+  float32 only; its parametrization and the head trained by the strategy's
+  optimizer);
+- ``conv+adam``: the unconstrained twin (``nn.Conv2d`` and ``nn.Linear``).
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from experiments import real_dtype
+from experiments.lipschitz_layers import DEFAULT_MAPS
 from experiments.lipschitz_net import LipschitzNet
 from stiefel.comparisons.task import (
     Classification,
@@ -33,15 +43,21 @@ __all__ = ["LipschitzDigits"]
 class LipschitzDigits(Classification, Task):
     r"""Digits classification with a measured Lipschitz bound.
 
-    Metrics: test accuracy; ``lipschitz_bound``, the product of the layers'
-    spectral norms (each by power iteration, `operator_norm`) times the logits'
-    scale; and ``certified_accuracy``: the test images classified correctly
-    with a margin (top logit minus the runner-up) above √2·L·``radius``, which
-    no input perturbation of ℓ₂ norm ≤ ``radius`` can flip (Tsuzuku et al. 2018).
+    Metrics: test accuracy; ``lipschitz_bound``, the certified bound: the
+    product of the layers' exact spectral norms times the logits' scale
+    (`LipschitzNet.lipschitz_bound`); and ``certified_accuracy``: the test
+    images classified correctly with a margin (top logit minus the runner-up)
+    above √2·L·``radius``, which no input perturbation of ℓ₂ norm ≤ ``radius``
+    can flip (Tsuzuku et al. 2018). The logits and the bound are computed at
+    one weight (``parametrize.cached()``: orthogonium's layer changes its
+    weight at every forward).
     """
 
     kind = "image"
-    extra_methods = {"conv": "the unconstrained convolutional twin"}
+    extra_methods = {
+        "conv": "the unconstrained convolutional twin",
+        "aoc": "orthogonium's AdaptiveOrthoConv2d (float32)",
+    }
     table_metrics = ("test_accuracy", "lipschitz_bound", "certified_accuracy")
 
     def __init__(
@@ -81,29 +97,54 @@ class LipschitzDigits(Classification, Task):
         self.chance = {"test_accuracy": 0.1}
 
     def build(self, method: str, method_options: dict) -> nn.Module:
-        if method_options:
-            raise ValueError(
-                f"task 'lipschitz_digits': method options {method_options!r}; allowed: none"
-            )
-        return LipschitzNet(
-            method, self.channels, self.kernel_size, self.size, 10, self.scale, dtype=self.dtype
-        ).to(self.device)
+        """`LipschitzNet` of the strategy: the layer of the method, or of its ``layer`` option."""
+        options = dict(method_options)
+        if method in self.extra_methods:
+            layer, method = method, None
+            if options:
+                raise ValueError(
+                    f"task 'lipschitz_digits': method {layer!r} with options {options!r}; "
+                    "allowed: none"
+                )
+        else:
+            layer = options.pop("layer", "fft")
+            if layer not in DEFAULT_MAPS:
+                raise ValueError(
+                    f"task 'lipschitz_digits': layer={layer!r}; allowed: "
+                    f"{', '.join(DEFAULT_MAPS)} (or the methods {', '.join(self.extra_methods)})"
+                )
+        net = LipschitzNet(
+            layer,
+            method,
+            self.channels,
+            self.kernel_size,
+            self.size,
+            10,
+            self.scale,
+            dtype=self.dtype,
+            **options,
+        )
+        return net.to(self.device)
+
+    def check_method(self, method: str, method_options: dict) -> None:
+        """Build the network: an unknown layer, a map its layer refuses or bad options raise."""
+        self.build(method, method_options)
 
     def constrained(self, model: nn.Module) -> nn.Module:
         """The orthogonal layers (the strategy's optimizer trains them); empty for the twin."""
-        if model.method == "conv":
+        if model.layer == "conv":
             return nn.ModuleList()
         return nn.ModuleList([*model.convs, model.head])
 
     def weight(self, model: nn.Module) -> torch.Tensor | None:
         """The head's weight transposed, on St(c·s², 10) (None for the twin)."""
-        return None if model.method == "conv" else model.head.weight.T
+        return None if model.layer == "conv" else model.head.weight.T
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        logits = model(self.x_test)
-        with torch.enable_grad():
-            bound = model.lipschitz_bound(generator=torch.Generator().manual_seed(self.seed))
+        with parametrize.cached():
+            logits = model(self.x_test)
+            bound = model.lipschitz_bound()
         top2 = logits.topk(2, -1).values
         correct = logits.argmax(-1) == self.y_test
         certified = correct & (top2[:, 0] - top2[:, 1] > math.sqrt(2) * bound * self.radius)

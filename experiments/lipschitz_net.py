@@ -4,9 +4,11 @@
 
     zero-pad the channels to c → conv → MaxMin → conv → MaxMin → flatten → linear → ×scale
 
-where each conv is an exactly orthogonal circular convolution
-(`stiefel.nn.OrthogonalConv2d`) and the linear head has orthonormal rows
-(`orthogonalize` with T-CWY, O(c·s²·10²) per call), or, in the
+where each conv is one of `experiments.lipschitz_layers.LAYERS` (stride 1,
+circular "same" padding: the FFT layer `stiefel.nn.OrthogonalConv2d`, a
+``conv_kernel=True`` ``nn.Conv2d``, the explicit-kernel `stiefel.nn.OrthoConv2d`,
+orthogonium's ``AdaptiveOrthoConv2d``) and the linear head has orthonormal
+rows (`orthogonalize` with T-CWY, O(c·s²·10²) per call), or, in the
 unconstrained twin, an ``nn.Conv2d`` with circular padding and an
 ``nn.Linear`` of the same shapes.
 
@@ -14,21 +16,26 @@ Note [Lipschitz bound of a composition]
 ‖f∘g‖_Lip ≤ ‖f‖_Lip·‖g‖_Lip. Zero-padding the channels is an isometry, MaxMin
 (the sorted pair of two channels, Anil et al. 2019) is a permutation of its
 inputs at every point and hence 1-Lipschitz and gradient-norm preserving, and a
-bias does not change a Lipschitz constant. The network's bound is therefore
-scale·‖C₁‖₂·‖C₂‖₂·‖W‖₂, the spectral norms of the two convolutions (as linear
-maps of s×s images) and of the head: 1·1·1·scale for the orthogonal network.
+bias does not change a Lipschitz constant. The network's certified bound is
+therefore scale·‖C₁‖₂·‖C₂‖₂·‖W‖₂, the spectral norms of the two convolutions
+(as linear maps of s×s images, each exact: Note [Exact norm of a circular
+convolution]) and of the head (its SVD). Each factor is exact; the product is
+an upper bound of the network's Lipschitz constant (tight only where the
+layers' top singular vectors line up through the MaxMins). It is scale for
+the exactly orthogonal layers, at most scale with ``conv_kernel=True``
+(non-expansive), and scale up to orthogonium's iterations for AOC.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stiefel.nn import OrthogonalConv2d
-from stiefel.nn.conv import FFT_METHODS
+from experiments.lipschitz_layers import LAYERS, circular_norm, conv_layer
 from stiefel.parametrizations import orthogonalize
 
 __all__ = ["LipschitzNet", "maxmin", "operator_norm"]
@@ -93,56 +100,47 @@ class LipschitzNet(nn.Module):
     """The two-convolution classifier of the module docstring.
 
     Args:
-        method: a map of `OrthogonalConv2d` (``"cayley"``, ``"exp"``, ``"cwy"``)
-            for the orthogonal network, or ``"conv"`` for the unconstrained twin.
+        layer: the convolutions, a name of `experiments.lipschitz_layers.LAYERS`
+            (``"fft"``, ``"conv_kernel"``, ``"orthoconv"``, ``"aoc"``), or
+            ``"conv"`` for the unconstrained twin (with an ``nn.Linear`` head).
+        method: the convolutions' map (None: the layer's default,
+            `experiments.lipschitz_layers.DEFAULT_MAPS`); None for ``"aoc"`` and
+            ``"conv"``.
         channels: c (even).
         kernel_size: k of both convolutions.
         size: s, the image height and width.
         classes: number of logits.
         scale: the logits' fixed factor (the orthogonal network's Lipschitz bound).
         dtype: parameter dtype.
+        **options: the map's options (``reflections``, ...).
     """
 
     def __init__(
         self,
-        method: str = "cayley",
+        layer: str = "fft",
+        method: str | None = None,
         channels: int = 8,
         kernel_size: int = 3,
         size: int = 16,
         classes: int = 10,
         scale: float = 8.0,
         dtype: torch.dtype = torch.float32,
+        **options: Any,
     ) -> None:
         super().__init__()
-        allowed = [*FFT_METHODS, "conv"]
-        if method not in allowed:
-            raise ValueError(f"method={method!r}; allowed: {', '.join(allowed)}")
+        if layer not in LAYERS:
+            raise ValueError(f"layer={layer!r}; allowed: {', '.join(LAYERS)}")
         if channels % 2:
             raise ValueError(f"channels={channels}; allowed: an even int (MaxMin pairs channels)")
-        self.method, self.channels, self.size, self.scale = method, channels, size, scale
-        if method == "conv":
-            self.convs = nn.ModuleList(
-                nn.Conv2d(
-                    channels,
-                    channels,
-                    kernel_size,
-                    padding=kernel_size // 2,
-                    padding_mode="circular",
-                    dtype=dtype,
-                )
-                for _ in range(2)
-            )
-            self.head = nn.Linear(channels * size * size, classes, dtype=dtype)
-        else:
-            self.convs = nn.ModuleList(
-                OrthogonalConv2d(channels, kernel_size, method, bias=True, dtype=dtype)
-                for _ in range(2)
-            )
+        self.layer, self.channels, self.size, self.scale = layer, channels, size, scale
+        self.convs = nn.ModuleList(
+            conv_layer(layer, method, channels, kernel_size, dtype, **options) for _ in range(2)
+        )
+        self.head = nn.Linear(channels * size * size, classes, dtype=dtype)
+        if layer != "conv":
             # T-CWY for the head whatever the convolutions' map: St(c·s², 10) is tall and
             # thin, and the dense maps (Cayley, exp) would solve with (c·s²)² matrices
-            self.head = orthogonalize(
-                nn.Linear(channels * size * size, classes, dtype=dtype), method="tcwy"
-            )
+            orthogonalize(self.head, method="tcwy")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of images (B, 1, s, s)."""
@@ -151,28 +149,20 @@ class LipschitzNet(nn.Module):
             x = maxmin(conv(x))
         return self.scale * self.head(x.flatten(1))
 
-    def layer_maps(self) -> list[tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]]:
-        """The linear part of every layer with bias removed, and its input shape."""
-        c, s = self.channels, self.size
-        maps = []
-        for conv in self.convs:
-            if isinstance(conv, nn.Conv2d):
-                maps.append((lambda v, conv=conv: conv._conv_forward(v, conv.weight, None), conv))
-            else:
-                maps.append((lambda v, conv=conv: conv(v) - _bias(conv), conv))
-        head = self.head
-        out = [(fn, (1, c, s, s)) for fn, _ in maps]
-        out.append((lambda v: F.linear(v, head.weight), (c * s * s,)))
-        return out
+    @torch.no_grad()
+    def layer_norms(self) -> list[float]:
+        """‖C₁‖₂, ‖C₂‖₂ (exact, `circular_norm`) and ‖W‖₂ of the head (its SVD, float64).
 
-    def lipschitz_bound(self, iters: int = 50, generator: torch.Generator | None = None) -> float:
-        """scale · Π ‖layer‖₂, each norm by `operator_norm` (see the module's Note)."""
-        dtype, device = self.head.weight.dtype, self.head.weight.device
+        A layer whose weight changes at every forward (orthogonium's power
+        iteration) is measured at its current call: evaluate the logits and the
+        norms under ``torch.nn.utils.parametrize.cached()`` to see one weight.
+        """
+        norms = [circular_norm(conv, self.channels, self.size) for conv in self.convs]
+        return [*norms, float(torch.linalg.matrix_norm(self.head.weight.double(), ord=2))]
+
+    def lipschitz_bound(self) -> float:
+        """scale · Π ‖layer‖₂, an upper bound of the network's Lipschitz constant (module Note)."""
         bound = self.scale
-        for fn, shape in self.layer_maps():
-            bound *= operator_norm(fn, shape, iters, generator, dtype, device)
+        for norm in self.layer_norms():
+            bound *= norm
         return bound
-
-
-def _bias(conv: OrthogonalConv2d) -> torch.Tensor | float:
-    return 0.0 if conv.bias is None else conv.bias[:, None, None]

@@ -1,0 +1,178 @@
+r"""The convolutions of the Lipschitz classifier, and the exact spectral norm of a circular one.
+
+Every layer is a stride-1 c → c convolution with circular "same" padding, so
+that each is a map of c×s×s images that commutes with circular shifts
+(`circular_norm` measures its norm exactly). ``LAYERS`` names them:
+
+- ``"fft"``: `stiefel.nn.OrthogonalConv2d` (Trockman & Kolter 2021), one c×c
+  unitary per spatial frequency from the map ``method`` (default Cayley):
+  every singular value is 1;
+- ``"conv_kernel"``: ``nn.Conv2d`` whose kernel matrix is constrained by
+  ``orthogonalize(conv, method, conv_kernel=True)`` (default T-CWY on
+  St(c·k², c)): non-expansive, ‖conv‖₂ ≤ 1, and in general < 1 (Note [A Stiefel
+  kernel makes the convolution non-expansive] in `stiefel.parametrizations.conv`);
+- ``"orthoconv"``: `stiefel.nn.OrthoConv2d`, an explicit kernel assembled from
+  exact maps (default CWY): every singular value is 1;
+- ``"aoc"``: orthogonium's ``AdaptiveOrthoConv2d`` (Boissin et al. 2025; its
+  default parameters: a 3-step power-iteration normalisation, then 12 Björck
+  steps): every singular value is 1 up to the error of those iterations (a
+  float32 layer only, orthogonium fixes its normaliser's dtype when built);
+- ``"conv"``: the unconstrained ``nn.Conv2d``.
+
+Note [Exact norm of a circular convolution]
+A linear map A of c-channel s×s images that commutes with every circular
+shift S_t is a multichannel circular convolution: x = Σ_{j,p} x_j(p)·S_p e_j
+(e_j the unit impulse of channel j at position 0), so Ax = Σ_{j,p} x_j(p)·S_p h_j
+with h_j = A e_j. The 2-D DFT, unitary up to the factor s, block-diagonalises
+it: ŷ(ω) = Ĥ(ω) x̂(ω), with Ĥ(ω) the c×c matrix whose column j is the DFT of
+h_j at ω. The singular values of A are those of the s² matrices Ĥ(ω) together
+(Sedghi, Gupta & Long 2019), so ‖A‖₂ = max_ω ‖Ĥ(ω)‖₂: one forward of c
+impulses, an FFT and s² small SVDs, exact up to the rounding of the layer's
+own arithmetic (no power iteration, whose estimate is a lower bound). An
+affine layer's linear part is A x = layer(x) − layer(0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from stiefel.nn import OrthoConv2d, OrthogonalConv2d
+from stiefel.parametrizations import orthogonalize
+
+__all__ = ["LAYERS", "DEFAULT_MAPS", "conv_layer", "circular_norm"]
+
+LAYERS = {
+    "fft": "stiefel.nn.OrthogonalConv2d (FFT), exactly orthogonal",
+    "conv_kernel": "nn.Conv2d with orthogonalize(conv_kernel=True), non-expansive",
+    "orthoconv": "stiefel.nn.OrthoConv2d (explicit kernel), exactly orthogonal",
+    "aoc": "orthogonium's AdaptiveOrthoConv2d (Björck), orthogonal to its iterations",
+    "conv": "the unconstrained nn.Conv2d",
+}
+#: the map of each layer built from one of this package's maps, when none is named
+DEFAULT_MAPS = {"fft": "cayley", "conv_kernel": "tcwy", "orthoconv": "cwy"}
+
+
+def conv_layer(
+    layer: str,
+    method: str | None,
+    channels: int,
+    kernel_size: int,
+    dtype: torch.dtype = torch.float32,
+    **options: Any,
+) -> nn.Module:
+    """A stride-1 ``channels`` → ``channels`` convolution with bias, circular "same" padding.
+
+    Args:
+        layer: a name of ``LAYERS``.
+        method: the map of ``"fft"``, ``"conv_kernel"`` and ``"orthoconv"`` (None:
+            ``DEFAULT_MAPS``); None for ``"aoc"`` and ``"conv"``.
+        channels: c.
+        kernel_size: k.
+        dtype: parameter dtype (``"aoc"``: float32 only).
+        **options: the map's options (``reflections``, ``init``, ...).
+
+    Returns:
+        The layer.
+
+    Raises:
+        ValueError: an unknown ``layer``, a ``method`` or options given to a layer
+            without a map, a dtype other than float32 for ``"aoc"``, or what the
+            layer refuses.
+        ImportError: ``"aoc"`` without orthogonium installed.
+
+    Example:
+        ```python
+        import torch
+        from experiments.lipschitz_layers import circular_norm, conv_layer
+
+        conv = conv_layer("orthoconv", None, 4, 3, dtype=torch.float64)
+        assert abs(circular_norm(conv, 4, 8) - 1.0) < 1e-12
+        ```
+    """
+    if layer not in LAYERS:
+        raise ValueError(f"layer={layer!r}; allowed: {', '.join(LAYERS)}")
+    if layer not in DEFAULT_MAPS and (method is not None or options):
+        raise ValueError(
+            f"layer={layer!r} takes no map; got method={method!r}, options {options!r}"
+        )
+    method = DEFAULT_MAPS.get(layer) if method is None else method
+    c, k = channels, kernel_size
+    if layer == "fft":
+        return OrthogonalConv2d(c, k, method, bias=True, dtype=dtype, **options)
+    if layer == "orthoconv":
+        return OrthoConv2d(c, c, k, method=method, dtype=dtype, **options)
+    if layer == "aoc":
+        return _aoc(c, k, dtype)
+    conv = nn.Conv2d(c, c, k, padding="same", padding_mode="circular", dtype=dtype)
+    if layer == "conv_kernel":
+        return orthogonalize(conv, method=method, conv_kernel=True, **options)
+    return conv
+
+
+def _aoc(channels: int, kernel_size: int, dtype: torch.dtype) -> nn.Module:
+    if dtype != torch.float32:
+        raise ValueError(
+            f"layer='aoc' with dtype={dtype}; allowed: torch.float32 (orthogonium's "
+            "power-iteration normaliser fixes its dtype when built)"
+        )
+    try:
+        from orthogonium.layers.conv.AOC import AdaptiveOrthoConv2d
+    except ImportError as exc:
+        raise ImportError(
+            "layer='aoc' needs orthogonium (pip install orthogonium; in the test extra)"
+        ) from exc
+    return AdaptiveOrthoConv2d(
+        channels, channels, kernel_size, padding="same", padding_mode="circular", bias=True
+    )
+
+
+@torch.no_grad()
+def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
+    r"""‖A‖₂ of the linear part A of a shift-commuting layer on ``channels``×``size``² images.
+
+    One forward of the c unit impulses and the zero image (one batch: a layer
+    whose weight changes at every call, as orthogonium's, is measured at one
+    weight), the responses' FFT, and the largest singular value of the s²
+    transfer matrices in float64 (Note [Exact norm of a circular convolution]).
+
+    Args:
+        layer: a stride-1 circular convolution (any of `conv_layer`), or any
+            affine map of (B, c, s, s) to (B, c, s, s) that commutes with
+            circular shifts.
+        channels: c.
+        size: s.
+
+    Returns:
+        The largest singular value of the layer's linear part.
+
+    Raises:
+        ValueError: the layer does not map (B, c, s, s) to (B, c, s, s).
+
+    Example:
+        ```python
+        import torch
+        from experiments.lipschitz_layers import circular_norm
+
+        conv = torch.nn.Conv2d(2, 2, 3, padding=1, padding_mode="circular", bias=False)
+        dense = torch.stack([conv(e.reshape(1, 2, 5, 5)).flatten() for e in torch.eye(50)], 1)
+        assert abs(circular_norm(conv, 2, 5) - torch.linalg.matrix_norm(dense, 2)) < 1e-5
+        ```
+    """
+    params = next(iter(layer.parameters()), None)
+    dtype = params.dtype if params is not None else torch.float32
+    device = params.device if params is not None else None
+    c = channels
+    impulses = torch.zeros(c + 1, c, size, size, dtype=dtype, device=device)
+    impulses[torch.arange(c), torch.arange(c), 0, 0] = 1  # the last image stays zero
+    out = layer(impulses)
+    if out.shape != impulses.shape:
+        raise ValueError(
+            f"layer maps {tuple(impulses.shape)} to {tuple(out.shape)}; allowed: a "
+            f"shape-preserving circular convolution ({c} channels, {size}×{size})"
+        )
+    responses = (out[:c] - out[c]).double()  # (in j, out i, s, s), the bias removed
+    transfer = torch.fft.fft2(responses).permute(2, 3, 1, 0)  # (s, s, out, in)
+    return float(torch.linalg.matrix_norm(transfer, ord=2).max())
