@@ -21,7 +21,7 @@ back onto the opposite side).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -145,21 +145,23 @@ def _along(dim: int, before: int, after: int) -> tuple[int, ...]:
 class _OrthoConvBase(nn.Module):
     """Arguments, kernel, bias and initialisation shared by the two layers."""
 
+    transposed: ClassVar[bool]  # the layer is the adjoint of the convolution its kernel is
+
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
         kernel_size: int,
-        stride: int,
-        groups: int,
-        dilation: int,
-        padding: Any,
-        padding_mode: str,
-        bias: bool,
-        method: Any,
-        options: dict[str, Any],
-        transposed: bool,
+        stride: int = 1,
+        groups: int = 1,
+        dilation: int = 1,
+        padding: Any = "same",
+        padding_mode: str = "circular",
+        bias: bool = True,
+        method: Any = "cwy",
+        **options: Any,
     ):
+        transposed = self.transposed
         dtype, device, opts = _map_options(options)
         # the kernel is that of a convolution conv_in → conv_out (the transposed layer's adjoint)
         conv_in, conv_out = (
@@ -264,34 +266,7 @@ class OrthoConv2d(_OrthoConvBase):
         ```
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int,
-        stride: int = 1,
-        groups: int = 1,
-        dilation: int = 1,
-        padding: Any = "same",
-        padding_mode: str = "circular",
-        bias: bool = True,
-        method: Any = "cwy",
-        **options: Any,
-    ):
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            groups,
-            dilation,
-            padding,
-            padding_mode,
-            bias,
-            method,
-            options,
-            transposed=False,
-        )
+    transposed = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y = conv(x) (+ bias), x of shape (batch, in_channels, h, w)."""
@@ -340,36 +315,13 @@ class OrthoConvTranspose2d(_OrthoConvBase):
         ```
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int,
-        stride: int = 1,
-        groups: int = 1,
-        dilation: int = 1,
-        padding: Any = "same",
-        padding_mode: str = "circular",
-        bias: bool = True,
-        method: Any = "cwy",
-        **options: Any,
-    ):
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            groups,
-            dilation,
-            padding,
-            padding_mode,
-            bias,
-            method,
-            options,
-            transposed=True,
-        )
-        k_eff = dilation * (kernel_size - 1) + 1
-        self.output_padding = max(0, stride - k_eff) if padding == "same" else 0
+    transposed = True
+
+    @property
+    def output_padding(self) -> int:
+        """Rows and columns ``F.conv_transpose2d`` adds for a kernel narrower than the stride."""
+        k_eff = self.dilation * (self.kernel_size - 1) + 1
+        return max(0, self.stride - k_eff) if self.padding == "same" else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y = convᵀ(x) (+ bias), x of shape (batch, in_channels, h, w)."""
