@@ -369,7 +369,7 @@ class Stiefel(geoopt.Manifold):
         method = _checks.choice("method", method, self.retractions)
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
-        return self.geometry(retraction=method).retract(x, u)
+        return self.geometry(retraction=method).retract(_near(x), u)
 
     @_in_float32
     def expmap(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None):
@@ -399,7 +399,27 @@ class Stiefel(geoopt.Manifold):
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
         v = self._vector(x, v, "v")
-        return self.retractions[method](x, u, -1.0, v)
+        return self.retractions[method](_near(x), u, -1.0, v)
+
+
+def _near(x: torch.Tensor) -> torch.Tensor:
+    r"""``x``, with the matrices too far from the manifold for a retraction projected.
+
+    Note [Retraction from a point off the manifold]
+    Every retraction ends with the Newton–Schulz factor (3I − YᴴY)/2 (Note
+    [Newton–Schulz drift correction]); with YᴴY = I + E the new error is
+    ¾E² + ¼E³, which contracts only while ‖E‖₂ < 1 and grows without bound once
+    a singular value of Y exceeds √5 (e = 4 gives 28): repeated retractions
+    from a point far off the manifold (geoopt's sampler tests start from
+    ``torch.randn``) diverged. A matrix with ‖XᴴX − I‖_F ≥ 1 (‖E‖₂ ≤ ‖E‖_F) is
+    therefore replaced by its polar factor, the nearest point, before the
+    retraction, as an optimizer's step does (Note [Off-manifold points at a
+    step]); nearer ones keep the correction, which contracts there.
+    """
+    far = kernels.orthogonality_error(x) >= 1.0
+    if not bool(far.any()):
+        return x
+    return torch.where(far[..., None, None], kernels.polar(x), x)
 
 
 class Orthogonal(Stiefel):
