@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..manifolds import _checks
 from ..parametrizations import OrthogonalMap, orthogonalize
 
 __all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]
@@ -162,8 +163,7 @@ class OrthogonalRNNCell(nn.Module):
         super().__init__()
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype={dtype}; allowed: torch.float32, torch.float64")
-        if init not in INITS:
-            raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+        _checks.choice("init", init, INITS)
         self.n, self.complex = n_hidden, complex
         if init == "henaff":
             w0 = henaff_init(n_hidden, generator)

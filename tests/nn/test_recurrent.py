@@ -141,7 +141,9 @@ def test_cell_steps_match_the_model(complex_):
 
 
 def test_cell_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="init='nope'; allowed: henaff, haar, identity"):
+    with pytest.raises(
+        ValueError, match="init='nope' is not supported; allowed: henaff, haar, identity"
+    ):
         OrthogonalRNNCell(2, 4, init="nope")
     with pytest.raises(ValueError, match="operator='x'; allowed"):
         OrthogonalRNN(2, 4, 3, operator="x")
