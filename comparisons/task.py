@@ -30,8 +30,7 @@ T = TypeVar("T", bound=type)
 
 
 def positive_int(task: str, name: str, value: Any) -> int:
-    """``value`` as an int >= 1 (`stiefel.manifolds._checks.positive_int`), or ValueError
-    naming the task and option."""
+    """``value`` as an int >= 1, or ValueError naming the task and option."""
     try:
         return _checks.positive_int(name, value)
     except ValueError as exc:
