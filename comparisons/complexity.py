@@ -32,10 +32,11 @@ from .cost import (
 )
 
 __all__ = [
-    "map_plan", "step_plan", "map_costs", "optimizer_costs",
+    "map_plan", "step_plan", "map_costs", "optimizer_costs", "left_out_steps", "LEFT_OUT",
     "with_gemm_multiples", "register_part", "FIT_MIN_N", "FIT_MIN_STEP_N",
 ]  # fmt: skip
 
+LEFT_OUT = "not declared riemannian=True"  # why `left_out_steps` are not stepped
 #: below these sizes per-call overhead and a still-rising GEMM efficiency flatten
 #: log–log slopes on a CPU (n = 256–2048 fitted 2.0–2.7 against 3; steps on
 #: N = 1024–4096 fitted 0.5–0.9 against 1): no exponent is fitted under them
@@ -90,6 +91,12 @@ def step_plan(
     limits = limits or {}
     labels = [*optimizer_steps(), *GEOOPT_STEPS]
     return [(label, n, m) for n, m in shapes for label in labels if n <= limits.get(label, n)]
+
+
+def left_out_steps() -> list[str]:
+    """The registered optimizers `optimizer_costs` does not step: those not declared
+    ``riemannian=True`` (`stiefel.optimizers.info`; a Euclidean step would leave St)."""
+    return [n for n in optimizers.available() if not optimizers.info(n).riemannian]
 
 
 def map_costs(

@@ -11,12 +11,12 @@ the option and what is allowed.
 
 from __future__ import annotations
 
-import math
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
 from .. import parametrizations
+from ..manifolds import _checks
 from . import task as tasks_mod
 from .cost import GEOOPT_STEPS, optimizer_steps
 from .precision import PRECISIONS
@@ -34,18 +34,14 @@ PRESETS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 # ----------------------------------------------------------------------------- validators
 def _int(lo: int) -> Callable[[str, Any], Any]:
     def check(name: str, v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}={v!r}; allowed: an integer >= {lo}")
-        return v
+        return _checks.int_at_least(name, v, lo)
 
     return check
 
 
-def _number(hi: float, allowed: str) -> Callable[[str, Any], Any]:
+def _number(**bounds: Any) -> Callable[[str, Any], Any]:
     def check(name: str, v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= hi:
-            raise ValueError(f"{name}={v!r}; allowed: {allowed}")
-        return float(v)
+        return _checks.number(name, v, low_open=True, **bounds)
 
     return check
 
@@ -80,12 +76,14 @@ def _dtype(name: str, v: Any) -> Any:
 def _shape(name: str, v: Any) -> Any:
     if isinstance(v, str):
         v = parse_shape(v)
-    ok = isinstance(v, (list, tuple)) and len(v) == 2
-    if not (ok and all(isinstance(k, int) and not isinstance(k, bool) for k in v)):
-        raise ValueError(f"{name}={v!r}; allowed: [N, M] with integers N >= M >= 1")
-    if not v[0] >= v[1] >= 1:
-        raise ValueError(f"{name}={v!r}; allowed: [N, M] with integers N >= M >= 1")
-    return [int(v[0]), int(v[1])]
+    refused = ValueError(f"{name}={v!r}; allowed: [N, M] with integers N >= M >= 1")
+    try:
+        n, m = (_checks.positive_int(name, k) for k in _checks.pair(name, v))
+    except (TypeError, ValueError):
+        raise refused from None
+    if n < m:
+        raise refused
+    return [n, m]
 
 
 def _dict(name: str, v: Any) -> Any:
@@ -127,7 +125,7 @@ TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "record_every": _int(1),
     "jobs": _int(1),
     "others": _str,
-    "lr": _number(math.inf, "a number > 0"),
+    "lr": _number(),
     "task_options": _dict,
     **{k: _any for k in TASK_SHORTCUTS},  # checked against each task's signature
 }
@@ -137,7 +135,7 @@ SCHEMA: dict[str, dict[str, Callable[[str, Any], Any]]] = {
     "complexity": {
         **COMMON,
         "sizes": _list(_int(2)),
-        "fractions": _list(_number(1.0, "L/n in (0, 1]")),
+        "fractions": _list(_number(high=1.0, closed_high=True)),
         "repeats": _int(1),
         "shapes": _list(_shape),
         "limits": _limits,

@@ -158,6 +158,10 @@ def complexity_section(store, opts: dict) -> dict:
     text = [_intro(rate, opts, sizes, shapes)]
     text += _map_table(maps, methods, rate)
     text += _step_table(steps, rate)
+    if cx.left_out_steps():
+        left_out = f"left out: {', '.join(cx.left_out_steps())} ({cx.LEFT_OUT})"
+        print(f"complexity: {left_out}", flush=True)
+        text.append(f"\nOptimizers {left_out}.\n")
     for name, rows in parts.items():
         text += cx.PARTS[name][1](rows, rate)
     write_text(store.path("complexity.md"), "\n".join(text))

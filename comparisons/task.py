@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..manifolds import _checks
 from ..manifolds._registry import REQUIRED, Registry
 
 __all__ = [
@@ -30,9 +31,10 @@ T = TypeVar("T", bound=type)
 
 def positive_int(task: str, name: str, value: Any) -> int:
     """``value`` as an int >= 1, or ValueError naming the task and option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"task {task!r}: {name}={value!r}; allowed: an integer >= 1")
-    return value
+    try:
+        return _checks.positive_int(name, value)
+    except ValueError as exc:
+        raise ValueError(f"task {task!r}: {exc}") from None
 
 
 def digits_split(task: str, generator: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -48,6 +48,7 @@ from stiefel.comparisons.task import (
     positive_int,
     register,
 )
+from stiefel.manifolds import _checks
 from stiefel.parametrizations import Rotation, available, rotate
 
 __all__ = ["Finetune", "ADAPTERS", "SHIFTS"]
@@ -199,8 +200,11 @@ class Finetune(Classification, Task):
         size = kw.pop("block_size", None)
         if size is not None and "blocks" in kw:
             raise ValueError(f"{where}: give blocks= or block_size=, not both")
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"{where}: block_size={size!r}; allowed: an int >= 1")
+        if size is not None:
+            try:
+                _checks.positive_int("block_size", size)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         for layer in self._layers(model):
             args = dict(kw)
             if size is not None:

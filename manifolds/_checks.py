@@ -38,18 +38,27 @@ def choice(name: str, value: object, allowed: Iterable[str]) -> str:
     return value
 
 
-def positive_int(name: str, value: object, *, none_ok: bool = False) -> int | None:
-    """Return ``value`` if it is an int >= 1 (not a bool), or None when ``none_ok``.
+def int_at_least(name: str, value: object, low: int, *, none_ok: bool = False) -> int | None:
+    """Return ``value`` if it is an int >= ``low`` (not a bool), or None when ``none_ok``.
 
     Raises:
         ValueError: anything else, naming ``name``, the value and what is allowed.
     """
     if value is None and none_ok:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        allowed = ("None or " if none_ok else "") + "an int >= 1"
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        allowed = ("None or " if none_ok else "") + f"an int >= {low}"
         raise ValueError(f"{name}={value!r} is not allowed; allowed: {allowed}")
     return value
+
+
+def positive_int(name: str, value: object, *, none_ok: bool = False) -> int | None:
+    """Return ``value`` if it is an int >= 1 (not a bool), or None when ``none_ok``.
+
+    Raises:
+        ValueError: anything else, naming ``name``, the value and what is allowed.
+    """
+    return int_at_least(name, value, 1, none_ok=none_ok)
 
 
 def number(
@@ -168,13 +177,6 @@ def matrix(name: str, x: object, n: int, m: int, is_complex: bool, manifold: str
             f"{name} must have trailing shape ({n}, {m}) for {manifold}, got {tuple(x.shape)}"
         )
     return x
-
-
-def same_shape(name: str, u: torch.Tensor, x: torch.Tensor) -> None:
-    if u.shape[-2:] != x.shape[-2:]:
-        raise ValueError(
-            f"{name} must have the trailing shape of x {tuple(x.shape[-2:])}, got {tuple(u.shape)}"
-        )
 
 
 def represented_dtype(x: torch.Tensor) -> torch.dtype:

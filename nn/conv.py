@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..manifolds import _checks
 from ..parametrizations import kernels, orthogonalize
 from ..parametrizations._spectral import SPECTRAL_PER_ROW, SPECTRAL_THRESHOLD
 
@@ -25,8 +26,7 @@ NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def _odd_size(kernel_size: object) -> int:
-    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
-        raise ValueError(f"kernel_size={kernel_size!r}; allowed: a positive odd int")
+    _checks.positive_int("kernel_size", kernel_size)
     if kernel_size % 2 == 0:
         raise ValueError(
             f"kernel_size={kernel_size} is even; allowed: a positive odd int (centred "
@@ -245,16 +245,13 @@ class OrthogonalConv2d(nn.Module):
         **options: Any,
     ):
         super().__init__()
-        if method not in FFT_METHODS:
-            raise ValueError(f"method={method!r}; allowed: {', '.join(FFT_METHODS)}")
+        _checks.choice("method", method, FFT_METHODS)
         if stride != 1:
             raise ValueError(
                 f"stride={stride!r}; allowed: 1 (a strided convolution is not orthogonal)"
             )
-        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
-            raise ValueError(f"kernel_size={kernel_size!r}; allowed: a positive int")
-        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"channels={channels!r}; allowed: a positive int")
+        _checks.positive_int("kernel_size", kernel_size)
+        _checks.positive_int("channels", channels)
         dtype, device = options.pop("dtype", None), options.pop("device", None)
         allowed = ["reflections"] if method == "cwy" else []
         unknown = sorted(set(options) - set(allowed))
@@ -266,8 +263,7 @@ class OrthogonalConv2d(nn.Module):
         width = channels
         if method == "cwy":
             width = options.get("reflections") or channels
-            if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= channels:
-                raise ValueError(f"reflections={width!r}; allowed: an int in [1, {channels}]")
+            _checks.int_in_range("reflections", width, 1, channels)
         self.channels, self.kernel_size, self.method = channels, kernel_size, method
         self.weight = nn.Parameter(
             torch.empty(channels, width, kernel_size, kernel_size, dtype=dtype, device=device)

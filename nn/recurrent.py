@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..manifolds import _checks
 from ..parametrizations import OrthogonalMap, orthogonalize
 
 __all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]
@@ -49,6 +50,7 @@ class ModReLU(nn.Module):
 
     def __init__(self, n: int, nonpositive_bias: bool = False, eps: float = 1e-5):
         super().__init__()
+        _checks.flag("nonpositive_bias", nonpositive_bias)
         self.bias = nn.Parameter(torch.full((n,), -0.01 if nonpositive_bias else 0.0))
         self.nonpositive_bias = nonpositive_bias
         self.eps = eps
@@ -96,7 +98,8 @@ def use_operator(operator: bool | str, w: nn.Module, n: int) -> bool:
     2L < n, so ``"auto"`` takes it for maps that have one with fewer than n/2
     reflections, and forms the matrix otherwise.
     """
-    if operator not in (True, False, "auto"):
+    # not `operator in (True, False, "auto")`: 1 == True and 0 == False would pass
+    if not (isinstance(operator, bool) or operator == "auto"):
         raise ValueError(f"operator={operator!r}; allowed: True, False, 'auto'")
     fmap = getattr(w, "map", None)
     if not has_operator(fmap):
@@ -128,7 +131,8 @@ class OrthogonalRNNCell(nn.Module):
             uses the matching complex dtype.
 
     Raises:
-        TypeError: for a dtype other than float32/float64.
+        TypeError: for a dtype other than float32/float64, or a ``complex`` or
+            ``nonpositive_bias`` that is not a bool.
         ValueError: for an unknown ``init``.
 
     Example:
@@ -162,8 +166,9 @@ class OrthogonalRNNCell(nn.Module):
         super().__init__()
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype={dtype}; allowed: torch.float32, torch.float64")
-        if init not in INITS:
-            raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+        _checks.choice("init", init, INITS)
+        _checks.flag("complex", complex)
+        _checks.flag("nonpositive_bias", nonpositive_bias)
         self.n, self.complex = n_hidden, complex
         if init == "henaff":
             w0 = henaff_init(n_hidden, generator)
@@ -192,6 +197,7 @@ class OrthogonalRNNCell(nn.Module):
         Returns:
             The function; build it once per sequence, not once per step.
         """
+        _checks.flag("operator", operator)
         # Note [Recurrence in float32 under autocast]
         # Under torch.autocast(dtype=bfloat16) the product W h would run in
         # bfloat16. The gradient of W is a sum over T·B outer products that
@@ -336,6 +342,7 @@ class OrthogonalRNN(nn.Module):
         Returns:
             (batch, T, n_out) if ``all_steps`` else (batch, n_out).
         """
+        _checks.flag("all_steps", all_steps)
         b, t, _ = x.shape
         x = x.to(self.cell.inp.dtype)
         drive = x @ self.cell.inp.T  # (b, T, n), one matmul for the whole sequence

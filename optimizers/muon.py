@@ -78,6 +78,13 @@ class ManifoldMuon(RiemannianOptimizer):
     The momentum buffer lives in the ambient space: it needs no transport, since
     each step solves for the tangent direction at the current point.
 
+    Φ does not depend on the scale of B, and neither does the step: B is divided
+    exactly by a power of two before any norm is taken (Note [msign at any scale]),
+    so a float32 gradient of 1e20 or 1e-30 moves X as the same gradient of size 1
+    does. The step is skipped, with a warning, only when it is not finite: a
+    momentum buffer μB + G that overflows (gradients near the dtype's largest
+    value) or a learning rate so large that the retraction overflows.
+
     Plain tensors: a 2-D tensor gets Muon's Euclidean update X ← X − lr·msign(B)
     (no shape scaling), any other tensor SGD with the same momentum (X ← X − lr·B).
     Other geoopt manifolds get a Riemannian gradient step along rgrad(B).

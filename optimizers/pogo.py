@@ -31,6 +31,7 @@ import torch
 from ..manifolds import Stiefel
 from ..manifolds.kernels import inner_euclidean
 from ..manifolds.kernels.basic import polar_step
+from ..manifolds.kernels.msign import exact_scale
 from ..manifolds.kernels.reduce import gram
 from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
@@ -94,6 +95,14 @@ def pogo_step(
     inside = (err2 < BASIN**2)[..., None, None]
     # outside the basin the M×M Gram, and with it the corrected point, is NaN
     return polar_step(mid, lam, torch.where(inside, mm, math.nan))
+
+
+def _squared_norm(g: torch.Tensor) -> torch.Tensor:
+    """‖G‖²_F per matrix in float64, shape (..., 1, 1) (Note [VectorAdam's second moment in
+    float64]); on row-sharded points summed over all rows."""
+    s = exact_scale(g)
+    u = g / s
+    return inner_euclidean(u, u, u, keepdim=True).double() * s.double().square()
 
 
 @register("pogo")
@@ -240,18 +249,26 @@ class POGO(RiemannianOptimizer):
     def _vector_adam(grad: torch.Tensor, state: dict, group: dict, geo: Geometry) -> torch.Tensor:
         b1, b2 = group["betas"]
         t = int(state["step"])
+        # Note [VectorAdam's second moment in float64]
+        # The first step is G/(‖G‖_F + ε): it does not depend on the scale of G, but
+        # ‖G‖²_F overflows float32 for entries above ~1e18 (the step became 0, then
+        # was skipped) and underflows below ~1e-19. v, one number per matrix, is kept
+        # in float64, whose range holds the square of every float32 norm; ‖G‖²_F is
+        # summed in the working dtype on G divided exactly by a power of two
+        # (`exact_scale`, Note [msign at any scale]) and the scale put back in float64.
         if geo.stiefel:  # ‖G‖²_F per matrix, summed over all rows of a row-sharded point
-            sq = geo.apply(inner_euclidean, grad, grad, grad, keepdim=True)
+            sq = geo.apply(_squared_norm, grad)
         else:
             dims = tuple(range(grad.dim()))
-            sq = torch.linalg.vector_norm(grad, dim=dims, keepdim=True).square()
+            wide = torch.complex128 if grad.is_complex() else torch.float64
+            sq = torch.linalg.vector_norm(grad, dim=dims, keepdim=True, dtype=wide).square()
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(grad)
             state["exp_avg_sq"] = torch.zeros_like(sq)
         m = state["exp_avg"] = state["exp_avg"].lerp(grad, 1 - b1)
-        v = state["exp_avg_sq"] = state["exp_avg_sq"].mul(b2).add_(sq, alpha=1 - b2)
+        v = state["exp_avg_sq"] = state["exp_avg_sq"].to(sq.dtype).mul(b2).add_(sq, alpha=1 - b2)
         bc1, bc2 = 1 - b1**t, 1 - b2**t
-        return (m / bc1) / (v.sqrt() / bc2**0.5 + group["eps"])
+        return (m / bc1) / (v.sqrt() / bc2**0.5 + group["eps"]).to(m.real.dtype)
 
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict

@@ -43,6 +43,8 @@ import math
 
 import torch
 
+from ..manifolds import _checks
+
 __all__ = ["SPECTRAL_THRESHOLD", "one_norm", "spectral_needed", "skew_spectral"]
 
 #: ‖A‖₁ above max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW·n) goes through ``eigh``.
@@ -165,6 +167,5 @@ def skew_spectral(a: torch.Tensor, kind: str) -> torch.Tensor:
         assert torch.allclose(skew_spectral(a, "cayley"), cay)
         ```
     """
-    if kind not in ("exp", "cayley"):
-        raise ValueError(f"kind={kind!r} is not available; allowed: 'exp', 'cayley'")
+    _checks.choice("kind", kind, ("exp", "cayley"))
     return _SkewSpectral.apply(a, kind)

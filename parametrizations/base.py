@@ -56,12 +56,11 @@ DTYPES = (
     torch.float16,
     torch.bfloat16,
 )
-LOW = (torch.float16, torch.bfloat16)
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a map computes in: float32 for float16/bfloat16, else the dtype itself."""
-    return torch.float32 if dtype in LOW else dtype
+    return torch.float32 if dtype in _checks.LOW_PRECISION else dtype
 
 
 INITS = ("nearest", "haar", "identity", "random", "torus")
@@ -303,7 +302,7 @@ class OrthogonalMap(nn.Module):
         # parameter's dtype. Gradients flow through the casts.
         meta = original.device.type == "meta"  # autocast has no meta device type
         with nullcontext() if meta else torch.autocast(original.device.type, enabled=False):
-            if original.dtype in LOW:
+            if original.dtype in _checks.LOW_PRECISION:
                 state = {
                     k: t.float() if t.is_floating_point() else t
                     for k, t in [*self.named_parameters(), *self.named_buffers()]

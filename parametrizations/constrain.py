@@ -133,9 +133,8 @@ def _orthogonalize_module(root: nn.Module, name: str, method: object, options: d
         raise TypeError(f"name must be a str, got {name!r}")
     conv_kernel = options.pop("conv_kernel", False)
     gates = options.pop("gates", False)
-    for key, flag in (("conv_kernel", conv_kernel), ("gates", gates)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{key} must be True or False, got {flag!r}")
+    _checks.flag("conv_kernel", conv_kernel)
+    _checks.flag("gates", gates)
     module, leaf = _locate(root, name)
     if conv_kernel:
         check_convolution(module, leaf)

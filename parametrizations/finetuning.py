@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..manifolds import _checks
 from .base import OrthogonalMap
 from .factory import build, resolve
 from .point import ManifoldPoint
@@ -194,12 +195,6 @@ def _q_dtype(weight: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= {low}")
-    return value
-
-
 def _check_module(module: object) -> torch.Tensor:
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
@@ -296,8 +291,8 @@ def rotate(
         raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
     resolve(method)  # unknown names raise, listing the registry
     features = int(w.shape[1] if side == "input" else w.shape[0])
-    _check_int("blocks", blocks, 1)
-    _check_int("butterfly", butterfly, 0)
+    _checks.positive_int("blocks", blocks)
+    _checks.int_at_least("butterfly", butterfly, 0)
     if features % blocks:
         divisors = [d for d in range(1, features + 1) if features % d == 0]
         raise ValueError(

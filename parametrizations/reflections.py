@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..manifolds import _checks
 from ..manifolds._checks import int_in_range
 from . import kernels
 from ._diagonal import SignPhaseDiagonal
@@ -134,9 +135,7 @@ class Householder(_Reflections):
         block: int = DEFAULT_BLOCK,
     ):
         super().__init__(shape, dtype, device, reflections=reflections)
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ValueError(f"block={block!r} is not allowed; allowed: a positive int")
-        self.block = block
+        self.block = _checks.positive_int("block", block)
 
     @classmethod
     def flops(cls, n: int, m: int, reflections: int | None = None) -> float:

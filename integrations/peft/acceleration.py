@@ -46,6 +46,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...manifolds import _checks
 from ...parametrizations import kernels
 from ._support import require
 
@@ -262,8 +263,7 @@ def accelerate(model: nn.Module, *, exact_cayley: bool = False) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(exact_cayley, bool):
-        raise TypeError(f"exact_cayley must be a bool, got {exact_cayley!r}")
+    _checks.flag("exact_cayley", exact_cayley)
     require()
     from peft.tuners.tuners_utils import BaseTunerLayer
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from peft.config import PeftConfig
 
+from ...manifolds import _checks
 from ...parametrizations import maps
 from ._support import peft_type
 
@@ -102,14 +103,11 @@ class StiefelConfig(PeftConfig):
                 f"unknown option(s) {', '.join(unknown)} for method={self.method!r}; "
                 f"allowed: {', '.join(names) or 'none'}"
             )
-        for name, low in (("blocks", 1), ("butterfly", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= {low}")
-        if self.side not in SIDES:
-            raise ValueError(f"side={self.side!r} is not allowed; allowed: {', '.join(SIDES)}")
-        if self.bias not in BIASES:
-            raise ValueError(f"bias={self.bias!r} is not allowed; allowed: {', '.join(BIASES)}")
+        _checks.positive_int("blocks", self.blocks)
+        _checks.int_at_least("butterfly", self.butterfly, 0)
+        _checks.choice("side", self.side, SIDES)
+        _checks.choice("bias", self.bias, BIASES)
+        _checks.flag("init_weights", self.init_weights)
         for name in ("target_modules", "exclude_modules"):
             value = getattr(self, name)
             if isinstance(value, list):

@@ -82,6 +82,7 @@ __all__ = [
     "MSIGN_DEFAULT_STEPS",
     "POLAR_EXPRESS_COEFFICIENTS",
     "MUON_QUINTIC_COEFFICIENTS",
+    "exact_scale",
     "msign",
     "msign_flops",
     "spectral_direction",
@@ -135,6 +136,21 @@ def _svd_sign(g: torch.Tensor) -> torch.Tensor:
 def _real_trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # Re tr(AᴴB) per matrix, shape (..., 1, 1), summed over all rows (reduce)
     return inner_euclidean(a, a, b, keepdim=True)
+
+
+def exact_scale(a: torch.Tensor) -> torch.Tensor:
+    """The power of two nearest below max|a_ij| per matrix (1 for a zero matrix), (..., 1, 1).
+
+    Dividing by it is exact (Note [msign at any scale]): the entries of ``a / s`` lie
+    in [1, 2) at most, so ‖a / s‖²_F is in [1, 4NM) and neither overflows nor
+    underflows. On row-sharded points (`rows_split`) the maximum is all-reduced.
+    """
+    big = rows_absmax(a)
+    return torch.exp2(torch.floor(torch.log2(big))).where(big > 0, 1.0)
+
+
+def _unit_scale(a: torch.Tensor) -> torch.Tensor:
+    return a / exact_scale(a)
 
 
 def _frobenius(a: torch.Tensor) -> torch.Tensor:
@@ -230,8 +246,7 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
     # nearest below max|G_ij|, exactly (no rounding), so the entries lie in
     # [1, 2) at most and ‖G‖_F² in [1, 4NM): neither can happen. An all-zero
     # matrix keeps its zero sign.
-    big = rows_absmax(x)
-    x = x / torch.exp2(torch.floor(torch.log2(big))).where(big > 0, 1.0)
+    x = _unit_scale(x)
     norm = _frobenius(x)
     x = x / (scale * norm).where(norm > 0, 1.0)
     x = _iterate(x, coefficients)
@@ -316,6 +331,11 @@ def spectral_direction(
     m = x.shape[-1]
     if square is None:
         square = x.shape[-2] == m
+    # Φ maximises Re tr(GᴴΦ), so it is that of cG for every c > 0; the step t and the
+    # trial values f scale with G and would overflow or underflow with ‖G‖²_F (a
+    # float32 gradient of 1e20 or 1e-30 left the dual descent at its first iterate):
+    # the descent runs on G scaled exactly to unit size (Note [msign at any scale]).
+    g = _unit_scale(g)
     lam = -sym(gram(x, g))
     z = g + x @ lam
     t = dual_step * _frobenius(z) / m**0.5

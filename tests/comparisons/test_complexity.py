@@ -190,3 +190,51 @@ def test_section_writes_the_column_to_the_table_and_markdown(tmp_path, monkeypat
             assert cell == "–"
         else:
             assert float(cell) == approx(r["step_x_gemm"], rel=5e-3)
+
+
+class _ProjectingSGD(torch.optim.Optimizer):
+    """A plugin that projects onto St after each step but declares nothing."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.copy_(torch.linalg.qr(p - group["lr"] * p.grad)[0])
+
+
+def test_section_says_which_optimizers_it_leaves_out(tmp_path, monkeypatch, capsys):
+    from stiefel.optimizers import registry
+
+    saved = registry.OPTIMIZERS.snapshot()
+    try:
+        optimizers.register("projecting_plugin")(_ProjectingSGD)
+        assert not optimizers.info("projecting_plugin").riemannian
+        left = complexity.left_out_steps()
+        assert "projecting_plugin" in left and complexity.LEFT_OUT == "not declared riemannian=True"
+        # exactly the registered optimizers that the steps table does not measure
+        stepped = {info.name for info, _ in cost.optimizer_steps().values()}
+        assert set(left) == set(optimizers.available()) - stepped
+        ticks = itertools.count(1)
+        fake = lambda fn, *a, **k: 1e-3 * next(ticks)  # noqa: E731
+        monkeypatch.setattr(cost, "fastest_time", fake)
+        monkeypatch.setattr(complexity, "fastest_time", fake)
+        argv = ["complexity", "--out", str(tmp_path), "--sizes", "4", "--fractions", "1"]
+        cli.main(argv + ["--repeats", "1", "--shapes", "8x2"])
+    finally:
+        registry.OPTIMIZERS.restore(saved)
+    steps = {r["strategy"] for r in table.read(tmp_path, task="steps")}
+    assert not any(s.startswith("projecting_plugin") for s in steps)
+    md = (tmp_path / "complexity.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("Optimizers left out: "))
+    assert (
+        "projecting_plugin" in line
+        and "adam" in line
+        and line.endswith("(not declared riemannian=True).")
+    )
+    assert "rgd" not in line.replace("(", " ").split()  # a stepped one is not listed
+    out = capsys.readouterr().out
+    assert "complexity: left out: " in out and "projecting_plugin" in out

@@ -141,6 +141,8 @@ def test_warnings_and_errors(monkeypatch):
         accelerate(nn.Linear(3, 3))
     with pytest.raises(TypeError, match="model must be an nn.Module"):
         accelerate("model")
+    with pytest.raises(TypeError, match="exact_cayley='yes' is not allowed; allowed: True, False"):
+        accelerate(nn.Linear(3, 3), exact_cayley="yes")
     monkeypatch.setattr(peft, "__version__", "0.6.0")
     with pytest.raises(ImportError, match=r"PEFT 0\.6\.0 is not supported.*allowed"):
         accelerate(_model("hra"))

@@ -350,6 +350,13 @@ def test_config_rejects_bad_arguments(kwargs, words):
     assert all(w in str(err.value) for w in words)
 
 
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_config_init_weights_must_be_a_bool(value):
+    # a truthy string ("no") started Q at the identity as if True had been given
+    with pytest.raises(TypeError, match=f"init_weights={value!r} is not allowed; allowed: True"):
+        StiefelConfig(target_modules=["0"], init_weights=value)
+
+
 def _snapshot(model):
     return [(type(m), n) for n, m in model.named_modules()], {
         n: (p.detach().clone(), p.requires_grad) for n, p in model.named_parameters()

@@ -141,7 +141,33 @@ def test_cell_steps_match_the_model(complex_):
 
 
 def test_cell_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="init='nope'; allowed: henaff, haar, identity"):
+    with pytest.raises(
+        ValueError, match="init='nope' is not supported; allowed: henaff, haar, identity"
+    ):
         OrthogonalRNNCell(2, 4, init="nope")
     with pytest.raises(ValueError, match="operator='x'; allowed"):
         OrthogonalRNN(2, 4, 3, operator="x")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: OrthogonalRNNCell(3, 4, complex="no"),
+        lambda: OrthogonalRNNCell(3, 4, nonpositive_bias="no"),
+        lambda: OrthogonalRNN(3, 4, 2, complex="no"),
+        lambda: OrthogonalRNN(3, 4, 2, nonpositive_bias=1),
+        lambda: ModReLU(4, nonpositive_bias="yes"),
+        lambda: OrthogonalRNNCell(3, 4).rollout_step(operator="yes"),
+        lambda: OrthogonalRNN(3, 4, 2)(torch.randn(1, 2, 3), all_steps="no"),
+    ],
+)
+def test_bool_arguments_must_be_bools(build):
+    # a truthy string ("no") built a unitary cell before
+    with pytest.raises(TypeError, match=r"=('no'|'yes'|1) is not allowed; allowed: True, False"):
+        build()
+
+
+@pytest.mark.parametrize("operator", [1, 0])
+def test_operator_one_or_zero_is_not_a_bool(operator):
+    with pytest.raises(ValueError, match=f"operator={operator}; allowed: True, False, 'auto'"):
+        OrthogonalRNN(2, 4, 3, operator=operator)
