@@ -7,13 +7,10 @@ advice of Python's ``timeit``). The complexity section fits exponents to these
 times and divides FLOP models by a GEMM rate measured the same way.
 
 Note [Forward+backward FLOP convention]
-A map whose class declares no ``backward_flops`` is charged 3× its forward
-FLOPs for forward+backward: the backward of a product C = AB is two products
-of the same size (∂A = ∂C·Bᴴ, ∂B = Aᴴ·∂C), so a map built of products costs
-twice its forward again. A class whose backward is not built that way (an
-adjoint Fréchet derivative, re-used LU factors) declares
-``backward_flops(n, m, reflections)``, the backward alone, and is charged
-forward + backward.
+A map is charged 3× its forward FLOPs for forward+backward: the backward of a
+product C = AB is two products of the same size (∂A = ∂C·Bᴴ, ∂B = Aᴴ·∂C), so a
+map built of products costs twice its forward again. (A per-map backward model
+was a hook no map declared; it was removed as dead code.)
 """
 
 from __future__ import annotations
@@ -241,15 +238,9 @@ def forward_backward_flops(
 ) -> tuple[float, str]:
     """FLOPs charged to forward+backward of map ``method``, and their basis.
 
-    Note [Forward+backward FLOP convention]: ``(forward + backward model,
-    "backward model")`` when the class declares ``backward_flops``, else
-    ``(3 × forward, "3× forward")``.
+    Note [Forward+backward FLOP convention]: ``(3 × forward, "3× forward")``.
     """
     fwd = map_flops(method, n, m, reflections)
-    model = getattr(parametrizations.maps()[method], "backward_flops", None)
-    bwd = math.nan if model is None else _number(model(n, m, reflections))
-    if math.isfinite(bwd):
-        return fwd + bwd, "backward model"
     return FWD_BWD_FACTOR * fwd, f"{FWD_BWD_FACTOR:g}× forward"
 
 

@@ -65,9 +65,10 @@ def test_a_busy_process_is_not_a_stall():
 
     if _launch.cpu_seconds(os.getpid()) is None:
         pytest.skip("no /proc: only the overall timeout applies")
-    watch = _launch._Watch([os.getpid()], stall=0.2)
-    end = time.monotonic() + 0.6
+    # a stall of 3 s: a busy process gets some CPU time in 3 s even on a loaded machine
+    watch = _launch._Watch([os.getpid()], stall=3.0)
+    end = time.monotonic() + 4.0
     while time.monotonic() < end:  # CPU time grows: never stalled
         assert not watch.stalled()
-    time.sleep(0.5)  # no CPU time for longer than the stall
+    time.sleep(3.5)  # no CPU time for longer than the stall
     assert watch.stalled()
