@@ -41,7 +41,9 @@ from .base import OrthogonalMap
 from .factory import build, resolve
 from .point import ManifoldPoint
 
-__all__ = ["rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise"]
+__all__ = [
+    "rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise", "check_blocks",
+]  # fmt: skip
 
 SIDES = ("input", "output")
 ATTRIBUTE = "rotation"
@@ -291,23 +293,7 @@ def rotate(
         raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
     resolve(method)  # unknown names raise, listing the registry
     features = int(w.shape[1] if side == "input" else w.shape[0])
-    _checks.positive_int("blocks", blocks)
-    _checks.int_at_least("butterfly", butterfly, 0)
-    if features % blocks:
-        divisors = [d for d in range(1, features + 1) if features % d == 0]
-        raise ValueError(
-            f"blocks={blocks} does not divide the {side} features ({features}); "
-            f"allowed: {', '.join(map(str, divisors))}"
-        )
-    size = features // blocks
-    if butterfly > 1 and (size % 2 or blocks % 2 ** (butterfly - 1)):
-        raise ValueError(
-            f"butterfly={butterfly} with blocks={blocks} (block size {size}) on {features} "
-            f"features: a butterfly needs an even block size and blocks divisible by "
-            f"2^(butterfly-1) = {2 ** (butterfly - 1)}, i.e. block size · 2^(butterfly-1) "
-            f"dividing {features}; allowed: butterfly <= "
-            f"{_max_butterfly(blocks, size)} for these blocks"
-        )
+    check_blocks(features, blocks, butterfly, side)
     dtype = _q_dtype(w)
     rot = Rotation(features, method, blocks, butterfly, dtype, w.device, dict(options))
     # everything validated and built: now modify the module
@@ -343,6 +329,37 @@ def rotate(
 
         rot._handle = module.register_forward_hook(hook)
     return module
+
+
+def check_blocks(
+    features: int, blocks: object, butterfly: object, side: str, where: str = ""
+) -> None:
+    """``blocks`` divides the features and ``butterfly`` fits the blocks (ValueError otherwise).
+
+    Args:
+        features: the size Q acts on.
+        blocks: the number of diagonal blocks (an int >= 1).
+        butterfly: the number of butterfly factors (an int >= 0).
+        side: ``"input"`` or ``"output"``, for the message.
+        where: the layer, for the message (e.g. a PEFT target's name).
+    """
+    _checks.positive_int("blocks", blocks)
+    _checks.int_at_least("butterfly", butterfly, 0)
+    of = f" of {where}" if where else ""
+    if features % blocks:
+        divisors = [d for d in range(1, features + 1) if features % d == 0]
+        raise ValueError(
+            f"blocks={blocks} does not divide the {side} features ({features}){of}; "
+            f"allowed: {', '.join(map(str, divisors))}"
+        )
+    size = features // blocks
+    if butterfly > 1 and (size % 2 or blocks % 2 ** (butterfly - 1)):
+        raise ValueError(
+            f"butterfly={butterfly} with blocks={blocks} (block size {size}) on {features} "
+            f"{side} features{of}: a butterfly needs an even block size and blocks divisible "
+            f"by 2^(butterfly-1) = {2 ** (butterfly - 1)}; allowed: butterfly <= "
+            f"{_max_butterfly(blocks, size)} for these blocks"
+        )
 
 
 def _max_butterfly(blocks: int, size: int) -> int:

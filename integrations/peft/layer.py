@@ -28,6 +28,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
 from torch import nn
 
 from ...parametrizations import Rotation
+from ...parametrizations.finetuning import check_blocks
 
 ALLOWED_LAYERS = "nn.Linear, nn.Conv1d, nn.Conv2d (groups=1), transformers' Conv1D"
 
@@ -76,23 +77,7 @@ def geometry(base: nn.Module, where: str) -> Geometry:
 
 def check_features(features: int, config: Any, where: str) -> None:
     """blocks must divide the features, butterfly must fit the blocks (ValueError otherwise)."""
-    blocks, butterfly, side = config.blocks, config.butterfly, config.side
-    if features % blocks:
-        divisors = [d for d in range(1, features + 1) if features % d == 0]
-        raise ValueError(
-            f"blocks={blocks} does not divide the {side} features ({features}) of {where}; "
-            f"allowed: {', '.join(map(str, divisors))}"
-        )
-    size = features // blocks
-    largest = 1
-    while size % 2 == 0 and blocks % 2**largest == 0:
-        largest += 1
-    if butterfly > largest:
-        raise ValueError(
-            f"butterfly={butterfly} is too large for blocks={blocks} (block size {size}) on the "
-            f"{features} {side} features of {where}: a butterfly of k factors needs an even "
-            f"block size and blocks divisible by 2^(k-1); allowed: butterfly <= {largest}"
-        )
+    check_blocks(features, config.blocks, config.butterfly, config.side, where)
 
 
 def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation:
