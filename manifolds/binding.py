@@ -153,57 +153,49 @@ def _complex_message(label: str, manifold, dtype: torch.dtype, why: str) -> str:
 def admit(t: torch.Tensor, manifold: geoopt.Manifold, label: str, why: str) -> None:
     """Check the values of a rebuilt Parameter; project them if usable, refuse them if not.
 
-    Note [The manifold lives on the module]. A DTensor point is checked and
-    projected with M×M reductions only (every rank agrees).
+    Note [The manifold lives on the module]. A plain and a DTensor point take the
+    same path: the manifold's geometry (its `ShardedGeometry` on the local rows for
+    a DTensor), M×M Grams only, every rank taking the same decision.
 
     Raises:
         TypeError: a complex tensor on a real manifold.
         ValueError: non-finite or rank-deficient values (naming ``label`` and the fix).
     """
+    from .kernels.reduce import gram, rows_split
+    from .sharded import ShardedGeometry
+
     if t.is_complex() and not getattr(manifold, "complex", True):
         raise TypeError(_complex_message(label, manifold, t.dtype, why))
     if t.device.type == "meta":
         return
+    x = t.detach()
+    sharded = is_dtensor(x)
+    geo = ShardedGeometry(manifold.geometry(), x) if sharded else manifold.geometry()
+    local = geo.local(x) if sharded else x
+    # the rank's answer, OR-ed over the ranks (the same decision everywhere)
+    everywhere = geo.any_rank if sharded else (lambda flag: flag)
     fix = "call the module's reset_parameters() or stiefel.parametrizations.initialize(model)"
-    if is_dtensor(t):
-        _admit_sharded(t, manifold, label, why, fix)
-        return
-    if not bool(torch.isfinite(t).all()):
+    if bool(everywhere(~torch.isfinite(local).all().reshape(1))):
         raise ValueError(f"{label} holds non-finite values ({why}, e.g. to_empty): {fix}")
-    x = t.detach().to(torch.complex128 if t.is_complex() else torch.float64)
-    s = torch.linalg.svdvals(x)
-    if bool((s[..., -1] <= 1e-6 * s[..., 0].clamp_min(1e-300)).any()):
+    err = geo.error(x)
+    tol = 10 * x.shape[-1] * torch.finfo(x.dtype).eps
+    if not bool(((geo.local(err) if sharded else err) > tol).any()):  # replicated per matrix
+        return
+    hi = torch.complex128 if x.is_complex() else torch.float64
+    with rows_split(geo.row_group if sharded else None):  # the M×M Gram of all the rows
+        w = torch.linalg.eigvalsh(gram(local, local).to(hi))
+    if bool((w[..., 0] <= 1e-12 * w[..., -1].clamp_min(1e-300)).any()):
+        hint = (
+            " A reset that drew every shard with the same generator (torch.manual_seed on "
+            "every rank, on a CPU mesh) writes the same rows on every rank: seed the ranks "
+            "differently before reset_parameters(), or initialize before fully_shard."
+            if sharded
+            else ""
+        )
         raise ValueError(
             f"{label} holds a rank-deficient matrix ({why}, e.g. uninitialised memory after "
-            f"to_empty), which is no point of {manifold!r} and has no nearest one: {fix}"
-        )
-    if not manifold.check_point_on_manifold(t.detach()):
-        t.copy_(manifold.projx(x).to(t.dtype))
-
-
-def _admit_sharded(t, manifold, label: str, why: str, fix: str) -> None:
-    """`_admit` of a DTensor point, with M×M reductions only (every rank agrees)."""
-    from .kernels.reduce import gram, rows_split
-    from .sharded import ShardedGeometry
-
-    x = t.detach()
-    geo = ShardedGeometry(manifold.geometry(), x)
-    local = geo.local(x)
-    if bool(geo.any_rank(~torch.isfinite(local).all().reshape(1))):
-        raise ValueError(f"{label} holds non-finite values ({why}, e.g. to_empty): {fix}")
-    tol = 10 * x.shape[-1] * torch.finfo(x.dtype).eps
-    err = geo.error(x)
-    if not bool((geo.local(err) > tol).any()):  # replicated over the rows: the same everywhere
-        return
-    with rows_split(geo.row_group):  # the M×M Gram of all the rows
-        w = torch.linalg.eigvalsh(gram(local, local).to(torch.float64))
-    if bool((w[..., 0] <= 1e-12 * w[..., -1].clamp_min(1e-300)).any()):
-        raise ValueError(
-            f"{label} holds a rank-deficient matrix ({why}), which is no point of "
-            f"{manifold!r} and has no nearest one. A reset that drew every shard with the "
-            "same generator (torch.manual_seed on every rank, on a CPU mesh) writes the same "
-            "rows on every rank: seed the ranks differently before reset_parameters(), or "
-            f"initialize before fully_shard; else {fix}"
+            f"to_empty), which is no point of {manifold!r} and has no nearest one.{hint} "
+            f"Fix: {fix}"
         )
     t.copy_(geo.project(x))
 

@@ -40,14 +40,6 @@ from .point import ManifoldPoint
 __all__ = ["initialize", "hook_reset_parameters", "reset_constrained"]
 
 
-def _dtensor_type() -> type:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return type(None)
-    return DTensor
-
-
 def _constrained(module: nn.Module) -> list[tuple[str, torch.Tensor, nn.Module]]:
     """(name, original, parametrization) of the module's own constrained tensors."""
     out = []
@@ -62,7 +54,7 @@ def _constrained(module: nn.Module) -> list[tuple[str, torch.Tensor, nn.Module]]
 def _write(param: nn.Module, original: torch.Tensor, init, generator) -> None:
     """A fresh point's original into ``original`` (no value of the old one is read)."""
     init = param.fresh_init() if init is None else init
-    if isinstance(original, _dtensor_type()):
+    if binding.is_dtensor(original):
         _write_sharded(param, original, init, generator)
     else:
         like = torch.empty(param.weight_shape, dtype=original.dtype, device=original.device)
@@ -117,7 +109,7 @@ def _gathered_weights(module: nn.Module) -> Iterator[None]:
     original and served from torch's parametrization cache meanwhile; what the
     reset writes into them is discarded (the point was just written).
     """
-    sharded = [c for c in _constrained(module) if isinstance(c[1], _dtensor_type())]
+    sharded = [c for c in _constrained(module) if binding.is_dtensor(c[1])]
     if not sharded:
         yield
         return
@@ -238,7 +230,7 @@ def initialize(
             "orthogonalize, no ManifoldParameter on a stiefel manifold, no rotation)"
         )
     for label, w, _ in found:
-        if isinstance(w, _dtensor_type()):
+        if binding.is_dtensor(w):
             raise TypeError(
                 f"{label} is a DTensor (sharded): initialize writes local tensors; call it "
                 "after module.to_empty(device=...) and before fully_shard"
