@@ -44,33 +44,42 @@ def _fns(module: nn.Module, get: Callable[[], torch.Tensor]) -> Fns:
     return fwd, fwd_bwd
 
 
-def ours(method: str, shape: tuple[int, int], reflections: int | None, gen) -> Fns:
-    """Our map from ``orthogonalize(tensor, method)``, W() timed."""
-    options: dict[str, Any] = {}
+def ours(
+    method: str, shape: tuple[int, int], reflections: int | None, gen, device="cpu", **extra: Any
+) -> Fns:
+    """Our map from ``orthogonalize(tensor, method, **extra)``, W() timed on ``device``.
+
+    Built and randomised on the CPU (the same numbers on every device), then
+    moved with ``Module.to(device)``, the user's recipe.
+    """
+    options: dict[str, Any] = dict(extra)
     if reflections is not None:
-        options = {"reflections": reflections, "init": "random"}
+        options.update(reflections=reflections, init="random")
     else:
-        options = {"init": "identity"}
+        options.update(init="identity")
     w = orthogonalize(torch.randn(shape, generator=gen), method=method, generator=gen, **options)
     _randomize(w, 1 / math.sqrt(max(shape)), gen)
+    w = w.to(device)
     return _fns(w, w)
 
 
-def torch_map(orthogonal_map: str, shape: tuple[int, int], gen) -> Fns:
+def torch_map(orthogonal_map: str, shape: tuple[int, int], gen, device="cpu") -> Fns:
     """``torch.nn.utils.parametrizations.orthogonal`` on a bias-free Linear of this shape."""
     lin = nn.Linear(shape[1], shape[0], bias=False)
     torch_orthogonal(lin, orthogonal_map=orthogonal_map)
     _randomize(lin, 1 / math.sqrt(max(shape)), gen)
+    lin = lin.to(device)
     return _fns(lin, lambda: lin.weight)
 
 
-def geotorch_map(triv: str, shape: tuple[int, int], gen) -> Fns | None:
+def geotorch_map(triv: str, shape: tuple[int, int], gen, device="cpu") -> Fns | None:
     """``geotorch.orthogonal(..., triv=triv)`` on a bias-free Linear (None without geotorch)."""
     if geotorch is None:
         return None
     lin = nn.Linear(shape[1], shape[0], bias=False)
     geotorch.orthogonal(lin, triv=triv)
     _randomize(lin, 1 / math.sqrt(max(shape)), gen)
+    lin = lin.to(device)
     return _fns(lin, lambda: lin.weight)
 
 

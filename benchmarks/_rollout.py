@@ -22,7 +22,7 @@ def _rollout_fn(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], para
     def run() -> object:
         for p in params:
             p.grad = None
-        h = torch.zeros(1, n)
+        h = xs.new_zeros(1, n)
         for x in xs:
             h = step(h, x)
         h.sum().backward()
@@ -32,12 +32,12 @@ def _rollout_fn(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], para
 
 
 def rollout(
-    steps: int, n: int, repeats: int, budget: float, gen, verbose: bool = False
+    steps: int, n: int, repeats: int, budget: float, gen, verbose: bool = False, device="cpu"
 ) -> list[dict[str, Any]]:
-    """RNN rollouts (T = ``steps``, batch 1, L = n/8), forward + backward."""
+    """RNN rollouts (T = ``steps``, batch 1, L = n/8), forward + backward, on ``device``."""
     L = max(1, n // 8)
-    xs = torch.randn(steps, 1, n, generator=gen)
-    free = nn.Parameter(torch.randn(n, n, generator=gen) / math.sqrt(n))
+    xs = torch.randn(steps, 1, n, generator=gen).to(device)
+    free = nn.Parameter((torch.randn(n, n, generator=gen) / math.sqrt(n)).to(device))
     cases: list[tuple[str, Callable[[], object]]] = [
         (
             "unconstrained (tanh(h Wᵀ + x))",
@@ -53,6 +53,7 @@ def rollout(
             generator=gen,
         )
         _randomize(w, 1.0, gen)
+        w = w.to(device)
         cases.append((f"{method} step = W.operator() once per rollout", _operator(w, xs, n)))
         cases.append(
             (
@@ -79,7 +80,7 @@ def _materialized(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object
         for p in params:
             p.grad = None
         q = w()
-        h = torch.zeros(1, n)
+        h = xs.new_zeros(1, n)
         for x in xs:
             h = torch.tanh(F.linear(h, q) + x)
         h.sum().backward()
@@ -100,7 +101,7 @@ def _operator(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
         for p in params:
             p.grad = None
         step = w.operator()
-        h = torch.zeros(1, n)
+        h = xs.new_zeros(1, n)
         for x in xs:
             h = torch.tanh(step(h) + x)
         h.sum().backward()

@@ -43,6 +43,7 @@ __all__ = [
     "target",
     "targets_table",
     "device_of",
+    "device_name",
 ]
 
 
@@ -155,9 +156,24 @@ def fmt_ratio(ratio: float | None) -> str:
     return f"{ratio:.2f}x"
 
 
-def header(title: str) -> str:
-    """A title line with the torch version, device and thread count."""
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+def device_name(device: torch.device | str | None = None) -> str:
+    """The device in words: the GPU's model on CUDA, the CPU's model otherwise."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def header(title: str, device: torch.device | str | None = None) -> str:
+    """A title line with the torch version, the device (`device_name`) and thread count."""
+    dev = device_name(device)
     return f"{title} — torch {torch.__version__}, {dev}, {torch.get_num_threads()} threads, float32"
 
 

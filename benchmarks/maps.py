@@ -47,6 +47,8 @@ import torch
 from ._maps_common import Fns, _progress, _row, _time_pair, geotorch, geotorch_map, ours, torch_map
 from ._rollout import rollout, rollout_table
 from ._timing import (
+    device_name,
+    device_of,
     fmt_ratio,
     fmt_time,
     header,
@@ -74,7 +76,7 @@ ANCHORS = [TORCH_HH, TORCH_EXP, TORCH_CAY, GEO_EXP, GEO_CAY]
 
 # --------------------------------------------------------------------------- sections
 def square_maps(
-    sizes: list[int], repeats: int, budget: float, gen, verbose: bool = False
+    sizes: list[int], repeats: int, budget: float, gen, verbose: bool = False, device="cpu"
 ) -> list[dict[str, Any]]:
     """Rows for O(n): our maps (per L) and the torch / geotorch anchors, per n."""
     rows = []
@@ -84,17 +86,25 @@ def square_maps(
         cases: list[tuple[str, str, int | None, Callable[[], Fns | None]]] = []
         for method in ("householder", "cwy"):
             for L in ls:
-                cases.append((method, "ours", L, lambda m=method, L=L, s=shape: ours(m, s, L, gen)))
+                cases.append(
+                    (method, "ours", L, lambda m=method, L=L, s=shape: ours(m, s, L, gen, device))
+                )
         for method in ("exp", "cayley"):
-            cases.append((method, "ours", None, lambda m=method, s=shape: ours(m, s, None, gen)))
+            cases.append(
+                (method, "ours", None, lambda m=method, s=shape: ours(m, s, None, gen, device))
+            )
         for name, om in (
             (TORCH_HH, "householder"),
             (TORCH_EXP, "matrix_exp"),
             (TORCH_CAY, "cayley"),
         ):
-            cases.append((name, "torch", None, lambda om=om, s=shape: torch_map(om, s, gen)))
+            cases.append(
+                (name, "torch", None, lambda om=om, s=shape: torch_map(om, s, gen, device))
+            )
         for name, triv in ((GEO_EXP, "expm"), (GEO_CAY, "cayley")):
-            cases.append((name, "geotorch", None, lambda t=triv, s=shape: geotorch_map(t, s, gen)))
+            cases.append(
+                (name, "geotorch", None, lambda t=triv, s=shape: geotorch_map(t, s, gen, device))
+            )
         for name, family, L, build in cases:
             _progress(verbose, f"O({n}) {name}" + (f" L={L}" if L else ""))
             fwd, bwd = _time_pair(build(), repeats, budget)
@@ -126,18 +136,24 @@ def square_table(rows: list[dict[str, Any]]) -> str:
 
 
 def stiefel_maps(
-    shape: tuple[int, int], repeats: int, budget: float, slow: bool, gen, verbose: bool = False
+    shape: tuple[int, int],
+    repeats: int,
+    budget: float,
+    slow: bool,
+    gen,
+    verbose: bool = False,
+    device="cpu",
 ) -> list[dict[str, Any]]:
     """Rows for St(N, M): our T-CWY against geotorch's Stiefel and torch's householder map."""
     n, m = shape
     # geotorch's expm backward on a 4096×4096 skew matrix takes minutes: opt-in beyond n=1024
     geo_exp_bwd = slow or n <= 1024
     cases: list[tuple[str, str, Callable[[], Fns | None], bool]] = [
-        ("tcwy", "ours", lambda: ours("tcwy", shape, m, gen), True),
-        ("householder", "ours", lambda: ours("householder", shape, m, gen), True),
-        (TORCH_HH, "torch", lambda: torch_map("householder", shape, gen), True),
-        (GEO_EXP, "geotorch", lambda: geotorch_map("expm", shape, gen), geo_exp_bwd),
-        (GEO_CAY, "geotorch", lambda: geotorch_map("cayley", shape, gen), True),
+        ("tcwy", "ours", lambda: ours("tcwy", shape, m, gen, device), True),
+        ("householder", "ours", lambda: ours("householder", shape, m, gen, device), True),
+        (TORCH_HH, "torch", lambda: torch_map("householder", shape, gen, device), True),
+        (GEO_EXP, "geotorch", lambda: geotorch_map("expm", shape, gen, device), geo_exp_bwd),
+        (GEO_CAY, "geotorch", lambda: geotorch_map("cayley", shape, gen, device), True),
     ]
     rows = []
     for name, family, build, backward in cases:
@@ -255,7 +271,12 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--slow", action="store_true", help="also geotorch expm fwd+bwd on St(N, M)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     p.add_argument("--verbose", action="store_true", help="print progress")
+    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        p.error(str(err))
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     repeats = args.repeats or (2 if args.quick else 10)
     budget = args.budget if args.budget is not None else (0.05 if args.quick else 2.0)
@@ -264,13 +285,13 @@ def main(argv: list[str] | None = None) -> str:
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
 
-    square = square_maps(sizes, repeats, budget, gen, args.verbose)
-    stiefel = stiefel_maps(st_shape, repeats, budget, args.slow, gen, args.verbose)
-    roll = rollout(steps, rn, repeats, budget, gen, args.verbose)
+    square = square_maps(sizes, repeats, budget, gen, args.verbose, device)
+    stiefel = stiefel_maps(st_shape, repeats, budget, args.slow, gen, args.verbose, device)
+    roll = rollout(steps, rn, repeats, budget, gen, args.verbose, device)
     tg = targets(square, stiefel, roll)
     text = "\n".join(
         [
-            header("Maps onto O(n) and St(N, M)"),
+            header("Maps onto O(n) and St(N, M)", device),
             f"up to {repeats} runs, {budget:g} s per measurement; ratios: anchor time / our time",
             "",
             square_table(square),
@@ -296,6 +317,7 @@ def main(argv: list[str] | None = None) -> str:
                     "stiefel": list(st_shape),
                     "rollout": [steps, rn],
                     "threads": torch.get_num_threads(),
+                    "device": device_name(device),
                     "torch": torch.__version__,
                 },
                 "square": square,

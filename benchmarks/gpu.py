@@ -1,0 +1,234 @@
+"""What a GPU machine should run, in one call: the CUDA tests, the GPU benchmarks, one report.
+
+Run ``bash benchmarks/gpu.sh`` on a bare GPU machine (it installs the project,
+then runs this), or ``python -m benchmarks.gpu --out DIR`` where the project is
+installed. Each step runs in its own process under a time limit, in this order:
+
+1. ``tests``: every test case marked ``cuda`` (``pytest -m cuda``);
+2. ``cwy``: CWY against sequential Householder (the CWY paper's Table 4 claim);
+3. ``batched``: 4096 × St(64, 16) and 1024 × O(64) against pogo-torch, with drift;
+4. ``precision``: bfloat16 against float32;
+5. ``optimizers``: the Riemannian steps against geoopt's;
+6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
+7. ``maps``: the maps against torch's and geotorch's;
+8. ``syncs``: host synchronisations per map call and optimizer step.
+
+``DIR/report.md`` names the device (model, memory, driver, torch and CUDA
+versions) and holds every step's command, time, exit status and output; it is
+rewritten after each step, so a step that hangs or a limit that runs out never
+loses the finished ones. ``DIR/tests.log`` keeps the whole pytest output.
+The whole run fits in ``--limit-s`` seconds (default 450): a step gets
+the smaller of its own limit and what is left.
+
+Example:
+
+```text
+python -m benchmarks.gpu --device cuda --out /tmp/gpu
+python -m benchmarks.gpu --device cpu --quick --only cwy,syncs --out /tmp/gpu-cpu
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from ._timing import device_name, device_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One process of the run: ``python -m`` ``argv``, then ``full`` or (with --quick) ``quick``."""
+
+    name: str
+    title: str
+    argv: tuple[str, ...]
+    limit_s: float
+    full: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ("--quick",)
+    takes_device: bool = True
+
+
+STEPS = [
+    Step(
+        "tests",
+        "CUDA test cases (pytest -m cuda)",
+        ("pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q", "-rfE", "--maxfail=40"),
+        150,
+        quick=(),
+        takes_device=False,
+    ),
+    Step("cwy", "CWY against sequential Householder", ("benchmarks.cwy",), 70),
+    Step("batched", "Batched regime against pogo-torch", ("benchmarks.batched",), 75),
+    Step("precision", "bfloat16 against float32", ("benchmarks.precision",), 30),
+    Step(
+        "optimizers",
+        "Riemannian steps against geoopt",
+        ("benchmarks.optimizers",),
+        45,
+        full=("--budget", "0.3"),
+    ),
+    Step(
+        "layers",
+        "Orthogonal convolutions against nn.Conv2d",
+        ("benchmarks.layers", "--skip-norms", "--clock", "wall"),
+        40,
+    ),
+    Step(
+        "maps",
+        "Maps against torch and geotorch",
+        ("benchmarks.maps",),
+        45,
+        full=("--sizes", "256,1024", "--budget", "0.5"),
+    ),
+    Step(
+        "syncs",
+        "Host synchronisations per call",
+        ("benchmarks.syncs",),
+        30,
+        quick=("--n", "32", "--stiefel", "64x8"),
+    ),
+]
+NAMES = [s.name for s in STEPS]
+
+
+def command(step: Step, device: torch.device, quick: bool) -> list[str]:
+    """The full command line of ``step``."""
+    argv = [sys.executable, "-m", *step.argv]
+    if step.name == "tests" and importlib.util.find_spec("xdist") is not None:
+        argv += ["-n", "8"]
+    if step.name == "tests" and importlib.util.find_spec("pytest_timeout") is not None:
+        argv += ["--timeout", "90"]
+    if step.takes_device:
+        argv += ["--device", str(device)]
+    argv += list(step.quick if quick else step.full)
+    return argv
+
+
+def machine(device: torch.device) -> str:
+    """The device in words: model, memory, driver, torch and CUDA versions."""
+    parts = [f"device: {device_name(device)}", f"torch {torch.__version__}"]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        parts.append(f"{props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs")
+        parts.append(f"CUDA {torch.version.cuda}")
+        if shutil.which("nvidia-smi"):
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            out = subprocess.run(query, capture_output=True, text=True, timeout=30)
+            parts.append(f"driver {out.stdout.strip() or '?'}")
+    return ", ".join(parts)
+
+
+def _fenced(text: str, lines: int = 400) -> str:
+    kept = text.rstrip().splitlines()
+    if len(kept) > lines:
+        kept = [f"[… {len(kept) - lines} earlier lines in the log …]"] + kept[-lines:]
+    return "```text\n" + "\n".join(kept) + "\n```"
+
+
+def _run_process(argv: list[str], limit_s: float) -> tuple[int | str, str]:
+    """(exit status or "timeout", stdout + stderr) of ``argv`` stopped after ``limit_s``.
+
+    The process leads its own session, so a stop ends its children too (pytest's
+    workers would otherwise hold the output pipe open and the wait would hang).
+    """
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        text, _ = proc.communicate(timeout=limit_s)
+        return proc.returncode, text
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        return "timeout", (text or "") + f"\n[stopped after {limit_s:.0f} s]"
+
+
+def run(
+    steps: list[Step], device: torch.device, quick: bool, out: pathlib.Path, limit_s: float
+) -> list[dict]:
+    """Run ``steps`` in order, rewriting ``out/report.md`` after each; returns one dict per step."""
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    head = [
+        "# GPU run",
+        "",
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {machine(device)}",
+        f"command: {' '.join(sys.argv)}",
+        "",
+    ]
+    done: list[dict] = []
+    for step in steps:
+        left = limit_s - (time.monotonic() - start)
+        argv = command(step, device, quick)
+        if left < 5:
+            done.append(
+                {"step": step, "argv": argv, "rc": None, "s": 0.0, "out": "not run: no time"}
+            )
+            continue
+        t0 = time.monotonic()
+        print(f"[gpu] {step.name}: {' '.join(argv)}", flush=True)
+        rc, text = _run_process(argv, min(step.limit_s, left))
+        if step.name == "tests":
+            (out / "tests.log").write_text(text)
+        done.append({"step": step, "argv": argv, "rc": rc, "s": time.monotonic() - t0, "out": text})
+        write_report(out / "report.md", head, done)
+    write_report(out / "report.md", head, done)
+    return done
+
+
+def write_report(path: pathlib.Path, head: list[str], done: list[dict]) -> None:
+    summary = ["| step | exit | seconds |", "|---|---|---|"]
+    summary += [f"| {d['step'].name} | {d['rc']} | {d['s']:.0f} |" for d in done]
+    body = []
+    for d in done:
+        body += [
+            f"## {d['step'].title}",
+            "",
+            f"`{' '.join(d['argv'][1:])}`",
+            "",
+            _fenced(d["out"]),
+            "",
+        ]
+    path.write_text("\n".join(head + summary + [""] + body))
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:<k> or cpu")
+    p.add_argument("--out", type=pathlib.Path, required=True, help="folder of the report")
+    p.add_argument("--quick", action="store_true", help="the benchmarks' --quick sizes")
+    p.add_argument("--only", default=None, help=f"comma-separated steps among {','.join(NAMES)}")
+    p.add_argument("--limit-s", type=float, default=450.0, help="seconds for the whole run")
+    args = p.parse_args(argv)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        p.error(str(err))
+    wanted = NAMES if args.only is None else [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in NAMES]
+    if unknown or not wanted:
+        p.error(f"--only {args.only!r}: allowed: {', '.join(NAMES)} (comma-separated)")
+    if args.limit_s <= 0:
+        p.error(f"--limit-s {args.limit_s}: allowed: a positive number of seconds")
+    steps = [s for s in STEPS if s.name in wanted]
+    done = run(steps, device, args.quick, args.out, args.limit_s)
+    print(f"[gpu] report: {args.out / 'report.md'}", flush=True)
+    return done
+
+
+if __name__ == "__main__":
+    main()
