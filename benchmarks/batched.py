@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         default="St,O",
         help="which problems: St (St(64, 16) batch), O (O(64) batch), comma-separated",
     )
-    parser.add_argument("--device", default=None, help="cpu (default) or cuda")
+    parser.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     parser.add_argument(
         "--clock",
         choices=("wall", "thread"),
@@ -123,7 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         help="wall time, or the CPU time of one thread (sets 1 thread; for a shared machine)",
     )
     args = parser.parse_args(argv)
-    device = device_of(args.device)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     clock = time.perf_counter
     if args.clock == "thread":  # Note [Thread CPU time on a shared machine] (benchmarks._timing)
         if device.type != "cpu":

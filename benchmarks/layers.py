@@ -10,14 +10,17 @@ three settings (c = 64 on 32×32; c = 256 on 16×16; c = 64 on 32×32 with
 stride 2), k = 3, batch 16, all in one process: an unconstrained circular
 ``nn.Conv2d`` (the anchor), ``OrthoConv2d`` (explicit kernel from exact maps),
 ``OrthogonalConv2d`` (FFT, Cayley; stride 1 only) and orthogonium's
-``AdaptiveOrthoConv2d`` (AOC, Björck; imported lazily, left out without it). The
-layers run in interleaved rounds (the order rotates each round); the table
-gives the median time and the median over rounds of the time divided by the
-anchor's in the same round. ``--clock thread`` (default) times the calling
-thread's CPU time with one intra-op thread (Note [Thread CPU time on a shared
-machine]); ``--clock wall`` the wall time with the current threads. Before the
-timing, the FFT layer is checked against a dense-per-frequency Cayley reference
-(full spectrum, (I + A)⁻¹(I − A) solved at each frequency).
+``AdaptiveOrthoConv2d`` (AOC, Björck; imported lazily; a layer that cannot
+run says why in the table). The layers run in interleaved rounds (the order
+rotates each round); the table gives the median time and the median over rounds
+of the time divided by the anchor's in the same round. ``--clock thread`` (the
+default on a CPU) times the calling thread's CPU time with one intra-op thread
+(Note [Thread CPU time on a shared machine]); ``--clock wall`` (the default and
+the only clock on CUDA, synchronised after every call) the wall time with the
+current threads. ``--device cuda`` (or ``cuda:k``) runs everything on that GPU:
+inputs and modules are drawn on the CPU as with ``--device cpu`` and moved.
+Before the timing, the FFT layer is checked against a dense-per-frequency Cayley
+reference (full spectrum, (I + A)⁻¹(I − A) solved at each frequency).
 """
 
 from __future__ import annotations
@@ -35,15 +38,20 @@ from torch.nn.utils import parametrize
 from stiefel import orthogonalize
 from stiefel.nn import ConvNERUCell, OrthoConv2d, OrthogonalConv2d, OrthogonalRNN
 
-from ._timing import header
+from ._timing import device_of, header
 
 
-def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int):
-    """min and max of ‖y‖/‖x‖ over random x, and ‖layer‖₂ by power iteration on layerᵀlayer."""
-    x = torch.randn(draws, *shape, dtype=torch.float64)
+def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int, device):
+    """min and max of ‖y‖/‖x‖ over random x, and ‖layer‖₂ by power iteration on layerᵀlayer.
+
+    A module is moved to ``device``; the inputs are drawn on the CPU and moved.
+    """
+    if isinstance(layer, nn.Module):
+        layer = layer.to(device)
+    x = torch.randn(draws, *shape, dtype=torch.float64).to(device)
     with torch.no_grad():
         r = layer(x).flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1)
-    v = torch.randn(1, *shape, dtype=torch.float64)
+    v = torch.randn(1, *shape, dtype=torch.float64).to(device)
     for _ in range(100):
         v = v.requires_grad_(True)
         y = layer(v)
@@ -54,52 +62,72 @@ def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int):
     return float(r.min()), float(r.max()), op
 
 
-def norm_table(draws: int) -> list[tuple[str, float, float]]:
+def norm_table(draws: int, device=None) -> list[tuple[str, float, float]]:
+    """One row per layer: (name, min ‖y‖/‖x‖, max ‖y‖/‖x‖, ‖layer‖₂); built on the CPU, moved."""
     torch.manual_seed(0)
     rows = []
     dt = torch.float64
+    device = torch.device(device or "cpu")
     free = nn.Conv2d(8, 8, 3, padding=1, bias=False, dtype=dt)
     rows.append(
-        ("nn.Conv2d 8→8, k=3, zeros (unconstrained anchor)", *_ratios(free, (8, 12, 12), draws))
+        (
+            "nn.Conv2d 8→8, k=3, zeros (unconstrained anchor)",
+            *_ratios(free, (8, 12, 12), draws, device),
+        )
     )
     for method in ("tcwy", "cwy", "cayley", "riemannian"):
         conv = orthogonalize(
             nn.Conv2d(8, 8, 3, padding=1, bias=False, dtype=dt), method=method, conv_kernel=True
         )
         rows.append(
-            (f"conv_kernel {method}: Conv2d 8→8, k=3, zeros", *_ratios(conv, (8, 12, 12), draws))
+            (
+                f"conv_kernel {method}: Conv2d 8→8, k=3, zeros",
+                *_ratios(conv, (8, 12, 12), draws, device),
+            )
         )
     wide = orthogonalize(nn.Conv2d(2, 16, 2, bias=False, dtype=dt), method="tcwy", conv_kernel=True)
-    rows.append(("conv_kernel tcwy: Conv2d 2→16, k=2 (wide)", *_ratios(wide, (2, 12, 12), draws)))
+    rows.append(
+        ("conv_kernel tcwy: Conv2d 2→16, k=2 (wide)", *_ratios(wide, (2, 12, 12), draws, device))
+    )
     circ = nn.Conv2d(8, 8, 1, bias=False, padding_mode="circular", dtype=dt)
     circ = orthogonalize(circ, method="tcwy", conv_kernel=True)
-    rows.append(("conv_kernel tcwy: Conv2d 8→8, k=1, circular", *_ratios(circ, (8, 12, 12), draws)))
+    rows.append(
+        ("conv_kernel tcwy: Conv2d 8→8, k=1, circular", *_ratios(circ, (8, 12, 12), draws, device))
+    )
     conv3 = orthogonalize(
         nn.Conv3d(3, 4, 3, padding=1, bias=False, dtype=dt), method="tcwy", conv_kernel=True
     )
-    rows.append(("conv_kernel tcwy: Conv3d 3→4, k=3, zeros", *_ratios(conv3, (3, 6, 6, 6), draws)))
+    rows.append(
+        ("conv_kernel tcwy: Conv3d 3→4, k=3, zeros", *_ratios(conv3, (3, 6, 6, 6), draws, device))
+    )
     for method in ("cayley", "exp", "cwy"):
         fft = OrthogonalConv2d(8, 3, method=method, dtype=dt)
-        rows.append((f"OrthogonalConv2d {method}: 8 ch, k=3", *_ratios(fft, (8, 12, 12), draws)))
+        rows.append(
+            (f"OrthogonalConv2d {method}: 8 ch, k=3", *_ratios(fft, (8, 12, 12), draws, device))
+        )
     for mode, stride in (("circular", 1), ("zeros", 1), ("circular", 2)):
         ortho = OrthoConv2d(8, 8, 3, stride=stride, padding_mode=mode, bias=False, dtype=dt)
         rows.append(
             (
                 f"OrthoConv2d cwy: 8 ch, k=3, {mode}, stride {stride}",
-                *_ratios(ortho, (8, 12, 12), draws),
+                *_ratios(ortho, (8, 12, 12), draws, device),
             )
         )
     rnn = OrthogonalRNN(2, 16, 1, method="cwy", dtype=dt)
-    w = rnn.transition_matrix().detach()
+    w = rnn.to(device).transition_matrix().detach()
     rows.append(
-        ("OrthogonalRNN transition W h (cwy, n=16)", *_ratios(lambda h: h @ w.T, (16,), draws))
+        (
+            "OrthogonalRNN transition W h (cwy, n=16)",
+            *_ratios(lambda h: h @ w.T, (16,), draws, device),
+        )
     )
-    cell = ConvNERUCell(1, 4, 3, dtype=dt)
+    cell = ConvNERUCell(1, 4, 3, dtype=dt).to(device)
     with torch.no_grad(), parametrize.cached():
-        g0 = torch.randn(draws, 4, 8, 8, dtype=dt)
-        g, top = g0, torch.zeros(draws, dtype=dt)
+        g0 = torch.randn(draws, 4, 8, 8, dtype=dt).to(device)
+        g, top = g0, torch.zeros(draws, dtype=dt, device=device)
+        zero = torch.zeros(draws, 1, 8, 8, dtype=dt, device=device)
         for _ in range(1000):  # zero input and bias: max over t of ‖G_t‖/‖G_0‖
-            g = cell(torch.zeros(draws, 1, 8, 8, dtype=dt), g)
+            g = cell(zero, g)
             top = torch.maximum(top, g.flatten(1).norm(dim=1) / g0.flatten(1).norm(dim=1))
     rows.append(
         ("ConvNERUCell tcwy: max over 1000 steps of ‖G_t‖/‖G_0‖", *top.aminmax(), float("nan"))
@@ -115,7 +143,7 @@ def dense_cayley_conv(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     g = nn.functional.pad(weight, (0, w - k, 0, h - k)).roll((-p, -p), (-2, -1))
     pf = torch.fft.fft2(g).conj().permute(2, 3, 0, 1).reshape(h * w, c, c)
     a = pf - pf.mH
-    eye = torch.eye(c, dtype=a.dtype)
+    eye = torch.eye(c, dtype=a.dtype, device=a.device)
     q = torch.linalg.solve(eye + a, eye - a)
     xf = torch.fft.fft2(x).permute(2, 3, 1, 0).reshape(h * w, c, b)
     yf = (q @ xf).reshape(h, w, c, b).permute(3, 2, 0, 1)
@@ -126,29 +154,27 @@ def dense_cayley_conv(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 SETTINGS = ((64, 32, 1), (256, 16, 1), (64, 32, 2))
 
 
-def _aoc(c: int, stride: int) -> nn.Module | None:
-    """orthogonium's AdaptiveOrthoConv2d (AOC), or None when orthogonium is not installed."""
+def _aoc(c: int, stride: int) -> nn.Module | str:
+    """orthogonium's AdaptiveOrthoConv2d (AOC), or why not (orthogonium is not installed)."""
     try:
         from orthogonium.layers.conv.AOC import AdaptiveOrthoConv2d
-    except ImportError:
-        return None
+    except ImportError as err:
+        return f"not run: orthogonium not importable ({err})"
     padding = "same" if stride == 1 else 1  # nn.Conv2d refuses "same" with a stride
     return AdaptiveOrthoConv2d(c, c, 3, stride=stride, padding=padding, bias=False)
 
 
-def layers_for(c: int, stride: int) -> dict[str, nn.Module]:
-    """The timed layers of one setting (the anchor first)."""
+def layers_for(c: int, stride: int) -> dict[str, nn.Module | str]:
+    """The timed layers of one setting (the anchor first); a string says why a layer is absent."""
     out = {
         "nn.Conv2d (circular, unconstrained)": nn.Conv2d(
             c, c, 3, stride=stride, padding=1, padding_mode="circular", bias=False
         ),
         "OrthoConv2d (explicit kernel, cwy)": OrthoConv2d(c, c, 3, stride=stride, bias=False),
     }
-    if stride == 1:
-        out["OrthogonalConv2d (FFT, cayley)"] = OrthogonalConv2d(c, 3)
-    aoc = _aoc(c, stride)
-    if aoc is not None:
-        out["orthogonium AdaptiveOrthoConv2d (AOC)"] = aoc
+    fft = OrthogonalConv2d(c, 3) if stride == 1 else "not run: stride 1 only"
+    out["OrthogonalConv2d (FFT, cayley)"] = fft
+    out["orthogonium AdaptiveOrthoConv2d (AOC)"] = _aoc(c, stride)
     return out
 
 
@@ -192,11 +218,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def check_fft_layer() -> float:
+def check_fft_layer(device=None) -> float:
     """Largest difference of the FFT layer from the dense Cayley reference (c = 8, 8×8)."""
     torch.manual_seed(0)
-    x = torch.randn(2, 8, 8, 8)
-    layer = OrthogonalConv2d(8, 3)
+    x = torch.randn(2, 8, 8, 8).to(device)
+    layer = OrthogonalConv2d(8, 3).to(device)
     with torch.no_grad():
         err = float((dense_cayley_conv(layer.weight, x) - layer(x)).abs().max())
     assert err < 1e-4, err
@@ -204,16 +230,43 @@ def check_fft_layer() -> float:
 
 
 def timing(
-    c: int, n: int, stride: int, batch: int, rounds: int, clock: Callable[[], float]
-) -> dict[str, tuple[float, float]]:
-    """Forward+backward of each layer of `layers_for` on a (batch, c, n, n) input."""
+    c: int,
+    n: int,
+    stride: int,
+    batch: int,
+    rounds: int,
+    clock: Callable[[], float],
+    device=None,
+) -> dict[str, tuple[float, float] | str]:
+    """Forward+backward of each layer of `layers_for` on a (batch, c, n, n) input on ``device``.
+
+    Layers and input are drawn on the CPU and moved; a layer that is absent or fails its
+    first call on the device maps to the reason (reported in the table, not timed).
+    """
     torch.manual_seed(0)
-    x = torch.randn(batch, c, n, n, requires_grad=True)
+    x = torch.randn(batch, c, n, n).to(device).requires_grad_(True)
 
     def fb(layer: nn.Module) -> Callable[[], None]:
         return lambda: layer(x).sum().backward()
 
-    return interleaved({k: fb(m) for k, m in layers_for(c, stride).items()}, rounds, clock)
+    layers = layers_for(c, stride)
+    calls: dict[str, Callable[[], None]] = {}
+    absent: dict[str, str] = {}
+    for name, layer in layers.items():
+        if isinstance(layer, str):
+            absent[name] = layer
+            continue
+        try:
+            call = fb(layer.to(device))
+            call()
+        except (RuntimeError, TypeError, ValueError) as err:
+            if not calls:  # the anchor: every ratio needs it
+                raise
+            absent[name] = f"failed: {type(err).__name__}: {err}"
+            continue
+        calls[name] = call
+    timed = interleaved(calls, rounds, clock)
+    return {k: timed[k] if k in timed else absent[k] for k in layers}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,36 +274,60 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
-    ap.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    ap.add_argument(
+        "--clock",
+        choices=("thread", "wall"),
+        default=None,
+        help="thread (default on cpu: CPU time of one thread) or wall (default, and only, on cuda)",
+    )
+    ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     ap.add_argument("--skip-norms", action="store_true", help="only the timing table")
     args = ap.parse_args(argv)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        ap.error(str(err))
+    if args.clock is None:
+        args.clock = "thread" if device.type == "cpu" else "wall"
+    if args.clock == "thread" and device.type != "cpu":
+        ap.error(f"--clock thread with --device {args.device}: allowed with --device cpu only")
     settings = [(8, 8, 1), (8, 8, 2)] if args.quick else list(SETTINGS)
     if args.quick:
         args.batch, args.rounds = 2, 2
     if not args.skip_norms:
         draws = 8 if args.quick else 64
-        print(f"## ‖y‖/‖x‖ over {draws} random inputs (float64)\n")
+        print(f"## ‖y‖/‖x‖ over {draws} random inputs (float64, {device})\n")
         print("| layer | min ‖y‖/‖x‖ | max ‖y‖/‖x‖ | ‖layer‖₂ (power iteration) |")
         print("|---|---|---|---|")
-        for name, lo, hi, op in norm_table(draws):
+        for name, lo, hi, op in norm_table(draws, device):
             print(f"| {name} | {float(lo):.6f} | {float(hi):.6f} | {op:.6f} |")
-    if args.clock == "thread":
+    clock = time.perf_counter
+    if args.clock == "thread":  # Note [Thread CPU time on a shared machine] (benchmarks._timing)
         torch.set_num_threads(1)
         clock = time.thread_time
-    else:
-        clock = time.perf_counter
-    err = check_fft_layer()
+    elif device.type == "cuda":  # a call's time includes its kernels
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+    err = check_fft_layer(device)
     print(f"\nFFT layer against the dense Cayley reference: max |Δ| = {err:.1e}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(
         f"\n## {header('forward+backward, k = 3, batch ' + str(args.batch))}; "
-        f"{args.clock} clock, {args.rounds} interleaved rounds; {cpu_name()}\n"
+        f"{args.clock} clock, {args.rounds} interleaved rounds; {device}: {where}\n"
     )
     print("| setting | layer | median time | × nn.Conv2d (median of per-round ratios) |")
     print("|---|---|---|---|")
     for c, n, stride in settings:
-        rows = timing(c, n, stride, args.batch, args.rounds, clock)
-        for name, (t, r) in rows.items():
-            print(f"| c = {c}, {n}×{n}, stride {stride} | {name} | {t * 1e3:.2f} ms | {r:.2f} |")
+        rows = timing(c, n, stride, args.batch, args.rounds, clock, device)
+        for name, row in rows.items():
+            setting = f"c = {c}, {n}×{n}, stride {stride}"
+            if isinstance(row, str):
+                print(f"| {setting} | {name} | {row} | — |")
+            else:
+                print(f"| {setting} | {name} | {row[0] * 1e3:.2f} ms | {row[1]:.2f} |")
 
 
 if __name__ == "__main__":

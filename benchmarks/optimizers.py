@@ -16,12 +16,16 @@ the same run for everyone:
 Ratios are "geoopt canonical SGD step / this step" (> 1: faster than geoopt)
 and "this / rgd (euclidean, cayley)". The number of runs follows the cost of a
 step (``--budget`` seconds per measurement; a slower step is timed once).
+``--device cuda`` (or ``cuda:k``) steps on that GPU (points and gradients drawn
+on the CPU as with ``--device cpu``, then moved; every timed step synchronised);
+``--clock thread`` is for the CPU only.
 
 Example:
 
 ```text
 python -m benchmarks.optimizers --quick --json /tmp/opt.json
 python -m benchmarks.optimizers --shapes 4096x64,512x512 --repeats 20
+python -m benchmarks.optimizers --device cuda --json /tmp/opt_cuda.json
 ```
 """
 
@@ -38,6 +42,7 @@ from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
 from ._timing import (
+    device_of,
     fmt_ratio,
     fmt_time,
     header,
@@ -118,7 +123,8 @@ def step_time(
     opt = build(p)
     p.grad = grad.clone()
     t = measure(opt.step, repeats, budget, clock=clock)
-    err = float(torch.linalg.matrix_norm(p.detach().mT @ p.detach() - torch.eye(x0.shape[-1])))
+    eye = torch.eye(x0.shape[-1], dtype=x0.dtype, device=x0.device)
+    err = float(torch.linalg.matrix_norm(p.detach().mT @ p.detach() - eye))
     return t, err
 
 
@@ -128,14 +134,15 @@ def run(
     budget: float,
     verbose: bool = False,
     clock: str | None = None,
+    device: torch.device | str = "cpu",
 ) -> list[dict[str, Any]]:
-    """One row per (shape, optimizer)."""
+    """One row per (shape, optimizer); points and gradients drawn on the CPU, then moved."""
     rows = []
     gen = torch.Generator().manual_seed(0)
     for n, m in shapes:
         ours = _our_manifold(n, m)
-        x0 = ours.random(dtype=torch.float32, generator=gen)
-        grad = torch.randn(n, m, generator=gen)
+        x0 = ours.random(dtype=torch.float32, generator=gen).to(device)
+        grad = torch.randn(n, m, generator=gen).to(device)
         cases: list[tuple[str, str, geoopt.Manifold, Build]] = [
             (name, "ours", ours, build) for name, build in OURS.items()
         ]
@@ -235,7 +242,16 @@ def main(argv: list[str] | None = None) -> str:
         default="wall",
         help="wall time, or the CPU time of one thread (sets 1 thread; for a shared machine)",
     )
+    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        p.error(str(err))
+    if args.clock == "thread" and device.type != "cpu":
+        p.error(f"--clock thread with --device {args.device}: allowed with --device cpu only")
+    if device.index is not None:  # comparisons.cost.timed synchronises the current device
+        torch.cuda.set_device(device)
     clock = "thread" if args.clock == "thread" else None
     if clock:
         torch.set_num_threads(1)  # Note [Thread CPU time on a shared machine]
@@ -244,13 +260,14 @@ def main(argv: list[str] | None = None) -> str:
     budget = args.budget if args.budget is not None else (0.05 if args.quick else 2.0)
     torch.manual_seed(0)
 
-    rows = run(shapes, repeats, budget, args.verbose, clock)
+    rows = run(shapes, repeats, budget, args.verbose, clock, device)
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     tg = targets(rows)
     text = "\n".join(
         [
             header("One optimizer step (opt.step() with a fixed gradient)"),
             f"up to {repeats} steps, {budget:g} s per measurement, lr = {LR:g}, "
-            f"clock: {'CPU time of the one thread' if clock else 'wall'}",
+            f"clock: {'CPU time of the one thread' if clock else 'wall'}, device: {where}",
             "",
             results_table(rows),
             "Targets (issues 4 and 16)",
@@ -268,6 +285,7 @@ def main(argv: list[str] | None = None) -> str:
                     "budget_s": budget,
                     "lr": LR,
                     "clock": args.clock,
+                    "device": str(device),
                     "threads": torch.get_num_threads(),
                     "torch": torch.__version__,
                 },

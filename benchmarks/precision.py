@@ -113,9 +113,15 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--repeats", type=int, default=None, help="most timed runs (median)")
     p.add_argument("--budget", type=float, default=None, help="seconds per measurement")
     p.add_argument("--json", type=pathlib.Path, default=None, help="write the rows here")
-    p.add_argument("--device", default=None, help="cpu (default) or cuda")
+    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
-    device = device_of(args.device)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        p.error(str(err))
+    if device.index is not None:  # comparisons.cost.timed synchronises the current device
+        torch.cuda.set_device(device)
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     n = args.n or (32 if args.quick else 1024)
     if n < 2:
         raise ValueError(f"--n {n}; allowed: an integer >= 2")
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> str:
         [
             header(f"bfloat16 against float32 at n = {n}"),
             f"median of up to {repeats} runs, {budget:g} s per measurement; "
-            "ratio = bf16 time / float32 time (> 1: bfloat16 slower)",
+            f"ratio = bf16 time / float32 time (> 1: bfloat16 slower); device: {where}",
             "",
             f"Map forward + backward, the weight of Linear({n}, {n})",
             "",

@@ -24,7 +24,16 @@ def bench():
     try:
         yield {
             n: importlib.import_module(f"benchmarks.{n}")
-            for n in ("_timing", "maps", "optimizers", "precision", "init", "square", "batched")
+            for n in (
+                "_timing",
+                "maps",
+                "optimizers",
+                "precision",
+                "init",
+                "square",
+                "batched",
+                "layers",
+            )
         }
     finally:
         sys.path.remove(str(ROOT))
@@ -234,8 +243,112 @@ def test_device_option_of_the_gpu_benchmarks(bench, capsys):
             timing.device_of("cuda")
     batched.main(["--quick", "--slow-s", "0", "--problems", "O", "--device", "cpu"])
     assert "cpu" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="--device 'meta'"):
+    with pytest.raises(SystemExit):
         batched.main(["--quick", "--device", "meta"])
+    assert "--device 'meta'" in capsys.readouterr().err
+
+
+OPT_TINY = ["--quick", "--shapes", "16x2,8x8", "--repeats", "1", "--budget", "0"]
+
+
+@pytest.mark.parametrize("script", ["optimizers", "layers", "precision", "batched"])
+def test_a_bad_device_is_a_parser_error(bench, capsys, monkeypatch, script):
+    """An unknown device, CUDA without one, and the thread clock on CUDA: usage errors."""
+    main = bench[script].main
+    bad = ["tpu", "meta"] + ([] if torch.cuda.is_available() else ["cuda", "cuda:1"])
+    for value in bad:
+        with pytest.raises(SystemExit) as exc:
+            main(["--quick", "--device", value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--device {value!r}" in err and "allowed: cpu" in err, err
+    if script in ("optimizers", "layers", "batched"):  # refused before CUDA is touched
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.raises(SystemExit):
+            main(["--quick", "--device", "cuda", "--clock", "thread"])
+        assert "--clock thread with --device cuda" in capsys.readouterr().err
+
+
+def test_optimizers_device_cpu_is_the_default(bench, tmp_path, capsys):
+    """``--device cpu`` steps the same points with the same gradients as no ``--device``."""
+    optimizers = bench["optimizers"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    optimizers.main([*OPT_TINY, "--json", str(a)])
+    text = optimizers.main([*OPT_TINY, "--device", "cpu", "--json", str(b)])
+    assert "device: cpu" in text
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    assert ra["config"]["device"] == rb["config"]["device"] == "cpu"
+    assert [(r["name"], r["orthogonality_error"]) for r in ra["results"]] == [
+        (r["name"], r["orthogonality_error"]) for r in rb["results"]
+    ]
+
+
+def _layers_out(layers, capsys, argv: list[str]) -> tuple[list[str], list[list[str]]]:
+    """(norm table rows, timing table rows as cells) of one quick run of benchmarks.layers."""
+    threads = torch.get_num_threads()
+    try:
+        layers.main(argv)  # the thread clock sets one thread
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    cut = next(i for i, line in enumerate(lines) if line.startswith("FFT layer"))
+    norms = [line for line in lines[:cut] if line.startswith("| ") and "min" not in line]
+    timed = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in lines[cut:]
+        if line.startswith("| c = ")
+    ]
+    return norms, timed
+
+
+def test_layers_quick_on_the_cpu(bench, capsys):
+    """Norm table (orthogonal layers at 1), every timed layer present or its reason given."""
+    layers = bench["layers"]
+    norms, timed = _layers_out(layers, capsys, ["--quick"])
+    norms_cpu, timed_cpu = _layers_out(layers, capsys, ["--quick", "--device", "cpu"])
+    assert norms == norms_cpu  # the same layers and inputs: identical ratios
+    exact = ("k=1, circular", "OrthogonalConv2d", "circular, stride 1", "OrthogonalRNN")
+    rows = {line.strip("|").split("|")[0].strip(): line for line in norms}
+    assert len(rows) == 16
+    for name, line in rows.items():
+        if any(e in name for e in exact):  # an orthogonal map: ‖y‖ = ‖x‖ and ‖layer‖₂ = 1
+            lo, hi, op = (float(c) for c in line.strip("|").split("|")[1:])
+            assert lo == hi == op == 1.0, line
+    for table in (timed, timed_cpu):
+        assert [(r[0], r[1]) for r in table] == [
+            (f"c = 8, 8×8, stride {s}", name) for s in (1, 2) for name in layers.layers_for(8, s)
+        ]
+        for setting, name, t, ratio in table:
+            if "stride 2" in setting and "FFT" in name:
+                assert t == "not run: stride 1 only" and ratio == "—"
+            else:
+                assert t.endswith(" ms") and float(t[:-3]) > 0 and float(ratio) > 0, (name, t)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quick_benchmarks_on_cuda(bench, tmp_path, capsys):
+    """On a GPU: the quick runs measure there (wall clock) and find the same CPU ratios."""
+    optimizers, layers = bench["optimizers"], bench["layers"]
+    out = tmp_path / "opt.json"
+    text = optimizers.main([*OPT_TINY, "--device", "cuda", "--json", str(out)])
+    assert torch.cuda.get_device_name() in text
+    data = json.loads(out.read_text())
+    assert data["config"]["device"] == "cuda"
+    assert all(_positive(r["step_s"]) and r["orthogonality_error"] < 1e-2 for r in data["results"])
+    norms_cpu, _ = _layers_out(layers, capsys, ["--quick", "--device", "cpu"])
+    layers.main(["--quick", "--device", "cuda"])
+    out_cuda = capsys.readouterr().out
+    assert "wall clock" in out_cuda and torch.cuda.get_device_name() in out_cuda
+    rows_cpu = [line.strip("|").split("|") for line in norms_cpu]
+    rows_cuda = [
+        line.strip("|").split("|")
+        for line in out_cuda.split("FFT layer")[0].splitlines()
+        if line.startswith("| ") and "min" not in line
+    ]
+    assert [r[0] for r in rows_cuda] == [r[0] for r in rows_cpu]
+    for a, b in zip(rows_cpu, rows_cuda, strict=True):  # float64: the same ratios to 1e-5
+        for x, y in zip(a[1:], b[1:], strict=True):
+            assert x.strip() == y.strip() == "nan" or abs(float(x) - float(y)) < 1e-5, (a, b)
 
 
 def test_wheel_holds_no_benchmark(tmp_path):
