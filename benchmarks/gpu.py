@@ -64,7 +64,7 @@ STEPS = [
     Step(
         "tests",
         "CUDA test cases (pytest -m cuda)",
-        ("pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q", "-rfE", "--maxfail=40"),
+        ("pytest", "-m", "cuda", "-p", "no:cacheprovider", "-rfE", "--maxfail=40"),
         150,
         quick=(),
         takes_device=False,
