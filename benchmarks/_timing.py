@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -168,7 +169,7 @@ def device_name(device: torch.device | str | None = None) -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "cpu"
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def header(title: str, device: torch.device | str | None = None) -> str:

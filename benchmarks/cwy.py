@@ -13,7 +13,8 @@ computed four ways from the same reflections:
 - ``householder`` with its default block: our oRNN map, reflections applied by
   blocks (the default way ``method="householder"`` runs);
 - ``torch householder`` (``torch.nn.utils.parametrizations.orthogonal``,
-  ``torch.linalg.householder_product``) at L = n, the only length it builds.
+  ``torch.linalg.householder_product``) at L = n, the only length it builds,
+  and n ≤ 2048 (its backward takes minutes beyond).
 
 Ratios are "this / cwy" (> 1: CWY is faster). A measurement whose first call
 takes longer than ``--budget`` seconds is that call alone ("cold" in the JSON),
@@ -42,6 +43,7 @@ from ._timing import device_of, fmt_ratio, fmt_time, header, ratio, table, write
 SIZES = [1024, 2048, 4096, 8192]
 QUICK_SIZES = [16, 32]
 FRACTIONS = [(1, 8), (1, 2), (1, 1)]  # L = n/8, n/2, n
+TORCH_HH_MAX = 2048  # its backward is O(n) sequential steps of O(n²): 85 s at n = 8192 on a GPU
 PAPER_CLAIM = 20.0  # CWY paper, Table 4 (TPU): CWY ≈ 20× faster than HR
 
 CWY, SEQUENTIAL, BLOCKED, TORCH_HH = (
@@ -65,13 +67,18 @@ def measure_all(
                 (SEQUENTIAL, partial(ours, "householder", (n, n), L, device=device, block=1)),
                 (BLOCKED, partial(ours, "householder", (n, n), L, device=device)),
             ]
-            if L == n:
+            if L == n and n <= TORCH_HH_MAX:
                 cases.append((TORCH_HH, partial(torch_map, "householder", (n, n), device=device)))
             for name, build in cases:
                 _progress(verbose, f"n={n} L={L} {name}")
                 fwd, bwd = _time_pair(build(torch.Generator().manual_seed(n)), repeats, budget)
-                rows.append(
-                    _row("cwy", name, "torch" if name == TORCH_HH else "ours", fwd, bwd, n=n, L=L)
+                family = "torch" if name == TORCH_HH else "ours"
+                rows.append(_row("cwy", name, family, fwd, bwd, n=n, L=L))
+                # one line per row as it is measured: a run stopped early keeps them
+                print(
+                    f"  n={n} L={L} {name}: {fmt_time(rows[-1]['fwd_s'])} fwd, "
+                    f"{fmt_time(rows[-1]['fwd_bwd_s'])} fwd+bwd",
+                    flush=True,
                 )
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

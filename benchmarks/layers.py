@@ -26,7 +26,6 @@ reference (full spectrum, (I + A)⁻¹(I − A) solved at each frequency).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -206,18 +205,6 @@ def interleaved(
     }
 
 
-def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo where there is one), for the table's heading."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def check_fft_layer(device=None) -> float:
     """Largest difference of the FFT layer from the dense Cayley reference (c = 8, 8×8)."""
     torch.manual_seed(0)
@@ -313,10 +300,9 @@ def main(argv: list[str] | None = None) -> None:
 
     err = check_fft_layer(device)
     print(f"\nFFT layer against the dense Cayley reference: max |Δ| = {err:.1e}")
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(
-        f"\n## {header('forward+backward, k = 3, batch ' + str(args.batch))}; "
-        f"{args.clock} clock, {args.rounds} interleaved rounds; {device}: {where}\n"
+        f"\n## {header('forward+backward, k = 3, batch ' + str(args.batch), device)}; "
+        f"{args.clock} clock, {args.rounds} interleaved rounds\n"
     )
     print("| setting | layer | median time | × nn.Conv2d (median of per-round ratios) |")
     print("|---|---|---|---|")

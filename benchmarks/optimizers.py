@@ -261,13 +261,12 @@ def main(argv: list[str] | None = None) -> str:
     torch.manual_seed(0)
 
     rows = run(shapes, repeats, budget, args.verbose, clock, device)
-    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     tg = targets(rows)
     text = "\n".join(
         [
-            header("One optimizer step (opt.step() with a fixed gradient)"),
+            header("One optimizer step (opt.step() with a fixed gradient)", device),
             f"up to {repeats} steps, {budget:g} s per measurement, lr = {LR:g}, "
-            f"clock: {'CPU time of the one thread' if clock else 'wall'}, device: {where}",
+            f"clock: {'CPU time of the one thread' if clock else 'wall'}",
             "",
             results_table(rows),
             "Targets (issues 4 and 16)",

@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> str:
         p.error(str(err))
     if device.index is not None:  # comparisons.cost.timed synchronises the current device
         torch.cuda.set_device(device)
-    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     n = args.n or (32 if args.quick else 1024)
     if n < 2:
         raise ValueError(f"--n {n}; allowed: an integer >= 2")
@@ -141,9 +140,9 @@ def main(argv: list[str] | None = None) -> str:
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
     text = "\n".join(
         [
-            header(f"bfloat16 against float32 at n = {n}"),
+            header(f"bfloat16 against float32 at n = {n}", device),
             f"median of up to {repeats} runs, {budget:g} s per measurement; "
-            f"ratio = bf16 time / float32 time (> 1: bfloat16 slower); device: {where}",
+            "ratio = bf16 time / float32 time (> 1: bfloat16 slower)",
             "",
             f"Map forward + backward, the weight of Linear({n}, {n})",
             "",

@@ -84,3 +84,18 @@ def test_gpu_run_writes_the_report_and_keeps_finished_steps(bench, tmp_path, cap
     for bad in (["--only", "nope"], ["--limit-s", "0"], ["--device", "tpu"]):
         with pytest.raises(SystemExit):
             gpu.main(["--out", str(tmp_path), *bad])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cwy_and_syncs_on_cuda(bench):
+    """On a GPU: the CWY rows agree there too, and the profile sees the device's copies."""
+    common = importlib.import_module("benchmarks._maps_common")
+    gen = torch.Generator().manual_seed(0)
+    cwy = common.ours("cwy", (16, 16), 16, gen, "cuda")[0]()
+    gen = torch.Generator().manual_seed(0)
+    seq = common.ours("householder", (16, 16), 16, gen, "cuda", block=1)[0]()
+    assert cwy.is_cuda and torch.allclose(cwy, seq, atol=800 * torch.finfo(torch.float32).eps)
+    x = torch.randn(8, device="cuda")
+    c = bench["syncs"].counts(lambda: x.sum().item(), torch.device("cuda"))
+    assert c["item"] == 1 and c["D→H"] == 1
