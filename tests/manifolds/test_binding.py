@@ -134,3 +134,32 @@ def test_a_dtensor_weight_is_marked_not_reclassed():
             orthogonalize(lin2, method="riemannian", init="haar")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("given", ["parameters", "model"])
+def test_module_to_device_keeps_the_manifold(device, given):
+    """``layer.to(device)`` after ``orthogonalize``: the steps there equal the CPU steps."""
+    want = _train(ref := _layer(0), ref.parameters())
+    layer = _layer(0).to(device)
+    x = torch.randn(16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    opt = optimizers.create("rgd", layer.parameters() if given == "parameters" else layer, lr=0.1)
+    for _ in range(5):
+        opt.zero_grad()
+        (layer(x.to(device)) ** 2).sum().backward()
+        opt.step()
+    assert isinstance(layer.weight, geoopt.ManifoldParameter)
+    assert layer.weight.device.type == torch.device(device).type
+    got = layer.weight.detach().cpu()
+    assert _err(got) < TOL
+    torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+
+
+def test_compiled_forward_keeps_the_manifold_hook():
+    """``torch.compile(layer, fullgraph=True)``: the binding pre-hook traces without a break,
+    and training the compiled layer gives the eager steps."""
+    want = _train(ref := _layer(0), ref.parameters())
+    layer = _layer(0)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    got = _train(compiled, layer.parameters())
+    assert isinstance(layer.weight, geoopt.ManifoldParameter)
+    torch.testing.assert_close(got, want, rtol=0, atol=TOL)
