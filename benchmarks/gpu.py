@@ -69,7 +69,7 @@ STEPS = [
         quick=(),
         takes_device=False,
     ),
-    Step("cwy", "CWY against sequential Householder", ("benchmarks.cwy",), 70),
+    Step("cwy", "CWY against sequential Householder", ("benchmarks.cwy",), 120),
     Step("batched", "Batched regime against pogo-torch", ("benchmarks.batched",), 75),
     Step("precision", "bfloat16 against float32", ("benchmarks.precision",), 30),
     Step(
