@@ -101,7 +101,7 @@ def fastest_time(
     return min(run_times(fn, repeats, warmup, budget_s))
 
 
-def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7) -> float:
+def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 25) -> float:
     """Measured FLOP/s of an n×n GEMM (n >= 512): the roofline the FLOP models are divided by.
 
     The fastest of ``repeats`` runs (Note [Fastest run for cost models]): a
@@ -114,7 +114,7 @@ def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7
     return 2 * n**3 / fastest_time(lambda: a @ b, repeats, warmup=1)
 
 
-def stream_bandwidth(device="cpu", mib: int = 256, repeats: int = 5) -> float:
+def stream_bandwidth(device="cpu", mib: int = 256, repeats: int = 10) -> float:
     """Measured bytes/s of the STREAM triad a = b + ½c on float32 arrays of ``mib`` MiB each.
 
     3 arrays of traffic, as STREAM counts (not a CPU's write-allocate read of a); the
