@@ -1,12 +1,9 @@
 """The complexity plans: time and memory of every map and optimizer step against size.
 
-The tables follow the CWY paper's layouts, Table 1 (maps, serial complexity)
-and Table 2 (one optimizer step on St(N, M), FLOPs), each with measured
-columns (`stiefel.comparisons.cost`) and the time the FLOP model predicts at
-this machine's measured GEMM rate (the roofline); the section's tables are in
-`stiefel.comparisons.sections`. Other measurements (``experiments/``: the
-convolution layers, the Householder paper's recurrent step) join through
-`register_part`.
+The tables (`stiefel.comparisons.sections`) follow the CWY paper's Table 1 (maps)
+and Table 2 (one step on St(N, M)), with measured columns (`stiefel.comparisons.cost`)
+and the roofline of the FLOP and bytes models (Note [Roofline]). Other measurements
+(``experiments/``: convolution layers, the recurrent step) join through `register_part`.
 """
 
 from __future__ import annotations
@@ -20,20 +17,12 @@ import torch
 from .. import optimizers, parametrizations
 from ..manifolds import Stiefel, kernels
 from ..parametrizations import orthogonalize
-from .cost import (
-    GEOOPT_STEPS,
-    fastest_time,
-    forward_backward_flops,
-    gemm_multiple,
-    map_flops,
-    optimizer_steps,
-    peak_bytes,
-    saved_bytes,
-)
+from . import cost
+from .cost import GEOOPT_STEPS, fastest_time, optimizer_steps, peak_bytes, saved_bytes
 
 __all__ = [
     "map_plan", "step_plan", "map_costs", "optimizer_costs", "left_out_steps", "LEFT_OUT",
-    "with_gemm_multiples", "register_part", "FIT_MIN_N", "FIT_MIN_STEP_N",
+    "with_multiples", "register_part", "FIT_MIN_N", "FIT_MIN_STEP_N",
 ]  # fmt: skip
 
 LEFT_OUT = "not declared riemannian=True"  # why `left_out_steps` are not stepped
@@ -43,8 +32,9 @@ LEFT_OUT = "not declared riemannian=True"  # why `left_out_steps` are not steppe
 FIT_MIN_N = 512
 FIT_MIN_STEP_N = 8192
 
+Limits = Mapping[str, int] | None  # largest n (or N) per map or optimizer label
 Measure = Callable[[dict], list[dict]]
-Table = Callable[[list[dict], float], list[str]]
+Table = Callable[[list[dict], float], list[str]]  # (rows, GEMM rate) → markdown lines
 #: further measurements of the section, name → (measure(options) → rows, table(rows, rate))
 PARTS: dict[str, tuple[Measure, Table]] = {}
 
@@ -65,10 +55,7 @@ def _reflections(method: str) -> bool:
 
 
 def map_plan(
-    methods: list[str],
-    sizes: list[int],
-    fractions: list[float],
-    limits: Mapping[str, int] | None = None,
+    methods: list[str], sizes: list[int], fractions: list[float], limits: Limits = None
 ) -> list[tuple[str, float, int]]:
     """The (method, L/n, n) measured by `map_costs`: ``limits`` caps a method's n.
 
@@ -84,9 +71,7 @@ def map_plan(
     ]
 
 
-def step_plan(
-    shapes: list[tuple[int, int]], limits: Mapping[str, int] | None = None
-) -> list[tuple[str, int, int]]:
+def step_plan(shapes: list[tuple[int, int]], limits: Limits = None) -> list[tuple[str, int, int]]:
     """The (optimizer, N, M) measured by `optimizer_costs`: ``limits`` caps N."""
     limits = limits or {}
     labels = [*optimizer_steps(), *GEOOPT_STEPS]
@@ -100,13 +85,9 @@ def left_out_steps() -> list[str]:
 
 
 def map_costs(
-    methods: list[str],
-    sizes: list[int],
-    fractions: list[float],
-    repeats: int,
-    device="cpu",
-    limits: Mapping[str, int] | None = None,
-) -> list[dict]:
+    methods: list[str], sizes: list[int], fractions: list[float], repeats: int, device="cpu",
+    limits: Limits = None,
+) -> list[dict]:  # fmt: skip
     """Forward and forward+backward of every map's matrix, against n and L = fraction·n.
 
     A method named in ``limits`` is measured only up to its size there.
@@ -145,15 +126,14 @@ def map_costs(
         row.update(forward_backward_s=fastest_time(fwd_bwd, repeats))
         row.update(saved_bytes=saved_bytes(lambda w=w, c=c: (w() * c).sum()))
         row.update(peak_bytes=peak_bytes(fwd_bwd, device))
-        rows.append(dict(row, flops=map_flops(method, n, n, L if reflections else None)))
+        model = (method, n, n, L if reflections else None)
+        row.update(flops=cost.map_flops(*model), bytes=cost.map_bytes(*model, x0.element_size()))
+        rows.append(row)
     return rows
 
 
 def optimizer_costs(
-    shapes: list[tuple[int, int]],
-    repeats: int,
-    device="cpu",
-    limits: Mapping[str, int] | None = None,
+    shapes: list[tuple[int, int]], repeats: int, device="cpu", limits: Limits = None
 ) -> list[dict]:
     """One step of every Riemannian optimizer (and geoopt's) on St(N, M), float32.
 
@@ -177,43 +157,43 @@ def optimizer_costs(
             info, variant = steps[label]
             p = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(n, m))
             opt = optimizers.create(info.name, [p], lr=1e-3, **variant)
+            flops = info.flops(n, m, **variant)
+            nbytes = info.bytes(n, m, x0.element_size(), **variant)
         else:
             kind, manifold = geoopt_setups[label]
             p = geoopt.ManifoldParameter(x0.clone(), manifold=manifold)
             opt = optimizers.create(kind, [p], lr=1e-3)
+            flops = nbytes = math.nan  # geoopt's steps: no models
         p.grad = g.clone()
         t = fastest_time(opt.step, repeats)
         peak = peak_bytes(opt.step, device)
-        flops = steps[label][0].flops(n, m, **steps[label][1]) if label in steps else math.nan
         rows.append(
             {"label": f"{label} M={m}", "optimizer": label, "N": n, "M": m, "step_s": t}
-            | {"peak_bytes": peak, "flops": flops}
+            | {"peak_bytes": peak, "flops": flops, "bytes": nbytes}
         )
     return rows
 
 
-def with_gemm_multiples(
-    maps: list[dict], steps: list[dict], rate: float
+def with_multiples(
+    maps: list[dict], steps: list[dict], rate: float, bandwidth: float
 ) -> tuple[list[dict], list[dict]]:
-    """Copies of the rows of `map_costs` and `optimizer_costs` with the GEMM-multiple columns.
+    """Copies of the rows of `map_costs` and `optimizer_costs` with their roofline columns.
 
-    Maps gain ``forward_backward_flops``, ``forward_backward_basis``,
-    ``forward_x_gemm`` and ``forward_backward_x_gemm``; steps gain
-    ``step_x_gemm`` (a step has no backward: its gradient is given), each
-    `stiefel.comparisons.cost.gemm_multiple` of the row's time and FLOP model.
+    Each time ``<t>_s`` (``forward``, ``forward_backward`` whose models are `FWD_BWD_FACTOR` ×
+    the forward's, ``step``) gains ``<t>_roofline_s``, ``<t>_bound`` (`cost.roofline`),
+    ``<t>_x_roofline`` and ``<t>_x_gemm`` (`cost.roofline_multiple` with and without bytes).
     """
+
+    def multiples(r: dict, t: str, flops: float, nbytes: float) -> dict:
+        at, bound = cost.roofline(flops, rate, nbytes, bandwidth)
+        x_gemm = cost.roofline_multiple(r[f"{t}_s"], flops, rate)
+        x_roof = cost.roofline_multiple(r[f"{t}_s"], flops, rate, nbytes, bandwidth)
+        names, values = ("roofline_s", "bound", "x_gemm", "x_roofline"), (at, bound, x_gemm, x_roof)
+        return {f"{t}_{k}": v for k, v in zip(names, values, strict=True)}
+
     out_maps = []
     for r in maps:
-        reflections = r["L"] if _reflections(r["method"]) else None
-        fb, basis = forward_backward_flops(r["method"], r["n"], r["n"], reflections)
-        out_maps.append(
-            dict(
-                r,
-                forward_backward_flops=fb,
-                forward_backward_basis=basis,
-                forward_x_gemm=gemm_multiple(r["forward_s"], r["flops"], rate),
-                forward_backward_x_gemm=gemm_multiple(r["forward_backward_s"], fb, rate),
-            )
-        )
-    out_steps = [dict(r, step_x_gemm=gemm_multiple(r["step_s"], r["flops"], rate)) for r in steps]
-    return out_maps, out_steps
+        fb = {f"forward_backward_{k}": cost.FWD_BWD_FACTOR * r[k] for k in ("flops", "bytes")}
+        out = r | fb | multiples(r, "forward", r["flops"], r["bytes"])
+        out_maps.append(out | multiples(r, "forward_backward", *fb.values()))
+    return out_maps, [r | multiples(r, "step", r["flops"], r["bytes"]) for r in steps]

@@ -1,4 +1,5 @@
-"""Cost measurement, in one place: time, peak and saved bytes, the GEMM rate, FLOP multiples.
+"""Cost measurement, in one place: time, peak and saved bytes, the GEMM rate, the memory
+bandwidth, roofline multiples.
 
 Note [Fastest run for cost models]
 On a shared machine other processes only ever slow a run down, so the fastest
@@ -9,8 +10,14 @@ times and divides FLOP models by a GEMM rate measured the same way.
 Note [Forward+backward FLOP convention]
 A map is charged 3× its forward FLOPs for forward+backward: the backward of a
 product C = AB is two products of the same size (∂A = ∂C·Bᴴ, ∂B = Aᴴ·∂C), so a
-map built of products costs twice its forward again. (A per-map backward model
-was a hook no map declared; it was removed as dead code.)
+map built of products costs twice its forward again. Its bytes are charged the
+same 3× (Note [Bytes model] in `stiefel.parametrizations.base`).
+
+Note [Roofline]
+Nothing runs faster than its FLOPs at the GEMM rate or its bytes at the memory
+bandwidth: the roofline time is max(FLOPs / rate, bytes / bandwidth), its bound
+the larger term, both rates measured in the run (`gemm_rate`, `stream_bandwidth`),
+the bytes the classes' models (map ``bytes``, optimizer ``step_bytes``).
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from torch.utils._pytree import tree_flatten
 from .. import optimizers, parametrizations
 
 __all__ = [
-    "timed", "run_times", "fastest_time", "gemm_rate", "peak_bytes", "saved_bytes", "fit_exponent",
-    "gemm_multiple", "map_flops", "forward_backward_flops", "optimizer_steps", "GEOOPT_STEPS",
-    "FWD_BWD_FACTOR",
+    "timed", "run_times", "fastest_time", "gemm_rate", "stream_bandwidth", "peak_bytes",
+    "saved_bytes", "fit_exponent", "roofline", "roofline_multiple", "map_flops", "map_bytes",
+    "optimizer_steps", "GEOOPT_STEPS", "FWD_BWD_FACTOR",
 ]  # fmt: skip
 
 #: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
@@ -38,8 +45,8 @@ GEOOPT_STEPS = (
     "geoopt RiemannianSGD EuclideanStiefel",
     "geoopt RiemannianAdam CanonicalStiefel",
 )
-#: forward+backward FLOPs of a map without a backward model, in forward FLOPs
-#: (Note [Forward+backward FLOP convention])
+#: forward+backward FLOPs and bytes of a map, in forward ones (Note [Forward+backward FLOP
+#: convention])
 FWD_BWD_FACTOR = 3.0
 
 
@@ -94,7 +101,7 @@ def fastest_time(
     return min(run_times(fn, repeats, warmup, budget_s))
 
 
-def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7) -> float:
+def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 25) -> float:
     """Measured FLOP/s of an n×n GEMM (n >= 512): the roofline the FLOP models are divided by.
 
     The fastest of ``repeats`` runs (Note [Fastest run for cost models]): a
@@ -105,6 +112,18 @@ def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 7
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     return 2 * n**3 / fastest_time(lambda: a @ b, repeats, warmup=1)
+
+
+def stream_bandwidth(device="cpu", mib: int = 256, repeats: int = 10) -> float:
+    """Measured bytes/s of the STREAM triad a = b + ½c on float32 arrays of ``mib`` MiB each.
+
+    3 arrays of traffic, as STREAM counts (not a CPU's write-allocate read of a); the
+    fastest of ``repeats`` runs. 256 MiB is several times a server's last-level cache.
+    """
+    n = max(int(mib), 1) * 2**20 // 4
+    b, c = torch.ones(n, device=device), torch.ones(n, device=device)
+    a = torch.empty_like(b)
+    return 3 * 4 * n / fastest_time(lambda: torch.add(b, c, alpha=0.5, out=a), repeats, warmup=1)
 
 
 class _HeldBytes(TorchDispatchMode):
@@ -202,26 +221,34 @@ def fit_exponent(sizes: list[float], values: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
-def gemm_multiple(seconds: float, flops: float, rate: float) -> float:
-    """``seconds / (flops / rate)``: how many times slower than the modelled FLOPs at the GEMM rate.
+def roofline(
+    flops: float, rate: float, nbytes: float | None = None, bandwidth: float = math.nan
+) -> tuple[float, str]:
+    """Roofline time max(flops / rate, nbytes / bandwidth) and its bound (Note [Roofline]).
 
-    1 is a computation that runs its FLOP model at the measured GEMM rate;
-    above 1 it loses time to lower-rate kernels (triangular solves,
-    memory-bound updates, Python loops); below 1 the model over-counts. NaN
-    when there is no FLOP model (NaN or <= 0).
+    Without ``nbytes`` the FLOP term alone; NaN (bound "–") when a model it
+    divides is missing (NaN or <= 0).
 
     Example:
         ```python
-        import math
-        from stiefel.comparisons.cost import gemm_multiple
+        from stiefel.comparisons.cost import roofline
 
-        assert gemm_multiple(0.2, 1e9, 1e10) == 2.0  # 0.1 s ideal, 0.2 s measured
-        assert math.isnan(gemm_multiple(0.2, float("nan"), 1e10))
+        assert roofline(1e9, 1e10, 4e8, 1e9) == (0.4, "bytes")  # 0.1 s of FLOPs, 0.4 s of bytes
+        assert roofline(1e9, 1e10) == (0.1, "flops")
         ```
     """
-    if not (math.isfinite(flops) and flops > 0):
-        return math.nan
-    return seconds / (flops / rate)
+    times = {"flops": flops / rate} | ({} if nbytes is None else {"bytes": nbytes / bandwidth})
+    if not all(math.isfinite(t) and t > 0 for t in times.values()):
+        return math.nan, "–"
+    bound = max(times, key=times.__getitem__)
+    return times[bound], bound
+
+
+def roofline_multiple(seconds: float, flops: float, rate: float, *bytes_at: float) -> float:
+    """``seconds / roofline(flops, rate, *bytes_at)``; without ``(nbytes, bandwidth)`` the
+    multiple of the FLOP model at the GEMM rate. Above 1 time goes to lower-rate kernels,
+    Python loops, host syncs; below 1 a model over-counts (or operands stayed in cache)."""
+    return seconds / roofline(flops, rate, *bytes_at)[0]
 
 
 def _number(value: float | None) -> float:
@@ -233,15 +260,9 @@ def map_flops(method: str, n: int, m: int, reflections: int | None = None) -> fl
     return _number(parametrizations.maps()[method].flops(n, m, reflections))
 
 
-def forward_backward_flops(
-    method: str, n: int, m: int, reflections: int | None
-) -> tuple[float, str]:
-    """FLOPs charged to forward+backward of map ``method``, and their basis.
-
-    Note [Forward+backward FLOP convention]: ``(3 × forward, "3× forward")``.
-    """
-    fwd = map_flops(method, n, m, reflections)
-    return FWD_BWD_FACTOR * fwd, f"{FWD_BWD_FACTOR:g}× forward"
+def map_bytes(method: str, n: int, m: int, reflections: int | None, itemsize: int) -> float:
+    """Forward bytes the registered map class ``method`` declares (Note [Bytes model])."""
+    return _number(parametrizations.maps()[method].bytes(n, m, reflections, itemsize))
 
 
 def _step_label(name: str, variant: dict) -> str:

@@ -1,9 +1,9 @@
 """matplotlib figures of the harness (Agg backend, no screen needed).
 
 Legends sit outside the axes, one title per figure, ticks at the measured
-sizes, axis labels in words; complexity plots carry the FLOP model at the
-measured GEMM rate as dashed reference lines; losses are floored at the
-resolution of the run's dtype.
+sizes, axis labels in words; complexity plots carry the roofline (Note
+[Roofline] in `stiefel.comparisons.cost`) as dashed reference lines; losses are
+floored at the resolution of the run's dtype.
 """
 
 from __future__ import annotations
@@ -125,23 +125,13 @@ def convergence_figure(runs: list[dict], task: str):
 
 
 def complexity_figure(
-    rows: list[dict],
-    x: str,
-    y: str,
-    group: str,
-    title: str,
-    rate: float | None = None,
-    fit_min: int = 0,
-    flops_key: str = "flops",
+    rows: list[dict], x: str, y: str, group: str, title: str, fit_min: int = 0, model: str = ""
 ):
     """Log–log time against size per series, ticks at the measured sizes.
 
-    With ``rate`` (FLOP/s), each series with a FLOP model (``r[flops_key]``, the
-    model of the plotted time: forward+backward FLOPs for a forward+backward
-    time) gets a dashed line at flops / rate in its colour: the time the model
-    predicts at the GEMM rate.
-    Slopes are fitted over the sizes >= ``fit_min`` only (none with fewer than two).
-    """
+    With ``model`` (the rows' key of the roofline of time ``y``), each series whose model
+    is finite gets a dashed line there in its colour. Slopes are fitted over the sizes >=
+    ``fit_min`` only (none with fewer than two)."""
     modelled = False
     fig, ax = plt.subplots(figsize=(8, 4.5))
     groups: dict[str, list[dict]] = {}
@@ -156,14 +146,13 @@ def complexity_figure(
         # the colour cycle has 10 colours: series 11–20 repeat them with another marker
         marker = MARKERS[(i // 10) % len(MARKERS)]
         (line,) = ax.loglog(xs, ys, marker=marker, ls="-", label=name)
-        flops = [r.get(flops_key, float("nan")) for r in rs]
-        if rate and all(np.isfinite(flops)):
+        times = [r.get(model, float("nan")) for r in rs]
+        if model and all(np.isfinite(times)):
             # a dash marker too, so the model shows at a single measured size
-            model = [f / rate for f in flops]
-            ax.loglog(xs, model, "--", marker="_", ms=12, color=line.get_color(), lw=0.8)
+            ax.loglog(xs, times, "--", marker="_", ms=12, color=line.get_color(), lw=0.8)
             modelled = True
     if modelled:
-        ax.plot([], [], "k--", marker="_", ms=12, lw=0.8, label="FLOP model / GEMM rate")
+        ax.plot([], [], "k--", marker="_", ms=12, lw=0.8, label="roofline (FLOPs or bytes)")
     sizes = sorted({r[x] for r in rows})
     ax.xaxis.set_major_locator(FixedLocator(sizes))
     ax.xaxis.set_minor_locator(NullLocator())

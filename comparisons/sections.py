@@ -10,12 +10,14 @@ The complexity section measures with the plans of `stiefel.comparisons.complexit
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
+
+import torch
 
 from .. import parametrizations
 from . import complexity as cx
-from . import plots
-from .cost import FWD_BWD_FACTOR, fit_exponent, gemm_rate, optimizer_steps
+from . import cost, plots
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
@@ -113,7 +115,7 @@ def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> 
     for k in keys:
         vals = [r[k] for r in rows]
         ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
-        out.append(fit_exponent([r[size] for r in rows], vals) if ok else None)
+        out.append(cost.fit_exponent([r[size] for r in rows], vals) if ok else None)
     return out
 
 
@@ -148,16 +150,15 @@ def complexity_section(store, opts: dict) -> dict:
     sizes, fractions = opts["sizes"], opts["fractions"]
     methods = list(parametrizations.maps())
     shapes = [tuple(s) for s in opts["shapes"]]
-    rate = _measure(store, "gemm", lambda: gemm_rate(n=min(max(sizes), 2048), device=device))
-    maps = _measure(
-        store, "maps", lambda: cx.map_costs(methods, sizes, fractions, repeats, device, limits)
-    )
-    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, repeats, device, limits))
+    rate = _measure(store, "gemm", lambda: cost.gemm_rate(n=min(max(sizes), 2048), device=device))
+    bandwidth = _measure(store, "bandwidth", lambda: cost.stream_bandwidth(device))
+    run = (repeats, device, limits)
+    maps = _measure(store, "maps", lambda: cx.map_costs(methods, sizes, fractions, *run))
+    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, *run))
     parts = {name: _measure(store, name, lambda m=m: m(opts)) for name, (m, _) in cx.PARTS.items()}
-    maps, steps = cx.with_gemm_multiples(maps, steps, rate)
-    text = [_intro(rate, opts, sizes, shapes)]
-    text += _map_table(maps, methods, rate)
-    text += _step_table(steps, rate)
+    maps, steps = cx.with_multiples(maps, steps, rate, bandwidth)
+    text = [_intro(rate, bandwidth, opts, sizes, shapes)]
+    text += _map_table(maps, methods) + _step_table(steps) + _roofline_table(maps, steps)
     if cx.left_out_steps():
         left_out = f"left out: {', '.join(cx.left_out_steps())} ({cx.LEFT_OUT})"
         print(f"complexity: {left_out}", flush=True)
@@ -166,23 +167,27 @@ def complexity_section(store, opts: dict) -> dict:
         text += cx.PARTS[name][1](rows, rate)
     write_text(store.path("complexity.md"), "\n".join(text))
     figs, fb = [], "forward_backward"
-    for rows, x, y, group, title, fit, flops, stem in (
-        (maps, "n", f"{fb}_s", "label", "Maps: forward + backward", cx.FIT_MIN_N,
-         f"{fb}_flops", "maps"),
-        (steps, "N", "step_s", "optimizer", "Optimizer step on St(N, M)", cx.FIT_MIN_STEP_N,
-         "flops", "optimizers"),
+    for rows, x, y, group, title, fit, stem in (
+        (maps, "n", fb, "label", "Maps: forward + backward", cx.FIT_MIN_N, "maps"),
+        (steps, "N", "step", "optimizer", "Optimizer step on St(N, M)", cx.FIT_MIN_STEP_N,
+         "optimizers"),
     ):  # fmt: skip
-        fig = plots.complexity_figure(rows, x, y, group, title, rate, fit, flops_key=flops)
+        fig = plots.complexity_figure(rows, x, f"{y}_s", group, title, fit, f"{y}_roofline_s")
         figs += plots.save(store, fig, f"complexity_{stem}")
     store.end_section("complexity", ["complexity.md", *figs])
-    return {"gemm_flops_per_s": rate, "maps": maps, "optimizer_steps": steps, **parts}
+    out = {"gemm_flops_per_s": rate, "bandwidth_bytes_per_s": bandwidth}
+    return out | {"maps": maps, "optimizer_steps": steps, **parts}
 
 
-def _intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
+def _intro(rate: float, bandwidth: float, opts: dict, sizes: list[int], shapes: list) -> str:
     text = (
-        f"Measured GEMM rate (the roofline): {rate / 1e9:.1f} GFLOP/s (the fastest of several "
-        f"products of size ≥ 512). Times are the fastest of {opts['repeats']} runs. Exponents are "
-        f"least-squares slopes of log time against log size over the sizes ≥ {cx.FIT_MIN_N} "
+        f"Measured GEMM rate: {rate / 1e9:.1f} GFLOP/s (the fastest of several products of size "
+        f"≥ 512); memory bandwidth: {bandwidth / 1e9:.1f} GB/s (the fastest of several STREAM "
+        f"triads on 256 MiB arrays); {torch.get_num_threads()} torch thread(s), load average "
+        f"{os.getloadavg()[0]:.1f} when this was written. The roofline of a map or step is "
+        "max(FLOP model / GEMM rate, bytes model / bandwidth). Times are the fastest of "
+        f"{opts['repeats']} runs. Exponents are least-squares slopes of log time against log "
+        f"size over the sizes ≥ {cx.FIT_MIN_N} "
         f"(maps) and N ≥ {cx.FIT_MIN_STEP_N} (steps), column *fitted over*; the model exponent "
         "is that of the FLOP model over the same sizes.\n"
     )
@@ -196,8 +201,12 @@ def _intro(rate: float, opts: dict, sizes: list[int], shapes: list) -> str:
     return text
 
 
-def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
-    rows, pairs, bases = [], [], set()
+def _known(v: float) -> float | None:  # None ('–') where there is no model (NaN)
+    return v if math.isfinite(v) else None
+
+
+def _map_table(maps: list[dict], methods: list[str]) -> list[str]:
+    rows, pairs = [], []
     registered = parametrizations.maps()
     for method in methods:
         cls = registered[method]
@@ -211,30 +220,22 @@ def _map_table(maps: list[dict], methods: list[str], rate: float) -> list[str]:
             rows.append(
                 [method, f"L = {frac:g}·n" if cls.takes_reflections() else "–"]
                 + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"], big["forward_s"]]
-                + [big["flops"] / rate, big["forward_backward_s"], big["saved_bytes"] / 2**20]
+                + [big["forward_backward_s"], big["saved_bytes"] / 2**20]
                 + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
-                + [big["forward_x_gemm"], big["forward_backward_x_gemm"]]
             )
-            bases.add(big["forward_backward_basis"])
     head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
-    head += ["roofline [s]", "fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
+    head += ["fwd+bwd [s]", "saved [MiB]", "peak fwd+bwd [MiB]"]
     head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
-    head += ["fwd × FLOPs at GEMM rate", "fwd+bwd × FLOPs at GEMM rate"]
     return [
         "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
-        "\n*× FLOPs at GEMM rate* = measured time / (FLOP model / measured GEMM rate): how "
-        "many times slower than running the modelled FLOPs at the GEMM rate. Forward+backward "
-        f"FLOPs here: {' and '.join(sorted(bases)) or '–'} (the class's forward + backward "
-        f"model where it declares one, else {FWD_BWD_FACTOR:g}× the forward model: the "
-        "backward of each product is two products of its size).\n",
     ]
 
 
-def _step_table(steps: list[dict], rate: float) -> list[str]:
-    known = optimizer_steps()
+def _step_table(steps: list[dict]) -> list[str]:
+    known = cost.optimizer_steps()
     rows, pairs = [], []
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
@@ -245,20 +246,47 @@ def _step_table(steps: list[dict], rate: float) -> list[str]:
         formula = known[label][0].formula if label in known else ""
         rows.append(
             [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
-            + [big["step_s"], big["flops"] / rate if modelled else "–", big["peak_bytes"] / 2**20]
+            + [big["step_s"], big["peak_bytes"] / 2**20]
             + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
-            + [big["step_x_gemm"] if modelled else "–"]
         )
-    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "roofline [s]"]
-    head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
-    head += ["step × FLOPs at GEMM rate"]
+    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "peak [MiB]"]
+    head += ["exponent in N", "model exponent", "fitted over N"]
     return [
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
-        "\n*step × FLOPs at GEMM rate* = step time / (FLOP model / measured GEMM rate); a step "
-        "has no backward (its gradient is given); – where the optimizer declares no FLOP model.\n",
     ]
+
+
+def _roofline_table(maps: list[dict], steps: list[dict]) -> list[str]:
+    """Every measured map (forward, forward+backward) and step against its roofline."""
+    rows, registered = [], parametrizations.maps()
+    for r in maps:
+        L = f" L = {r['fraction']:g}·n" if registered[r["method"]].takes_reflections() else ""
+        for t, name in (("forward", "fwd"), ("forward_backward", "fwd+bwd")):
+            models = [r[k if t == "forward" else f"{t}_{k}"] for k in ("flops", "bytes")]
+            rows.append([f"{r['method']}{L}, {name}", f"n = {r['n']}", *_cols(r, t, *models)])
+    for r in steps:
+        size = f"St({r['N']}, {r['M']})"
+        rows.append([r["optimizer"], size, *_cols(r, "step", r["flops"], r["bytes"])])
+    head = ["map / step", "size", "FLOP model", "bytes model", "time [s]", "roofline [s]"]
+    head += ["× FLOPs at GEMM rate", "× roofline", "bound"]
+    return [
+        "\n### Time against the roofline\n",
+        md_table(head, rows),
+        "\n*× FLOPs at GEMM rate* = time / (FLOP model / GEMM rate); *roofline* = "
+        "max(FLOP model / GEMM rate, bytes model / bandwidth), *bound* its larger term "
+        "(Note [Roofline] in `stiefel.comparisons.cost`). Forward+backward is charged "
+        f"{cost.FWD_BWD_FACTOR:g}× the forward's FLOPs and bytes (the backward of each product is "
+        "two products of its size); a step has no backward (its gradient is given); – where "
+        "no model is declared.\n",
+    ]
+
+
+def _cols(r: dict, t: str, flops: float, nbytes: float) -> list:
+    """The models, time, roofline time, × GEMM, × roofline and bound of time ``<t>_s``."""
+    cols = [r[f"{t}_{k}"] for k in ("roofline_s", "x_gemm", "x_roofline")]
+    return [*map(_known, (flops, nbytes)), r[f"{t}_s"], *map(_known, cols), r[f"{t}_bound"]]
 
 
 SECTIONS = {

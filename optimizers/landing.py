@@ -30,7 +30,7 @@ from ..manifolds._checks import flag
 from ..manifolds.kernels import landing_direction, landing_safe_step
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
-from .registry import register
+from .registry import Passes, register
 
 __all__ = ["Landing"]
 
@@ -67,6 +67,8 @@ class Landing(RiemannianOptimizer):
     writes_state_in_place = False  # no state but the step count
     default_lr = 0.02
     formula = "8NM² (two N×M×M products for XᴴX and XᴴG, two for the update)"
+
+    step_bytes = Passes(reads=4, writes=1)  # XᴴX, XᴴG (X, G), then the update (X, G → X)
 
     @classmethod
     def step_flops(cls, n: int, m: int, **hyper) -> float:

@@ -36,7 +36,7 @@ from ..manifolds.sharded import ShardedGeometry, check_placements
 from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
 from .geometry import Geometry
-from .registry import register
+from .registry import Passes, register
 
 __all__ = ["ManifoldMuon"]
 
@@ -146,6 +146,8 @@ class ManifoldMuon(RiemannianOptimizer):
             repair_every=repair_every,
         )
         super().__init__(params, defaults, telemetry=telemetry)
+
+    step_bytes = Passes(reads=4, writes=1)  # Grams of X, G (the dual problem is M×M), update
 
     @classmethod
     def step_flops(

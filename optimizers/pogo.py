@@ -36,7 +36,7 @@ from ..manifolds.kernels.reduce import gram
 from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
 from .geometry import Geometry
-from .registry import register
+from .registry import Passes, register
 
 __all__ = ["POGO", "BASES", "pogo_step"]
 
@@ -201,6 +201,8 @@ class POGO(RiemannianOptimizer):
             repair_every=repair_every,
         )
         super().__init__(params, defaults, telemetry=telemetry)
+
+    step_bytes = Passes(reads=6, writes=2)  # ‖G‖, Grams of X, m (X, G, m); update (X, G, m → X, m)
 
     @classmethod
     def step_flops(cls, n: int, m: int, **_: object) -> float:

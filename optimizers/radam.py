@@ -27,7 +27,7 @@ from ..manifolds.kernels.reduce import rows_absmax
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
-from .registry import register
+from .registry import Passes, register
 
 __all__ = ["RAdam"]
 
@@ -92,6 +92,8 @@ class RAdam(RiemannianOptimizer):
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = "cayley: 16NM² + 6M³ (the fused step plus the moment's transport)"
     variants = ({"retraction": "cayley"},)
+
+    step_bytes = Passes(reads=7, writes=3)  # ξ: X, G; moment: X, G, m → m; retract: X, m → X, m
 
     @classmethod
     def step_flops(cls, n: int, m: int, retraction: str = "cayley", **hyper) -> float:

@@ -17,8 +17,8 @@ over an entry point of the same name, which is ignored with a warning naming
 it: a plugin can never shadow, or break, a built-in.
 
 What the harness and the conformance tests need to know about an optimizer
-(default learning rate, whether it steps manifold parameters, a FLOP model of
-one step, the variants worth measuring) is `info(name)`, read from class
+(default learning rate, whether it steps manifold parameters, FLOP and bytes
+models of one step, the variants worth measuring) is `info(name)`, read from class
 attributes with defaults.
 
 Example:
@@ -55,6 +55,8 @@ __all__ = [
     "info",
     "get",
     "OptimizerInfo",
+    "Passes",
+    "DEFAULT_STEP_BYTES",
     "load_entry_points",
     "ENTRY_POINT_GROUP",
 ]
@@ -91,10 +93,49 @@ _INFO_FIELDS = (
     "riemannian",
     "feasible",
     "step_flops",
+    "step_bytes",
     "formula",
     "paper_formula",
     "variants",
 )
+
+
+@dataclass(frozen=True)
+class Passes:
+    """A step's bytes model: ``reads`` N×M operands read and ``writes`` written.
+
+    Note [Bytes model of a step]
+    The bytes one step must move, counted as passes over N×M operands (the
+    point X, the gradient G, N×M state such as a momentum or a first moment):
+    each operand read once per pass that needs the result of an earlier one,
+    and each output written once. A Stiefel step needs M×M Grams (XᴴX, XᴴG)
+    before it can write X, so a fused step still reads X and G twice: once
+    for the Grams, once for the update. The passes are those of a fused
+    implementation of the rule, not of the kernels as written (which make
+    more: that is what the harness's roofline multiple measures). M×M
+    operands (M/N of a pass each) are left out. Without a declaration
+    (`DEFAULT_STEP_BYTES`) a step reads X, G and one N×M state tensor and
+    writes X and the state: 5 passes. The same Note for maps is Note [Bytes
+    model] in `stiefel.parametrizations.base`.
+
+    Example:
+        ```python
+        from stiefel.optimizers import registry
+
+        assert registry.Passes(reads=4, writes=1)(4096, 64, itemsize=4) == 5 * 4096 * 64 * 4
+        ```
+    """
+
+    reads: int
+    writes: int
+
+    def __call__(self, n: int, m: int, itemsize: int = 4, **hyper: Any) -> float:
+        """(reads + writes)·n·m·itemsize bytes (``hyper`` does not change it)."""
+        return float((self.reads + self.writes) * n * m * itemsize)
+
+
+#: the bytes model of a step that declares none (Note [Bytes model of a step])
+DEFAULT_STEP_BYTES = Passes(reads=3, writes=2)
 
 
 @dataclass(frozen=True)
@@ -116,6 +157,8 @@ class OptimizerInfo:
         step_flops: `(n, m, **hyper) -> float`, the FLOPs of one step on
             St(n, m) for the hyper-parameters `hyper` (NaN where it has no
             model), or None when it has no FLOP model at all.
+        step_bytes: `(n, m, itemsize, **hyper) -> float`, the bytes one step
+            moves (Note [Bytes model of a step]; default `DEFAULT_STEP_BYTES`).
         formula: the serial complexity of a step, as text ("" when unknown).
         paper_formula: `(**hyper) -> str`, the FLOP count a paper gives for a
             step with these hyper-parameters ("" where it gives none, e.g. the
@@ -129,6 +172,7 @@ class OptimizerInfo:
     riemannian: bool = False
     feasible: bool = True
     step_flops: Callable[..., float] | None = None
+    step_bytes: Callable[..., float] = DEFAULT_STEP_BYTES
     formula: str = ""
     paper_formula: Callable[..., str] | None = None
     variants: list[dict] = field(default_factory=lambda: [{}])
@@ -136,6 +180,10 @@ class OptimizerInfo:
     def flops(self, n: int, m: int, **hyper: Any) -> float:
         """`step_flops(n, m, **hyper)`, or NaN when there is no FLOP model."""
         return math.nan if self.step_flops is None else float(self.step_flops(n, m, **hyper))
+
+    def bytes(self, n: int, m: int, itemsize: int = 4, **hyper: Any) -> float:
+        """`step_bytes(n, m, itemsize, **hyper)`: the bytes of one step on St(n, m)."""
+        return float(self.step_bytes(n, m, itemsize, **hyper))
 
     def paper(self, **hyper: Any) -> str:
         """`paper_formula(**hyper)`, or "" when there is none."""
@@ -181,8 +229,8 @@ def register(name: str, **info: Any) -> Callable[[Any], Any]:
 
     Args:
         name: a Python identifier not taken by a registered optimizer.
-        **info: fields of `OptimizerInfo` (`default_lr`, `riemannian`,
-            `feasible`, `step_flops`, `formula`, `paper_formula`, `variants`) for a target that
+        **info: fields of `OptimizerInfo` (`default_lr`, `riemannian`, `feasible`,
+            `step_flops`, `step_bytes`, `formula`, `paper_formula`, `variants`) for a target that
             does not declare them as class attributes (e.g. a factory); they
             win over class attributes.
 
@@ -284,8 +332,8 @@ def info(name: str) -> OptimizerInfo:
 
     Returns:
         The `OptimizerInfo`: `register` keywords, else class attributes
-        (`default_lr`, `riemannian`, `feasible`, `step_flops`, `formula`,
-        `paper_formula`, `variants`), else the defaults.
+        (`default_lr`, `riemannian`, `feasible`, `step_flops`, `step_bytes`,
+        `formula`, `paper_formula`, `variants`), else the defaults.
 
     Raises:
         ValueError: unknown name (the available ones are listed).

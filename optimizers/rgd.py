@@ -28,7 +28,7 @@ from ..manifolds.kernels.frame import CHECK_EVERY
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
-from .registry import register
+from .registry import Passes, register
 
 __all__ = ["RGD"]
 
@@ -99,6 +99,8 @@ class RGD(RiemannianOptimizer):
         {"metric": "canonical", "retraction": "cayley"},
         {"metric": "euclidean", "retraction": "cayley"},
     )
+
+    step_bytes = Passes(reads=4, writes=1)  # Grams (X, G), update (X, G → X); no momentum
 
     @classmethod
     def step_flops(

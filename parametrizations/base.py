@@ -254,6 +254,24 @@ class OrthogonalMap(nn.Module):
         """Forward FLOPs of materializing the tall n×m matrix (NaN: no model)."""
         return math.nan
 
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """Forward bytes moved to materialize the tall n×m matrix: 2·n·m·itemsize by default.
+
+        Note [Bytes model]
+        The bytes a forward must move between memory and the processor: every
+        operand it reads or writes, once per pass that cannot start before the
+        previous one ends (a product needs its whole input before the next
+        product starts). Without a model of its own a map reads an n×m original
+        and writes the n×m result. Forward+backward is charged 3× the forward,
+        as its FLOPs (Note [Forward+backward FLOP convention]): the backward of
+        a pass that reads A and writes B reads ∂B and A and writes ∂A, twice
+        the forward's traffic. The harness divides by the bandwidth of a large
+        triad, so operands that stay in cache make the time shorter, never
+        longer, than the bytes predict (`stiefel.comparisons.cost.roofline`).
+        """
+        return 2.0 * n * m * itemsize
+
     # ------------------------------------------------------------------ to implement
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         """The point of the manifold, tall: shape (…, n, m)."""

@@ -51,6 +51,14 @@ class _Based(OrthogonalMap):
         """8n³/3 + 2n³: one LU solve of (I + A) against an n×n right-hand side."""
         return 8 * n**3 / 3 + 2 * n**3
 
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """(7n² + 7nm)·itemsize (Note [Bytes model]): A from the raw original (read, write),
+        I + A (read, write), its LU factors in place (read, write), the two triangular
+        solves (read the factors; read and write the n×m right-hand side twice) and
+        2(I + A)⁻¹B − B (read two n×m, write one)."""
+        return (7.0 * n * n + 7.0 * n * m) * itemsize
+
     def __init__(self, shape, dtype: torch.dtype, device: torch.device | str | None = None):
         super().__init__(shape, dtype, device)
         cols = self.n if self.base_columns_full else self.m
@@ -123,6 +131,13 @@ class Exp(_Based):
         """24n³: about 12 n×n products (Padé degree 13 and squarings)."""
         return 24.0 * n**3
 
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """(39n² + 2nm)·itemsize (Note [Bytes model]): A from the raw original (2n²), the
+        ~12 n×n products of the Padé approximant and squarings (each reads two, writes
+        one: 36n²), then B·expm(A)[:, :m] (read B and n×m, write n×m)."""
+        return (39.0 * n * n + 2.0 * n * m) * itemsize
+
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.exp_map(kernels.skew_from_raw(original), self.base, self.m)
 
@@ -178,6 +193,7 @@ class ScaledCayley(SignPhaseDiagonal, OrthogonalMap):
     formula = "n³"
     domain = "O(n) with D = diag(±1)"
     flops = Cayley.flops
+    bytes = Cayley.bytes
 
     def __init__(
         self,

@@ -41,6 +41,11 @@ class ManifoldPoint(OrthogonalMap):
         """0: nothing is computed."""
         return 0.0
 
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """0: nothing is read or written."""
+        return 0.0
+
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return original
 

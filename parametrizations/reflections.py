@@ -143,6 +143,17 @@ class Householder(_Reflections):
         L = m if reflections is None else reflections
         return 4.0 * n * m * L
 
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """(n·L + 3·n·m·⌈L/b⌉)·itemsize, b = `DEFAULT_BLOCK` (Note [Bytes model]).
+
+        Each block of b reflections is two thin products over the n×m matrix Y:
+        VᵦᴴY reads Y, then Y − Vᵦ(Tᵦ⁻¹VᵦᴴY) reads it again and writes it; V is
+        read once.
+        """
+        L = m if reflections is None else reflections
+        return (n * L + 3.0 * n * m * -(-L // DEFAULT_BLOCK)) * itemsize
+
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.householder_matrix(original, self.diagonal(), self.m, self.block)
 
@@ -177,6 +188,17 @@ class CWY(_Reflections):
         """2·n·m·L + 3·n·L² + L³/3: UᴴU, the triangular solve and U·(S⁻¹U₁ᴴ)."""
         L = m if reflections is None else reflections
         return 2.0 * n * m * L + 3.0 * n * L * L + L**3 / 3
+
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """(3·n·L + n·m + 2·L² + 2·L·m)·itemsize (Note [Bytes model]).
+
+        U = V column-normalised (read V, write U), its Gram UᴴU (read U), the
+        triangular solve (read S, read and write the L×m right-hand side), then
+        E_d − U·(S⁻¹U₁ᴴ) (read U, write the n×m Q).
+        """
+        L = m if reflections is None else reflections
+        return (3.0 * n * L + n * m + 2.0 * L * L + 2.0 * L * m) * itemsize
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.cwy_matrix(original, self.diagonal(), self.m)

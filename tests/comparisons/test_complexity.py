@@ -1,5 +1,5 @@
 """The complexity section's measuring tools: peak memory, the measurement plans, and the
-measured time as a multiple of the FLOP model at the GEMM rate."""
+measured time as a multiple of the FLOP model at the GEMM rate and of the roofline."""
 
 import itertools
 import json
@@ -60,69 +60,81 @@ def test_plans_honour_limits():
     assert ("geoopt RiemannianSGD CanonicalStiefel", 128, 4) in steps
 
 
-# ----------------------------------------------------------------- × FLOPs at GEMM rate
+# ------------------------------------------------------- × FLOPs at GEMM rate, × roofline
 def approx(x, rel: float = 1e-6):
     """pytest.approx that also matches NaN with NaN (a map or step without a FLOP model)."""
     return pytest.approx(x, rel=rel, nan_ok=True)
 
 
-def _map_model(name: str, n: int, L: int) -> float:
-    """Forward FLOPs of map ``name`` read from its class (independent of the harness)."""
+def _map_model(name: str, n: int, L: int, kind: str = "flops") -> float:
+    """Forward FLOPs (or float32 bytes) of map ``name`` read from its class (not the harness)."""
     cls = parametrizations.maps()[name]
-    return float(cls.flops(n, n, L if cls.takes_reflections() else None))
+    args = (n, n, L if cls.takes_reflections() else None)
+    return float(cls.flops(*args) if kind == "flops" else cls.bytes(*args, itemsize=4))
 
 
-def _step_model(label: str, n: int, m: int) -> float:
+def _step_model(label: str, n: int, m: int, kind: str = "flops") -> float:
     info, variant = cost.optimizer_steps()[label]
+    if kind == "bytes":
+        return float(optimizers.info(info.name).step_bytes(n, m, 4, **variant))
     model = optimizers.info(info.name).step_flops
     return math.nan if model is None else float(model(n, m, **variant))
 
 
-def test_gemm_multiple_is_time_over_model_time_for_every_map_and_step():
-    rate = 3.0e10
+def _by_hand(seconds: float, flops: float, nbytes: float, rate: float, bw: float):
+    """(× GEMM, × roofline, bound) computed directly from the definitions."""
+    if not (flops > 0 and nbytes > 0):  # NaN or no model: nothing to divide by
+        return math.nan, math.nan, "–"
+    t_flops, t_bytes = flops / rate, nbytes / bw
+    return (
+        seconds / t_flops,
+        seconds / max(t_flops, t_bytes),
+        max(("flops", t_flops), ("bytes", t_bytes), key=lambda kv: kv[1])[0],
+    )
+
+
+def test_multiples_are_time_over_model_time_for_every_map_and_step():
+    # a bandwidth at which some rows are FLOP-bound and others bytes-bound
+    rate, bw = 3.0e10, 2.0e9
     maps = [
         {"method": name, "n": 64, "L": 16, "forward_s": 0.01 * k, "forward_backward_s": 0.05 * k}
         for k, name in enumerate(parametrizations.maps(), start=1)
     ]
     steps = [
-        {
-            "optimizer": label,
-            "N": 256,
-            "M": 8,
-            "step_s": 0.002 * k,
-            "flops": _step_model(label, 256, 8),
-        }
+        {"optimizer": label, "N": 256, "M": 8, "step_s": 0.002 * k}
+        | {"flops": _step_model(label, 256, 8), "bytes": _step_model(label, 256, 8, "bytes")}
         for k, label in enumerate(cost.optimizer_steps(), start=1)
     ]
     for r in maps:
-        r["flops"] = _map_model(r["method"], 64, 16)
+        r.update(flops=_map_model(r["method"], 64, 16))
+        r.update(bytes=_map_model(r["method"], 64, 16, "bytes"))
     before = json.dumps([maps, steps])
-    out_maps, out_steps = complexity.with_gemm_multiples(maps, steps, rate)
+    out_maps, out_steps = complexity.with_multiples(maps, steps, rate, bw)
     assert json.dumps([maps, steps]) == before  # the inputs are left as they were
     assert [r["method"] for r in out_maps] == list(parametrizations.maps())
+    bounds = set()
     for r in out_maps:
-        fwd = _map_model(r["method"], 64, 16)
-        assert r["forward_x_gemm"] == approx(r["forward_s"] * rate / fwd, rel=1e-12)
-        # no map declares a backward model: fwd+bwd is charged 3× the forward FLOPs
-        assert r["forward_backward_basis"] == "3× forward"
+        fwd, fwd_b = _map_model(r["method"], 64, 16), _map_model(r["method"], 64, 16, "bytes")
+        # forward+backward is charged 3× the forward FLOPs and bytes
         assert r["forward_backward_flops"] == approx(3 * fwd, rel=1e-12)
-        want = r["forward_backward_s"] / (3 * fwd / rate)
-        assert r["forward_backward_x_gemm"] == approx(want, rel=1e-12)
+        assert r["forward_backward_bytes"] == approx(3 * fwd_b, rel=1e-12)
+        for t, k in (("forward", 1), ("forward_backward", 3)):
+            x_gemm, x_roof, bound = _by_hand(r[f"{t}_s"], k * fwd, k * fwd_b, rate, bw)
+            assert r[f"{t}_x_gemm"] == approx(x_gemm, rel=1e-12)
+            assert r[f"{t}_x_roofline"] == approx(x_roof, rel=1e-12)
+            assert r[f"{t}_roofline_s"] == approx(r[f"{t}_s"] / x_roof, rel=1e-12)
+            assert r[f"{t}_bound"] == bound
+            bounds.add(bound)
     assert [r["optimizer"] for r in out_steps] == list(cost.optimizer_steps())
     for r in out_steps:
         model = _step_model(r["optimizer"], 256, 8)
-        if math.isnan(model):  # an optimizer without a FLOP model has no multiple
-            assert math.isnan(r["step_x_gemm"])
-        else:
-            assert r["step_x_gemm"] == approx(r["step_s"] * rate / model, rel=1e-12)
-    assert cost.gemm_multiple(0.3, 1e9, 1e10) == approx(3.0)
-    assert math.isnan(cost.gemm_multiple(0.3, 0.0, 1e10))
-
-
-def test_forward_backward_is_three_forwards():
-    fb, basis = cost.forward_backward_flops("cwy", 32, 32, 8)
-    assert basis == "3× forward"
-    assert fb == approx(3 * _map_model("cwy", 32, 8), rel=1e-12)
+        nbytes = _step_model(r["optimizer"], 256, 8, "bytes")
+        x_gemm, x_roof, bound = _by_hand(r["step_s"], model, nbytes, rate, bw)
+        assert r["step_x_gemm"] == approx(x_gemm, rel=1e-12)
+        assert r["step_x_roofline"] == approx(x_roof, rel=1e-12)
+        assert r["step_bound"] == bound
+        bounds.add(bound)
+    assert bounds >= {"flops", "bytes"}  # both branches of the max were exercised
 
 
 def _md_rows(md: str, header: str) -> list[dict[str, str]]:
@@ -144,47 +156,47 @@ def _rows(out, task: str) -> list[dict]:
     return list(rows.values())
 
 
-def test_section_writes_the_column_to_the_table_and_markdown(tmp_path, monkeypatch):
+def test_section_writes_the_columns_to_the_table_and_markdown(tmp_path, monkeypatch):
     # a fake timer: the k-th timing returns k ms, so forward, forward+backward and steps differ
     ticks = itertools.count(1)
     fake = lambda fn, *a, **k: 1e-3 * next(ticks)  # noqa: E731
-    monkeypatch.setattr(cost, "fastest_time", fake)  # the GEMM rate's
+    monkeypatch.setattr(cost, "fastest_time", fake)  # the GEMM rate's and the bandwidth's
     monkeypatch.setattr(complexity, "fastest_time", fake)
+    stream = cost.stream_bandwidth
+    monkeypatch.setattr(cost, "stream_bandwidth", lambda device: stream(device, mib=1))
     argv = ["complexity", "--out", str(tmp_path), "--sizes", "8", "--fractions", "0.5", "1"]
     cli.main(argv + ["--repeats", "1", "--shapes", "32x4"])
     (rate,) = [r["value"] for r in table.read(tmp_path, task="gemm")]
     assert rate == approx(2 * 512**3 / 1e-3)  # the first timing: the GEMM rate's
+    (bw,) = [r["value"] for r in table.read(tmp_path, task="bandwidth")]
+    assert bw == approx(3 * 2**20 / 2e-3)  # the second: three 1 MiB arrays
     maps, steps = _rows(tmp_path, "maps"), _rows(tmp_path, "steps")
     assert {r["method"] for r in maps} == set(parametrizations.maps())
-    for r in maps:  # the multiples the markdown must show, from the table's raw values
-        fwd = _map_model(r["method"], 8, r["L"])
+    want = {}  # (map / step, size) → (× GEMM, × roofline, bound) from the table's raw times
+    for r in maps:
+        fwd, fwd_b = _map_model(r["method"], 8, r["L"]), _map_model(r["method"], 8, r["L"], "bytes")
         assert r["forward_s"] != r["forward_backward_s"]
-        r["forward_x_gemm"] = r["forward_s"] / (fwd / rate)
-        r["forward_backward_x_gemm"] = r["forward_backward_s"] / (3 * fwd / rate)
+        assert (r["flops"], r["bytes"]) == (approx(fwd), approx(fwd_b))
+        reflections = parametrizations.maps()[r["method"]].takes_reflections()
+        L = f" L = {r['fraction']:g}·n" if reflections else ""
+        for t, name, k in (("forward", "fwd", 1), ("forward_backward", "fwd+bwd", 3)):
+            case = (f"{r['method']}{L}, {name}", "n = 8")
+            want[case] = _by_hand(r[f"{t}_s"], k * fwd, k * fwd_b, rate, bw)
     assert {r["optimizer"] for r in steps} >= set(cost.optimizer_steps())
-    for r in steps:  # geoopt's steps have no FLOP model: no multiple
+    for r in steps:  # geoopt's steps have no models: no multiples
         known = r["optimizer"] in cost.optimizer_steps()
         model = _step_model(r["optimizer"], 32, r["M"]) if known else math.nan
-        r["step_x_gemm"] = r["step_s"] / (model / rate)
-    # the markdown tables: one row per map × L/n, one per step, with the column
+        nbytes = _step_model(r["optimizer"], 32, r["M"], "bytes") if known else math.nan
+        want[(r["optimizer"], "St(32, 4)")] = _by_hand(r["step_s"], model, nbytes, rate, bw)
     md = (tmp_path / "complexity.md").read_text()
-    assert "Forward+backward FLOPs here: 3× forward (" in md  # the caption names the basis
-    md_maps = _md_rows(md, "| method |")
-    assert {r["method"] for r in md_maps} == set(parametrizations.maps())
-    for row in md_maps:
-        frac = 0.5 if row["L"] == "L = 0.5·n" else 1.0
-        r = next(r for r in maps if r["method"] == row["method"] and r["fraction"] == frac)
-        assert float(row["fwd × FLOPs at GEMM rate"]) == approx(r["forward_x_gemm"], rel=5e-3)
-        got = float(row["fwd+bwd × FLOPs at GEMM rate"])
-        assert got == approx(r["forward_backward_x_gemm"], rel=5e-3)
-    md_steps = {r["optimizer"]: r for r in _md_rows(md, "| optimizer |")}
-    assert set(md_steps) >= set(cost.optimizer_steps())
-    for r in steps:
-        cell = md_steps[r["optimizer"]]["step × FLOPs at GEMM rate"]
-        if math.isnan(r["step_x_gemm"]):
-            assert cell == "–"
-        else:
-            assert float(cell) == approx(r["step_x_gemm"], rel=5e-3)
+    assert f"memory bandwidth: {bw / 1e9:.1f} GB/s" in md.splitlines()[0]  # the intro
+    got = {(r["map / step"], r["size"]): r for r in _md_rows(md, "| map / step |")}
+    assert set(got) == set(want)  # every map × L/n × (fwd, fwd+bwd) and every step
+    for case, (x_gemm, x_roof, bound) in want.items():
+        row = got[case]
+        assert row["bound"] == bound
+        for cell, value in ((row["× FLOPs at GEMM rate"], x_gemm), (row["× roofline"], x_roof)):
+            assert cell == "–" if math.isnan(value) else float(cell) == approx(value, rel=5e-3)
 
 
 class _ProjectingSGD(torch.optim.Optimizer):

@@ -76,7 +76,7 @@ def plugins(monkeypatch):
 def test_plugins_are_read_from_the_registries(plugins):
     assert MAP in parametrizations.maps() and MAP in parametrizations.available()
     assert cost.map_flops(MAP, 8, 4) == 22.0 * 8 * 16
-    assert cost.forward_backward_flops(MAP, 8, 4, None) == (3 * 22.0 * 8 * 16, "3× forward")
+    assert cost.map_bytes(MAP, 8, 4, None, 4) == 2 * 8 * 4 * 4  # the default: original, result
     o = optimizers.info(OPT)
     assert (o.default_lr, o.riemannian, o.flops(8, 4)) == (0.1, True, 8.0 * 8 * 16)
     assert cost.optimizer_steps()[OPT] == (o, {})
