@@ -11,7 +11,9 @@ installed. Each step runs in its own process under a time limit, in this order:
 5. ``optimizers``: the Riemannian steps against geoopt's;
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
 7. ``maps``: the maps against torch's and geotorch's;
-8. ``syncs``: host synchronisations per map call and optimizer step.
+8. ``syncs``: host synchronisations per map call and optimizer step;
+9. ``roofline``: the harness's complexity section (``configs/gpu_roofline.toml``):
+   every map and step against max(FLOPs / GEMM rate, bytes / bandwidth).
 
 ``DIR/report.md`` names the device (model, memory, driver, torch and CUDA
 versions) and holds every step's command, time, exit status and output; it is
@@ -40,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -58,6 +61,7 @@ class Step:
     full: tuple[str, ...] = ()
     quick: tuple[str, ...] = ("--quick",)
     takes_device: bool = True
+    report: str | None = None  # a file the step writes under its --out, shown in the report
 
 
 STEPS = [
@@ -99,13 +103,24 @@ STEPS = [
         30,
         quick=("--n", "32", "--stiefel", "64x8"),
     ),
+    Step(
+        "roofline",
+        "Every map and step against its roofline (harness complexity section)",
+        ("stiefel.comparisons", "complexity", "--overwrite"),
+        120,
+        full=("--config", "configs/gpu_roofline.toml"),
+        quick=("--sizes", "32", "--fractions", "1.0", "--shapes", "64x8", "--repeats", "2"),
+        report="complexity.md",
+    ),
 ]
 NAMES = [s.name for s in STEPS]
 
 
-def command(step: Step, device: torch.device, quick: bool) -> list[str]:
-    """The full command line of ``step``."""
+def command(step: Step, device: torch.device, quick: bool, scratch: pathlib.Path) -> list[str]:
+    """The full command line of ``step`` (one that writes files gets ``--out scratch/<name>``)."""
     argv = [sys.executable, "-m", *step.argv]
+    if step.report is not None:
+        argv += ["--out", str(scratch / step.name)]
     if step.name == "tests" and importlib.util.find_spec("xdist") is not None:
         argv += ["-n", "8"]
     if step.name == "tests" and importlib.util.find_spec("pytest_timeout") is not None:
@@ -160,6 +175,7 @@ def run(
 ) -> list[dict]:
     """Run ``steps`` in order, rewriting ``out/report.md`` after each; returns one dict per step."""
     out.mkdir(parents=True, exist_ok=True)
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="stiefel-gpu-"))
     start = time.monotonic()
     head = [
         "# GPU run",
@@ -171,7 +187,7 @@ def run(
     done: list[dict] = []
     for step in steps:
         left = limit_s - (time.monotonic() - start)
-        argv = command(step, device, quick)
+        argv = command(step, device, quick, scratch)
         if left < 5:
             done.append(
                 {"step": step, "argv": argv, "rc": None, "s": 0.0, "out": "not run: no time"}
@@ -180,6 +196,9 @@ def run(
         t0 = time.monotonic()
         print(f"[gpu] {step.name}: {' '.join(argv)}", flush=True)
         rc, text = _run_process(argv, min(step.limit_s, left))
+        written = scratch / step.name / (step.report or "")
+        if step.report is not None and written.is_file():
+            text = written.read_text() + "\n\n" + text
         if step.name == "tests":
             (out / "tests.log").write_text(text)
         done.append({"step": step, "argv": argv, "rc": rc, "s": time.monotonic() - t0, "out": text})

@@ -72,10 +72,13 @@ def test_syncs_table_has_a_row_per_registered_map_and_optimizer(bench):
 
 def test_gpu_run_writes_the_report_and_keeps_finished_steps(bench, tmp_path, capsys):
     gpu = bench["gpu"]
-    done = gpu.main(["--device", "cpu", "--quick", "--only", "cwy", "--out", str(tmp_path)])
-    assert [d["rc"] for d in done] == [0]
+    argv = ["--device", "cpu", "--quick", "--only", "cwy,roofline", "--out", str(tmp_path)]
+    done = gpu.main(argv)
+    assert [d["rc"] for d in done] == [0, 0]
     report = (tmp_path / "report.md").read_text()
     assert "## CWY against sequential Householder" in report and "| cwy | 0 |" in report
+    # the harness's complexity.md, written in a scratch folder, is shown in the report
+    assert "memory bandwidth" in report and "× roofline" in report
     # a step past its limit is stopped (children too) and recorded, not lost
     rc, text = gpu._run_process(
         [sys.executable, "-c", "import time; print('x', flush=True); time.sleep(60)"], 2
