@@ -242,7 +242,8 @@ def msign(
                 "'svd' is allowed on Replicate() and batch-sharded points"
             )
         return _svd_sign(g).to(dtype)
-    wide = not sharded and g.shape[-2] < g.shape[-1]
+    # square G runs as wide: Grams G·Gᴴ of row-major G (Note [Products in the layout of X])
+    wide = not sharded and g.shape[-2] <= g.shape[-1]
     x = g.mH if wide else g
     coefficients, safety = _coefficients(method, steps)
     engine = _engine(engine, method, steps, *x.shape[-2:], sharded)

@@ -37,6 +37,16 @@ schedule for its five steps) leaves a κ = 10³ input 30× less accurate at ten 
 Each restart costs two N×M products and saves three M×M ones, so for every number
 of steps the Gram engine is the cheaper one exactly when N > 1.5M.
 
+Note [Products in the layout of X]
+X·W = (Wᴴ·Xᴴ)ᴴ. When X is stored as the conjugate transpose of a row-major matrix
+(a wide or square input, transposed to run tall), X·W is formed as (Wᴴ·Xᴴ)ᴴ: the
+BLAS then multiplies the row-major Xᴴ from the left, and every iterate keeps that
+layout, so each Gram is A·Aᴴ of a row-major A (the products torch.optim.Muon forms).
+Using W for Wᴴ (equal in exact arithmetic: W is a polynomial in a Hermitian R)
+would save the transposed read of an M×M operand but let the rounding asymmetry of
+the Gram engine's accumulated Q into the result (complex64: 5× the direct
+engine's error), so the identity is used as it stands.
+
 Note [Normalization on the Gram]
 The iteration starts from X / ‖X‖_F (times a safety factor for Polar Express).
 ‖X‖²_F = tr(XᴴX) is the trace of the first Gram, which both engines form anyway; so
@@ -103,10 +113,20 @@ def _weight(r: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
     return w
 
 
+def _times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # X·W in X's layout (Note [Products in the layout of X])
+    if x.mH.is_contiguous():
+        return (w.mH @ x.mH).mH
+    return x @ w
+
+
 def _start(x: torch.Tensor, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # (X / s, its Gram normalised to unit trace / safety², the factor 1/(safety·‖X/s‖_F))
     # (Note [Normalization on the Gram]); a zero matrix keeps R = 0 and the factor 1
-    x = x / exact_scale(x)
+    if x.mH.is_contiguous() and not x.is_contiguous():  # the pass over its storage order
+        x = (x.mH / exact_scale(x.mH)).mH
+    else:
+        x = x / exact_scale(x)
     r = gram(x, x)
     trace = r.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None]
     c = (safety * safety * trace).where(trace > 0, 1.0)
@@ -136,16 +156,16 @@ def iterate(
             if k:
                 r = gram(x, x)
             w = _weight(r, a, b, c)
-            x = x @ (w.mul_(inv) if k == 0 else w)
+            x = _times(x, w.mul_(inv) if k == 0 else w)
             continue
         if k and k % RESTART_EVERY == 0:  # Note [Restart every third step]
-            x = x @ q
+            x = _times(x, q)
             r, q = gram(x, x), None
         w = _weight(r, a, b, c)
         q = w * inv if k == 0 else (w if q is None else q @ w)
         if k + 1 < steps and (k + 1) % RESTART_EVERY:  # R is needed again
             r = w @ (r @ w)
-    return x if engine == "direct" else x @ q
+    return x if engine == "direct" else _times(x, q)
 
 
 def engine_flops(n: int, m: int, steps: int, quintic: bool, engine: str) -> float:
