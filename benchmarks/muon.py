@@ -74,15 +74,20 @@ STEP_SETS = {
 
 
 def torch_newton_schulz_float32(
-    grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float
+    grad: torch.Tensor,
+    ns_coefficients: tuple[float, float, float],
+    ns_steps: int,
+    eps: float,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """torch.optim.Muon's ``_zeropower_via_newtonschulz`` (torch 2.13) in float32.
+    """torch.optim.Muon's ``_zeropower_via_newtonschulz`` (torch 2.13), in ``dtype``.
 
-    Copied verbatim but for ``grad.bfloat16()``, which becomes a float32 copy (the
-    bfloat16 cast made a copy too, which the in-place division relies on).
+    Copied verbatim but for ``grad.bfloat16()``, which becomes a copy in ``dtype``
+    (the bfloat16 cast made a copy too, which the in-place division relies on); with
+    ``dtype=torch.bfloat16`` it is torch's function (tests/comparisons/test_bench_muon.py).
     """
     a, b, c = ns_coefficients
-    ortho_grad = grad.to(torch.float32, copy=True)
+    ortho_grad = grad.to(dtype, copy=True)
     if grad.size(0) > grad.size(1):
         ortho_grad = ortho_grad.T
     ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
