@@ -24,10 +24,11 @@ The anchors, and what was changed to run them in float32:
   ``_zeropower_via_newtonschulz``); `torch_newton_schulz_float32` below is that
   function with the cast replaced by a float32 copy, nothing else changed, and the
   step's "float32" row runs torch.optim.Muon with it patched in. Its shipped
-  bfloat16 iteration is shown beside it: the first lines of the output give the
-  time of a bfloat16 product relative to a float32 one on the machine (80× slower
-  on a CPU without bfloat16 units; faster on one with AMX), so the comparison of
-  equal work is the float32 one, the dtype this package iterates in.
+  bfloat16 iteration is shown beside it, and the first lines of the output give the
+  time of a bfloat16 product relative to a float32 one on the machine (issue 25
+  reported 80× slower on its CPU; 0.17× on the AMX-BF16 Xeon of docs/results.md):
+  either way the comparison of equal work is the float32 one, the dtype this package
+  iterates in.
 - gram-newton-schulz casts X to float16 before iterating (for its GPU kernels);
   `package_gram_float32` rebuilds its own pure-torch function with that dtype name
   bound to float32 (its code is unchanged); the shipped float16 path is shown too.
