@@ -87,6 +87,9 @@ class ManifoldMuon(RiemannianOptimizer):
 
     Plain tensors: a 2-D tensor gets Muon's Euclidean update X ← X − lr·msign(B)
     (no shape scaling), any other tensor SGD with the same momentum (X ← X − lr·B).
+    msign takes the engine of fewer flops (`stiefel.manifolds.kernels.msign`): on a
+    weight whose long side exceeds 1.5 × the short one, the Gram engine (Gram
+    Newton–Schulz), the same polynomials in 1.5× fewer flops at five steps on 4:1.
     Other geoopt manifolds get a Riemannian gradient step along rgrad(B).
 
     DTensor points (``Replicate()``, batch shards, ``Shard(0)`` on the rows of St(N, M))
@@ -115,7 +118,9 @@ class ManifoldMuon(RiemannianOptimizer):
     # it replaces its momentum buffer (Note [A skipped step leaves the state as it was])
     writes_state_in_place: ClassVar[bool] = False
     formula: ClassVar[str] = (
-        "inner_steps × msign(N×M) [steps × (4NM² + 2M³)] + 4NM² per inner step + retraction"
+        "inner_steps × msign(N×M) [N ≤ 1.5M: steps × (4NM² + 2M³); else the Gram engine, "
+        "(4 + 4r)NM² + 2M³(4·steps − 3 − 3r), r = ⌊(steps − 1)/3⌋] + 4NM² per inner step "
+        "+ retraction"
     )
     variants: ClassVar[list[dict]] = [{}, {"inner_steps": 1}]
 
@@ -212,6 +217,6 @@ class ManifoldMuon(RiemannianOptimizer):
             return geo.descend(x, phi, lr)
         if not geo.riemannian:
             if x.dim() == 2:
-                return x - lr * _plain_msign(b, method, steps)
+                return x.add(_plain_msign(b, method, steps), alpha=-lr)
             return x - lr * b
         return geo.descend(x, geo.rgrad(x, b), lr)

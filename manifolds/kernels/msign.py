@@ -27,12 +27,16 @@ Methods (every one batched over leading dimensions, real or complex):
 - ``"svd"``: the exact reference U diag(σ > tol) Vᴴ from one SVD,
   tol = max(N, M)·eps·σ_max.
 
-The iterative methods first divide G by its Frobenius norm (‖G‖_F ≥ ‖G‖₂, so
-every singular value is in (0, 1]); Polar Express by 1.01‖G‖_F (Note [msign
-at any scale]). Each step
-works on the smaller Gram matrix: for a tall N×M matrix a step costs
-4NM² + 2M³ real multiply-adds (×4 for complex). Half-precision inputs are
-computed in float32 and returned in their dtype.
+The iterative methods start from G divided by its Frobenius norm (‖G‖_F ≥ ‖G‖₂,
+so every singular value is in (0, 1]); Polar Express by 1.01‖G‖_F (Note [msign
+at any scale]). Every step works through the smaller Gram matrix, by one of two
+engines (`stiefel.manifolds.kernels.polynomial_sign`, ``engine=``): ``"direct"``
+re-forms it from X every step (4NM² + 2M³ real flops per step for a tall N×M
+matrix, ×4 for complex); ``"gram"`` (Gram Newton–Schulz) touches the N×M matrix
+only at the start, every third step and the end, and iterates on M×M matrices
+between. The default ``"auto"`` takes the one of fewer flops: Gram when the long
+side exceeds 1.5 × the short one, e.g. 1.5× fewer flops for Polar Express-5 on
+1024×4096. Half-precision inputs are computed in float32 and returned in their dtype.
 
 Accuracy, measured in float64 by ``tests/manifolds/test_msign.py::test_accuracy_table``
 (it prints this table with ``pytest -s`` and asserts its converged entries): the
@@ -54,7 +58,8 @@ steps   newton_schulz      newton_schulz_cubic   polar_express
 ```
 
 Muon's quintic stalls at 0.32 by design; Polar Express reaches float64
-rounding in 8–10 steps where the cubic iteration needs 12–30.
+rounding in 8–10 steps where the cubic iteration needs 12–30. (256×64 runs the
+Gram engine by default; the direct engine gives the same table.)
 
 Example:
 ```python
@@ -75,10 +80,12 @@ import torch
 
 from .._checks import LOW_PRECISION, choice, positive_int
 from .basic import inner_euclidean, sym
-from .reduce import gram, row_group, rows_absmax
+from .polynomial_sign import ENGINES, engine_flops, exact_scale, iterate
+from .reduce import gram, row_group
 
 __all__ = [
     "MSIGN_METHODS",
+    "MSIGN_ENGINES",
     "MSIGN_DEFAULT_STEPS",
     "POLAR_EXPRESS_COEFFICIENTS",
     "MUON_QUINTIC_COEFFICIENTS",
@@ -89,6 +96,7 @@ __all__ = [
 ]
 
 MSIGN_METHODS = ("newton_schulz", "newton_schulz_cubic", "polar_express", "svd")
+MSIGN_ENGINES = ENGINES
 
 # Steps used when ``steps`` is None; chosen from the accuracy table above.
 MSIGN_DEFAULT_STEPS = {
@@ -138,17 +146,6 @@ def _real_trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inner_euclidean(a, a, b, keepdim=True)
 
 
-def exact_scale(a: torch.Tensor) -> torch.Tensor:
-    """The power of two nearest below max|a_ij| per matrix (1 for a zero matrix), (..., 1, 1).
-
-    Dividing by it is exact (Note [msign at any scale]): the entries of ``a / s`` lie
-    in [1, 2) at most, so ‖a / s‖²_F is in [1, 4NM) and neither overflows nor
-    underflows. On row-sharded points (`rows_split`) the maximum is all-reduced.
-    """
-    big = rows_absmax(a)
-    return torch.exp2(torch.floor(torch.log2(big))).where(big > 0, 1.0)
-
-
 def _unit_scale(a: torch.Tensor) -> torch.Tensor:
     return a / exact_scale(a)
 
@@ -158,28 +155,40 @@ def _frobenius(a: torch.Tensor) -> torch.Tensor:
     return _real_trace(a, a).sqrt()
 
 
-def _iterate(x: torch.Tensor, coefficients) -> torch.Tensor:
-    # x ← x·p(xᴴx): every product goes through the M×M Gram matrix (tall x: the
-    # smaller one; row-sharded x: the one a rank can form, Note [msign on sharded rows]).
-    for a, b, c in coefficients:
-        xx = gram(x, x)
-        if c == 0.0:
-            poly = b * xx
-        else:
-            poly = torch.baddbmm(
-                (b * xx).reshape(-1, *xx.shape[-2:]),
-                xx.reshape(-1, *xx.shape[-2:]),
-                xx.reshape(-1, *xx.shape[-2:]),
-                alpha=c,
-            ).reshape(xx.shape)
-        # aX + X·poly as one batched product (no separate scale and sum over N×M;
-        # X·poly is row-local, so sharded rows need no reduction here)
-        xf = x.reshape(-1, *x.shape[-2:])
-        x = torch.baddbmm(xf, xf, poly.reshape(-1, *poly.shape[-2:]), beta=a).reshape(x.shape)
-    return x
+def _coefficients(method: str, steps: int) -> tuple[list[tuple[float, float, float]], float]:
+    # the (a, b, c) of each step and the factor the Frobenius norm is multiplied by
+    if method == "newton_schulz":
+        return [MUON_QUINTIC_COEFFICIENTS] * steps, 1.0
+    if method == "newton_schulz_cubic":
+        return [(1.5, -0.5, 0.0)] * steps, 1.0
+    pe = POLAR_EXPRESS_COEFFICIENTS
+    return [pe[min(k, len(pe) - 1)] for k in range(steps)], 1.01
 
 
-def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = None) -> torch.Tensor:
+def _engine(engine: str, method: str, steps: int, n: int, m: int, sharded: bool) -> str:
+    # Note [The cheaper engine]
+    # "auto" takes the engine of fewer flops (`engine_flops`): the Gram engine exactly
+    # when the long side exceeds 1.5 × the short one (Note [Restart every third
+    # step]), the direct one on square and nearly square matrices. On row-sharded
+    # rows every Gram is an all-reduce and the local row count may differ between
+    # ranks (which must run the same collectives): there "auto" is the Gram engine,
+    # 1 + restarts all-reduces of an M×M matrix instead of one per step.
+    if engine != "auto":
+        return engine
+    if sharded:
+        return "gram"
+    quintic = method != "newton_schulz_cubic"
+    gram_flops = engine_flops(n, m, steps, quintic, "gram")
+    return "gram" if gram_flops < engine_flops(n, m, steps, quintic, "direct") else "direct"
+
+
+def msign(
+    g: torch.Tensor,
+    method: str = "polar_express",
+    steps: int | None = None,
+    *,
+    engine: str = "auto",
+) -> torch.Tensor:
     r"""Matrix sign U Vᴴ of a batch of matrices G = U Σ Vᴴ (shape (..., N, M)).
 
     Args:
@@ -188,13 +197,19 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
             ``"polar_express"`` or ``"svd"`` (exact); see the module docstring.
         steps: iterations (ignored by ``"svd"``); None uses
             ``MSIGN_DEFAULT_STEPS[method]``.
+        engine: how an iterative method forms its products (keyword-only):
+            ``"direct"`` (on the N×M matrix every step), ``"gram"`` (on the M×M Gram,
+            the N×M matrix only at the start, every third step and the end:
+            `stiefel.manifolds.kernels.polynomial_sign`) or ``"auto"`` (the one of
+            fewer flops: Gram when the long side exceeds 1.5 × the short one). The
+            same polynomials, equal in exact arithmetic; ignored by ``"svd"``.
 
     Returns:
         A tensor like ``g``: its polar factor (approximate for the iterative methods).
 
     Raises:
-        ValueError: unknown ``method``, ``steps`` < 1, ``g`` with fewer than 2
-            dimensions, or ``"svd"`` on row-sharded matrices (inside
+        ValueError: unknown ``method`` or ``engine``, ``steps`` < 1, ``g`` with fewer
+            than 2 dimensions, or ``"svd"`` on row-sharded matrices (inside
             `stiefel.manifolds.kernels.reduce.rows_split`).
         TypeError: ``g`` not a floating or complex tensor.
 
@@ -203,12 +218,13 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
     GᴴG the Gram over the rows), the same matrix as q(GGᴴ)·G: so the iteration may
     run on either Gram, and a single process takes the smaller one. When the rows
     of G are split over ranks (`rows_split`), only GᴴG (M×M) can be formed without
-    moving rows: it is all-reduced (`gram`), the Frobenius scaling too, and each
-    rank updates its own rows, X_r ← aX_r + X_r·poly; the result equals the
-    single-process one to rounding, whatever N/p is relative to M. The exact
+    moving rows: it is all-reduced (`gram`), and so is the Frobenius scaling (its
+    trace), and each rank multiplies its own rows, X_r ← X_r·W; the result equals
+    the single-process one to rounding, whatever N/p is relative to M. The exact
     ``"svd"`` needs the whole matrix and is refused there.
     """
     steps = _check(method, steps)
+    choice("engine", engine, ENGINES)
     if not isinstance(g, torch.Tensor) or not (g.is_floating_point() or g.is_complex()):
         raise TypeError(f"msign needs a floating or complex tensor, got {type(g).__name__}")
     if g.dim() < 2:
@@ -226,18 +242,11 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
                 "'svd' is allowed on Replicate() and batch-sharded points"
             )
         return _svd_sign(g).to(dtype)
-    wide = not sharded and g.shape[-2] < g.shape[-1]
+    # square G runs as wide: Grams G·Gᴴ of row-major G (Note [Products in the layout of X])
+    wide = not sharded and g.shape[-2] <= g.shape[-1]
     x = g.mH if wide else g
-    if method == "newton_schulz":
-        coefficients = [MUON_QUINTIC_COEFFICIENTS] * steps
-        scale = 1.0
-    elif method == "newton_schulz_cubic":
-        coefficients = [(1.5, -0.5, 0.0)] * steps
-        scale = 1.0
-    else:
-        pe = POLAR_EXPRESS_COEFFICIENTS
-        coefficients = [pe[min(k, len(pe) - 1)] for k in range(steps)]
-        scale = 1.01
+    coefficients, safety = _coefficients(method, steps)
+    engine = _engine(engine, method, steps, *x.shape[-2:], sharded)
     # Note [msign at any scale]
     # msign(cG) = msign(G) for every c > 0, so the result must not depend on the
     # scale of G; but ‖G‖_F² overflows for entries above ~1e19 (float32: the
@@ -245,29 +254,35 @@ def msign(g: torch.Tensor, method: str = "polar_express", steps: int | None = No
     # then blew the iteration up to NaN). G is first divided by the power of two
     # nearest below max|G_ij|, exactly (no rounding), so the entries lie in
     # [1, 2) at most and ‖G‖_F² in [1, 4NM): neither can happen. An all-zero
-    # matrix keeps its zero sign.
-    x = _unit_scale(x)
-    norm = _frobenius(x)
-    x = x / (scale * norm).where(norm > 0, 1.0)
-    x = _iterate(x, coefficients)
+    # matrix keeps its zero sign. (`iterate` does it, Note [Normalization on the Gram].)
+    x = iterate(x, coefficients, safety, engine)
     return (x.mH if wide else x).to(dtype)
 
 
-def msign_flops(n: int, m: int, method: str = "polar_express", steps: int | None = None) -> float:
+def msign_flops(
+    n: int,
+    m: int,
+    method: str = "polar_express",
+    steps: int | None = None,
+    *,
+    engine: str = "auto",
+) -> float:
     """Real floating-point operations of one `msign` of a real N×M matrix (model).
 
-    With N ≥ M (else swapped), an iterative step costs XᴴX and X·poly (2NM² each),
-    the square of the Gram matrix for the quintics (2M³) and the update (2NM); the
-    SVD is counted as 6NM² + 8M³ (thin SVD and the product U Vᴴ).
+    With N ≥ M (else swapped), a direct step costs XᴴX and X·W (2NM² each) and the
+    square of the Gram matrix for the quintics (2M³); the Gram engine 2NM² at the
+    start and the end, 4NM² per restart and at most four M×M products per step
+    (`stiefel.manifolds.kernels.polynomial_sign.engine_flops`); both add 2NM for the
+    scaling. ``engine="auto"`` counts the engine `msign` takes. The SVD is counted as
+    6NM² + 8M³ (thin SVD and the product U Vᴴ).
     """
     steps = _check(method, steps)
+    choice("engine", engine, ENGINES)
     big, small = max(n, m), min(n, m)
     if method == "svd":
         return float(4 * big * small**2 + 8 * small**3 + 2 * big * small**2)
-    per = 4.0 * big * small**2 + 2.0 * big * small
-    if method != "newton_schulz_cubic":
-        per += 2.0 * small**3
-    return steps * per + 2.0 * big * small
+    engine = _engine(engine, method, steps, big, small, sharded=False)
+    return engine_flops(big, small, steps, method != "newton_schulz_cubic", engine)
 
 
 def spectral_direction(

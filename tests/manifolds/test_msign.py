@@ -88,8 +88,10 @@ def test_bad_input():
 
 
 def test_flops_model_counts_products():
-    # Polar Express on 100×10, 5 steps: per step 4NM² + 2M³ + 2NM, plus the scaling.
-    assert msign_flops(100, 10, "polar_express", 5) == 5 * (4e4 + 2e3 + 2e3) + 2e3
+    # Polar Express on 100×10, 5 direct steps: per step 4NM² + 2M³, plus the scaling 2NM;
+    # on 12×10 (N < 1.5M) "auto" is the direct engine.
+    assert msign_flops(100, 10, "polar_express", 5, engine="direct") == 5 * (4e4 + 2e3) + 2e3
+    assert msign_flops(12, 10, "polar_express", 5) == 5 * (4 * 1200 + 2e3) + 240
     assert msign_flops(10, 100, "polar_express", 5) == msign_flops(100, 10, "polar_express", 5)
     assert set(MSIGN_DEFAULT_STEPS) == set(MSIGN_METHODS)
 

@@ -146,6 +146,30 @@ def test_plain_tensors_muon_and_sgd():
     assert torch.allclose(b.detach(), b0 - 0.1 * b.grad, atol=1e-15)
 
 
+@pytest.mark.parametrize("shape", [(24, 96), (96, 24), (40, 40)])
+def test_plain_weights_step_as_torch_muon(shape):
+    # torch.optim.Muon: the same quintic (in bfloat16), momentum as a lerp (a rescaled
+    # buffer, the same direction); its lr scale sqrt(max(1, A/B)) is undone for tall
+    # weights. Wide and tall 4:1 run msign's Gram engine, square the direct one.
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(shape, generator=gen) / 10
+    p, q = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    lr = 0.1
+    ours = optimizers.create(
+        "manifold_muon", [p], lr=lr, momentum=0.9, nesterov=True, msign="newton_schulz"
+    )
+    scale = max(1.0, shape[0] / shape[1]) ** 0.5
+    ref = torch.optim.Muon([q], lr=lr / scale, momentum=0.9, nesterov=True, weight_decay=0.0)
+    for _ in range(3):
+        g = torch.randn(shape, generator=gen)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    moved = float((q.detach() - w).abs().max())
+    assert moved > lr / 10
+    assert float((p.detach() - q.detach()).abs().max()) < 0.05 * moved  # bfloat16 rounding
+
+
 def test_nesterov_momentum_on_plain_tensor_matches_torch_sgd():
     p = torch.nn.Parameter(torch.randn(7, dtype=torch.float64))
     q = torch.nn.Parameter(p.detach().clone())
