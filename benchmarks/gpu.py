@@ -12,7 +12,8 @@ installed. Each step runs in its own process under a time limit, in this order:
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
 7. ``maps``: the maps against torch's and geotorch's;
 8. ``syncs``: host synchronisations per map call and optimizer step;
-9. ``roofline``: the harness's complexity section (``configs/gpu_roofline.toml``):
+9. ``muon``: the msign engines and one step against ``torch.optim.Muon``;
+10. ``roofline``: the harness's complexity section (``configs/gpu_roofline.toml``):
    every map and step against max(FLOPs / GEMM rate, bytes / bandwidth).
 
 ``DIR/report.md`` names the device (model, memory, driver, torch and CUDA
@@ -102,6 +103,12 @@ STEPS = [
         ("benchmarks.syncs",),
         30,
         quick=("--n", "32", "--stiefel", "64x8"),
+    ),
+    Step(
+        "muon",
+        "Orthogonalization engines against the Muon family",
+        ("benchmarks.muon", "--clock", "wall"),
+        60,
     ),
     Step(
         "roofline",

@@ -274,7 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
     args = parser.parse_args(argv)
-    device = device_of(args.device)
+    try:
+        device = device_of(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     if device.type == "cpu":
         torch.set_num_threads(1)
     clock = thread_timed if (device.type == "cpu" and args.clock == "thread") else cost.timed
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
     sets = {k: [(a // 8, b // 8) for a, b in v] if args.quick else v for k, v in STEP_SETS.items()}
     rounds = 3 if args.quick else args.rounds
     clock_name = "thread CPU" if clock is thread_timed else "wall"
-    print(header("Orthogonalization engines against the Muon family"))
+    print(header("Orthogonalization engines against the Muon family", device))
     print(f"median of {rounds} interleaved rounds, {clock_name} clock\n")
 
     gemm = _gemm_ratio(128 if args.quick else 1024, device, clock)
