@@ -202,3 +202,26 @@ def test_compiled_step_never_writes_nan_and_warns_when_read(name):
     with pytest.warns(RuntimeWarning, match="non-finite gradient"):
         assert opt.report_skipped() == 1
     assert opt.report_skipped() == 0
+
+
+@pytest.mark.parametrize("name", ["rgd", "radam"])
+def test_bfloat16_weight_steps_its_float32_master_compiled(name):
+    """The float32 master of a bfloat16 weight (Note [float32 master copy ...]) compiles too."""
+    gen = torch.Generator().manual_seed(2)
+    man = Stiefel(8, 3)
+    start = torch.linalg.qr(torch.randn(8, 3, generator=gen)).Q.bfloat16()
+    grads = [torch.randn(8, 3, generator=gen).bfloat16() for _ in range(3)]
+    out = []
+    for compiled in (False, True):
+        w = geoopt.ManifoldParameter(start.clone(), manifold=man)
+        opt = optimizers.create(name, [w], lr=0.01)
+        step = _compiled(opt.step)[0] if compiled else opt.step
+        for g in grads:
+            w.grad = g.clone()
+            step()
+        out.append((w.detach().clone(), opt.state[w]["master"].clone()))
+    (w_e, m_e), (w_c, m_c) = out
+    assert m_e.dtype == m_c.dtype == torch.float32
+    assert float((m_e - m_c).abs().max()) <= _tol(8, torch.float32)
+    assert float((w_e.float() - w_c.float()).abs().max()) <= _tol(8, torch.bfloat16)
+    assert not torch.equal(w_c, start)
