@@ -15,7 +15,11 @@ eager kernel's own gradient (the adjoint Fréchet derivative of the Padé path,
 the Daleckii–Krein form of the ``eigh`` path), so the compiled forward and
 backward equal the eager ones to rounding. The cost of the recomputation is
 one forward more per backward, in a compiled graph only (an eager call keeps
-the forward's intermediates). Its outputs are the n×n matrix; the products by a
+the forward's intermediates). The LU Cayley transform needs no recomputation: its
+adjoint G ↦ −2M⁻ᴴGM⁻ᴴ (M = I + A) is −½(Q + I)ᴴG(Q + I)ᴴ from the output Q,
+two products. (Not on the ``eigh`` path: there the gradient is O(1/‖A‖²)
+while the rounding of Q + I is O(eps), so the eigh path's own backward keeps
+its relative accuracy.) Its outputs are the n×n matrix; the products by a
 base or a block of columns stay in the traced graph, for Inductor to fuse.
 
 Note [Conjugate views inside a compiled operator]
@@ -77,39 +81,38 @@ def _(a: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 @torch.library.custom_op("stiefel::skew_map_backward", mutates_args=())
-def _skew_map_backward(a: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
-    # inside an operator torch's own kernels record no autograd graph; the package's
-    # autograd.Functions (Padé, eigh) do, and the LU Cayley's adjoint is written out:
-    # Q = 2M⁻¹ − I with M = I + A gives dQ = −2M⁻¹·dA·M⁻¹, adjoint G ↦ −2M⁻ᴴGM⁻ᴴ
+def _skew_map_backward(
+    a: torch.Tensor, q: torch.Tensor, g: torch.Tensor, kind: str
+) -> torch.Tensor:
     with _views_resolved():
-        return _adjoint(a, g, kind).contiguous()
-
-
-def _adjoint(a: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind == "cayley" and not spectral_needed(a):
-        eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-        inv_h = torch.linalg.inv_ex(eye + a).inverse.mH
-        return -2 * inv_h @ g @ inv_h
-    with torch.enable_grad():
-        leaf = a.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(_eager(leaf, kind), leaf, g)
-    return grad
+        if kind == "cayley" and not spectral_needed(a):
+            # Q = 2M⁻¹ − I, M = I + A: M⁻¹ = (Q + I)/2, and the adjoint G ↦ −2M⁻ᴴGM⁻ᴴ is
+            # −½(Q + I)ᴴG(Q + I)ᴴ, two products from the output (nothing recomputed)
+            eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
+            p = (q + eye).mH
+            return (-0.5 * (p @ g @ p)).contiguous()
+        # inside an operator torch's own kernels record no autograd graph; the package's
+        # autograd.Functions (Padé with its adjoint Fréchet derivative, eigh) do
+        with torch.enable_grad():
+            leaf = a.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(_eager(leaf, kind), leaf, g)
+        return grad.contiguous()
 
 
 @_skew_map_backward.register_fake
-def _(a: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
+def _(a: torch.Tensor, q: torch.Tensor, g: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.empty_like(a, memory_format=torch.contiguous_format)
 
 
 def _setup(ctx, inputs, output) -> None:
     a, kind = inputs
     ctx.kind = kind
-    ctx.save_for_backward(a)
+    ctx.save_for_backward(a, output)
 
 
 def _backward(ctx, g: torch.Tensor):
-    (a,) = ctx.saved_tensors
-    return _skew_map_backward(a, g.contiguous(), ctx.kind), None
+    a, q = ctx.saved_tensors
+    return _skew_map_backward(a, q, g.contiguous(), ctx.kind), None
 
 
 _skew_map.register_autograd(_backward, setup_context=_setup)
