@@ -178,8 +178,11 @@ def test_optimizer_step_compiles_whole(name, hyper, space):
         assert float((x.mT @ x - torch.eye(x.shape[-1])).norm()) <= _tol(8, torch.float32)
 
 
+# the built-ins on the rule interface share the guarantee (RiemannianOptimizer.step); manifold_muon
+# is left out for time only (16 s to trace its inner iteration on a 2-core runner)
 RULES = [n for n in optimizers.available() if isinstance(optimizers.get(n), type)
-         and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)]  # fmt: skip
+         and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)
+         and n != "manifold_muon"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", RULES)
