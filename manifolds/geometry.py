@@ -199,6 +199,7 @@ class StiefelGeometry(Geometry):
         self.metric = default_metric if metric is None else choice("metric", metric, METRICS)
         self.retraction = choice("retraction", retraction, table)
         self._descent = table[retraction]
+        self._rgrad, self._inner = EGRAD2RGRAD[self.metric], INNER[self.metric]
         self._fused = getattr(self._descent, "gradient_step", None)
         self._gram: tuple[torch.Tensor, object] | None = None
         self._skips = getattr(self._descent, "takes_uncorrected", False)
@@ -232,7 +233,7 @@ class StiefelGeometry(Geometry):
         # overflow for a huge finite G (Note [Overflow-safe step])
         mu = kernels.reduce.rows_absmax(g)
         mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
-        return EGRAD2RGRAD[self.metric](x, g / mu) * mu
+        return self._rgrad(x, g / mu) * mu
 
     def gradient_step(self, x, g, lr):
         if self._fused is None:
@@ -249,7 +250,7 @@ class StiefelGeometry(Geometry):
         return kernels.proj_tangent(y, v)  # by projection onto the tangent space at y
 
     def component_inner(self, x, u):
-        return INNER[self.metric](x, u, u, keepdim=True)
+        return self._inner(x, u, u, keepdim=True)
 
     def project(self, x):
         return kernels.newton_schulz(kernels.polar(x))

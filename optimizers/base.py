@@ -75,10 +75,11 @@ from ..manifolds import METRICS
 from ..manifolds import _checks as checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
-from . import master, telemetry, terms
+from ..manifolds.kernels.frame import CHECK_EVERY
+from . import master, skips, telemetry, terms
 from . import state as saved_state
 from .geometry import Binding, Geometry, bind_parameter, manifold_of
-from .transaction import Pending, Snapshot, Transaction, finite, gradient_flags
+from .transaction import Pending, Snapshot, Transaction, finite, finite_gradient
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 
@@ -136,6 +137,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         self._bindings: list[list[Binding]] = []
         self.telemetry = checks.flag("telemetry", telemetry)
         self.orthogonality_history: list[torch.Tensor] = []
+        # per parameter: (its name, skips for a non-finite gradient, all skips) of traced
+        # steps, read by report_skipped
+        self._flags_unread: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
         defaults = dict(defaults)
         if any(key in defaults for key in terms.REPAIR_KEYS):
             period = terms.repair_period(defaults)
@@ -269,32 +273,72 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        traced = torch.compiler.is_compiling()
         with torch.no_grad():
+            if not traced:
+                self.report_skipped()  # flags a traced step left
             periods = [terms.repair_period(group) for group in self.param_groups]
-            due, txn = [], Transaction()
+            txns = []
             try:
-                for group, bindings, k in zip(
-                    self.param_groups, self._bindings, periods, strict=True
-                ):
-                    steps = []
+                for group, bindings in zip(self.param_groups, self._bindings, strict=True):
+                    txns.append(Transaction())
                     self._bind_marked(group, bindings)
                     for i, (p, binding) in enumerate(zip(group["params"], bindings, strict=True)):
                         if p.grad is not None:
-                            steps.append(self._compute(i, p, binding, group))
-                            txn.add(steps[-1])
-                    due.append(
-                        k is not None and any(s.stepped and s.stepped % k == 0 for s in steps)
-                    )
+                            txns[-1].add(self._compute(i, p, binding, group, traced))
             except BaseException:
-                txn.rollback()
+                for txn in reversed(txns):
+                    txn.rollback()
                 raise
-            txn.commit(lambda pend: master.store(pend.param, pend.state, pend.new))
-            for group, is_due in zip(self.param_groups, due, strict=True):
-                if is_due:
-                    self.stabilize_group(group)
+            if traced:
+                self._select(txns, periods)
+            else:
+                self._commit(txns, periods)
             if self.telemetry:
                 telemetry.record(self)
         return loss
+
+    def _commit(self, txns: list[Transaction], periods: list) -> None:
+        """Write the steps after one host read of every flag (Note [The step's flags ...])."""
+        everything = Transaction()
+        everything.pending = [pend for txn in txns for pend in txn.pending]
+        skipped = everything.commit(master.store)
+        for pend, grad_ok, _ in skipped:
+            skips.warn(self, pend.where, grad_ok)
+        out = {id(pend) for pend, *_ in skipped}
+        for group, txn, k in zip(self.param_groups, txns, periods, strict=True):
+            counts = [int(pend.state["step"]) for pend in txn.pending if id(pend) not in out]
+            if k is not None and any(c % k == 0 for c in counts):
+                self.stabilize_group(group)
+
+    def _select(self, txns: list[Transaction], periods: list) -> None:
+        """Write the steps by `torch.where`, record their flags (a traced step: no host read)."""
+        for group, txn, k in zip(self.param_groups, txns, periods, strict=True):
+            txn.select(master.store)
+            for pend in txn.pending:
+                skips.record(self, pend)
+            if k is not None and txn.pending:  # due: an accepted step count divisible by k
+                due = torch.stack(
+                    [
+                        torch.as_tensor(pend.ok)
+                        & (pend.state["step"] % k == 0).to(pend.start.device)
+                        for pend in txn.pending
+                    ]
+                ).any()
+                self._stabilize_where(group, due)
+
+    def report_skipped(self) -> int:
+        """Warn about the steps skipped by traced (compiled) steps since the last call.
+
+        An eager `step` warns at once; a step traced by ``torch.compile`` counts
+        its skips per parameter instead (Note [The step's flags are read once,
+        after the step]), read here with one host read (the next eager `step`
+        calls this too).
+
+        Returns:
+            The number of parameter steps skipped since the last report.
+        """
+        return skips.report(self)
 
     def _bind_marked(self, group: dict, bindings: list[Binding]) -> None:
         """Bind again a parameter bound as Euclidean that carries a manifold now.
@@ -308,59 +352,56 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             if bindings[i].manifold is None and manifold_of(p) is not None:
                 bindings[i] = bind_parameter(self, i, p, group)
 
-    def _compute(self, i: int, p: torch.Tensor, binding: Binding, group: dict) -> Pending:
-        """One parameter's new point, not written; never a non-finite one (Note [Safe step])."""
+    def _compute(
+        self, i: int, p: torch.Tensor, binding: Binding, group: dict, traced: bool
+    ) -> Pending:
+        """One parameter's new point, not written (Note [Safe step])."""
         grad = p.grad
         if grad.is_sparse:
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
         where = f"a parameter (index {i} of its group, shape {tuple(p.shape)})"
         state = self.state[p]
         geo = binding.bind(group)
-        unchanged = master.unchanged(p, state)
+        # a traced step cannot read version counters: it tests every point
+        unchanged = not traced and master.unchanged(p, state)
         x, grad = map(binding.orient, master.working(p, grad, state))
         steps = state.get("step")
-        off = None
+        start, projected = x, False
         if not (self.accepts_off_manifold and unchanged):
-            count = None if steps is None else int(steps)
+            count = None if steps is None or traced else int(steps)  # a CPU tensor
             off = geo.off_manifold(x, count, unchanged, bound=self.off_manifold_bound)
-        bad_grad, is_off = gradient_flags(grad, off)
-        if bad_grad:
-            self._warn_once(
-                "grad",
-                f"{type(self).__name__}: {where} has a non-finite gradient; its step is skipped",
-            )
-            return Pending(p, state, None, None, 0)
-        start = None
-        if is_off:
-            # Note [Off-manifold points at a step] in stiefel.manifolds.geometry
-            err = float(geo.error(x).max())
-            self._warn_once(
-                "off",
-                f"{type(self).__name__}: {where} is off its manifold (‖XᴴX − I‖_F = {err:.3e}, "
-                "e.g. after load_state_dict or an in-place edit); it is projected back "
-                "(polar factor) before the step",
-            )
-            x = start = geo.project(x)
-            geo.off_manifold(x)  # the step reuses the Gram of the projected point
+            if off is not None and traced:  # Note [The step's flags are read once, ...]
+                x = start = _project_if(off, geo, x)
+            elif off is not None and (not unchanged or count is None or count % CHECK_EVERY == 0):
+                if bool(off):  # the scheduled test, Note [Off-manifold points at a step]
+                    err = float(geo.error(x).max())
+                    self._warn_once(
+                        "off",
+                        f"{type(self).__name__}: {where} is off its manifold (‖XᴴX − I‖_F = "
+                        f"{err:.3e}, e.g. after load_state_dict or an in-place edit); it is "
+                        "projected back (polar factor) before the step",
+                    )
+                    x = start = geo.project(x)
+                    projected = True
+                    geo.off_manifold(x)  # the step reuses the Gram of the projected point
         snapshot = Snapshot(state, self.writes_state_in_place)
         state["step"] = (torch.tensor(0.0) if steps is None else steps) + 1
+        grad_ok = finite_gradient(grad)
         try:
             new = self.update(geo, x, grad, state, group)
-        except torch.linalg.LinAlgError:
+        except torch.linalg.LinAlgError:  # eager LAPACK refusing a non-finite input
             new = None
         except BaseException:  # the transaction restores the others' states
             snapshot.restore()
             raise
-        snapshot.check(type(self).__name__)
-        if new is None or not finite(new):
-            self._warn_once(
-                "step",
-                f"{type(self).__name__}: the step of {where} is not finite (huge gradient or "
-                "learning rate); the parameter and its optimizer state keep their values",
-            )
-            snapshot.restore()
-            return Pending(p, state, snapshot, binding.orient(start), 0)
-        return Pending(p, state, snapshot, binding.orient(new), int(state["step"]))
+        if not traced:
+            snapshot.check(type(self).__name__)
+        ok = False if new is None else finite(new)
+        ok = grad_ok & ok if isinstance(ok, torch.Tensor) else (ok and grad_ok)
+        return Pending(
+            p, state, snapshot, binding.orient(new), binding.orient(start),
+            projected, grad_ok, ok, where,
+        )  # fmt: skip
 
     @torch.no_grad()
     def stabilize_group(self, group: dict) -> None:
@@ -368,6 +409,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
 
         Parameters without a gradient included, as geoopt's ``stabilize_group``.
         """
+        self._project_group(group, lambda geo, x: geo.project(x))
+
+    def _stabilize_where(self, group: dict, due: torch.Tensor) -> None:
+        """`stabilize_group` where the bool tensor ``due`` says so (a traced step)."""
+        self._project_group(group, lambda geo, x: _project_if(due, geo, x))
+
+    def _project_group(self, group: dict, project: Callable) -> None:
         index = next(g for g, other in enumerate(self.param_groups) if other is group)
         bindings = self._bindings[index]
         for p, binding in zip(group["params"], bindings, strict=True):
@@ -376,9 +424,21 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 continue
             state = self.state[p]
             x = binding.orient(master.point(p, state))
-            master.store(p, state, binding.orient(geo.project(x)))
+            master.store(p, state, binding.orient(project(geo, x)))
 
     def stabilize(self) -> None:
         """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""
         for group in self.param_groups:
             self.stabilize_group(group)
+
+
+def _project_if(flag: torch.Tensor, geo: Geometry, x: torch.Tensor) -> torch.Tensor:
+    """``geo.project(x)`` where the bool tensor ``flag`` is True, else ``x`` (`torch.cond`)."""
+
+    def project(t: torch.Tensor) -> torch.Tensor:
+        return geo.project(t).contiguous()
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return torch.cond(flag, project, keep, (x,))

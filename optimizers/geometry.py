@@ -129,6 +129,7 @@ class Binding:
             _checks.choice("retraction", group["retraction"], self.retractions)
         self.like = param.detach() if isinstance(param, DTensor) else None
         self._fixed = None
+        self._made: dict[tuple, Geometry] = {}
         if manifold is None:
             self._fixed = EuclideanGeometry()
         elif self.retractions is None and not callable(getattr(manifold, "geometry", None)):
@@ -145,11 +146,19 @@ class Binding:
             return self._fixed
         metric = group.get("metric")
         retraction = group.get("retraction") or self.retractions[0]
-        if callable(getattr(self.manifold, "geometry", None)):
-            return self.manifold.geometry(metric, retraction)
-        return StiefelGeometry(
-            self.manifold, metric, retraction, default_metric=default_metric(self.manifold)
-        )
+        # one geometry per option pair, made outside any traced step (a traced step reads
+        # this dict only: building a geometry reads the retraction tables)
+        key = (metric, retraction)
+        geo = self._made.get(key)
+        if geo is None:
+            if callable(getattr(self.manifold, "geometry", None)):
+                geo = self.manifold.geometry(metric, retraction)
+            else:
+                geo = StiefelGeometry(
+                    self.manifold, metric, retraction, default_metric=default_metric(self.manifold)
+                )
+            self._made[key] = geo
+        return geo
 
     def orient(self, x: torch.Tensor | None) -> torch.Tensor | None:
         """``x`` in the rule's orientation (its transpose for a transposed binding), or back."""

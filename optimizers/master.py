@@ -21,7 +21,10 @@ drift correction every CHECK_EVERY-th square step]). ``.data`` has a counter
 of its own: a change through it is caught at the next scheduled test. A
 loaded optimizer has no record, so it tests every point at its next step
 (which points get corrected depends on the saved step count only, so a
-resumed run repeats the original one bit for bit).
+resumed run repeats the original one bit for bit). A step traced by
+``torch.compile`` cannot read version counters: it records none (the next
+eager step tests the point) and chooses between the master and p by
+``torch.where`` on the same equality test, without a host read.
 
 Note [The master follows its parameter]
 When p was changed from outside (its version is not the recorded one: a
@@ -81,6 +84,11 @@ def point(p: torch.Tensor, state: dict) -> torch.Tensor:
     if p.dtype not in LOW_PRECISION:
         return p.detach()
     master = state.get("master")
+    if master is not None and torch.compiler.is_compiling():
+        # no version counters nor host reads in a traced step: the same rule by torch.where
+        # (a working copy; `store` writes the result into the master)
+        same = (master.to(p.dtype) == p.detach()).all()
+        return torch.where(same, master, p.detach().to(torch.float32))
     if master is not None and not unchanged(p, state):
         if not torch.equal(master.to(p.dtype), p.detach()):
             master = None
@@ -121,7 +129,10 @@ def store(p: torch.Tensor, state: dict, new: torch.Tensor) -> None:
         p.copy_(master)  # rounds to p's dtype
     else:
         p.copy_(new)
-    state[VERSIONS] = _versions(p, state)
+    if torch.compiler.is_compiling():  # no record: the next eager step tests the point
+        state.pop(VERSIONS, None)
+    else:
+        state[VERSIONS] = _versions(p, state)
 
 
 def strip(state: dict) -> dict:

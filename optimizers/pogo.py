@@ -250,7 +250,7 @@ class POGO(RiemannianOptimizer):
     @staticmethod
     def _vector_adam(grad: torch.Tensor, state: dict, group: dict, geo: Geometry) -> torch.Tensor:
         b1, b2 = group["betas"]
-        t = int(state["step"])
+        t = state["step"].double()  # a tensor: no host read in a traced step
         # Note [VectorAdam's second moment in float64]
         # The first step is G/(‖G‖_F + ε): it does not depend on the scale of G, but
         # ‖G‖²_F overflows float32 for entries above ~1e18 (the step became 0, then

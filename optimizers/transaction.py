@@ -24,6 +24,28 @@ copied); a rule that writes into them (the default for a plugin) gets its
 state tensors cloned before each step. The promise is checked by the
 tensors' version counters after every step (RuntimeError if broken).
 
+Note [The step's flags are read once, after the step]
+Whether a step is accepted (its gradient and its result finite) is a tensor;
+reading it on the host is a synchronisation with the device and, under
+``torch.compile``, a graph break. It was read twice per parameter (gradient,
+then result). Now every rule runs, even on a non-finite gradient (a NaN in,
+a NaN out: nothing is written from it), and the flags of every parameter of
+every group are stacked and read in one host read at the end of ``step()``
+(`Transaction.commit`): accepted steps are written, the others restore their
+state (new keys removed) and warn at once. A traced step reads nothing: each
+point is written as ``torch.where(ok, new, old)`` and each state tensor
+chosen the same way (`Transaction.select`), so a non-finite step still writes
+nothing non-finite and keeps its point and state; a key the rule added on a
+skipped first step holds zeros, which every built-in rule reads as its
+absence (zero moments; a zero momentum buffer) except the first heavy-ball
+buffer, which becomes (1 − δ)g instead of g after such a step. The skips are
+counted per parameter on the device and warned about when read: by the next
+eager ``step()`` or by ``report_skipped()``. The off-manifold test (Note
+[Off-manifold points at a step]) projects under ``torch.cond`` in a traced
+step; an eager step reads it only where it can be true: the first step, after
+a change the optimizer did not make (its version counter), and every
+`CHECK_EVERY`-th step (a change through ``.data``).
+
 Example:
     ```python
     import torch
@@ -40,8 +62,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,7 +70,7 @@ from torch.distributed.tensor import DTensor
 
 from ..manifolds.sharded import any_rank
 
-__all__ = ["Snapshot", "Pending", "Transaction", "nonfinite", "finite", "gradient_flags"]
+__all__ = ["Snapshot", "Pending", "Transaction", "finite", "finite_gradient"]
 
 
 class Snapshot:
@@ -83,6 +103,21 @@ class Snapshot:
         self.state.clear()
         self.state.update(self.before)
 
+    def select(self, ok: torch.Tensor) -> None:
+        """Keep the rule's state where ``ok``, the state before elsewhere, by `torch.where`.
+
+        A key the rule added gets its new value where ``ok`` and zeros elsewhere (the
+        state a skipped first step leaves, Note [The step's flags are read once, after
+        the step]); a key that is not a tensor keeps the rule's value.
+        """
+        for key, value in list(self.state.items()):
+            if not isinstance(value, torch.Tensor) or key == "master":
+                continue
+            old = self.before.get(key)
+            if not isinstance(old, torch.Tensor) or old.shape != value.shape:
+                old = torch.zeros_like(value)
+            self.state[key] = torch.where(ok.to(value.device), value, old.to(value.dtype))
+
     def check(self, owner: str) -> None:
         """A rule declaring ``writes_state_in_place = False`` kept it (else: RuntimeError)."""
         for key, version in self.versions.items():
@@ -101,17 +136,30 @@ class Pending:
 
     Attributes:
         param: the parameter.
-        state: its state dict.
-        snapshot: its state before the step (None when nothing was changed).
-        new: the point to write in the parameter's orientation (None: nothing to write).
-        stepped: whether the rule's step was accepted (counts for ``repair_every``).
+        state: its state dict (as the rule left it).
+        snapshot: its state before the step.
+        new: the rule's result in the parameter's orientation (None: LAPACK refused).
+        start: the point the rule started from (the projected point when ``x`` was
+            off its manifold), written instead of ``new`` when the step is skipped.
+        projected: whether ``start`` differs from the parameter (it must be written).
+        grad_ok: the gradient is finite (a bool tensor, or a bool).
+        ok: the gradient and ``new`` are finite (a bool tensor, or a bool).
+        where: the parameter, named for a warning.
     """
 
     param: torch.Tensor
     state: dict
-    snapshot: Snapshot | None
+    snapshot: Snapshot
     new: torch.Tensor | None
-    stepped: bool
+    start: torch.Tensor
+    projected: bool
+    grad_ok: torch.Tensor | bool
+    ok: torch.Tensor | bool
+    where: str
+
+
+def _flag(value: torch.Tensor | bool, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(value, device=like.device).reshape(())
 
 
 class Transaction:
@@ -126,59 +174,56 @@ class Transaction:
     def rollback(self) -> None:
         """Restore every state touched (latest first); nothing was written."""
         for pend in reversed(self.pending):
-            if pend.snapshot is not None:
-                pend.snapshot.restore()
+            pend.snapshot.restore()
         self.pending.clear()
 
-    def commit(self, write: Callable[[Pending], None]) -> None:
-        """Write every computed point, in order."""
+    def flags(self) -> torch.Tensor:
+        """(gradient finite, step finite) of every pending step, stacked: shape (k, 2)."""
+        if not self.pending:
+            return torch.zeros(0, 2, dtype=torch.bool)
+        like = self.pending[0].start
+        rows = [torch.stack([_flag(p.grad_ok, like), _flag(p.ok, like)]) for p in self.pending]
+        return torch.stack(rows)
+
+    def commit(self, write: Callable[[torch.Tensor, dict, torch.Tensor], None]) -> list[tuple]:
+        """Write every step: the result where it is finite, else the state and point before.
+
+        One host read for the whole step (Note [The step's flags are read once, after
+        the step]). Returns ``(pending, grad_ok, ok)`` of every skipped step.
+        """
+        skipped = []
+        for pend, (grad_ok, ok) in zip(self.pending, self.flags().tolist(), strict=True):
+            if ok and pend.new is not None:
+                write(pend.param, pend.state, pend.new)
+                continue
+            pend.snapshot.restore()
+            if pend.projected:
+                write(pend.param, pend.state, pend.start)
+            skipped.append((pend, grad_ok, False))
+        return skipped
+
+    def select(self, write: Callable[[torch.Tensor, dict, torch.Tensor], None]) -> None:
+        """`commit` without a host read: each point and state tensor chosen by `torch.where`.
+
+        For a traced step (Note [The step's flags are read once, after the step]).
+        """
         for pend in self.pending:
-            if pend.new is not None:
-                write(pend)
+            ok = pend.ok if isinstance(pend.ok, torch.Tensor) else torch.tensor(pend.ok)
+            pend.snapshot.select(ok)
+            write(pend.param, pend.state, torch.where(ok, pend.new, pend.start))
 
 
-@torch.compiler.disable
-def nonfinite(grad: torch.Tensor, off: torch.Tensor | None = None, agree=None) -> tuple[bool, bool]:
-    """(grad has a non-finite entry, ``off`` is True), with one host synchronisation.
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """A bool 0-dim tensor: every entry of ``t`` is finite (a DTensor: on every rank).
 
-    Note [One reduction for the finiteness test]: the sum of finite entries is
-    finite unless it overflows, so one reduction decides the common case. The
-    answer steers Python control flow: it runs eagerly (a graph break under
-    torch.compile) and costs one host synchronisation per parameter, shared
-    with the off-manifold test (Note [Off-manifold points at a step]). For a
-    sharded parameter ``grad`` is the local shard and ``agree`` ORs the flags
-    over the ranks, so that every rank takes the same branch.
+    No host read (Note [The step's flags are read once, after the step]).
     """
-    total = grad.sum()
-    if off is None and agree is None:  # one scalar: its test on the host (6 ops fewer)
-        bad = not math.isfinite(abs(total.item()))
-        if bad:
-            bad = not bool(torch.isfinite(grad).all())
-        return bad, False
-    flags = torch.isfinite(total).logical_not().reshape(1)
-    if off is not None:
-        flags = torch.cat((flags, off.reshape(1).to(flags.device)))
-    if agree is not None:
-        flags = agree(flags)
-    bad, *rest = flags.tolist()
-    if bad:
-        exact = torch.isfinite(grad).all().logical_not().reshape(1)
-        bad = bool((exact if agree is None else agree(exact)).item())
-    return bool(bad), bool(rest and rest[0])
+    if isinstance(t, DTensor):  # every rank must take the same decision
+        bad = torch.isfinite(t.to_local()).all().logical_not().reshape(1)
+        return any_rank(bad, mesh=t.device_mesh).logical_not().reshape(())
+    return torch.isfinite(t).all()
 
 
-@torch.compiler.disable
-def finite(new: torch.Tensor) -> bool:
-    """Whether every entry of a step's result is finite (Note [One reduction ...])."""
-    if isinstance(new, DTensor):  # every rank must take the same decision
-        agree = functools.partial(any_rank, mesh=new.device_mesh)
-        return not nonfinite(new.to_local(), agree=agree)[0]
-    return not nonfinite(new)[0]
-
-
-def gradient_flags(grad: torch.Tensor, off: torch.Tensor | None) -> tuple[bool, bool]:
-    """`nonfinite` of a gradient (a DTensor: on its local shard, agreed over the ranks)."""
-    if isinstance(grad, DTensor):  # local tests, one agreement (Note [Row-sharded kernels])
-        agree = functools.partial(any_rank, mesh=grad.device_mesh)
-        return nonfinite(grad.to_local(), off, agree)
-    return nonfinite(grad, off)
+def finite_gradient(grad: torch.Tensor) -> torch.Tensor:
+    """`finite` of a gradient (its own name: the step's result is tested by `finite`)."""
+    return finite(grad)

@@ -30,6 +30,7 @@ import torch
 from ._expm import expm
 from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
 from ._spectral import one_norm, skew_spectral, spectral_needed
+from ._traced import skew_map
 
 __all__ = [
     "normalize_columns",
@@ -276,6 +277,8 @@ def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.
     ``torch.linalg.matrix_exp`` under ``torch.func.vmap``, where ‖A‖₁ cannot be read.
     """
     m = a.shape[-1] if m is None else m
+    if torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
+        return base @ skew_map(a, "exp")[..., :m]
     if one_norm(a) is None and a.numel():  # under torch.func.vmap: torch's own kernel
         return base @ torch.linalg.matrix_exp(a)[..., :m]
     e = skew_spectral(a, "exp") if spectral_needed(a) else expm(a)
@@ -304,6 +307,9 @@ def cayley_map(
     bound on ‖A‖₁ computed once per parameter version), so that no host
     synchronisation reads ‖A‖₁; None tests ‖A‖₁ here.
     """
+    if spectral is None and torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
+        q = skew_map(a, "cayley")
+        return q if base is None else q @ base
     if spectral if spectral is not None else spectral_needed(a):
         q = skew_spectral(a, "cayley")
         return q if base is None else q @ base
@@ -322,6 +328,8 @@ def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     Large ‖A‖₁: through ``eigh`` as in `cayley_map`.
     """
     m = d.shape[-1]
+    if torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
+        return skew_map(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
     if spectral_needed(a):
         return skew_spectral(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
     eye = _eye(a)

@@ -198,7 +198,8 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
         return newton_schulz((2 * sel(gamma)) * torch.linalg.solve(sel(lhs), xs, left=False) - xs)
 
     short = gamma >= 0.25
-    if not bool(short.any()):
+    # Note [Traced steps compute both paths] in .frame
+    if not torch.compiler.is_compiling() and not bool(short.any()):
         y = explicit(lambda t: t)
     else:
         if xx is None:

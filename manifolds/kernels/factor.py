@@ -219,7 +219,11 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
             ok = float(_trace(bb)) < bound * float(gamma) ** 2 or _conditioned(bb, info)
         else:
             ok = _trace(bb) < bound * gamma**2
-            ok = True if bool(ok.all()) else ok | _conditioned(bb, info)
+            # Note [Traced steps compute both paths] in .frame
+            if torch.compiler.is_compiling() or not bool(ok.all()):
+                ok = ok | _conditioned(bb, info)
+            else:
+                ok = True
     else:
         r, ok = _cholesky(bb)  # BᴴB = RᴴR
         # B = γI + P may cancel: test (ii) of the Note, with ‖B‖²_F = tr(BᴴB)

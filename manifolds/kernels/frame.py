@@ -94,6 +94,15 @@ __all__ = [
 D_MAX = 0.5
 CHECK_EVERY = 8
 
+# Note [Traced steps compute both paths]
+# A kernel that picks a path per matrix from a tensor test (the short frame
+# path or the explicit one, the E·D term or not) reads the test on the host
+# once and computes only what is needed. Under torch.compile a host read is a
+# graph break (and a synchronisation on a GPU), so a traced kernel computes
+# both and selects per matrix with torch.where: the numbers are the eager
+# ones (each matrix takes the same path; a term multiplied by its zero mask
+# adds exactly zero), at the cost of the path not taken.
+
 
 class _Uncorrected:
     """The type of `UNCORRECTED` (one instance, a readable repr)."""
@@ -139,12 +148,13 @@ def in_place() -> bool:
     return not torch.is_grad_enabled()
 
 
-@torch.compiler.disable
 def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
     """Y = X + X·((I − ½E)(I + D) − I), E = XᴴX − I (Note [Square steps in the frame of X]).
 
     The term −½E·D is formed for the matrices with ‖D‖_F > `D_MAX` only (one
-    host synchronisation to know whether any has it). With ``xx=UNCORRECTED``
+    host synchronisation to know whether any has it; a traced step forms it for
+    every matrix and zeroes it where not needed, the same numbers without a read:
+    Note [Traced steps compute both paths]). With ``xx=UNCORRECTED``
     E is taken as 0: Y = X + X·D.
 
     Args:
@@ -169,7 +179,8 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         e = xx_l.to(d.dtype, copy=True)  # a fresh tensor either way: E is written below
         e.diagonal(dim1=-2, dim2=-1).copy_(xx.diagonal(dim1=-2, dim2=-1) - 1)
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
-        ed = (e @ d) * long if bool(long.any()) else None  # E·D where ‖D‖_F > ½
+        need = torch.compiler.is_compiling() or bool(long.any())
+        ed = (e @ d) * long if need else None  # E·D where ‖D‖_F > ½
         f = d.sub_(e, alpha=0.5) if in_place() else torch.sub(d, e, alpha=0.5)  # D − ½E
         if ed is not None:
             f = f.sub_(ed, alpha=0.5) if in_place() else f - 0.5 * ed  # − ½E·D
@@ -221,7 +232,6 @@ def shifted_gram(p: torch.Tensor, gamma: torch.Tensor, skew: bool = False) -> to
     return out
 
 
-@torch.compiler.disable
 def replace_refused(
     y: torch.Tensor, ok: torch.Tensor | bool, exact: Callable[[Callable], torch.Tensor]
 ) -> torch.Tensor:
@@ -240,7 +250,11 @@ def replace_refused(
     Returns:
         The results, every matrix from one path or the other.
     """
-    if ok is True or bool(ok.all()):
+    if ok is True:
+        return y
+    if torch.compiler.is_compiling():  # Note [Traced steps compute both paths]
+        return torch.where(ok, y, exact(lambda t: t).to(y.dtype))
+    if bool(ok.all()):
         return y
     batch = y.shape[:-2]
     if ok.numel() == 1:

@@ -1,0 +1,53 @@
+"""benchmarks/compiled.py runs end to end on tiny sizes (no timing assertions).
+
+``aot_eager`` instead of Inductor: Inductor's C++ code generation takes minutes on a
+CPU runner; the graphs, the fullgraph check and the comparison with eager are the
+same. The compiled results of this package's maps and steps equal the eager ones to
+rounding (the difference column), geoopt's steps do not (DESIGN.md, Clarification
+on torch.compile).
+"""
+
+import importlib
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    sys.path.insert(0, str(ROOT))
+    try:
+        yield importlib.import_module("benchmarks.compiled")
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+def test_quick_run_writes_every_row(compiled, tmp_path):
+    out = tmp_path / "compiled.json"
+    argv = ["--quick", "--backend", "aot_eager", "--repeats", "1", "--json", str(out)]
+    argv += ["--maps", "cwy,exp,cayley", "--optimizers", "rgd,landing"]
+    text = compiled.main(argv)
+    data = json.loads(out.read_text())
+    rows = data["results"]
+    assert [(r["kind"], r["name"]) for r in rows] == [
+        ("map fwd+bwd", "cwy"),
+        ("map fwd+bwd", "exp"),
+        ("map fwd+bwd", "cayley"),
+        ("step", "rgd"),
+        ("step", "landing"),
+    ]
+    for r in rows:
+        assert r["eager_s"] > 0 and r["compiled_s"] > 0
+        assert r["ratio"] == pytest.approx(r["compiled_s"] / r["eager_s"])
+        assert r["max_abs_diff"] <= 10 * 8 * 1.2e-7  # 10·n·eps(float32), n = 8
+        assert r["name"] in text
+    assert data["config"]["backend"] == "aot_eager"
+
+
+def test_bad_device_is_refused(compiled):
+    with pytest.raises(ValueError, match="--device"):
+        compiled.main(["--quick", "--device", "tpu"])
