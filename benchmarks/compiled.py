@@ -101,7 +101,13 @@ def map_rows(n: int, device, backend: str, repeats: int, budget: float, names=No
         t_eager = measure(lambda xe=xe, loss=loss: run(loss, xe), repeats, budget)
         t_comp = measure(lambda xc=xc, compiled=compiled: run(compiled, xc), repeats, budget)
         rows.append(_row("map fwd+bwd", name, f"{n}x{n}", t_eager, t_comp, first, diff))
+        _progress(rows[-1])
     return rows
+
+
+def _progress(row: dict) -> None:
+    """One line per row as it is measured: a run stopped early keeps them."""
+    print(f"  {row['kind']} {row['name']}: compiled / eager {fmt_ratio(row['ratio'])}", flush=True)
 
 
 def _riemannian() -> list[str]:
@@ -139,6 +145,7 @@ def step_rows(shape, device, backend: str, repeats: int, budget: float, names=No
             t_eager = measure(eager.step, repeats, budget)
             t_comp = measure(compiled, repeats, budget)
         rows.append(_row("step", name, f"St({n}, {m})", t_eager, t_comp, first, diff))
+        _progress(rows[-1])
     return rows
 
 

@@ -13,7 +13,8 @@ installed. Each step runs in its own process under a time limit, in this order:
 7. ``maps``: the maps against torch's and geotorch's;
 8. ``syncs``: host synchronisations per map call and optimizer step;
 9. ``muon``: the msign engines and one step against ``torch.optim.Muon``;
-10. ``roofline``: the harness's complexity section (``configs/gpu_roofline.toml``):
+10. ``compiled``: every map and step compiled (Inductor, fullgraph=True) against eager;
+11. ``roofline``: the harness's complexity section (``configs/gpu_roofline.toml``):
    every map and step against max(FLOPs / GEMM rate, bytes / bandwidth).
 
 ``DIR/report.md`` names the device (model, memory, driver, torch and CUDA
@@ -109,6 +110,13 @@ STEPS = [
         "Orthogonalization engines against the Muon family",
         ("benchmarks.muon", "--clock", "wall"),
         60,
+    ),
+    Step(
+        "compiled",
+        "Compiled (Inductor, fullgraph=True) against eager",
+        ("benchmarks.compiled",),
+        120,
+        full=("--budget", "0.3"),
     ),
     Step(
         "roofline",
