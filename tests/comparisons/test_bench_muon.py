@@ -62,7 +62,11 @@ def test_muon_benchmark_quick(bench_muon, tmp_path, capsys):
         assert labels[0] == "torch.optim.Muon (float32 iteration)" and len(labels) == 4
         assert all(r["seconds"] > 0 for r in entry["rows"])
     assert len(data["targets"]) == 3
-    assert all(t["met"] in (True, False) for t in data["targets"])
+    # every target is judged, except the package's when gram-newton-schulz is not installed
+    have_package = importlib.util.find_spec("gram_newton_schulz") is not None
+    for t in data["targets"]:
+        judged = have_package or "gram-newton-schulz" not in t["target"]
+        assert t["met"] in ((True, False) if judged else (None,)), t
     # the anchors' patches are undone
     assert _muon._zeropower_via_newtonschulz is not bench_muon.torch_newton_schulz_float32
     assert muon_module.msign is msign

@@ -58,17 +58,27 @@ def test_launch_stops_a_hang_by_its_stall_not_by_the_wall_clock(tmp_path):
 
 
 def test_a_busy_process_is_not_a_stall():
-    import os
+    import subprocess
+    import sys
     import time
 
     import _launch
 
-    if _launch.cpu_seconds(os.getpid()) is None:
-        pytest.skip("no /proc: only the overall timeout applies")
-    # a stall of 3 s: a busy process gets some CPU time in 3 s even on a loaded machine
-    watch = _launch._Watch([os.getpid()], stall=3.0)
-    end = time.monotonic() + 4.0
-    while time.monotonic() < end:  # CPU time grows: never stalled
-        assert not watch.stalled()
-    time.sleep(3.5)  # no CPU time for longer than the stall
-    assert watch.stalled()
+    # a child that computes for 2 s, then sleeps: watched alone (the test process's own
+    # background threads, e.g. a compiler's, would count as its CPU time)
+    code = "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        if _launch.cpu_seconds(child.pid) is None:
+            pytest.skip("no /proc: only the overall timeout applies")
+        # a stall of 3 s: a busy process gets some CPU time in 3 s even on a loaded machine
+        watch = _launch._Watch([child.pid], stall=3.0)
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:  # CPU time grew less than 3 s ago: never stalled
+            assert not watch.stalled()
+            time.sleep(0.05)
+        time.sleep(4.0)  # the child is asleep: no CPU time for longer than the stall
+        assert watch.stalled()
+    finally:
+        child.kill()
+        child.wait()
