@@ -21,7 +21,7 @@ norm estimates (six steps of block power iteration on A and on A⁻¹, O(n²)
 each) instead of two per step; an estimate only changes the speed, never the
 limit. Each step is one inverse, 2n³ flops at the GEMM-like speed of LU.
 
-Once b_k ≤ 1 + min(SWITCH, √(3/n)) the last Newton step also centres the
+Once b_k ≤ 1 + min(SWITCH, √(2/n)) the last Newton step also centres the
 spectrum ([1, b] scaled into [2/(1+b), 2b/(1+b)]) and Newton–Schulz steps of
 order 3 take over, the degree-2 Taylor polynomial of (I + D)^{-1/2}
 (Higham §8.3, the [2/0] Padé iteration):
@@ -35,7 +35,7 @@ the Gram and two products, against two GEMMs for the inverse, and ends with
 the √n·eps rounding of a GEMM where an LU inverse leaves ~n·eps. The
 Frobenius norm e = ‖D‖_F ≥ ‖D‖₂ is known at each step: the step is the last
 when (5/8)e³ ≤ √n·eps, and the cheaper X(I − ½D) when ¾e² ≤ √n·eps already.
-A D spread over all n singular values has e ≈ (b − 1)√(n/3), hence the √(3/n)
+A D spread over [−(b − 1), b − 1] has e ≈ (b − 1)√(n/2), hence the √(2/n)
 in the switch. If e > 1 (a norm estimate far off) the step is not taken: a
 Newton step with the Frobenius scaling (‖X⁻¹‖_F/‖X‖_F)^{1/2}, accurate for
 such a concentrated spectrum, goes first.
@@ -106,7 +106,7 @@ def newton_polar(a: torch.Tensor) -> torch.Tensor | None:
             else:  # after a Schulz test failed: Frobenius scaling, then Schulz again
                 zeta = (_frobenius(inv) / _frobenius(x)).sqrt()
                 bound = torch.ones_like(zeta)
-            newton = float(bound.max()) > 1 + min(SWITCH, math.sqrt(3 / n))
+            newton = float(bound.max()) > 1 + min(SWITCH, math.sqrt(2 / n))
             # ½(ζX + X⁻ᴴ/ζ); before Schulz also centred: [1, b] into [2/(1+b), 2b/(1+b)]
             scale = 0.5 / zeta if newton else (zeta * (1 + bound)).reciprocal()
             x = inv.addcmul_(x, zeta.square().to(x.dtype)).mul_(scale.to(x.dtype))
