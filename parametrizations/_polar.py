@@ -15,7 +15,7 @@ Matrix Anal. Appl. 30(2), 2008) needs two numbers only, α ≈ ‖A‖₂ and
 β ≈ 1/‖A⁻¹‖₂: ζ₀ = (αβ)^{-1/2} maps [β, α] into [1, b₁] with
 b₁ = (α + β)/(2√(αβ)), and ζ_k = b_k^{-1/2} maps [1, b_k] into [1, b_{k+1}],
 b_{k+1} = ½(√b_k + 1/√b_k): κ = α/β = 10⁴ gives b = 50, 3.6, 1.21, 1.0047. On a
-spectrum that fills its interval (a random or trained weight) this is the
+spectrum that fills its interval (a random or trained weight) this matches the
 optimal scaling ζ_k = (‖X_k⁻¹‖₂/‖X_k‖₂)^{1/2}, at the price of two spectral
 norm estimates (six steps of block power iteration on A and on A⁻¹, O(n²)
 each) instead of two per step; an estimate only changes the speed, never the
@@ -97,7 +97,7 @@ def newton_polar(a: torch.Tensor) -> torch.Tensor | None:
             inv = inv.mH.resolve_conj()  # X⁻ᴴ, row-major (LAPACK's inverse is column-major)
             if bound is None:  # Byers–Xu: ‖A‖₂ and ‖A⁻¹‖₂ once, then the bound's recursion
                 alpha, beta = _norm2(x), _norm2(inv).reciprocal()
-                kappa = float((alpha / beta).max())
+                kappa = float((alpha / beta).min())  # the best conditioned of a batch
                 zeta = (alpha * beta).rsqrt()
                 bound = 0.5 * (alpha + beta) * zeta
             elif math.isfinite(float(bound.max())):
@@ -133,7 +133,8 @@ def newton_polar(a: torch.Tensor) -> torch.Tensor | None:
 def _fast_bfloat16(x: torch.Tensor) -> bool:
     """Whether X's products may be rounded to bfloat16: a real float32 X on a CPU with AMX.
 
-    ``torch.cpu.get_capabilities`` (torch ≥ 2.9) reports the instruction sets.
+    ``torch.cpu.get_capabilities`` reports the instruction sets (an older torch
+    without it keeps float32 products).
     """
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return False
