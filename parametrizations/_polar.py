@@ -28,7 +28,7 @@ order 3 take over, the degree-2 Taylor polynomial of (I + D)^{-1/2}
 
     D = XᴴX − I,   X ← X(I − ½D + ⅜D²) = X − ½X(D − ¾D²).
 
-With σ² = 1 + d, d goes to −(5/8)d³ + O(d⁴) and shrinks for |d| ≤ 1; the
+With σ² = 1 + d, d goes to (5/8)d³ + O(d⁴) and shrinks for −1 < d ≤ 1; the
 factor 1 − d/2 + ⅜d² is positive for every d, so no singular value changes
 sign (the polar factor is kept even where a step overshoots). A step costs
 the Gram and two products, against two GEMMs for the inverse, and ends with
