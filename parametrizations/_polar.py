@@ -31,8 +31,8 @@ order 3 take over, the degree-2 Taylor polynomial of (I + D)^{-1/2}
 With σ² = 1 + d, d goes to (5/8)d³ + O(d⁴) and shrinks for −1 < d ≤ 1; the
 factor 1 − d/2 + ⅜d² is positive for every d, so no singular value changes
 sign (the polar factor is kept even where a step overshoots). A step costs
-the Gram and two products, against two GEMMs for the inverse, and ends with
-the √n·eps rounding of a GEMM where an LU inverse leaves ~n·eps. The
+the Gram and two products (an inverse costs about two GEMMs) and ends with
+the √n·eps rounding of a GEMM, where an LU inverse leaves ~n·eps. The
 Frobenius norm e = ‖D‖_F ≥ ‖D‖₂ is known at each step: the step is the last
 when (5/8)e³ ≤ √n·eps, and the cheaper X(I − ½D) when ¾e² ≤ √n·eps already.
 A D spread over [−(b − 1), b − 1] has e ≈ (b − 1)√(n/2), hence the √(2/n)
