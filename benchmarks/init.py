@@ -1,8 +1,10 @@
 """Init time of ``orthogonalize(nn.Linear(n, n), method="householder")`` per ``init``.
 
 The default init ("nearest") is the polar factor of the weight (the scaled
-Newton iteration of ``stiefel.parametrizations._polar``, in the weight's
-precision, with the SVD as fallback) followed by the map's right inverse (for
+Newton iteration of ``stiefel.parametrizations._polar``, then Newton–Schulz
+steps whose products are bfloat16 on a CPU with AMX where the weight's
+conditioning allows, in the weight's precision otherwise, with the SVD as
+fallback) followed by the map's right inverse (for
 the reflection maps, LAPACK geqrf: the reflections part). Printed per n, float32: the whole call
 for ``init="nearest"`` with its polar and reflections parts, the whole call for
 ``init="haar"`` and ``init="identity"``, and the anchor measured in the same
@@ -33,7 +35,7 @@ from torch import nn
 
 from stiefel.manifolds.kernels import polar
 from stiefel.parametrizations import orthogonalize
-from stiefel.parametrizations._polar import nearest_point
+from stiefel.parametrizations._polar import _fast_bfloat16, nearest_point
 
 INITS = ("nearest", "haar", "identity")
 
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> str:
         head = [
             "",
             f"nearest point alone, float32, {args.rounds} interleaved rounds, median; "
-            "errors in float64 against the float64 SVD polar factor UVᴴ",
+            "errors in float64 against the float64 SVD polar factor UVᴴ; bfloat16 "
+            f"products {'available (AMX)' if _fast_bfloat16(torch.ones(1)) else 'not used'}",
             "| n | ours (Newton) | torch.linalg.svd polar | svd / ours | ‖QᴴQ − I‖_F "
             "| max |Q − UVᴴ| |",
             "|---|---|---|---|---|---|",
