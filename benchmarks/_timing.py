@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import platform
@@ -103,12 +104,24 @@ def measure(
     return Timing(statistics.median(times), len(times))
 
 
-def device_of(text: str | None) -> torch.device:
+def device_of(text: str | None, parser: argparse.ArgumentParser | None = None) -> torch.device:
     """The ``--device`` of a benchmark: ``cpu`` (default) or a CUDA device that exists.
 
+    With ``parser``, a bad value ends the program through ``parser.error`` (usage
+    and message on stderr, exit status 2), as argparse does for its own options.
+
     Raises:
-        ValueError: an unknown device, or CUDA on a machine without it.
+        ValueError: an unknown device, or CUDA on a machine without it (no ``parser``).
     """
+    try:
+        return _device(text)
+    except ValueError as err:
+        if parser is None:
+            raise
+        parser.error(str(err))
+
+
+def _device(text: str | None) -> torch.device:
     try:
         device = torch.device(text or "cpu")
     except RuntimeError as err:

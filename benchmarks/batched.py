@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         help="wall time, or the CPU time of one thread (sets 1 thread; for a shared machine)",
     )
     args = parser.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        parser.error(str(err))
+    device = device_of(args.device, parser)
     clock = time.perf_counter
     if args.clock == "thread":  # Note [Thread CPU time on a shared machine] (benchmarks._timing)
         if device.type != "cpu":

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--skip-steps", action="store_true", help="time the maps only")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
-    device = device_of(args.device)
+    device = device_of(args.device, p)
     n = args.n or (QUICK_N if args.quick else N)
     shape = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
     repeats = args.repeats or (2 if args.quick else 20)

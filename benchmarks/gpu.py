@@ -249,10 +249,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--only", default=None, help=f"comma-separated steps among {','.join(NAMES)}")
     p.add_argument("--limit-s", type=float, default=460.0, help="seconds for the whole run")
     args = p.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        p.error(str(err))
+    device = device_of(args.device, p)
     wanted = NAMES if args.only is None else [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = [w for w in wanted if w not in NAMES]
     if unknown or not wanted:

@@ -270,10 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     ap.add_argument("--skip-norms", action="store_true", help="only the timing table")
     args = ap.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        ap.error(str(err))
+    device = device_of(args.device, ap)
     if args.clock is None:
         args.clock = "thread" if device.type == "cpu" else "wall"
     if args.clock == "thread" and device.type != "cpu":

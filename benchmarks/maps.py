@@ -273,10 +273,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--verbose", action="store_true", help="print progress")
     p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        p.error(str(err))
+    device = device_of(args.device, p)
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     repeats = args.repeats or (2 if args.quick else 10)
     budget = args.budget if args.budget is not None else (0.05 if args.quick else 2.0)

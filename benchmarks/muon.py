@@ -274,10 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
     args = parser.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        parser.error(str(err))
+    device = device_of(args.device, parser)
     if device.type == "cpu":
         torch.set_num_threads(1)
     clock = thread_timed if (device.type == "cpu" and args.clock == "thread") else cost.timed

@@ -244,10 +244,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        p.error(str(err))
+    device = device_of(args.device, p)
     if args.clock == "thread" and device.type != "cpu":
         p.error(f"--clock thread with --device {args.device}: allowed with --device cpu only")
     if device.index is not None:  # comparisons.cost.timed synchronises the current device

@@ -115,10 +115,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--json", type=pathlib.Path, default=None, help="write the rows here")
     p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        p.error(str(err))
+    device = device_of(args.device, p)
     if device.index is not None:  # comparisons.cost.timed synchronises the current device
         torch.cuda.set_device(device)
     n = args.n or (32 if args.quick else 1024)

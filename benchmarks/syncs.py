@@ -124,10 +124,7 @@ def main(argv: list[str] | None = None) -> str:
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n {args.n}: allowed: a positive integer")
-    try:
-        device = device_of(args.device)
-    except ValueError as err:
-        p.error(str(err))
+    device = device_of(args.device, p)
     body = rows(args.n, tuple(args.stiefel), device)
     text = "\n".join(
         [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _spectra import spectrum as _spectrum
 
 from stiefel.manifolds.kernels import MSIGN_METHODS, msign, msign_flops
 from stiefel.manifolds.kernels.msign import MSIGN_DEFAULT_STEPS
@@ -16,15 +17,6 @@ def _polar_reference(g: torch.Tensor) -> torch.Tensor:
     inv_sqrt = (v * w.rsqrt().to(v.dtype).unsqueeze(-2)) @ v.mH
     out = tall @ inv_sqrt
     return out if g.shape[-2] >= g.shape[-1] else out.mH
-
-
-def _spectrum(n: int, m: int, kappa: float, dtype, batch=()) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(n * 100 + m)
-    k = min(n, m)
-    u = torch.linalg.qr(torch.randn(*batch, n, k, dtype=dtype, generator=gen))[0]
-    v = torch.linalg.qr(torch.randn(*batch, m, k, dtype=dtype, generator=gen))[0]
-    s = torch.logspace(-torch.log10(torch.tensor(kappa)).item(), 0, k, dtype=torch.float64)
-    return (u * s.to(dtype)) @ v.mH
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])

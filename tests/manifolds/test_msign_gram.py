@@ -11,20 +11,11 @@ import types
 
 import pytest
 import torch
+from _spectra import spectrum as _spectrum
 
 from stiefel.manifolds.kernels import msign, msign_flops
 from stiefel.manifolds.kernels.msign import MSIGN_ENGINES
 from stiefel.manifolds.kernels.polynomial_sign import engine_flops, iterate
-
-
-def _spectrum(n: int, m: int, kappa: float, dtype, batch=()) -> torch.Tensor:
-    # U diag(σ) Vᴴ with σ log-spaced over [1/κ, 1]
-    gen = torch.Generator().manual_seed(n * 100 + m)
-    k = min(n, m)
-    u = torch.linalg.qr(torch.randn(*batch, n, k, dtype=dtype, generator=gen))[0]
-    v = torch.linalg.qr(torch.randn(*batch, m, k, dtype=dtype, generator=gen))[0]
-    s = torch.logspace(-torch.log10(torch.tensor(kappa)).item(), 0, k, dtype=torch.float64)
-    return (u * s.to(dtype)) @ v.mH
 
 
 def _exact(g: torch.Tensor) -> torch.Tensor:
