@@ -109,6 +109,8 @@ def device_of(text: str | None, parser: argparse.ArgumentParser | None = None) -
 
     With ``parser``, a bad value ends the program through ``parser.error`` (usage
     and message on stderr, exit status 2), as argparse does for its own options.
+    A CUDA device with an index becomes the current one: the timed loop
+    (`stiefel.comparisons.cost.timed`) synchronises the current device.
 
     Raises:
         ValueError: an unknown device, or CUDA on a machine without it (no ``parser``).
@@ -130,6 +132,8 @@ def _device(text: str | None) -> torch.device:
         raise ValueError(f"--device {text!r}; allowed: cpu, cuda, cuda:<k>")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {text!r}: this machine has no CUDA device; allowed: cpu")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
     return device
 
 

@@ -26,7 +26,7 @@ import torch
 from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
-from ._timing import device_of
+from ._timing import device_name, device_of
 
 
 def _haar(batch: int, n: int, m: int, seed: int) -> torch.Tensor:
@@ -145,10 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown or not wanted:
         parser.error(f"--problems={args.problems!r}: allowed: St, O (comma-separated)")
     problems = [p for p in problems if p[0].split("(")[0] in wanted]
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
-        f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads, float32, "
-        f"lr={args.lr}, {steps} steps (drift after them), step time = mean of "
+        f"torch {torch.__version__}, {device_name(device)}, {torch.get_num_threads()} threads, "
+        f"float32, lr={args.lr}, {steps} steps (drift after them), step time = mean of "
         f"{args.timed - 1} ({args.clock} clock)"
     )
     for title, batch, n, m in problems:

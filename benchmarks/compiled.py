@@ -30,7 +30,6 @@ python -m benchmarks.compiled --n 1024 --json /tmp/compiled.json
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +38,7 @@ import geoopt
 import torch
 
 from stiefel import optimizers
+from stiefel.comparisons import cost
 from stiefel.manifolds import Stiefel
 from stiefel.parametrizations import build, maps
 
@@ -53,15 +53,6 @@ QUICK_SHAPE = (32, 4)
 def _compile(fn: Callable, backend: str) -> Callable:
     torch._dynamo.reset()
     return torch.compile(fn, fullgraph=True, backend=backend)
-
-
-def _first(fn: Callable[[], object]) -> float:
-    """Wall time of the first call (tracing and code generation for a compiled one)."""
-    start = time.perf_counter()
-    fn()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def _row(kind, name, size, eager, compiled, first, diff) -> dict[str, Any]:
@@ -96,7 +87,7 @@ def map_rows(n: int, device, backend: str, repeats: int, budget: float, names=No
 
         compiled = _compile(loss, backend)
         xe, xc = start.clone().requires_grad_(), start.clone().requires_grad_()
-        first = _first(lambda xc=xc, compiled=compiled: run(compiled, xc))
+        first = cost.timed(lambda xc=xc, compiled=compiled: run(compiled, xc))
         diff = float((run(loss, xe) - run(compiled, xc)).abs().max())
         t_eager = measure(lambda xe=xe, loss=loss: run(loss, xe), repeats, budget)
         t_comp = measure(lambda xc=xc, compiled=compiled: run(compiled, xc), repeats, budget)
@@ -137,7 +128,7 @@ def step_rows(shape, device, backend: str, repeats: int, budget: float, names=No
             pe, eager = make()
             pc, opt = make()
             compiled = _compile(opt.step, backend)
-            first = _first(compiled)
+            first = cost.timed(compiled)
             eager.step()
             eager.step()
             compiled()

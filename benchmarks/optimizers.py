@@ -247,8 +247,6 @@ def main(argv: list[str] | None = None) -> str:
     device = device_of(args.device, p)
     if args.clock == "thread" and device.type != "cpu":
         p.error(f"--clock thread with --device {args.device}: allowed with --device cpu only")
-    if device.index is not None:  # comparisons.cost.timed synchronises the current device
-        torch.cuda.set_device(device)
     clock = "thread" if args.clock == "thread" else None
     if clock:
         torch.set_num_threads(1)  # Note [Thread CPU time on a shared machine]

@@ -116,8 +116,6 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
     device = device_of(args.device, p)
-    if device.index is not None:  # comparisons.cost.timed synchronises the current device
-        torch.cuda.set_device(device)
     n = args.n or (32 if args.quick else 1024)
     if n < 2:
         raise ValueError(f"--n {n}; allowed: an integer >= 2")
