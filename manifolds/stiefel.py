@@ -271,7 +271,11 @@ class Stiefel(geoopt.Manifold):
         work = torch.float32 if dtype in _LOW else dtype  # Note [Low precision in float32]
         draw = device if generator is None else generator.device
         x = kernels.haar(self.n, self.m, *shape[:-2], dtype=work, device=draw, generator=generator)
-        return geoopt.ManifoldTensor(x.to(device=device, dtype=dtype), manifold=self)
+        # row-major like torch.randn: LAPACK's QR leaves Q column-major, and a parameter
+        # cloned from such a point keeps that layout, so every write of a step into it
+        # (and every pass over it) would walk it transposed
+        x = x.to(device=device, dtype=dtype).contiguous()
+        return geoopt.ManifoldTensor(x, manifold=self)
 
     @_in_float32
     def projx(self, x: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,10 @@ def test_random_shapes_dtypes_and_generator():
     y = man.random(2, 5, man.n, man.m, generator=_gen(1))
     assert torch.equal(x, y)
     assert Stiefel(7, 3).random(dtype=torch.float64).dtype == torch.float64
+    # row-major like torch.randn (LAPACK's Q is column-major), and still Haar-exact
+    z = Stiefel(9, 4).random(3, 9, 4, dtype=torch.float64)
+    assert z.is_contiguous() and z.clone().is_contiguous()
+    assert float(kernels.orthogonality_error(z).max()) < 10 * 9 * torch.finfo(torch.float64).eps
 
 
 @pytest.mark.parametrize("man,dtype", [CASES[1], CASES[3]])

@@ -121,3 +121,21 @@ def test_a_rule_raising_on_the_second_parameter_moves_nothing(name, key):
         assert sorted(tensors) == sorted(s0)
         for k, v in tensors.items():
             assert torch.equal(v, s0[k]), k
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64]
+)
+def test_finite_is_isfinite_all_for_every_bad_entry(dtype):
+    """`finite` (one aminmax, Note [Finiteness in one pass]) against ``isfinite(t).all()``."""
+    from stiefel.optimizers.transaction import finite
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 4, generator=gen).to(dtype)
+    assert bool(finite(x)) and bool(finite(x[:, :0])) and bool(finite(x.mT))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for i in range(x.numel()):
+            y = x.clone()
+            y.view(-1)[i] = complex(0.0, bad) if dtype.is_complex else bad
+            assert not bool(finite(y)) and not bool(torch.isfinite(y).all())
+            assert not bool(finite(y.mT))  # a transposed layout too
