@@ -27,7 +27,7 @@ import math
 import torch
 
 from ..manifolds._checks import flag
-from ..manifolds.kernels import landing_direction, landing_safe_step
+from ..manifolds.kernels import landing_direction, landing_safe_step, landing_update
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import Passes, register
@@ -113,9 +113,9 @@ class Landing(RiemannianOptimizer):
         if not geo.stiefel:
             return geo.gradient_step(x, grad, lr)
         lam = group["attraction"]
-        field, dist, psi2 = geo.apply(landing_direction, x, grad, lam)
+        field, dist, a2, psi2 = geo.apply(landing_direction, x, grad, lam)
         if group["safe_step"]:
-            eta = geo.apply(landing_safe_step, field, dist, psi2, lr, lam, group["eps"])
+            eta = geo.apply(landing_safe_step, a2, dist, psi2, lr, lam, group["eps"])
         else:
             eta = lr
-        return x - eta * field
+        return geo.apply(landing_update, x, field, eta)

@@ -90,8 +90,8 @@ class RGD(RiemannianOptimizer):
     formula = (
         "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
         "20n³/3 + 2n³/k on O(n) (two products, an n×n solve, the float64 XᴴX every k-th "
-        "step); qr: 10NM² + 28M³/3 either metric (five products and a Cholesky-QR of the "
-        "Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = 8)"
+        "step); qr: 9NM² + 19M³/3 either metric (four products, a triangular solve and a "
+        "Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = 8)"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},
@@ -111,9 +111,9 @@ class RGD(RiemannianOptimizer):
         Counted products include the optimizer's XᴴX (its off-manifold test,
         reused by the step). Tall points: the Cayley step of Note [Cayley through
         Sherman–Morrison–Woodbury with 2M columns]; the QR step of Note [QR
-        retraction through the Gram of X − lr·d] (XᴴX, XᴴS, SᴴS and the two
-        products of the update, then M×M work: four products, a Cholesky
-        factorization and a triangular inverse). Square points (Note [Square steps
+        retraction through the Gram of X − lr·d] (XᴴX, XᴴS, SᴴS, the product
+        X·C − S and the triangular solve (X·C − S)·R⁻¹ of NM², with M×M work:
+        three products and a Cholesky factorization). Square points (Note [Square steps
         in the frame of X]): XᴴS and the update X + X·F, with an LU solve with n
         right-hand sides (Cayley) or PᴴP, a Cholesky factorization and a
         triangular solve (QR), and the float64 XᴴX of every `CHECK_EVERY`-th step
@@ -138,7 +138,7 @@ class RGD(RiemannianOptimizer):
             return (20 if retraction == "cayley" else 22) * n**3 / 3 + gram
         if retraction == "cayley":  # our fused step, either metric
             return 12 * n * m * m + 6 * m**3
-        return 10 * n * m * m + 28 * m**3 / 3
+        return 9 * n * m * m + 19 * m**3 / 3
 
     @classmethod
     def paper_formula(cls, metric: str | None = None, retraction: str = "cayley", **hyper) -> str:

@@ -53,7 +53,10 @@ Lr = float | torch.Tensor
 # C = γI, or C = γI + W for the fused gradient step d = G − XW, Note
 # [Overflow-safe step]), and AᴴA = CᴴXᴴXC − CᴴH − HᴴC + SᴴS with H = XᴴS comes
 # from M×M matrices and three N×M×M products (XᴴX, which the optimizer's
-# off-manifold test forms anyway, H and SᴴS); Q = X(CR⁻¹) − S·R⁻¹ is two more.
+# off-manifold test forms anyway, H and SᴴS); Q = (X·C − S)·R⁻¹ is one more
+# product, accumulated over S (the step's own copy), and a triangular solve in
+# place: the step writes no new N×M matrix but S, and the solve costs half a
+# product (the explicit R⁻¹ and the two products X(CR⁻¹) − S·R⁻¹ cost two).
 # Householder QR (LAPACK geqrf + orgqr, about five products' time at N = 4096,
 # M = 64 on a CPU) and the Newton–Schulz step after it (two products) are
 # replaced by O(M³) work.
@@ -142,9 +145,11 @@ def _householder(a: torch.Tensor) -> torch.Tensor:
     return newton_schulz(qr_unique(a))
 
 
-def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """X·C − S, one product over the flattened batch."""
+def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = False):
+    """X·C − S, one product over the flattened batch; written over S with ``over_s``."""
     cf = flat(c.expand(*x.shape[:-2], *c.shape[-2:]))
+    if over_s:
+        return flat(s).baddbmm_(flat(x), cf, beta=-1).reshape(x.shape)
     return torch.baddbmm(flat(s), flat(x), cf, beta=-1).reshape(x.shape)
 
 
@@ -158,11 +163,14 @@ def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     ch = c.mH @ h
     aa = head - ch - ch.mH + ss
     r, ok = _cholesky(aa)
-    rinv = torch.linalg.solve_triangular(r, eye_like(x, m).expand_as(r), upper=True)
     terms = (_trace(head).clamp_min(0).sqrt() + _trace(ss).clamp_min(0).sqrt()) ** 2
     ok = ok & (terms <= _CANCEL_MAX * _trace(aa))
-    y = two_products(x, c @ rinv, s, -rinv, x.shape)  # X·C·R⁻¹ − S·R⁻¹
-    return replace_refused(y, ok, lambda sel: _householder(sel(_argument(x, c, s))))
+    fast = in_place()
+    a = _argument(x, c, s, over_s=fast)  # X·C − S
+    if fast and not torch.compiler.is_compiling() and bool(ok.all()):
+        return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=a)
+    y = torch.linalg.solve_triangular(r, a, upper=True, left=False)
+    return replace_refused(y, ok, lambda sel: _householder(sel(a)))
 
 
 def _unit_columns(d: torch.Tensor) -> torch.Tensor:

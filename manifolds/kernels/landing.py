@@ -5,20 +5,16 @@ from __future__ import annotations
 import torch
 
 from .basic import eye_like, two_products
-from .reduce import gram, rows_sum
+from .frame import in_place
+from .reduce import gram, rows_sum_squares
 
-
-def _abs2(t: torch.Tensor) -> torch.Tensor:
-    return (t.conj() * t).real if t.is_complex() else t * t
-
-
-__all__ = ["landing_direction", "landing_safe_step"]
+__all__ = ["landing_direction", "landing_safe_step", "landing_update"]
 
 
 def landing_direction(
     x: torch.Tensor, g: torch.Tensor, attraction: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""Landing field Λ = skew(GXᴴ)X + λX(XᴴX − I), d = ‖XᴴX − I‖_F and ‖skew(GXᴴ)X‖²_F.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Landing field Λ = skew(GXᴴ)X + λX(XᴴX − I), d = ‖XᴴX − I‖_F, ‖Λ‖²_F, ‖skew(GXᴴ)X‖²_F.
 
     Args:
         x: points (..., N, M), possibly off the manifold.
@@ -26,7 +22,7 @@ def landing_direction(
         attraction: λ > 0.
 
     Returns:
-        Λ (shape of x), d and ‖ψX‖² (shapes (..., 1, 1)).
+        Λ (shape of x), then d, ‖Λ‖² and ‖ψX‖² (shapes (..., 1, 1)).
 
     Note [Landing field in O(NM²)]
     skew(GXᴴ)X = ½(GXᴴX − XGᴴX), so with S = XᴴX and H = GᴴX (M×M)
@@ -43,16 +39,16 @@ def landing_direction(
     c = attraction * e - 0.5 * h
     field = two_products(g, 0.5 * s, x, c, x.shape)
     dist = torch.linalg.matrix_norm(e, keepdim=True)
-    a2 = rows_sum(_abs2(field))
+    a2 = rows_sum_squares(field)
     xf = 0.5 * (h.mH @ s) + s @ c
     cross = (xf.conj() * e).sum((-2, -1), keepdim=True).real
     ese = (e.conj() * (s @ e)).sum((-2, -1), keepdim=True).real
     psi2 = (a2 - 2 * attraction * cross + attraction**2 * ese).clamp_min(0)
-    return field, dist, psi2
+    return field, dist, a2, psi2
 
 
 def landing_safe_step(
-    field: torch.Tensor,
+    a2: torch.Tensor,
     dist: torch.Tensor,
     psi2: torch.Tensor,
     lr: float,
@@ -62,7 +58,7 @@ def landing_safe_step(
     r"""Step size min(lr, η*) that keeps ‖XᴴX − I‖_F ≤ ε (shape (..., 1, 1)).
 
     Args:
-        field: Λ from `landing_direction`.
+        a2: ‖Λ‖²_F from `landing_direction`.
         dist: ‖XᴴX − I‖_F from `landing_direction`.
         psi2: ‖ψX‖² from `landing_direction`.
         lr: the largest step.
@@ -83,7 +79,7 @@ def landing_safe_step(
     O(η²‖ψX‖²) growth caused by the relative gradient stays below the O(ηλd)
     decrease. No NaN or inf is produced (a = 0 gives η = lr).
     """
-    a2 = rows_sum(_abs2(field)).to(dist.dtype)
+    a2 = a2.to(dist.dtype)
     tiny = torch.finfo(dist.dtype).tiny
     b = attraction * dist * (1 - dist)
     disc = (b * b + a2 * (eps - dist)).clamp_min(0)
@@ -94,3 +90,15 @@ def landing_safe_step(
     eta = torch.where(dist <= eps, inside, outside)
     eta = torch.where(a2 > 0, eta, torch.full_like(eta, lr))
     return eta.clamp(max=lr)
+
+
+def landing_update(x: torch.Tensor, field: torch.Tensor, eta) -> torch.Tensor:
+    """X − η·Λ, written over Λ when autograd is off (Λ is the step's own temporary).
+
+    One fused pass and no new N×M buffer; η is a float or a tensor (..., 1, 1).
+    """
+    if not in_place():
+        return x - eta * field
+    if not isinstance(eta, torch.Tensor):
+        return torch.sub(x, field, alpha=eta, out=field)
+    return torch.addcmul(x, field, eta.to(field.dtype), value=-1, out=field)

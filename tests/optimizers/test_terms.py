@@ -4,6 +4,8 @@ Each rule that had its own copy now calls the shared piece. The references are t
 rules' former bodies, written out here verbatim as plugin subclasses (the formulas
 of v0.2, before the pieces were shared): every optimizer/option combination must
 give bit-for-bit the same trajectory (``torch.equal``, float64 and complex128).
+POGO's kernel itself was rewritten since (Note [POGO's midpoint without ψ], VectorAdam's
+scale folded into the step size): its trajectory equals v0.2's to rounding.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class OldPOGO(optimizers.POGO):
                 buf = state["momentum_buffer"] = buf.mul(mu).add_(g, alpha=1 - group["dampening"])
                 g = g.add(buf, alpha=mu) if group["nesterov"] else buf
         else:
-            g = self._vector_adam(g, state, group, geo)
+            m, scale = self._vector_adam(g, state, group, geo)
+            g = m * scale
         if geo.stiefel:  # v0.2's pogo_step, written out
             xx = gram(x, x)
             mid = x - group["lr"] * (0.5 * (g @ xx - x @ gram(g, x)))
@@ -125,7 +128,11 @@ def test_shared_terms_give_the_former_trajectories_bit_for_bit(old, name, hyper,
         opt.step()
         ref.step()
         for p, q in zip(ours, theirs, strict=True):
-            assert torch.equal(p.detach(), q.detach())
+            if name != "pogo":
+                assert torch.equal(p.detach(), q.detach())
+            else:  # 12 = the largest dimension, a few roundings per step
+                tol = 10 * 12 * torch.finfo(torch.float64).eps
+                assert float((p.detach() - q.detach()).abs().max()) < tol
 
 
 def test_momentum_against_the_dense_formulas():
