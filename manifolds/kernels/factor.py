@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .basic import eye_like, flat, newton_schulz, polar, proj_tangent, qr_unique, sym, two_products
+from .basic import flat, newton_schulz, polar, proj_tangent, qr_unique, sym
 from .frame import (
     UNCORRECTED,
     frame_update,
@@ -155,7 +155,6 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = 
 
 def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     r"""qf(X(γI + W) − S), H = XᴴS (Note [QR retraction through the Gram of X − lr·d])."""
-    m = x.shape[-1]
     c = _plus_diagonal(w, gamma, x)
     xx = own_gram(x, xx)
     ss = gram(s, s)

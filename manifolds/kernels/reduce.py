@@ -37,7 +37,13 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "rows_split", "row_group", "gram", "rows_sum", "rows_sum_squares", "rows_amax", "rows_absmax",
+    "rows_split",
+    "row_group",
+    "gram",
+    "rows_sum",
+    "rows_sum_squares",
+    "rows_amax",
+    "rows_absmax",
 ]
 
 _GROUP: list = [None]
