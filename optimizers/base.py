@@ -76,6 +76,7 @@ from ..manifolds import _checks as checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
 from ..manifolds.kernels.frame import CHECK_EVERY
+from ..manifolds.kernels.reduce import known_absmax
 from . import master, skips, telemetry, terms
 from . import state as saved_state
 from .geometry import Binding, Geometry, bind_parameter, manifold_of
@@ -386,9 +387,10 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                     geo.off_manifold(x)  # the step reuses the Gram of the projected point
         snapshot = Snapshot(state, self.writes_state_in_place)
         state["step"] = (torch.tensor(0.0) if steps is None else steps) + 1
-        grad_ok = finite_gradient(grad)
+        grad_ok, absmax = finite_gradient(grad)
         try:
-            new = self.update(geo, x, grad, state, group)
+            with known_absmax(grad, absmax):
+                new = self.update(geo, x, grad, state, group)
         except torch.linalg.LinAlgError:  # eager LAPACK refusing a non-finite input
             new = None
         except BaseException:  # the transaction restores the others' states

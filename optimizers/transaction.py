@@ -240,6 +240,19 @@ def _finite(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(lo) & torch.isfinite(hi)
 
 
-def finite_gradient(grad: torch.Tensor) -> torch.Tensor:
-    """`finite` of a gradient (its own name: the step's result is tested by `finite`)."""
-    return finite(grad)
+def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`finite` of a gradient, and max |G| where the same pass gives it (else None).
+
+    The maximum is handed to the rule's kernels (Note [One pass over the gradient for
+    its test and its scale]): a single real matrix, not a DTensor, not traced.
+    """
+    if (
+        isinstance(grad, DTensor)
+        or grad.dim() != 2
+        or not grad.is_floating_point()
+        or grad.numel() == 0
+        or torch.compiler.is_compiling()
+    ):
+        return finite(grad), None
+    lo, hi = torch.aminmax(grad)
+    return torch.isfinite(lo) & torch.isfinite(hi), torch.maximum(hi, lo.neg()).reshape(1, 1)

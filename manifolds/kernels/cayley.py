@@ -211,6 +211,14 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     return y, y @ (mu * w if v_is_d else x.mH @ v)
 
 
+def _minus_product(d: torch.Tensor, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """D − X·K over the flattened batch, written over D (the step's own copy, d/μ) when
+    autograd is off: no new N×M matrix."""
+    if in_place():
+        return flat(d).baddbmm_(flat(x), flat(k), alpha=-1).reshape(d.shape)
+    return torch.baddbmm(flat(d), flat(x), flat(k), alpha=-1).reshape(d.shape)
+
+
 def _cayley(x, d, lr, v, xx, smw):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
     dn, mu = normalize(d)
@@ -221,7 +229,7 @@ def _cayley(x, d, lr, v, xx, smw):
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     xhd = gram(x, dn)
-    pd = torch.baddbmm(flat(dn), flat(x), flat(xhd), alpha=-0.5).reshape(dn.shape)
+    pd = _minus_product(dn, x, 0.5 * xhd)  # Pd = d − ½X·Xᴴd
     return _smw(x, pd, xhd, xx, lr, v, v is d, mu if v is d else 1.0)
 
 
@@ -316,7 +324,7 @@ def cayley_gradient_step(
     if not _woodbury_for(x):
         return _dense(x, gn - x @ w, lr, None, xx)
     xhd = h - xx @ w
-    pd = torch.baddbmm(flat(gn), flat(x), flat(w + 0.5 * xhd), alpha=-1).reshape(g.shape)
+    pd = _minus_product(gn, x, w + 0.5 * xhd)  # Pd = G − X(W + ½Xᴴd)
     return _smw(x, pd, xhd, xx, lr, None, False, mu)
 
 

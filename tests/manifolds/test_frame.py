@@ -276,6 +276,46 @@ def test_rows_absmax_is_the_largest_modulus_per_matrix(dtype):
     assert torch.equal(rows_absmax(empty), torch.zeros(2, 1, 1, dtype=empty.abs().dtype))
 
 
+def test_known_absmax_holds_for_that_tensor_unchanged_only():
+    """Note [One pass over the gradient for its test and its scale]: the hand-over is
+    read for the very tensor at the same version, nowhere else."""
+    from stiefel.manifolds.kernels.reduce import known_absmax, rows_absmax
+
+    gen = torch.Generator().manual_seed(7)
+    g = torch.randn(9, 4, generator=gen)
+    other = g.clone()
+    marker = torch.full((1, 1), 123.0)  # not max|g|: shows which value was read
+    with known_absmax(g, marker):
+        assert torch.equal(rows_absmax(g), marker)
+        assert float(rows_absmax(other)) == float(other.abs().max())  # equal values, other tensor
+        g.mul_(2)  # written since: the stated maximum no longer holds
+        assert float(rows_absmax(g)) == float(g.abs().max())
+    with known_absmax(other, None):  # states nothing
+        assert float(rows_absmax(other)) == float(other.abs().max())
+    assert float(rows_absmax(other)) == float(other.abs().max())
+
+
+def test_a_step_reads_the_gradient_once_for_its_test_and_scale():
+    """The optimizer's finiteness test hands max|G| on: rgd's step equals the kernel's own."""
+    import geoopt
+
+    from stiefel import optimizers
+    from stiefel.manifolds import Stiefel
+    from stiefel.manifolds.kernels import cayley_gradient_step, qr_gradient_step
+
+    gen = torch.Generator().manual_seed(8)
+    st = Stiefel(40, 5)
+    x0 = st.random(dtype=torch.float64, generator=gen)
+    g = 1e3 * torch.randn(40, 5, dtype=torch.float64, generator=gen)  # a scaled step (lr·μ > 1)
+    for retraction, kernel in (("cayley", cayley_gradient_step), ("qr", qr_gradient_step)):
+        w = geoopt.ManifoldParameter(x0.clone(), manifold=st)
+        w.grad = g.clone()
+        optimizers.create("rgd", [w], lr=0.01, retraction=retraction).step()
+        with torch.no_grad():
+            ref = kernel(x0.clone(), g.clone(), 0.01)
+        assert float((w.detach() - ref).abs().max()) < 10 * 40 * torch.finfo(torch.float64).eps
+
+
 @pytest.mark.parametrize("host", [True, False])
 def test_square_qr_condition_test_falls_back_to_rho(monkeypatch, host):
     # Note in _qr_square: ‖P‖²_F = tr(BᴴB) − nγ² ≤ 4γ² decides most steps from the
