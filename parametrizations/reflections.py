@@ -139,20 +139,30 @@ class Householder(_Reflections):
 
     @classmethod
     def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
-        """4·n·m·L: L reflections applied to the n×m matrix [diag(d); 0]."""
+        """4·n·m·L + (2·n + m)·Σ_k b_k², b_k the sizes of the blocks of `DEFAULT_BLOCK`.
+
+        The L reflections applied to the n×m matrix [diag(d); 0] by blocks of b:
+        per block its Gram V_bᴴV_b (2·n·b²), V_bᴴY and Y − V_b h̃ (2·n·b·m each)
+        and the triangular solve h̃ = T_b⁻¹(V_bᴴY) (b²·m) (Note [Householder
+        FLOPs], Note [Block size]). The backward pass does 10·n·m·L + (3·m +
+        2·n)·Σ_k b_k² less the innermost block's 4·n·b·m, 1.6× to 2.5× this, so
+        forward+backward does 2.6× to 3.5× this where it is charged 3×.
+        """
         L = m if reflections is None else reflections
-        return 4.0 * n * m * L
+        full, rest = divmod(L, DEFAULT_BLOCK)
+        squares = full * DEFAULT_BLOCK**2 + rest**2
+        return 4.0 * n * m * L + (2.0 * n + m) * squares
 
     @classmethod
     def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
-        """(n·L + 3·n·m·⌈L/b⌉)·itemsize, b = `DEFAULT_BLOCK` (Note [Bytes model]).
+        """(n·L + 3·n·m·⌈L/b⌉ + 4·L·m)·itemsize, b = `DEFAULT_BLOCK` (Note [Bytes model]).
 
         Each block of b reflections is two thin products over the n×m matrix Y:
-        VᵦᴴY reads Y, then Y − Vᵦ(Tᵦ⁻¹VᵦᴴY) reads it again and writes it; V is
-        read once.
+        VᵦᴴY reads Y, then Y − Vᵦh̃ reads it again and writes it; the b×m VᵦᴴY
+        and h̃ = Tᵦ⁻¹VᵦᴴY are written and read once each; V is read once.
         """
         L = m if reflections is None else reflections
-        return (n * L + 3.0 * n * m * -(-L // DEFAULT_BLOCK)) * itemsize
+        return (n * L + 3.0 * n * m * -(-L // DEFAULT_BLOCK) + 4.0 * L * m) * itemsize
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.householder_matrix(original, self.diagonal(), self.m, self.block)

@@ -50,10 +50,15 @@ def test_every_map_declares_a_finite_bytes_model(name):
 
 def test_map_bytes_models_against_their_formulas():
     n, m, L, s = 300, 40, 200, 4
-    blocks = -(-L // DEFAULT_BLOCK)  # 4 blocks of at most 64 reflections
-    assert blocks == 4
     maps = parametrizations.maps()
-    assert maps["householder"].bytes(n, m, L, s) == (n * L + 3 * n * m * blocks) * s
+    # one block of 200; three full blocks and one of 7
+    for rows, length in ((n, L), (4 * DEFAULT_BLOCK, 3 * DEFAULT_BLOCK + 7)):
+        sizes = [min(DEFAULT_BLOCK, length - i) for i in range(0, length, DEFAULT_BLOCK)]
+        model = (len(sizes) * 3 * rows * m + rows * length + 4 * length * m) * s
+        assert maps["householder"].bytes(rows, m, length, s) == model
+        # Note [Householder FLOPs]: two thin products, a Gram and a solve per block
+        flops = 4 * rows * m * length + (2 * rows + m) * sum(b * b for b in sizes)
+        assert maps["householder"].flops(rows, m, length) == flops
     assert maps["cwy"].bytes(n, m, L, s) == (3 * n * L + n * m + 2 * L * L + 2 * L * m) * s
     assert maps["tcwy"].bytes(n, m, L, s) == maps["cwy"].bytes(n, m, L, s)
     assert maps["cayley"].bytes(n, m, None, s) == (7 * n * n + 7 * n * m) * s
