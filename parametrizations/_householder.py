@@ -13,22 +13,31 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["householder_apply", "wy_triangle"]
+__all__ = ["default_block", "householder_apply", "wy_triangle"]
 
-# Note [Block size]
-# A block of b reflections does 4·n·b·p FLOPs of thin products (V_bᴴY, then Y − V_b h̃)
-# and (2·n + p)·b² of overhead (its Gram V_bᴴV_b and the triangular solve), a share
-# (2·n + p)·b / (4·n·p) of the useful work: 3b/(4n) on a square matrix, growing linearly
-# with b (3/4 at b = n, one compact WY block). The thin products read Y for V_bᴴY and read
-# and write it in the update, 3·n·p values per block for 4·n·b·p FLOPs: b/3 FLOPs per byte
-# in float32 (b/6 in float64), and a product with one dimension b runs at the rate of a
-# square one only once b is past the register and cache blocking of a GEMM, a few hundred.
-# With b = 256 the intensity (≈ 85 FLOPs per byte in float32) is well above the balance
-# of a CPU or GPU (GEMM rate over memory bandwidth) and every product has one dimension
-# of at least 256, while the overhead stays under a fifth from n = 1024 on (3b/(4n)) and
-# the T_b kept for the backward pass are L×b. Smaller blocks keep the products thin and
-# memory-bound; larger ones pay the Grams and solves (Note [Householder FLOPs]).
-DEFAULT_BLOCK = 256
+MIN_BLOCK, MAX_BLOCK = 64, 256
+
+
+def default_block(columns: int) -> int:
+    r"""Reflections per block for an n×p right-hand side: p/2, clamped to [64, 256].
+
+    Note [Block size]
+    A block of b reflections does 4·n·b·p FLOPs of thin products (V_bᴴY, then
+    Y − V_b h̃) and (2·n + p)·b² of overhead (its Gram V_bᴴV_b and the triangular
+    solve): a share (2·n + p)·b/(4·n·p) of the useful work, growing linearly with
+    b, about b/(2p) when p ≪ n and 3b/(4n) when p = n (3/4 at b = n, one compact
+    WY block). Against it, the products read Y for V_bᴴY and read and write it in
+    the update, 3·n·p values for 4·n·b·p FLOPs: b/3 FLOPs per byte in float32,
+    and a product with one dimension b runs at the rate of a square one only
+    once b is past the register and cache blocking of a GEMM, a few hundred.
+    b = p/2 holds the overhead at (2·n + p)/(8·n), a quarter to three eighths;
+    from p = 512 on the cap b = 256 makes the thin dimension of every product
+    256, ≈ 85 FLOPs per byte in float32 (well above a CPU's or GPU's GEMM rate
+    over its bandwidth), at an overhead of 3/16 on a square n = 1024.
+    Below p = 128 the floor of 64 bounds the number of blocks (L/64), each a
+    fixed number of kernel calls, where the products are bound by reading V.
+    """
+    return min(MAX_BLOCK, max(MIN_BLOCK, int(columns) // 2))
 
 
 def wy_triangle(v: torch.Tensor) -> torch.Tensor:
@@ -171,14 +180,15 @@ class _HouseholderApply(torch.autograd.Function):
         return gv, (g if need_x else None), None
 
 
-def householder_apply(v: torch.Tensor, x: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+def householder_apply(v: torch.Tensor, x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     r"""H(v₁)⋯H(v_L)·X without forming the n×n product, in O(n·L·p).
 
     ``v`` has shape (…, n, L) (the columns are the reflection vectors, not
     necessarily normalised, all non-zero), ``x`` has shape (…, n, p); leading
     dimensions broadcast. The backward pass is the paper's Algorithm 1 by
     blocks of ``block`` reflections (see Note [Algorithm 1 by blocks,
-    recomputed from the output]).
+    recomputed from the output]), by default `default_block` (p) (Note
+    [Block size]).
 
     Example:
         ```python
@@ -202,4 +212,5 @@ def householder_apply(v: torch.Tensor, x: torch.Tensor, block: int = DEFAULT_BLO
     v = v / torch.where(scale > 0, scale, torch.ones_like(scale))
     v = v.expand(*batch, *v.shape[-2:])
     x = x.expand(*batch, *x.shape[-2:])
-    return _HouseholderApply.apply(v, x, int(block))[0]
+    block = default_block(x.shape[-1]) if block is None else int(block)
+    return _HouseholderApply.apply(v, x, block)[0]

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from ._expm import expm
-from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
+from ._householder import householder_apply, wy_triangle
 from ._spectral import one_norm, skew_spectral, spectral_needed
 from ._traced import skew_map
 
@@ -210,7 +210,7 @@ def cwy_linear(
 
 
 def householder_matrix(
-    v: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None, block: int = DEFAULT_BLOCK
+    v: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None, block: int | None = None
 ) -> torch.Tensor:
     r"""Q = H(v₁)⋯H(v_L) E_d by reflections applied one block after another (custom backward)."""
     n = v.shape[-2]
@@ -223,7 +223,7 @@ def householder_linear(
     x: torch.Tensor,
     d: torch.Tensor | None = None,
     transposed: bool = False,
-    block: int = DEFAULT_BLOCK,
+    block: int | None = None,
 ) -> torch.Tensor:
     r"""``F.linear(x, W)`` for W = H(v₁)⋯H(v_L)E_d (or its transpose), W never formed.
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from stiefel.parametrizations import OrthogonalMap, available, base, get, maps, register
-from stiefel.parametrizations._householder import DEFAULT_BLOCK
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ class Polar(OrthogonalMap):
 def test_options_are_the_keyword_only_arguments_of_every_map():
     for name, cls in maps().items():
         assert list(base.MAPS.options(name)) == cls.options(), name
-    assert base.MAPS.options("householder") == {"reflections": None, "block": DEFAULT_BLOCK}
+    assert base.MAPS.options("householder") == {"reflections": None, "block": None}
     assert base.MAPS.options("exp") == {}
 
 
