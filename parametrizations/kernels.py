@@ -67,8 +67,10 @@ def cwy_triangle(u: torch.Tensor) -> torch.Tensor:
 
 def embed_diagonal(d: torch.Tensor | None, n: int, m: int, like: torch.Tensor) -> torch.Tensor:
     """E_d = [diag(d); 0] of shape (…, n, m); [I; 0] when ``d`` is None."""
-    e = torch.eye(n, m, dtype=like.dtype, device=like.device)
-    return e if d is None else e * d.unsqueeze(-2).to(like.dtype)
+    if d is None:
+        return torch.eye(n, m, dtype=like.dtype, device=like.device)
+    e = torch.diag_embed(d.to(like.dtype))  # one pass over the m×m zeros, not eye times d
+    return e if n == m else torch.nn.functional.pad(e, (0, 0, 0, n - m))
 
 
 def cwy_matrix(
