@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from ._expm import expm
-from ._householder import DEFAULT_BLOCK, householder_apply, wy_triangle
+from ._householder import householder_apply, wy_triangle
 from ._spectral import one_norm, skew_spectral, spectral_needed
 from ._traced import skew_map
 
@@ -67,8 +67,10 @@ def cwy_triangle(u: torch.Tensor) -> torch.Tensor:
 
 def embed_diagonal(d: torch.Tensor | None, n: int, m: int, like: torch.Tensor) -> torch.Tensor:
     """E_d = [diag(d); 0] of shape (…, n, m); [I; 0] when ``d`` is None."""
-    e = torch.eye(n, m, dtype=like.dtype, device=like.device)
-    return e if d is None else e * d.unsqueeze(-2).to(like.dtype)
+    if d is None:
+        return torch.eye(n, m, dtype=like.dtype, device=like.device)
+    e = torch.diag_embed(d.to(like.dtype))  # one pass over the m×m zeros, not eye times d
+    return e if n == m else torch.nn.functional.pad(e, (0, 0, 0, n - m))
 
 
 def cwy_matrix(
@@ -210,7 +212,7 @@ def cwy_linear(
 
 
 def householder_matrix(
-    v: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None, block: int = DEFAULT_BLOCK
+    v: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None, block: int | None = None
 ) -> torch.Tensor:
     r"""Q = H(v₁)⋯H(v_L) E_d by reflections applied one block after another (custom backward)."""
     n = v.shape[-2]
@@ -223,7 +225,7 @@ def householder_linear(
     x: torch.Tensor,
     d: torch.Tensor | None = None,
     transposed: bool = False,
-    block: int = DEFAULT_BLOCK,
+    block: int | None = None,
 ) -> torch.Tensor:
     r"""``F.linear(x, W)`` for W = H(v₁)⋯H(v_L)E_d (or its transpose), W never formed.
 

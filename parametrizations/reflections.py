@@ -22,7 +22,7 @@ from ..manifolds import _checks
 from ..manifolds._checks import int_in_range
 from . import kernels
 from ._diagonal import SignPhaseDiagonal
-from ._householder import DEFAULT_BLOCK
+from ._householder import default_block
 from ._inverse import reflections_from_point
 from .base import OrthogonalMap, high, register
 
@@ -108,7 +108,8 @@ class Householder(_Reflections):
 
     The backward pass is Algorithm 1 of Mhammedi et al. (2017), run by blocks
     of ``block`` reflections and recomputing the intermediates from the output
-    (O(nLp) time for p columns, O(np) memory). ``reflections=L`` (1 ≤ L ≤ n,
+    (O(nLp) time for p columns, O(np) memory); by default a block holds p/2
+    reflections, 64 to 256 (Note [Block size]). ``reflections=L`` (1 ≤ L ≤ n,
     default m, i.e. n on O(n)/U(n)) trades capacity for speed; ``linear`` applies
     Q to a batch of vectors in O(nL) without forming it.
 
@@ -132,27 +133,37 @@ class Householder(_Reflections):
         device: torch.device | str | None = None,
         *,
         reflections: int | None = None,
-        block: int = DEFAULT_BLOCK,
+        block: int | None = None,
     ):
         super().__init__(shape, dtype, device, reflections=reflections)
-        self.block = _checks.positive_int("block", block)
+        self.block = _checks.positive_int("block", block, none_ok=True)
 
     @classmethod
     def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
-        """4·n·m·L: L reflections applied to the n×m matrix [diag(d); 0]."""
+        """4·n·m·L + (2·n + m)·Σ_k b_k², b_k the sizes of the blocks of b = `default_block` (m).
+
+        The L reflections applied to the n×m matrix [diag(d); 0] by blocks of b:
+        per block its Gram V_bᴴV_b (2·n·b²), V_bᴴY and Y − V_b h̃ (2·n·b·m each)
+        and the triangular solve h̃ = T_b⁻¹(V_bᴴY) (b²·m) (Note [Householder
+        FLOPs], Note [Block size]). The backward pass does 10·n·m·L + (3·m +
+        2·n)·Σ_k b_k² less the innermost block's 4·n·b·m, 1.6× to 2.5× this, so
+        forward+backward does 2.6× to 3.5× this where it is charged 3×.
+        """
         L = m if reflections is None else reflections
-        return 4.0 * n * m * L
+        b = default_block(m)
+        full, rest = divmod(L, b)
+        return 4.0 * n * m * L + (2.0 * n + m) * (full * b * b + rest * rest)
 
     @classmethod
     def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
-        """(n·L + 3·n·m·⌈L/b⌉)·itemsize, b = `DEFAULT_BLOCK` (Note [Bytes model]).
+        """(n·L + 3·n·m·⌈L/b⌉ + 4·L·m)·itemsize, b = `default_block` (m) (Note [Bytes model]).
 
         Each block of b reflections is two thin products over the n×m matrix Y:
-        VᵦᴴY reads Y, then Y − Vᵦ(Tᵦ⁻¹VᵦᴴY) reads it again and writes it; V is
-        read once.
+        VᵦᴴY reads Y, then Y − Vᵦh̃ reads it again and writes it; the b×m VᵦᴴY
+        and h̃ = Tᵦ⁻¹VᵦᴴY are written and read once each; V is read once.
         """
         L = m if reflections is None else reflections
-        return (n * L + 3.0 * n * m * -(-L // DEFAULT_BLOCK)) * itemsize
+        return (n * L + 3.0 * n * m * -(-L // default_block(m)) + 4.0 * L * m) * itemsize
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.householder_matrix(original, self.diagonal(), self.m, self.block)

@@ -10,7 +10,6 @@ from stiefel import optimizers, parametrizations
 from stiefel.comparisons import cost
 from stiefel.optimizers import registry
 from stiefel.parametrizations import OrthogonalMap
-from stiefel.parametrizations._householder import DEFAULT_BLOCK
 
 #: (n, m, L) at which every model is read: square and tall, L below, at and above a block
 SHAPES = [(8, 8, 8), (64, 16, 5), (300, 40, 200), (4096, 64, 64)]
@@ -50,10 +49,19 @@ def test_every_map_declares_a_finite_bytes_model(name):
 
 def test_map_bytes_models_against_their_formulas():
     n, m, L, s = 300, 40, 200, 4
-    blocks = -(-L // DEFAULT_BLOCK)  # 4 blocks of at most 64 reflections
-    assert blocks == 4
     maps = parametrizations.maps()
-    assert maps["householder"].bytes(n, m, L, s) == (n * L + 3 * n * m * blocks) * s
+    # Note [Block size]: blocks of m/2 reflections, clamped to [64, 256]
+    for rows, cols, length, sizes in (
+        (n, m, L, [64, 64, 64, 8]),
+        (1024, 1024, 775, [256, 256, 256, 7]),
+        (1024, 300, 1000, [150] * 6 + [100]),
+    ):
+        assert sum(sizes) == length
+        model = (len(sizes) * 3 * rows * cols + rows * length + 4 * length * cols) * s
+        assert maps["householder"].bytes(rows, cols, length, s) == model
+        # Note [Householder FLOPs]: two thin products, a Gram and a solve per block
+        flops = 4 * rows * cols * length + (2 * rows + cols) * sum(b * b for b in sizes)
+        assert maps["householder"].flops(rows, cols, length) == flops
     assert maps["cwy"].bytes(n, m, L, s) == (3 * n * L + n * m + 2 * L * L + 2 * L * m) * s
     assert maps["tcwy"].bytes(n, m, L, s) == maps["cwy"].bytes(n, m, L, s)
     assert maps["cayley"].bytes(n, m, None, s) == (7 * n * n + 7 * n * m) * s

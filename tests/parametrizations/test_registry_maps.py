@@ -34,7 +34,7 @@ class Polar(OrthogonalMap):
 def test_options_are_the_keyword_only_arguments_of_every_map():
     for name, cls in maps().items():
         assert list(base.MAPS.options(name)) == cls.options(), name
-    assert base.MAPS.options("householder") == {"reflections": None, "block": 64}
+    assert base.MAPS.options("householder") == {"reflections": None, "block": None}
     assert base.MAPS.options("exp") == {}
 
 
