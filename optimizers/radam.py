@@ -24,6 +24,7 @@ import torch
 
 from ..manifolds._checks import flag
 from ..manifolds.kernels.reduce import rows_absmax
+from ..manifolds.kernels.scaling import host_scalars
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -150,7 +151,10 @@ class RAdam(RiemannianOptimizer):
         xi = geo.rgrad(x, grad)
         # Note [Second moment in scaled form]: v = exp_avg_sq · exp_avg_sq_scale²
         mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))
-        sq = geo.component_inner(x, xi / mu)  # ⟨ξ, ξ⟩/μ², exact (μ a power of two)
+        # ⟨ξ, ξ⟩/μ², exact (μ a power of two); ξ/1 = ξ needs no pass where the host
+        # sees μ (Note [Step weights on the host])
+        one = host_scalars(xi) and mu.numel() == 1 and float(mu) == 1.0
+        sq = geo.component_inner(x, xi if one else xi / mu)
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(x)
             state["exp_avg_sq"] = torch.zeros_like(sq)
@@ -160,7 +164,7 @@ class RAdam(RiemannianOptimizer):
         s = state.get("exp_avg_sq_scale")
         s = torch.ones_like(v) if s is None else s
         s1 = torch.maximum(s, mu)  # ratios ≤ 1 below: their squares cannot overflow
-        m = m.mul(b1).add_(xi, alpha=1 - b1)
+        m = torch.lerp(m, xi, 1 - b1)  # b1·m + (1 − b1)ξ, one pass
         v = v.mul((s / s1) ** 2).mul_(b2).add_(sq.mul((mu / s1) ** 2), alpha=1 - b2)
         vmax = state.get("max_exp_avg_sq") if group["amsgrad"] else None
         if group["amsgrad"]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .reduce import gram, row_group, rows_sum
+from .reduce import gram, row_group, rows_sum, rows_sum_squares
 
 __all__ = [
     "sym",
@@ -51,12 +51,29 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *t.shape[-2:])
 
 
+def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool = False):
+    """U − X·K: one product accumulated on U over the flattened batch, one new N×M matrix
+    (none with ``over_u``: written over U, which the caller owns)."""
+    if u.shape != x.shape or k.shape[:-2] != x.shape[:-2]:  # broadcasting: the plain form
+        return u.sub_(x @ k) if over_u else u - x @ k
+    if over_u:
+        return flat(u).baddbmm_(flat(x), flat(k), alpha=-1).reshape(u.shape)
+    return torch.baddbmm(flat(u), flat(x), flat(k), alpha=-1).reshape(u.shape)
+
+
 def two_products(a, b, c, e, out_shape) -> torch.Tensor:
     """A B + C E over a flattened batch (one matmul and one fused multiply-add)."""
     af, cf = flat(a), flat(c)
     bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
     ef = flat(e.expand(*c.shape[:-2], *e.shape[-2:]))
     return torch.bmm(af, bf).baddbmm_(cf, ef).reshape(out_shape)
+
+
+def three_products(v, a, b, c, e) -> torch.Tensor:
+    """V + A B + C E over a flattened batch: two multiply-adds on V's copy, no separate sum."""
+    bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+    ef = flat(e.expand(*c.shape[:-2], *e.shape[-2:]))
+    return torch.baddbmm(flat(v), flat(a), bf).baddbmm_(flat(c), ef).reshape(v.shape)
 
 
 def gram_minus_identity(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +98,7 @@ def proj_tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     canonical ``proju`` returns U − XUᴴX, which is the canonical Riemannian
     gradient, not a projection: applied twice it changes its input.)
     """
-    return u - x @ sym(gram(x, u))
+    return sub_product(u, x, sym(gram(x, u)))
 
 
 # Under the Euclidean metric the Riemannian gradient is the projection of G.
@@ -94,7 +111,7 @@ def egrad2rgrad_canonical(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     With ⟨ξ, η⟩_X = Re tr(ξᴴ(I − ½XXᴴ)η) the gradient is the unique tangent
     vector whose inner product with every tangent η equals Re tr(Gᴴη).
     """
-    return g - x @ gram(g, x)
+    return sub_product(g, x, gram(g, x))
 
 
 def _real_trace_product(
@@ -102,6 +119,9 @@ def _real_trace_product(
 ) -> torch.Tensor:
     # Re tr(uᴴ v) = Σ Re(conj(u) v), summed over the two matrix dimensions (over all
     # ranks' rows when ``rows`` and the rows are split, Note [Row-sharded kernels]).
+    if u is v and rows:  # ‖u‖²_F in one pass, no temporary (Note [Sum of squares by row norms])
+        out = rows_sum_squares(u)
+        return out if keepdim else out[..., 0, 0]
     prod = u.conj() * v if u.is_complex() else u * v
     out = rows_sum(prod) if rows else prod.sum(dim=(-2, -1), keepdim=True)
     out = out.real if out.is_complex() else out

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, flat, newton_schulz, sym, two_products
+from .basic import eye_like, newton_schulz, sub_product, sym, three_products, two_products
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -124,7 +124,7 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
         return y
     w1, w2 = z[..., :m, m:], z[..., m:, m:]
     # Cayley(A)v = v + XZ₂' − P̂V₁' (times μ when v is the normalized d)
-    tv = two_products(x, mu * w2, pd, -(mu * w1) / tc, v.shape) + v
+    tv = three_products(v, x, mu * w2, pd, -(mu * w1) / tc)
     return y, tv
 
 
@@ -211,14 +211,6 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     return y, y @ (mu * w if v_is_d else x.mH @ v)
 
 
-def _minus_product(d: torch.Tensor, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """D − X·K over the flattened batch, written over D (the step's own copy, d/μ) when
-    autograd is off: no new N×M matrix."""
-    if in_place():
-        return flat(d).baddbmm_(flat(x), flat(k), alpha=-1).reshape(d.shape)
-    return torch.baddbmm(flat(d), flat(x), flat(k), alpha=-1).reshape(d.shape)
-
-
 def _cayley(x, d, lr, v, xx, smw):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
     dn, mu = normalize(d)
@@ -229,7 +221,7 @@ def _cayley(x, d, lr, v, xx, smw):
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     xhd = gram(x, dn)
-    pd = _minus_product(dn, x, 0.5 * xhd)  # Pd = d − ½X·Xᴴd
+    pd = sub_product(dn, x, 0.5 * xhd, over_u=in_place())  # Pd = d − ½X·Xᴴd, over d/μ
     return _smw(x, pd, xhd, xx, lr, v, v is d, mu if v is d else 1.0)
 
 
@@ -324,7 +316,7 @@ def cayley_gradient_step(
     if not _woodbury_for(x):
         return _dense(x, gn - x @ w, lr, None, xx)
     xhd = h - xx @ w
-    pd = _minus_product(gn, x, w + 0.5 * xhd)  # Pd = G − X(W + ½Xᴴd)
+    pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place())  # Pd = G − X(W + ½Xᴴd), over G/μ
     return _smw(x, pd, xhd, xx, lr, None, False, mu)
 
 
