@@ -244,10 +244,18 @@ def householder_linear(
 
 
 # --------------------------------------------------------------------------- skew matrices
+_PANEL = 128  # columns of the lower triangle written at a time by `_skew`
+
+
 def _skew(x: torch.Tensor) -> torch.Tensor:
-    """X ↦ X₊ − X₊ᴴ (+ i·Im diag X), the transpose a copy (Note [Skew part by copies])."""
-    t = torch.triu(x, 1)
-    a = t.sub_(t.mH.contiguous())
+    """X ↦ X₊ − X₊ᴴ (+ i·Im diag X), transposed by panels (Note [Skew part by copies])."""
+    a = torch.triu(x, 1)
+    n = a.shape[-1]
+    for j0 in range(0, n, _PANEL):
+        j1 = min(j0 + _PANEL, n)
+        a[..., j1:, j0:j1].copy_(a[..., j0:j1, j1:].mH).neg_()
+        block = a[..., j0:j1, j0:j1]
+        block.sub_(block.mH.contiguous())
     if x.is_complex():
         a.diagonal(dim1=-2, dim2=-1).copy_(1j * x.diagonal(dim1=-2, dim2=-1).imag)
     return a
@@ -266,8 +274,10 @@ class _SkewFromRaw(torch.autograd.Function):
 
     Note [Skew part by copies]
     X₊ − X₊ᴴ read as an elementwise op on a transposed view walks one operand
-    across rows, a cache line per element; ``.contiguous()`` of the transpose is a
-    blocked copy, after which every pass runs along memory. Autograd would form
+    across rows, a cache line per element. The forward writes the lower triangle
+    one panel of `_PANEL` columns at a time, from the transpose of a row panel that
+    fits in cache; the backward makes one blocked copy of Gᴴ (``.contiguous()``),
+    after which every pass runs along memory. Autograd would form
     the gradient the strided way (G + (−G)ᴴ accumulated into one tensor), so the
     backward is the adjoint written the same way: ⟨G, X₊ − X₊ᴴ⟩ = ⟨G − Gᴴ, X₊⟩ gives
     triu(G − Gᴴ, 1), and the diagonal i·Im xⱼⱼ (complex) has adjoint i·Im gⱼⱼ. The
