@@ -19,20 +19,19 @@ definite, so S has Hermitian part ⪰ I, and so has every principal block of S.
 Hence (i) elimination without pivoting never meets a singular pivot block, and
 (ii) every pivot block D satisfies ‖D⁻¹‖₂ ≤ 1 (xᴴDx has real part ≥ ‖x‖², so
 ‖Dx‖ ≥ ‖x‖): its inverse, formed explicitly by LAPACK (partial pivoting inside the
-block), is as well conditioned as D itself. This is Gaussian elimination on a
-matrix with positive definite Hermitian part H and skew part K, stable without
-pivoting in the sense of Golub & Van Loan (1979; Higham, *Accuracy and Stability*,
-§10.4): ‖|L||U|‖_F ≤ n‖H + KᴴH⁻¹K‖₂, here n(1 + ‖A‖₂²). The growth is bounded, but
+block), is as well conditioned as D itself. This is Gaussian elimination on a matrix
+with positive definite Hermitian part H and skew part K, stable without pivoting in the
+sense of Golub & Van Loan (1979; Higham, *Accuracy and Stability*, §10.4): ‖|L||U|‖ is
+bounded by a multiple of n‖H + KᴴH⁻¹K‖₂, here n(1 + ‖A‖₂²). The growth is bounded, but
 by ‖A‖₂² where partial pivoting has ‖A‖₂, and the errors of Q grow like ‖A‖₂²·eps
-instead of ‖A‖₂·eps (measured at n = 256 and 1024 on random, rank-two and graded
-skew A: both within a few tens of eps up to ‖A‖₂ = 10, the unpivoted one up to
-~0.3‖A‖₂²·eps beyond). So the unpivoted elimination is used only while
-‖A‖₁ ≤ `UNPIVOTED_PER_ROOT`·√n (‖A‖₂ ≤ ‖A‖₁ for skew-Hermitian A), where
-0.3‖A‖₂² ≤ 5n: within the 10·n·eps every map is held to, and below the pivoted
-solve's own error at the top of its range (‖A‖₁ = 4n, Note [Where the eigh path
-starts]). ‖A‖₁ is the value that choice already reads (one host synchronisation);
-where it is not read (``vmap``, meta, a caller's ``spectral=False``) or is above the
-limit, and for n ≤ `BLOCK`, the pivoted solve runs.
+instead of ‖A‖₂·eps (measured at n = 256 and 1024 on random, rank-two and graded skew A:
+both within a few tens of eps up to ‖A‖₂ = 10, the unpivoted one up to ~0.3‖A‖₂²·eps
+beyond). So the unpivoted elimination is used only while ‖A‖₁ ≤ `UNPIVOTED_PER_ROOT`·√n
+(‖A‖₂ ≤ ‖A‖₁ for skew-Hermitian A), where 0.3‖A‖₂² ≤ 5n: within the 10·n·eps every map
+is held to, and no more than the pivoted solve's own error at the top of its range
+(‖A‖₁ = 4n, Note [Where the eigh path starts]). ‖A‖₁ is the value that choice already reads
+(one host synchronisation); where it is not read (``vmap``, meta, a caller's
+``spectral=False``) or is above the limit, and for n ≤ `BLOCK`, the pivoted solve runs.
 
 Why not the other forms: ``torch.linalg.lu_factor(pivot=False)`` exists on CUDA only;
 a Cholesky factorisation of MᴴM = I + AᴴA squares the condition number; the pivoted
