@@ -45,7 +45,7 @@ import torch
 
 from ..manifolds import _checks
 
-__all__ = ["SPECTRAL_THRESHOLD", "one_norm", "spectral_needed", "skew_spectral"]
+__all__ = ["SPECTRAL_THRESHOLD", "one_norm", "spectral_needed", "spectral_for", "skew_spectral"]
 
 #: ‖A‖₁ above max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW·n) goes through ``eigh``.
 SPECTRAL_THRESHOLD = 64.0
@@ -53,21 +53,25 @@ SPECTRAL_PER_ROW = 4.0
 
 
 def one_norm(a: torch.Tensor) -> float | None:
-    """max over the batch of ‖A‖₁, or None where A has no values to read.
+    """max over the batch of ‖A‖₁ of a skew-Hermitian A, or None where A has no values to read.
 
+    Read as ‖A‖∞ (max row sum of |aᵢⱼ|), equal to ‖A‖₁ since |A| is symmetric: the
+    row sums run along memory, where the column sums of ‖A‖₁ stride across it.
     None for an empty or meta tensor and under ``torch.func.vmap`` (which cannot
     read a value back to Python); the callers then keep their usual kernels.
     """
     if a.numel() == 0 or a.device.type == "meta":
         return None
     try:
-        return float(torch.linalg.matrix_norm(a.detach(), ord=1).max())
+        return float(a.detach().abs().sum(-1).max())
     except RuntimeError:  # vmap: "calling .item() on a Tensor" is not supported
         return None
 
 
 def spectral_needed(a: torch.Tensor) -> bool:
     """Whether max over the batch of ‖A‖₁ exceeds max(64, 4n) (and is finite).
+
+    `spectral_for` of n and `one_norm`; a caller that needs ‖A‖₁ for more calls those.
 
     Note [Where the eigh path starts]
     Measured in float32 on random skew A (n = 6, 64, 256), the orthogonality error
@@ -79,8 +83,12 @@ def spectral_needed(a: torch.Tensor) -> bool:
     inside LAPACK, and so does an A without values (`one_norm` is None). One host
     synchronisation (``expm`` already needs one).
     """
-    norm = one_norm(a)
-    limit = max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW * a.shape[-1])
+    return spectral_for(a.shape[-1], one_norm(a))
+
+
+def spectral_for(n: int, norm: float | None) -> bool:
+    """Whether ‖A‖₁ = ``norm`` of an n×n A takes the ``eigh`` path (None: not read, no)."""
+    limit = max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW * n)
     return norm is not None and math.isfinite(norm) and norm > limit
 
 

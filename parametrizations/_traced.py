@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import torch
 
+from ._cayley import cayley_solve
 from ._expm import expm
-from ._spectral import skew_spectral, spectral_needed
+from ._spectral import one_norm, skew_spectral, spectral_for, spectral_needed
 
 __all__ = ["skew_map"]
 
@@ -60,13 +61,14 @@ def _views_resolved():
 
 
 def _eager(a: torch.Tensor, kind: str) -> torch.Tensor:
-    """The eager kernel: ``eigh`` above the threshold, else Padé (exp) or one LU (Cayley)."""
-    if spectral_needed(a):
+    """The eager kernel: ``eigh`` above the threshold, else Padé (exp) or one solve (Cayley)."""
+    norm = one_norm(a)
+    if spectral_for(a.shape[-1], norm):
         return skew_spectral(a, kind)
     if kind == "exp":
         return expm(a)
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    return 2 * torch.linalg.inv_ex(eye + a).inverse - eye  # Note [Cayley transform by one solve]
+    return cayley_solve(a, eye, norm)  # Note [Cayley transform by one solve]
 
 
 @torch.library.custom_op("stiefel::skew_map", mutates_args=())

@@ -46,19 +46,6 @@ class _Based(OrthogonalMap):
     base_columns_full = True
     formula = "n³"
 
-    @classmethod
-    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
-        """8n³/3 + 2n³: one LU solve of (I + A) against an n×n right-hand side."""
-        return 8 * n**3 / 3 + 2 * n**3
-
-    @classmethod
-    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
-        """(7n² + 7nm)·itemsize (Note [Bytes model]): A from the raw original (read, write),
-        I + A (read, write), its LU factors in place (read, write), the two triangular
-        solves (read the factors; read and write the n×m right-hand side twice) and
-        2(I + A)⁻¹B − B (read two n×m, write one)."""
-        return (7.0 * n * n + 7.0 * n * m) * itemsize
-
     def __init__(self, shape, dtype: torch.dtype, device: torch.device | str | None = None):
         super().__init__(shape, dtype, device)
         cols = self.n if self.base_columns_full else self.m
@@ -144,9 +131,11 @@ class Exp(_Based):
 
 @register("cayley")
 class Cayley(_Based):
-    r"""Q = (I + A)⁻¹(I − A)·B through one LU solve, B a fixed base (buffer).
+    r"""Q = (I + A)⁻¹(I − A)·B through one solve, B a fixed base (buffer).
 
-    O(n³) per call, also on St(n, m) (B then has m columns).
+    O(n³) per call, also on St(n, m) (B then has m columns). The solve is block
+    elimination without pivoting while ‖A‖₁ is small (Note [Elimination without
+    pivoting for I + A]), LU with partial pivoting beyond, ``eigh`` for large ‖A‖₁.
 
     Example:
         ```python
@@ -160,6 +149,23 @@ class Cayley(_Based):
 
     base_columns_full = False
     domain = "O(n) without eigenvalue −1 (base buffer)"
+
+    @classmethod
+    def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
+        """2n³/3 + 2n²m: the elimination of I + A, then the solve with the m columns of B.
+
+        Both as for LU (`_cayley.cayley_solve`): the factors cost 2n³/3 (by blocks
+        without pivoting, or LAPACK's partial pivoting), applying them 2n²m.
+        """
+        return 2 * n**3 / 3 + 2 * n**2 * m
+
+    @classmethod
+    def bytes(cls, n: int, m: int, reflections: int | None = None, itemsize: int = 4) -> float:
+        """(8n² + 9nm)·itemsize (Note [Bytes model]): A from the raw original (read, write),
+        ‖A‖₁ (read A), I + A (read, write), its factors in place (read, write), the copy of B
+        (read, write), the solve (read the factors; read and write the n×m columns twice)
+        and 2(I + A)⁻¹B − B (read two n×m, write one)."""
+        return (8.0 * n * n + 9.0 * n * m) * itemsize
 
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
         return kernels.cayley_map(kernels.skew_from_raw(original), self.base)

@@ -27,9 +27,10 @@ from collections.abc import Callable
 
 import torch
 
+from ._cayley import cayley_solve
 from ._expm import expm
 from ._householder import householder_apply, wy_triangle
-from ._spectral import one_norm, skew_spectral, spectral_needed
+from ._spectral import one_norm, skew_spectral, spectral_for, spectral_needed
 from ._traced import skew_map
 
 __all__ = [
@@ -245,17 +246,80 @@ def householder_linear(
 
 
 # --------------------------------------------------------------------------- skew matrices
+_PANEL = 128  # columns of the lower triangle written at a time by `_skew`
+
+
+def _skew(x: torch.Tensor) -> torch.Tensor:
+    """X ↦ X₊ − X₊ᴴ (+ i·Im diag X), transposed by panels (Note [Skew part by copies])."""
+    a = torch.triu(x, 1)
+    n = a.shape[-1]
+    for j0 in range(0, n, _PANEL):
+        j1 = min(j0 + _PANEL, n)
+        a[..., j1:, j0:j1].copy_(a[..., j0:j1, j1:].mH).neg_()
+        block = a[..., j0:j1, j0:j1]
+        block.sub_(block.mH.contiguous())
+    if x.is_complex():
+        a.diagonal(dim1=-2, dim2=-1).copy_(1j * x.diagonal(dim1=-2, dim2=-1).imag)
+    return a
+
+
+def _skew_adjoint(g: torch.Tensor) -> torch.Tensor:
+    """G ↦ triu(G − Gᴴ, 1) (+ i·Im diag G): the adjoint of `_skew` under Re tr(XᴴY)."""
+    x = torch.triu(g.sub(g.mH.contiguous()), 1)
+    if g.is_complex():
+        x.diagonal(dim1=-2, dim2=-1).copy_(1j * g.diagonal(dim1=-2, dim2=-1).imag)
+    return x
+
+
+class _SkewFromRaw(torch.autograd.Function):
+    r"""`skew_from_raw` with its adjoint written out (Note [Skew part by copies]).
+
+    Note [Skew part by copies]
+    X₊ − X₊ᴴ read as an elementwise op on a transposed view walks one operand
+    across rows, a cache line per element. The forward writes the lower triangle
+    one panel of `_PANEL` columns at a time, from the transpose of a row panel that
+    fits in cache; the backward makes one blocked copy of Gᴴ (``.contiguous()``),
+    after which every pass runs along memory. Autograd would form
+    the gradient the strided way (G + (−G)ᴴ accumulated into one tensor), so the
+    backward is the adjoint written the same way: ⟨G, X₊ − X₊ᴴ⟩ = ⟨G − Gᴴ, X₊⟩ gives
+    triu(G − Gᴴ, 1), and the diagonal i·Im xⱼⱼ (complex) has adjoint i·Im gⱼⱼ. The
+    map is linear, so its tangent (forward mode) is the map itself.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _skew(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        pass
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _skew_adjoint(g)
+
+    @staticmethod
+    def jvp(ctx, t: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _skew(t)
+
+
 def skew_from_raw(x: torch.Tensor) -> torch.Tensor:
     r"""The skew-Hermitian A = X₊ − X₊ᴴ (+ i·Im diag X if complex), X₊ the strict upper triangle.
 
     Only the strict upper triangle (and, for complex X, the imaginary part of
     the diagonal) is read, so A has exactly dim 𝔬(n) or 𝔲(n) free parameters.
+    Traced by ``torch.compile``, the plain formula (Inductor writes its own loops,
+    and Dynamo does not trace a Function with a ``jvp``).
     """
-    a = torch.triu(x, 1)
-    a = a - a.mH
-    if x.is_complex():
-        a = a + torch.diag_embed(1j * torch.diagonal(x, dim1=-2, dim2=-1).imag)
-    return a
+    if torch.compiler.is_compiling():
+        a = torch.triu(x, 1)
+        a = a - a.mH
+        if x.is_complex():
+            a = a + torch.diag_embed(1j * torch.diagonal(x, dim1=-2, dim2=-1).imag)
+        return a
+    return _SkewFromRaw.apply(x)
 
 
 def raw_from_skew(a: torch.Tensor) -> torch.Tensor:
@@ -290,50 +354,48 @@ def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.
 def cayley_map(
     a: torch.Tensor, base: torch.Tensor | None = None, *, spectral: bool | None = None
 ) -> torch.Tensor:
-    r"""Q = (I + A)⁻¹(I − A)·B for skew-Hermitian A and B of shape (…, n, m), by one LU solve.
+    r"""Q = (I + A)⁻¹(I − A)·B for skew-Hermitian A and B of shape (…, n, m), by one solve.
 
     Without ``base``, Q = (I + A)⁻¹(I − A) itself (no product by an identity).
     With it, the operator form: B is any block of vectors and Q is never formed.
 
     Note [Cayley transform by one solve]
     (I + A)⁻¹(I − A) = (I + A)⁻¹(2I − (I + A)) = 2(I + A)⁻¹ − I, so
-    Q·B = 2(I + A)⁻¹B − B: one LU solve with the m columns of B, neither I − A
+    Q·B = 2(I + A)⁻¹B − B: one solve with the m columns of B, neither I − A
     nor a product formed. The solve's error is cond(I + A)·eps relative to
     ‖(I + A)⁻¹B‖ ≤ ‖B‖ (the eigenvalues of I + A are 1 + iλ), as for the
-    textbook form.
+    textbook form. The solve is block elimination without pivoting where ‖A‖₁
+    is small, LU with partial pivoting otherwise (`_cayley.cayley_solve`, Note
+    [Elimination without pivoting for I + A]).
 
     I + A is invertible for skew-Hermitian A (its eigenvalues are 1 + iλ). When
     ‖A‖₁ is large, cond(I + A) ≈ ‖A‖₂ would cost orthogonality, and the transform
     goes through ``eigh`` (Note [Large skew-Hermitian matrices go through eigh]).
     ``spectral`` says which path to take when the caller knows it (e.g. from a
     bound on ‖A‖₁ computed once per parameter version), so that no host
-    synchronisation reads ‖A‖₁; None tests ‖A‖₁ here.
+    synchronisation reads ‖A‖₁ (``spectral=False`` then solves with pivoting);
+    None reads ‖A‖₁ here.
     """
     if spectral is None and torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
         q = skew_map(a, "cayley")
         return q if base is None else q @ base
-    if spectral if spectral is not None else spectral_needed(a):
+    norm = one_norm(a) if spectral is None else None
+    if spectral if spectral is not None else spectral_for(a.shape[-1], norm):
         q = skew_spectral(a, "cayley")
         return q if base is None else q @ base
-    # I + A is never singular: the _ex forms skip the error check (a host synchronisation)
-    eye = _eye(a)
-    if base is None:
-        return 2 * torch.linalg.inv_ex(eye + a).inverse - eye
-    batch = torch.broadcast_shapes(a.shape[:-2], base.shape[:-2])
-    rhs = base.expand(*batch, *base.shape[-2:])  # a 2-D B must not read as a batch of vectors
-    return 2 * torch.linalg.solve_ex(eye + a, rhs).result - base
+    return cayley_solve(a, _eye(a) if base is None else base, norm)
 
 
 def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     r"""W = ((I + A)⁻¹(I − A) D)[:, :m] with D = diag(d), d of length m ≤ n (scoRNN / scuRNN).
 
-    Large ‖A‖₁: through ``eigh`` as in `cayley_map`.
+    W = 2(I + A)⁻¹E_d − E_d with E_d = [diag(d); 0] (Note [Cayley transform by one
+    solve]). Large ‖A‖₁: through ``eigh`` as in `cayley_map`.
     """
-    m = d.shape[-1]
+    n, m = a.shape[-1], d.shape[-1]
     if torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
         return skew_map(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
-    if spectral_needed(a):
+    norm = one_norm(a)
+    if spectral_for(n, norm):
         return skew_spectral(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
-    eye = _eye(a)
-    rhs = (eye - a)[..., :m] * d.unsqueeze(-2).to(a.dtype)
-    return torch.linalg.solve(eye + a, rhs)
+    return cayley_solve(a, embed_diagonal(d, n, m, a), norm)
