@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .basic import eye_like, two_products
+from .basic import eye_like, sub_product, two_products
 from .frame import in_place
 from .reduce import gram, rows_sum_squares
 
@@ -30,15 +30,23 @@ def landing_direction(
     first term is the relative gradient ψX (Ablin & Peyré 2022); the second is the
     gradient of N(X) = ¼‖XᴴX − I‖², pulling X to the manifold. The norm of ψX
     comes from M×M matrices only: XᴴΛ = ½HᴴS + S(λE − ½H), so
-    ‖ψX‖² = ‖Λ‖² − 2λ Re tr((XᴴΛ)ᴴE) + λ² tr(ESE).
+    ‖ψX‖² = ‖Λ‖² − 2λ Re tr((XᴴΛ)ᴴE) + λ² tr(ESE): three M×M×M products (6M³)
+    instead of a fifth N×M×M one (2NM²) for ψX itself. That is the cheaper way
+    for N > 3M only; on squarish points (O(n), and N ≤ 3M) ψX is formed first,
+    its norm taken in one pass, and Λ = ψX + X(λE) accumulated on it.
     """
     m = x.shape[-1]
     s = gram(x, x)
     e = s - eye_like(x, m)
     h = gram(g, x)
+    dist = torch.linalg.matrix_norm(e, keepdim=True)
+    if x.shape[-2] <= 3 * m:
+        psi = two_products(g, 0.5 * s, x, -0.5 * h, x.shape)  # ψX
+        psi2 = rows_sum_squares(psi)
+        field = sub_product(psi, x, -attraction * e, over_u=in_place())  # ψX + λXE
+        return field, dist, rows_sum_squares(field), psi2
     c = attraction * e - 0.5 * h
     field = two_products(g, 0.5 * s, x, c, x.shape)
-    dist = torch.linalg.matrix_norm(e, keepdim=True)
     a2 = rows_sum_squares(field)
     xf = 0.5 * (h.mH @ s) + s @ c
     cross = (xf.conj() * e).sum((-2, -1), keepdim=True).real

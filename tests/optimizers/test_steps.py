@@ -121,6 +121,33 @@ def test_landing_step_matches_dense_formula(n, m, cplx):
     assert np.abs(w.detach().numpy() - (x - lr * field)).max() < 1e-12
 
 
+@pytest.mark.parametrize("n,m", [(8, 8), (12, 4), (13, 4), (30, 4)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_landing_direction_both_forms_against_dense(n, m, dtype):
+    """ψX + λX(XᴴX − I), ‖Λ‖² and ‖ψX‖²: the M×M form (N > 3M) and ψX first (N ≤ 3M)."""
+    gen = torch.Generator().manual_seed(n + m)
+
+    def draw(*shape):
+        a = torch.randn(*shape, dtype=torch.float64, generator=gen)
+        if dtype.is_complex:
+            a = a + 1j * torch.randn(*shape, dtype=torch.float64, generator=gen)
+        return a.to(dtype)
+
+    x = 1.01 * torch.linalg.qr(draw(3, n, m))[0] + 1e-3 * draw(3, n, m)  # off the manifold
+    g = draw(3, n, m)
+    field, dist, a2, psi2 = mk.landing_direction(x, g, 0.7)
+    xh = x.mH
+    psi = 0.5 * (g @ xh - x @ g.mH) @ x  # N×N, dense reference
+    ref = psi + 0.7 * x @ (xh @ x - torch.eye(m, dtype=dtype))
+    tol = 10 * n * torch.finfo(torch.float64).eps
+    assert float((field - ref).abs().max()) < tol
+    assert torch.allclose(a2.flatten(), ref.abs().square().sum((-2, -1)), rtol=tol, atol=0)
+    psi2_ref = psi.abs().square().sum((-2, -1))
+    assert torch.allclose(psi2.flatten(), psi2_ref, rtol=100 * tol, atol=tol)
+    err = torch.linalg.matrix_norm(xh @ x - torch.eye(m, dtype=dtype))
+    assert torch.allclose(dist.flatten(), err, rtol=tol, atol=0)
+
+
 def test_landing_safe_step_keeps_within_eps():
     x, _ = _setup(50, 5, False)
     w = manifold_param(torch.tensor(x))
