@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..manifolds.kernels.reduce import rows_absmax
 from ..manifolds.sharded import any_rank
 
 __all__ = ["Snapshot", "Pending", "Transaction", "finite", "finite_gradient"]
@@ -254,5 +255,5 @@ def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
         or torch.compiler.is_compiling()
     ):
         return finite(grad), None
-    lo, hi = torch.aminmax(grad)
-    return torch.isfinite(lo) & torch.isfinite(hi), torch.maximum(hi, lo.neg()).reshape(1, 1)
+    absmax = rows_absmax(grad)  # one aminmax; NaN propagates to it, ±inf is it
+    return torch.isfinite(absmax).reshape(()), absmax
