@@ -56,8 +56,14 @@ __all__ = [
 
 
 def normalize_columns(v: torch.Tensor) -> torch.Tensor:
-    """U = V with every column divided by its Euclidean norm."""
-    return v / torch.linalg.vector_norm(v, dim=-2, keepdim=True)
+    """U = V with every column divided by its Euclidean norm.
+
+    The norms are the column sums of |v|²: a sum over the rows of a row-major
+    matrix adds whole contiguous rows at a time, where ``vector_norm`` along
+    dimension −2 walks each column with a stride (the same values to rounding).
+    """
+    sq = v.abs().square() if v.is_complex() else v.square()
+    return v / sq.sum(-2, keepdim=True).sqrt()
 
 
 def cwy_triangle(u: torch.Tensor) -> torch.Tensor:
@@ -89,11 +95,15 @@ def cwy_matrix(
     n = v.shape[-2]
     m = n if m is None else m
     u = normalize_columns(v)
+    # −U₁ᴴ diag(d): the sign rides on the small right-hand side, so that Q is the
+    # product U·W with d added to its diagonal (no n×m E_d and no subtraction pass)
     rhs = u[..., :m, :].mH
-    if d is not None:
-        rhs = rhs * d.unsqueeze(-2).to(rhs.dtype)
+    rhs = -rhs if d is None else rhs * d.neg().unsqueeze(-2).to(rhs.dtype)
     w = torch.linalg.solve_triangular(cwy_triangle(u), rhs, upper=True)
-    return embed_diagonal(d, n, m, u) - u @ w
+    q = u @ w
+    diag = q.diagonal(dim1=-2, dim2=-1)
+    diag.add_(1 if d is None else d.to(q.dtype))
+    return q
 
 
 def tcwy_matrix(v: torch.Tensor, m: int, d: torch.Tensor | None = None) -> torch.Tensor:
