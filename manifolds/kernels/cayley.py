@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, newton_schulz, sub_product, sym, three_products, two_products
+from .basic import eye_like, flat, newton_schulz, sub_product, sym, three_products, two_products
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -94,28 +94,30 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     """
     m = x.shape[-1]
     eye = eye_like(x, m)
-    xpd = xhd - 0.5 * (xx @ xhd)  # XᴴPd
+    xpd = torch.baddbmm(flat(xhd), flat(xx), flat(xhd), alpha=-0.5).view(xhd.shape)  # XᴴPd
     pdpd = gram(pd, pd)
     t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
     gamma, sigma = weights(lr * t)
     hs = 0.5 * sigma
-    xp, pp = xpd / tc, (pdpd / tc) / tc  # XᴴP̂, P̂ᴴP̂
-    lhs = torch.cat(
-        (
-            torch.cat((gamma * eye + hs * xp, -hs * xx), -1),
-            torch.cat((hs * pp, gamma * eye - hs * xp.mH), -1),
-        ),
-        -2,
+    xp = xpd / tc  # XᴴP̂
+    # the 2M×2M system and its right-hand side written block by block into one
+    # buffer each (on a batch of small matrices these M×M passes are the step)
+    lhs = _blocks(
+        ((xp, hs, gamma), (xx, -hs, None)),
+        ((pdpd.div(tc).div_(tc), hs, None), (xp.mH, -hs, gamma)),  # P̂ᴴP̂
     )
-    rhs = torch.cat((xx, xp.mH), -2)
     if v is not None:
         if v_is_d:
             xv, pv = xhd, (pdpd + 0.5 * (xpd.mH @ xhd)) / tc
         else:
             xv, pv = gram(x, v), gram(pd, v) / tc
-        rhs = torch.cat((rhs, torch.cat((xv, pv), -2)), -1)
-    z = torch.linalg.solve(lhs, sigma * rhs)
+        rhs = _blocks(
+            ((xx, sigma, None), (xv, sigma, None)), ((xp.mH, sigma, None), (pv, sigma, None))
+        )
+    else:
+        rhs = _blocks(((xx, sigma, None),), ((xp.mH, sigma, None),))
+    z = torch.linalg.solve(lhs, rhs)
     v1, z2 = z[..., :m, :m], z[..., m:, :m]
     k = 1.5 * eye - 0.5 * xx
     # Y = (X(I + Z₂) − P̂V₁)K, P̂ = Pd/t: two products of the flattened batch
@@ -126,6 +128,28 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     # Cayley(A)v = v + XZ₂' − P̂V₁' (times μ when v is the normalized d)
     tv = three_products(v, x, mu * w2, pd, -(mu * w1) / tc)
     return y, tv
+
+
+def _blocks(*rows) -> torch.Tensor:
+    """The block matrix [[c·A + g·I, ...], ...] of ``rows`` of (A, c, g) (g None: no I),
+    each block written once into the result (no concatenation copies)."""
+    first = rows[0][0][0]
+    heights = [row[0][0].shape[-2] for row in rows]
+    widths = [a.shape[-1] for a, _, _ in rows[0]]
+    batch = torch.broadcast_shapes(*(a.shape[:-2] for row in rows for a, _, _ in row))
+    out = first.new_empty(*batch, sum(heights), sum(widths))
+    i = 0
+    for row, h in zip(rows, heights, strict=True):
+        j = 0
+        for (a, c, g), w in zip(row, widths, strict=True):
+            block = out[..., i : i + h, j : j + w]
+            torch.mul(a, c, out=block)
+            if g is not None:
+                diag = block.diagonal(dim1=-2, dim2=-1)
+                diag.add_(g[..., 0] if isinstance(g, torch.Tensor) else g)
+            j += w
+        i += h
+    return out
 
 
 def _dense(x, dn, lr, v, xx):
