@@ -143,7 +143,7 @@ def _blocks(*rows) -> torch.Tensor:
         j = 0
         for (a, c, g), w in zip(row, widths, strict=True):
             block = out[..., i : i + h, j : j + w]
-            torch.mul(a, c, out=block)
+            block.copy_(a).mul_(c)  # (a view as ``out=`` would break a traced graph)
             if g is not None:
                 diag = block.diagonal(dim1=-2, dim2=-1)
                 diag.add_(g[..., 0] if isinstance(g, torch.Tensor) else g)
