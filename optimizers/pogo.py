@@ -29,7 +29,7 @@ import geoopt
 import torch
 
 from ..manifolds import Stiefel
-from ..manifolds.kernels.basic import eye_like, polar_step, two_products
+from ..manifolds.kernels.basic import polar_step, three_products
 from ..manifolds.kernels.msign import exact_scale
 from ..manifolds.kernels.reduce import gram, rows_sum_squares
 from . import terms
@@ -89,20 +89,18 @@ def pogo_step(
     h = gram(g, x)  # GᴴX
     half = 0.5 * lr
     # Note [POGO's midpoint without ψ]
-    # M = X − lr·½(G·XᴴX − X·GᴴX) = X(I + ½lr·GᴴX) + G(−½lr·XᴴX): the same two
-    # N×M×M products as ψ, but M is written once, by one product and one fused
-    # multiply-add, instead of ψ, lr·ψ and X − lr·ψ (three more N×M passes)
-    mid = two_products(x, _plus_identity(half * h), g, -half * xx, x.shape)
+    # M = X − lr·½(G·XᴴX − X·GᴴX) = X + X(½lr·GᴴX) + G(−½lr·XᴴX): the same two
+    # N×M×M products as ψ, accumulated on a copy of X by two fused multiply-adds,
+    # instead of ψ, lr·ψ and X − lr·ψ (three more N×M passes). X is added, not
+    # multiplied by I + ½lr·GᴴX: a product would round X itself over its M terms,
+    # and that rounding is the drift the correction cannot remove
+    mid = three_products(x, x, half * h, g, -half * xx)
     mm = gram(mid, mid)
     tr = mm.diagonal(dim1=-2, dim2=-1).real.sum(-1)
     err2 = torch.linalg.matrix_norm(mm) ** 2 - 2 * tr + x.shape[-1]
     inside = (err2 < BASIN**2)[..., None, None]
     # outside the basin the M×M Gram, and with it the corrected point, is NaN
     return polar_step(mid, lam, torch.where(inside, mm, math.nan))
-
-
-def _plus_identity(a: torch.Tensor) -> torch.Tensor:
-    return a + eye_like(a, a.shape[-1])
 
 
 def _squared_norm(g: torch.Tensor) -> torch.Tensor:

@@ -277,7 +277,14 @@ def polar_step(
     """
     if yy is None:
         yy = gram(y, y)
-    return y @ ((1 + lam) * eye_like(y, y.shape[-1]) - lam * yy)
+    # Y + Y·(λ(I − YᴴY)): Y is added to the small product, not multiplied by
+    # (1 + λ)I − λYᴴY, whose product would round Y itself over its M terms (the
+    # drift that the correction exists to remove)
+    k = eye_like(y, y.shape[-1]) - yy
+    k = k * lam if isinstance(lam, torch.Tensor) else k.mul_(lam)
+    if y.shape[:-2] != k.shape[:-2]:  # broadcasting: the plain form
+        return y + y @ k
+    return torch.baddbmm(flat(y), flat(y), flat(k)).reshape(y.shape)
 
 
 # --------------------------------------------------------------------------- geodesics

@@ -147,3 +147,31 @@ def test_non_stiefel_parameter_is_refused_and_nothing_is_half_built():
     with pytest.raises(ValueError, match="not a Stiefel"):
         opt.add_param_group({"params": [s]})
     assert len(opt.param_groups) == 1 and len(opt._bindings) == 1
+
+
+@pytest.mark.parametrize("shape", [(16, 32, 32), (32, 48, 12)])
+def test_float32_drift_is_pogo_torchs(shape):
+    """After 300 float32 steps the drift is pogo-torch's own (rounding only): the midpoint
+    and the correction add X to small products (Note [POGO's midpoint without ψ])."""
+    gen = torch.Generator().manual_seed(3)
+    x0 = torch.linalg.qr(torch.randn(*shape, generator=gen))[0]
+    target = torch.linalg.qr(torch.randn(*shape, generator=gen))[0]
+    ours = geoopt.ManifoldParameter(x0.clone(), manifold=_manifold(*shape[1:], False))
+    theirs = torch.nn.Parameter(x0.clone())
+    opts = [
+        optimizers.create("pogo", [ours], lr=0.01, base="sgd"),
+        pogo.POGO([theirs], pogo_base.SGD(), lr=0.01, rows=False),
+    ]
+    for _ in range(300):
+        for p, opt in zip((ours, theirs), opts, strict=True):
+            with torch.no_grad():
+                p.grad = 2 * (p.detach() - target)
+            opt.step()
+    eye = torch.eye(shape[-1])
+
+    def drift(p):
+        x = p.detach()
+        return float(torch.linalg.matrix_norm(x.mT @ x - eye).max())
+
+    assert drift(ours) <= 1.25 * drift(theirs)
+    assert drift(theirs) < 10 * shape[-1] * torch.finfo(torch.float32).eps
