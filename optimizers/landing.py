@@ -66,13 +66,19 @@ class Landing(RiemannianOptimizer):
     feasible = False
     writes_state_in_place = False  # no state but the step count
     default_lr = 0.02
-    formula = "8NM² (two N×M×M products for XᴴX and XᴴG, two for the update)"
+    formula = (
+        "8NM² (two N×M×M products for XᴴX and XᴴG, two for the field); 10NM² for N ≤ 3M "
+        "(ψX formed for its norm, Note [Landing field in O(NM²)])"
+    )
 
     step_bytes = Passes(reads=4, writes=1)  # XᴴX, XᴴG (X, G), then the update (X, G → X)
 
     @classmethod
     def step_flops(cls, n: int, m: int, **hyper) -> float:
-        """FLOPs of one step on St(n, m): 8NM² (the hyper-parameters do not change it).
+        """FLOPs of one step on St(n, m): 8NM², 10NM² for N ≤ 3M (hyper-parameters aside).
+
+        Note [Landing field in O(NM²)] gives both forms: the field's four products,
+        and a fifth for ψX itself on squarish points.
 
         Args:
             n: rows N.
@@ -82,7 +88,7 @@ class Landing(RiemannianOptimizer):
         Returns:
             The FLOP count.
         """
-        return 8 * n * m * m
+        return (10 if n <= 3 * m else 8) * n * m * m
 
     def __init__(
         self,
