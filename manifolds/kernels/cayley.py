@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, flat, newton_schulz, sub_product, sym, three_products, two_products
+from .basic import eye_like, newton_schulz, sub_product, sym, three_products, two_products
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -94,7 +94,7 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     """
     m = x.shape[-1]
     eye = eye_like(x, m)
-    xpd = torch.baddbmm(flat(xhd), flat(xx), flat(xhd), alpha=-0.5).view(xhd.shape)  # XᴴPd
+    xpd = sub_product(xhd, xx, 0.5 * xhd)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
     pdpd = gram(pd, pd)
     t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
