@@ -91,7 +91,7 @@ class RGD(RiemannianOptimizer):
         "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
         "20n³/3 + 2n³/k on O(n) (two products, an n×n solve, the float64 XᴴX every k-th "
         "step); qr: 9NM² + 19M³/3 either metric (four products, a triangular solve and a "
-        "Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = 8)"
+        f"Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = {CHECK_EVERY})"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},
@@ -115,7 +115,9 @@ class RGD(RiemannianOptimizer):
         X·C − S and the triangular solve (X·C − S)·R⁻¹ of NM², with M×M work:
         three products and a Cholesky factorization). Square points (Note [Square steps
         in the frame of X]): XᴴS and the update X + X·F, with an LU solve with n
-        right-hand sides (Cayley) or PᴴP, a Cholesky factorization and a
+        right-hand sides (Cayley; for n ≤ 128 a short step forms Cayley(S) − I by
+        at most four products instead, Note [Cayley of a small skew matrix by
+        Euler's product], not counted here) or PᴴP, a Cholesky factorization and a
         triangular solve (QR), and the float64 XᴴX of every `CHECK_EVERY`-th step
         (Note [The drift correction every CHECK_EVERY-th square step]), counted
         as its share per step; a correcting step longer than ‖D‖_F = ½ adds one

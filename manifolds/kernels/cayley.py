@@ -30,6 +30,7 @@ from .frame import (
 )
 from .reduce import gram, row_group
 from .scaling import normalize, weights
+from .skew_cayley import cayley_delta
 
 __all__ = [
     "use_smw",
@@ -188,7 +189,9 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     and XXᴴ are never formed. With S = −β·Ŝ, Ŝ = skew(W)/‖skew(W)‖_F, the
     scaled form of Note [Overflow-safe step] reads
     Cayley(S) = 2γ(γI + ½σŜ)⁻¹ − I, so D = Cayley(S) − I = −σ(γI + ½σŜ)⁻¹Ŝ
-    is one n×n solve whose right-hand side and result are small (O(lr)), and
+    = −2(I + K)⁻¹K with K = ½βŜ: Euler's product or one n×n solve (Note
+    [Cayley of a small skew matrix by Euler's product]) whose data and result
+    are small (O(lr)), and
     Y = X + X(D − ½E − ½E·D) in the frame of X (Note [Square steps in the
     frame of X]), the drift correction taken from the optimizer's float64 XᴴX
     every `CHECK_EVERY`-th step. A step costs XᴴG, the solve and one product,
@@ -214,21 +217,24 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
     ph = ph.div_(tc) if in_place() else ph / tc
-    lhs = ph * (0.5 * sigma)
-    lhs.diagonal(dim1=-2, dim2=-1).add_(gamma[..., 0])  # γI + ½σŜ
+    half_beta = sigma / (2 * gamma)  # K = ½βŜ (‖K‖_F = |β|/2), and γI + ½σŜ = γ(I + K)
 
     def explicit(sel):
-        xs = sel(x)
-        return newton_schulz((2 * sel(gamma)) * torch.linalg.solve(sel(lhs), xs, left=False) - xs)
+        xs, g = sel(x), sel(gamma)
+        lhs = sel(ph) * sel(0.5 * sigma)
+        lhs.diagonal(dim1=-2, dim2=-1).add_(g[..., 0])  # γI + ½σŜ
+        return newton_schulz((2 * g) * torch.linalg.solve(lhs, xs, left=False) - xs)
 
     short = gamma >= 0.25
-    # Note [Traced steps compute both paths] in .frame
-    if not torch.compiler.is_compiling() and not bool(short.any()):
+    bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
+    if not torch.compiler.is_compiling():  # max ‖K‖_F over the short steps, −1: none
+        bound = float(torch.where(short, half_beta.abs(), -1.0).amax())
+    if bound is not None and bound < 0:
         y = explicit(lambda t: t)
     else:
         if xx is None:
             xx = wide_gram(x)
-        y = frame_update(x, torch.linalg.solve(lhs, (-sigma) * ph), xx)
+        y = frame_update(x, cayley_delta(ph * half_beta, bound), xx)  # D = Cayley(S) − I
         y = replace_refused(y, short, explicit)
     if v is None:
         return y

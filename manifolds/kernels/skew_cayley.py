@@ -1,0 +1,100 @@
+r"""D = Q − I for the Cayley transform Q = (I + K)⁻¹(I − K) of a skew-Hermitian K.
+
+The square Cayley step (Note [Square Cayley step in the frame of X]) needs this
+D for a batch of n×n matrices K = ½βŜ. ``cayley_delta`` forms it by Euler's
+product when that is exact to rounding in a few matrix products, and by one
+solve otherwise.
+
+Note [Cayley of a small skew matrix by Euler's product]
+D = (I + K)⁻¹(I − K) − I = −2(I + K)⁻¹K. For ‖K‖₂ ≤ r < 1 Euler's factorization of
+the Neumann series, (I + K)⁻¹ = (I − K)(I + K²)(I + K⁴)···(I + K^{2^j})(I − K^{2^{j+1}})⁻¹,
+gives
+
+    P_j = (I − K)(I + K²)···(I + K^{2^j})·K = (I + K)⁻¹K − K^{2^{j+1}}(I + K)⁻¹K,
+
+so D = −2P_j with a relative truncation error of at most r^{2^{j+1}} (all factors
+are polynomials in K and commute). It costs 2j products: P₀ = K − K², then for
+i = 1, …, j the square K^{2^i} (K² is already there) and P_i = P_{i−1} + P_{i−1}K^{2^i},
+one fused multiply-add. Every term is a product of small matrices (‖K^p‖ ≤ r^p),
+so its rounding is relative to D, not to I: the series is as accurate as the solve
+with the small right-hand side −2K, and more accurate than forming 2(I + K)⁻¹ − 2I.
+r is the Frobenius norm ‖K‖_F = |β|/2 ≥ ‖K‖₂, read on the host (one number for the
+batch); j is the smallest with r^{2^{j+1}} below half an ulp of the dtype.
+
+Why not always the solve: LAPACK factorizes the matrices of a batch one call at a
+time, and for n up to a few hundred those calls run far below the rate of batched
+products (docs/results.md, "Batched regime"). The series is used while it costs at
+most `SERIES_MAX_FACTORS`·2 products and n ≤ `SERIES_MAX_ORDER`: the lengths of
+step (r ≤ u^{1/8}, 1/8 in float32) and the orders at which those products cost
+less than the solve. A longer step, a larger n, or a traced call (no host read:
+Note [Traced steps compute both paths] in .frame) takes the solve.
+
+Example:
+    ```python
+    import torch
+    from stiefel.manifolds.kernels.skew_cayley import cayley_delta
+
+    a = torch.randn(16, 16, dtype=torch.float64)
+    k = 0.01 * (a - a.mT) / torch.linalg.matrix_norm(a - a.mT)
+    eye = torch.eye(16, dtype=torch.float64)
+    ref = torch.linalg.solve(eye + k, eye - k) - eye
+    assert torch.allclose(cayley_delta(k, 0.01), ref, rtol=0, atol=1e-15)
+    ```
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .basic import eye_like, flat
+from .frame import in_place
+
+__all__ = ["SERIES_MAX_ORDER", "SERIES_MAX_FACTORS", "series_factors", "cayley_delta"]
+
+#: largest n that takes the series
+SERIES_MAX_ORDER = 128
+#: largest j (2j products) the series may take
+SERIES_MAX_FACTORS = 2
+
+
+def series_factors(r: float, dtype: torch.dtype) -> int | None:
+    """The number j of Euler factors after which r^(2^(j+1)) is below half an ulp.
+
+    Args:
+        r: a bound on ‖K‖₂ (e.g. ‖K‖_F).
+        dtype: the dtype of K (complex: that of its parts).
+
+    Returns:
+        j ≥ 1, or None when more than `SERIES_MAX_FACTORS` would be needed.
+    """
+    unit = torch.finfo(dtype).eps / 2
+    for j in range(1, SERIES_MAX_FACTORS + 1):
+        if r ** (2 ** (j + 1)) <= unit:
+            return j
+    return None
+
+
+def cayley_delta(k: torch.Tensor, bound: float | None) -> torch.Tensor:
+    r"""(I + K)⁻¹(I − K) − I = −2(I + K)⁻¹K for skew-Hermitian K (..., n, n).
+
+    Args:
+        k: skew-Hermitian matrices.
+        bound: an upper bound on ‖K‖₂ over the batch read by the caller, or None
+            when it was not read (then the solve runs).
+
+    Returns:
+        D, of ``k``'s shape; a fresh tensor.
+    """
+    n = k.shape[-1]
+    j = None
+    if bound is not None and n <= SERIES_MAX_ORDER:
+        j = series_factors(bound, k.dtype)
+    if j is None:  # Note [Cayley of a small skew matrix by Euler's product]
+        return torch.linalg.solve(eye_like(k, n) + k, -2 * k)
+    power = k @ k
+    p = k - power  # P₀ = (I − K)K
+    for i in range(1, j + 1):
+        if i > 1:
+            power = power @ power  # K^(2^i)
+        p = torch.baddbmm(flat(p), flat(p), flat(power)).reshape(k.shape)  # P + P·K^(2^i)
+    return p.mul_(-2) if in_place() else -2 * p

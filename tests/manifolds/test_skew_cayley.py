@@ -1,0 +1,143 @@
+"""Q − I of the Cayley transform of a skew-Hermitian K, by Euler's product or a solve.
+
+Note [Cayley of a small skew matrix by Euler's product]: both paths against the
+dense float64 formula (I + K)⁻¹(I − K) − I, the choice of the number of factors
+against the bound it promises, which path runs, gradients, and the square Cayley
+step that uses it against a dense reference.
+"""
+
+import math
+
+import pytest
+import torch
+
+from stiefel.manifolds import kernels
+from stiefel.manifolds.kernels import skew_cayley
+from stiefel.manifolds.kernels.skew_cayley import cayley_delta, series_factors
+
+LOW = [torch.float32, torch.complex64]
+ALL = [torch.float32, torch.float64, torch.complex64, torch.complex128]
+
+
+def _wide(dtype):
+    return torch.complex128 if dtype.is_complex else torch.float64
+
+
+def _skew(n, batch, r, dtype, gen):
+    """Skew-Hermitian matrices with ‖K‖_F = r each, built in the wide dtype."""
+    a = torch.randn(*batch, n, n, dtype=_wide(dtype), generator=gen)
+    s = a - a.mH
+    return (r * s / torch.linalg.matrix_norm(s, keepdim=True)).to(dtype)
+
+
+def _reference(k):
+    # −2(I + K)⁻¹K in the wide dtype: (I + K)⁻¹(I − K) − I would round relative to I,
+    # an error of eps/‖D‖ relative to D, too coarse to judge a float64 result
+    kw = k.to(_wide(k.dtype))
+    eye = torch.eye(k.shape[-1], dtype=kw.dtype)
+    return torch.linalg.solve(eye + kw, -2 * kw)
+
+
+@pytest.mark.parametrize("dtype", ALL)
+@pytest.mark.parametrize("n", [8, 64, 130])
+@pytest.mark.parametrize("r", [1e-3, 0.05, 0.3])
+def test_delta_equals_the_dense_formula(dtype, n, r):
+    # relative to ‖D‖ ≈ 2r: both paths round relative to D, not to I
+    gen = torch.Generator().manual_seed(n)
+    k = _skew(n, (3,), r, dtype, gen)
+    with torch.no_grad():
+        d = cayley_delta(k, r)
+    ref = _reference(k)
+    eps = torch.finfo(dtype).eps
+    err = torch.linalg.matrix_norm(d.to(ref.dtype) - ref) / torch.linalg.matrix_norm(ref)
+    assert float(err.max()) < 10 * n * eps
+    assert d.dtype == dtype and d.shape == k.shape
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_series_is_as_accurate_as_the_solve(dtype):
+    gen = torch.Generator().manual_seed(1)
+    k = _skew(64, (16,), 0.05, dtype, gen)
+    ref = _reference(k)
+    with torch.no_grad():
+        series, solved = cayley_delta(k, 0.05), cayley_delta(k, None)
+
+    def err(d):
+        return float(
+            (torch.linalg.matrix_norm(d.to(ref.dtype) - ref) / torch.linalg.matrix_norm(ref)).max()
+        )
+
+    assert err(series) <= 2 * err(solved)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_series_factors_is_the_smallest_count_within_half_an_ulp(dtype):
+    unit = torch.finfo(dtype).eps / 2
+    for r in (0.0, 1e-9, 1e-4, 0.01, 0.05, 0.1, 0.2, 0.5, 0.99):
+        j = series_factors(r, dtype)
+        fits = [i for i in range(1, 30) if r ** (2 ** (i + 1)) <= unit]
+        smallest = fits[0] if fits else None
+        if smallest is not None and smallest <= skew_cayley.SERIES_MAX_FACTORS:
+            assert j == smallest
+        else:
+            assert j is None
+    # float32 takes two factors up to u^(1/8), and the solve beyond
+    u8 = (torch.finfo(torch.float32).eps / 2) ** (1 / 8)
+    assert series_factors(0.99 * u8, torch.float32) == 2
+    assert series_factors(1.01 * u8, torch.float32) is None
+    assert math.isclose(u8, 1 / 8)  # u = 2⁻²⁴
+
+
+def test_the_path_follows_the_bound_and_the_order(monkeypatch):
+    calls = []
+    solve = torch.linalg.solve
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape[-1])
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(skew_cayley.torch.linalg, "solve", counting)
+    gen = torch.Generator().manual_seed(2)
+    small, large = (
+        _skew(64, (2,), 0.01, torch.float32, gen),
+        _skew(129, (), 0.01, torch.float32, gen),
+    )
+    with torch.no_grad():
+        cayley_delta(small, 0.01)  # series
+        assert calls == []
+        cayley_delta(small, None)  # not read: solve
+        cayley_delta(small, 0.5)  # too long for two factors: solve
+        cayley_delta(large, 0.01)  # above SERIES_MAX_ORDER: solve
+    assert calls == [64, 64, 129]
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_series_gradient_by_gradcheck(cplx):
+    dtype = torch.complex128 if cplx else torch.float64
+    gen = torch.Generator().manual_seed(3)
+    a = _skew(6, (2,), 1.0, dtype, gen)
+
+    def f(t):
+        k = 1e-3 * (t - t.mH)  # ‖K‖_F ≤ 2e-3·‖t‖_F: the series with its bound
+        return cayley_delta(k, float(torch.linalg.matrix_norm(k).max()))
+
+    assert torch.autograd.gradcheck(f, (a.clone().requires_grad_(),))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_square_cayley_step_through_the_series_equals_the_dense_step(dtype, monkeypatch):
+    # a batch of O(64) points and short steps: the square kernel takes the series (no
+    # solve); its result against the dense Cayley retraction of the same step in float64
+    def no_solve(*args, **kwargs):
+        raise AssertionError("the short square step solved instead of the series")
+
+    gen = torch.Generator().manual_seed(4)
+    n = 64
+    wide = _wide(dtype)
+    x = kernels.haar(n, n, 8, dtype=wide, generator=gen)
+    u = kernels.proj_tangent(x, 1e-3 * torch.randn(8, n, n, dtype=wide, generator=gen))
+    ref = kernels.cayley_dense(x, u)
+    monkeypatch.setattr(skew_cayley.torch.linalg, "solve", no_solve)
+    with torch.no_grad():
+        y = kernels.cayley_retraction(x.to(dtype), u.to(dtype))
+    assert float((y.to(wide) - ref).abs().max()) < 10 * n * torch.finfo(dtype).eps
