@@ -84,21 +84,21 @@ __all__ = [
 #   n = 512:  k = 1: 8.3e-7, k = 4: 1.7e-6, k = 8: 2.3e-6 (a float32 Gram at
 #             every step: 5.6e-6; none: 4.8e-4, the QR columns' bias);
 #   n = 1024: k = 1: 1.2e-6, k = 4: 2.4e-6, k = 8: 3.4e-6;
-#   a batch of 1024 on O(64), the largest over the batch (lr = 1e-2, the
-#             benchmark's loss ‖X − T‖²): k = 1: 3.5e-7, k = 2: 4.5e-7,
-#             k = 4: 9.3e-7, k = 8: 2.0e-6, where pogo-torch's step (a float32
-#             correction at every step) leaves 1.15e-6.
-# k = 4 is the largest interval that stays at or below the drift of the
-# products-only steps of pogo-torch on the batch of small matrices, which is the
-# bar this package holds its steps to; k = 1 would form the Gram four times as
-# often for a drift already below that bar (what the Gram costs, measured:
-# docs/results.md, "Timings moved out of code comments"). Between tests a point
+#   a batch of 1024 on O(64), largest over the batch (lr = 1e-2, loss ‖X − T‖²):
+#             k = 1: 3.5e-7, k = 2: 4.5e-7, k = 4: 0.9–1.4e-6 (two draws),
+#             k = 8: 2.0–2.3e-6; pogo-torch's step leaves 1.15e-6 there.
+# Reaching that last figure on every draw takes k ≤ 2: three more wide Grams
+# (a float64 copy and product each) per eight steps, which puts the step above
+# pogo-torch's time instead (measured: docs/results.md, "Batched regime").
+# k = 8 keeps 1.5× margin to 5e-6 at n = 1024 and forms the Gram half as often
+# as k = 4 (what that saves in time, measured: docs/results.md, "Timings moved
+# out of code comments"). Between tests a point
 # changed behind the optimizer's back (through `.data`, which has a version
 # counter of its own) is stepped as X·Q, which keeps its distance ‖E‖ (no
 # divergence: Q is unitary), and is projected at the next test, at most
 # CHECK_EVERY − 1 steps later.
 D_MAX = 0.5
-CHECK_EVERY = 4
+CHECK_EVERY = 8
 
 # Note [Traced steps compute both paths]
 # A kernel that picks a path per matrix from a tensor test (the short frame

@@ -33,6 +33,7 @@ def bench():
                 "square",
                 "batched",
                 "layers",
+                "skew_cayley",
             )
         }
     finally:
@@ -227,6 +228,24 @@ def test_batched_quick_reports_the_steps_run(bench, capsys):
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--problems", "SO"])
     assert "allowed: St, O" in capsys.readouterr().err
+
+
+def test_skew_cayley_quick_times_both_paths_and_marks_the_rows_used(bench, capsys):
+    from stiefel.manifolds.kernels import skew_cayley
+
+    limits = skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER
+    rows = bench["skew_cayley"].main(["--quick", "--radii", "0.01,0.5"])
+    assert (skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER) == limits  # restored
+    assert [(r["n"], r["r"]) for r in rows] == [(16, 0.01), (16, 0.5), (64, 0.01), (64, 0.5)]
+    for r in rows:
+        assert _positive(r["series"]) and _positive(r["solve"])
+        # float32 against the float64 solve: both paths to rounding, a row not used too
+        assert r["series_err"] < 1e-5 and r["solve_err"] < 1e-5
+        assert r["used"] == (r["r"] == 0.01)  # 0.5 needs four factors in float32
+    assert rows[1]["factors"] == 4
+    assert "series / solve" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench["skew_cayley"].main(["--device", "tpu"])
 
 
 def test_device_option_of_the_gpu_benchmarks(bench, capsys):

@@ -241,7 +241,7 @@ def test_unit_columns_normalizes_the_columns_of_i_plus_d(cplx):
 @pytest.mark.parametrize("kind", ["qr", "cayley"])
 def test_square_float32_drift_with_the_scheduled_correction(cplx, kind):
     # the optimizers' schedule: the wide Gram every CHECK_EVERY-th step, UNCORRECTED in
-    # between. Measured 0.6·√n·eps after 400 steps with CHECK_EVERY = 4 (0.87 with 8;
+    # between. Measured 0.87·√n·eps after 400 steps with CHECK_EVERY = 8 (0.6 with 4;
     # 1.6 with 4 without the unit columns of the QR factor); 300 uncorrected steps only
     # add their random walk (5.3·√n·eps; 69 for the QR step without the unit columns,
     # whose error grows linearly)
