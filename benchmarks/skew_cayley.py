@@ -30,7 +30,7 @@ def _series(k: torch.Tensor, j: int) -> torch.Tensor:
     limit = skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER
     skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER = j, k.shape[-1]
     try:
-        bound = (torch.finfo(k.dtype).eps / 2) ** (1 / 2 ** (j + 1))  # takes j factors
+        bound = 0.99 * (torch.finfo(k.dtype).eps / 2) ** (1 / 2 ** (j + 1))  # needs j factors
         return skew_cayley.cayley_delta(k, bound)
     finally:
         skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER = limit
