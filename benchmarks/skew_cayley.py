@@ -25,17 +25,6 @@ from stiefel.manifolds.kernels import skew_cayley
 from ._timing import device_of, fmt_ratio, fmt_time, header, table
 
 
-def _series(k: torch.Tensor, j: int) -> torch.Tensor:
-    """−2·P_j of the Note, j factors whatever the limits (to time rows not used)."""
-    limit = skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER
-    skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER = j, k.shape[-1]
-    try:
-        bound = 0.99 * (torch.finfo(k.dtype).eps / 2) ** (1 / 2 ** (j + 1))  # needs j factors
-        return skew_cayley.cayley_delta(k, bound)
-    finally:
-        skew_cayley.SERIES_MAX_FACTORS, skew_cayley.SERIES_MAX_ORDER = limit
-
-
 def _needed(r: float, dtype: torch.dtype) -> int:
     """Euler factors that r needs in dtype (no limit)."""
     unit, j = torch.finfo(dtype).eps / 2, 1
@@ -59,7 +48,7 @@ def run(sizes, radii, rounds: int, device: torch.device, work: int) -> list[dict
             used = used and n <= skew_cayley.SERIES_MAX_ORDER
             ref = torch.linalg.solve(torch.eye(n, dtype=k64.dtype, device=device) + k64, -2 * k64)
             fns = {
-                "series": lambda k=k, j=j: _series(k, j),
+                "series": lambda k=k, j=j: skew_cayley.euler_delta(k, j),
                 "solve": lambda k=k: skew_cayley.cayley_delta(k, None),
             }
             times = {name: [] for name in fns}

@@ -49,7 +49,13 @@ import torch
 from .basic import eye_like, flat
 from .frame import in_place
 
-__all__ = ["SERIES_MAX_ORDER", "SERIES_MAX_FACTORS", "series_factors", "cayley_delta"]
+__all__ = [
+    "SERIES_MAX_ORDER",
+    "SERIES_MAX_FACTORS",
+    "series_factors",
+    "cayley_delta",
+    "euler_delta",
+]
 
 #: largest n that takes the series
 SERIES_MAX_ORDER = 128
@@ -91,9 +97,25 @@ def cayley_delta(k: torch.Tensor, bound: float | None) -> torch.Tensor:
         j = series_factors(bound, k.dtype)
     if j is None:  # Note [Cayley of a small skew matrix by Euler's product]
         return torch.linalg.solve(eye_like(k, n) + k, -2 * k)
+    return euler_delta(k, j)
+
+
+def euler_delta(k: torch.Tensor, factors: int) -> torch.Tensor:
+    r"""−2(I − K)(I + K²)···(I + K^{2^j})·K with j = ``factors``: 2j products.
+
+    Equals (I + K)⁻¹(I − K) − I up to a relative error ‖K‖₂^{2^{j+1}} (Note [Cayley
+    of a small skew matrix by Euler's product]); `cayley_delta` picks j.
+
+    Args:
+        k: matrices (..., n, n) with ‖K‖₂ < 1.
+        factors: j ≥ 1.
+
+    Returns:
+        D, of ``k``'s shape; a fresh tensor.
+    """
     power = k @ k
     p = k - power  # P₀ = (I − K)K
-    for i in range(1, j + 1):
+    for i in range(1, factors + 1):
         if i > 1:
             power = power @ power  # K^(2^i)
         p = torch.baddbmm(flat(p), flat(p), flat(power)).reshape(k.shape)  # P + P·K^(2^i)
