@@ -51,13 +51,38 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *t.shape[-2:])
 
 
+def add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, beta=1):
+    """out ← β·out + α·A·B in place over the flattened batch, in ``out``'s own layout.
+
+    Note [Accumulating into a column-major batch]
+    torch's in-place ``baddbmm_`` on the CPU runs one ``addmm_`` per matrix when its
+    accumulator is column-major per matrix (a batch from LAPACK, e.g. QR's Q, and every
+    gradient or copy that keeps its layout): a Python-level loop over the batch. The
+    transpose of such a batch is row-major, and (AB)ᵀ = BᵀAᵀ, so the product is
+    accumulated into outᵀ instead: the same numbers, one batched call.
+
+    Args:
+        out: (..., n, m), written over; returns it.
+        a: (..., n, k) with the batch of ``out``.
+        b: (..., k, m) with the batch of ``out``.
+        alpha: scale of the product.
+        beta: scale of ``out``.
+    """
+    of = flat(out)
+    if of.stride(-1) != 1 and of.stride(-2) == 1:  # column-major matrices
+        of.mT.baddbmm_(flat(b).mT, flat(a).mT, alpha=alpha, beta=beta)
+    else:
+        of.baddbmm_(flat(a), flat(b), alpha=alpha, beta=beta)
+    return out
+
+
 def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool = False):
     """U − X·K: one product accumulated on U over the flattened batch, one new N×M matrix
     (none with ``over_u``: written over U, which the caller owns)."""
     if u.shape != x.shape or k.shape[:-2] != x.shape[:-2]:  # broadcasting: the plain form
         return u.sub_(x @ k) if over_u else u - x @ k
     if over_u:
-        return flat(u).baddbmm_(flat(x), flat(k), alpha=-1).reshape(u.shape)
+        return add_product_(u, x, k, alpha=-1)
     return torch.baddbmm(flat(u), flat(x), flat(k), alpha=-1).reshape(u.shape)
 
 

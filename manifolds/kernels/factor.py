@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .basic import flat, newton_schulz, polar, proj_tangent, qr_unique, sym
+from .basic import add_product_, flat, newton_schulz, polar, proj_tangent, qr_unique, sym
 from .frame import (
     UNCORRECTED,
     frame_update,
@@ -149,7 +149,7 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = 
     """X·C − S, one product over the flattened batch; written over S with ``over_s``."""
     cf = flat(c.expand(*x.shape[:-2], *c.shape[-2:]))
     if over_s:
-        return flat(s).baddbmm_(flat(x), cf, beta=-1).reshape(x.shape)
+        return add_product_(s, x, cf, beta=-1)
     return torch.baddbmm(flat(s), flat(x), cf, beta=-1).reshape(x.shape)
 
 

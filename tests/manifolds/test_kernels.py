@@ -252,3 +252,49 @@ def test_qr_step_float32_error_does_not_accumulate():
     x64 = x.double()
     err = float(torch.linalg.matrix_norm(x64.T @ x64 - torch.eye(8, dtype=torch.float64)))
     assert err < 50 * 256**0.5 * torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, column_major):
+    # Note [Accumulating into a column-major batch]: β·out + α·A·B, written over out,
+    # whose storage and strides stay; against the product formed in float64 apart
+    from stiefel.manifolds.kernels.basic import add_product_
+
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(*batch, 6, 4, dtype=dtype, generator=g)
+    b = torch.randn(*batch, 4, 5, dtype=dtype, generator=g)
+    out = torch.randn(*batch, 6, 5, dtype=dtype, generator=g)
+    if column_major:  # LAPACK's layout: each matrix stored by columns
+        out = out.mT.contiguous().mT
+    ref = 0.5 * out + (-2.0) * (a @ b)
+    strides, ptr = out.stride(), out.data_ptr()
+    got = add_product_(out, a, b, alpha=-2.0, beta=0.5)
+    assert got is out and out.data_ptr() == ptr and out.stride() == strides
+    assert float((out - ref).abs().max()) < 1e-13
+
+
+@pytest.mark.parametrize("retraction", ["cayley", "qr"])
+def test_steps_of_a_column_major_batch_equal_those_of_its_row_major_copy(retraction):
+    # a batch of points from torch.linalg.qr (column-major per matrix) and its gradient
+    # in the same layout step to the values of the row-major copies (the in-place
+    # products over G then accumulate into the transposed batch)
+    import geoopt
+
+    from stiefel import optimizers
+    from stiefel.manifolds import Stiefel
+
+    g = torch.Generator().manual_seed(8)
+    q = torch.linalg.qr(torch.randn(5, 12, 4, dtype=torch.float64, generator=g))[0]
+    assert q.stride(-2) == 1  # column-major matrices
+    grad = 2 * (q - torch.linalg.qr(torch.randn(5, 12, 4, dtype=torch.float64, generator=g))[0])
+    results = []
+    for x, gx in ((q, grad), (q.contiguous(), grad.contiguous())):
+        w = geoopt.ManifoldParameter(x.clone(), manifold=Stiefel(12, 4))
+        opt = optimizers.create("rgd", [w], lr=0.1, retraction=retraction)
+        w.grad = gx.clone()
+        opt.step()
+        results.append(w.detach().clone())
+    assert results[0].stride(-2) == 1  # the parameter kept its layout
+    assert float((results[0] - results[1]).abs().max()) < 1e-13
