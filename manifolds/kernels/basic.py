@@ -62,18 +62,22 @@ def add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, b
     accumulated into outᵀ instead: the same numbers, one batched call.
 
     Args:
-        out: (..., n, m), written over; returns it.
+        out: (..., n, m), written over (through ``flat``: a batch whose dimensions
+            cannot be merged into one is copied first, and only the result holds it).
         a: (..., n, k) with the batch of ``out``.
         b: (..., k, m) with the batch of ``out``.
         alpha: scale of the product.
         beta: scale of ``out``.
+
+    Returns:
+        The result, of ``out``'s shape.
     """
     of = flat(out)
     if of.stride(-1) != 1 and of.stride(-2) == 1:  # column-major matrices
         of.mT.baddbmm_(flat(b).mT, flat(a).mT, alpha=alpha, beta=beta)
     else:
         of.baddbmm_(flat(a), flat(b), alpha=alpha, beta=beta)
-    return out
+    return of.reshape(out.shape)
 
 
 def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool = False):

@@ -271,8 +271,15 @@ def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, col
     ref = 0.5 * out + (-2.0) * (a @ b)
     strides, ptr = out.stride(), out.data_ptr()
     got = add_product_(out, a, b, alpha=-2.0, beta=0.5)
-    assert got is out and out.data_ptr() == ptr and out.stride() == strides
-    assert float((out - ref).abs().max()) < 1e-13
+    assert got.data_ptr() == ptr and got.stride() == strides  # out's storage and layout
+    assert float((out - ref).abs().max()) < 1e-13 and torch.equal(got, out)
+    # a batch whose dimensions do not merge is copied by the flattening: the result
+    # still holds the right values
+    unmerged = torch.randn(3, 2, 6, 5, dtype=dtype, generator=g).transpose(0, 1)
+    a2 = torch.randn(2, 3, 6, 4, dtype=dtype, generator=g)
+    b2 = torch.randn(2, 3, 4, 5, dtype=dtype, generator=g)
+    ref2 = unmerged + a2 @ b2
+    assert float((add_product_(unmerged, a2, b2) - ref2).abs().max()) < 1e-13
 
 
 @pytest.mark.parametrize("retraction", ["cayley", "qr"])
