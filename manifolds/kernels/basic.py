@@ -306,14 +306,12 @@ def polar_step(
     """
     if yy is None:
         yy = gram(y, y)
-    # Y + Y·(λ(I − YᴴY)): Y is added to the small product, not multiplied by
+    # Y − Y·(λ(YᴴY − I)): Y is added to the small product, not multiplied by
     # (1 + λ)I − λYᴴY, whose product would round Y itself over its M terms (the
     # drift that the correction exists to remove)
-    k = eye_like(y, y.shape[-1]) - yy
+    k = yy - eye_like(y, y.shape[-1])
     k = k * lam if isinstance(lam, torch.Tensor) else k.mul_(lam)
-    if y.shape[:-2] != k.shape[:-2]:  # broadcasting: the plain form
-        return y + y @ k
-    return torch.baddbmm(flat(y), flat(y), flat(k)).reshape(y.shape)
+    return sub_product(y, y, k)
 
 
 # --------------------------------------------------------------------------- geodesics
