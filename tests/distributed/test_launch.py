@@ -82,3 +82,23 @@ def test_a_busy_process_is_not_a_stall():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_rank_killed_once_by_a_signal_is_run_again_with_a_warning(tmp_path):
+    import _launch
+
+    # Note [A rank killed by a signal]: the first run's stderr and Python stack come
+    # back in the warning, and the second run passes
+    with pytest.warns(UserWarning, match="SIGABRT") as caught:
+        _launch.launch(_launch.aborting_worker, 2, tmp_path, False)
+    report = str(caught[0].message)
+    assert "the worker's own last words" in report
+    assert "Fatal Python error: Aborted" in report and "aborting_worker" in report
+
+
+def test_a_rank_killed_twice_is_raised_with_both_reports(tmp_path):
+    import _launch
+
+    with pytest.raises(RuntimeError, match="killed twice") as info:
+        _launch.launch(_launch.aborting_worker, 2, tmp_path, True)
+    assert str(info.value).count("the worker's own last words") == 2
