@@ -5,11 +5,11 @@ For each order n (with a batch that keeps n³·batch fixed) and each ‖K‖_F =
 times `cayley_delta` through Euler's product (the bound r given: the number of
 factors that r needs in the dtype) and through the solve (no bound), in
 interleaved rounds, median, and prints the ratio series / solve with both
-relative errors against the float64 solve. This is the measurement behind
-``SERIES_MAX_ORDER`` and ``SERIES_MAX_FACTORS`` (Note [Cayley of a small skew
-matrix by Euler's product]): a row where the series would need more factors
-than allowed, or n is above the limit, is timed through the factors it would take
-all the same, marked "not used".
+relative errors against the float64 solve. This is the measurement behind the
+device type's ``SERIES_LIMITS`` (Note [Cayley of a small skew matrix by Euler's
+product]): a row where the series would need more factors than allowed, or n is
+above the limit, is timed through the factors it would take all the same, marked
+"not used".
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def run(sizes, radii, rounds: int, device: torch.device, work: int) -> list[dict
             k64 = r * s
             k = k64.float()
             j = _needed(r, k.dtype)
-            used = skew_cayley.series_factors(r, k.dtype) is not None
-            used = used and n <= skew_cayley.SERIES_MAX_ORDER
+            used = skew_cayley.series_factors(r, k) is not None
             ref = torch.linalg.solve(torch.eye(n, dtype=k64.dtype, device=device) + k64, -2 * k64)
             fns = {
                 "series": lambda k=k, j=j: skew_cayley.euler_delta(k, j),

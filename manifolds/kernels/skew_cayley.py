@@ -23,11 +23,16 @@ batch); j is the smallest with r^{2^{j+1}} below half an ulp of the dtype.
 
 Why not always the solve: LAPACK factorizes the matrices of a batch one call at a
 time, and for n up to a few hundred those calls run far below the rate of batched
-products (docs/results.md, "Batched regime"). The series is used while it costs at
-most `SERIES_MAX_FACTORS`·2 products and n ≤ `SERIES_MAX_ORDER`: the lengths of
-step (r ≤ u^{1/8}, 1/8 in float32) and the orders at which those products cost
-less than the solve. A longer step, a larger n, or a traced call (no host read:
-Note [Traced steps compute both paths] in .frame) takes the solve.
+products (docs/results.md, "Batched regime"); on a GPU the LU is a chain of small
+kernels, slower than a few products up to n in the thousands. The series is used
+while it costs at most 2·`SeriesLimit.max_factors` products and n ≤
+`SeriesLimit.max_order`, the limits of the device type in `SERIES_LIMITS`: the
+orders and lengths of step at which those products cost less than the solve there
+(``benchmarks.skew_cayley``). On a CPU that is r ≤ u^{1/8} (1/8 in float32) and
+n ≤ 128; on a GPU r ≤ u^{1/32} (0.59 in float32) and n ≤ 2048, the largest order
+measured. A device type not in the table takes the CPU's limits. A longer step, a
+larger n, or a traced call (no host read: Note [Traced steps compute both paths]
+in .frame) takes the solve.
 
 Example:
     ```python
@@ -44,37 +49,50 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .basic import eye_like, flat
 from .frame import in_place
 
 __all__ = [
-    "SERIES_MAX_ORDER",
-    "SERIES_MAX_FACTORS",
+    "SeriesLimit",
+    "SERIES_LIMITS",
     "series_factors",
     "cayley_delta",
     "euler_delta",
 ]
 
-#: largest n that takes the series
-SERIES_MAX_ORDER = 128
-#: largest j (2j products) the series may take
-SERIES_MAX_FACTORS = 2
+
+class SeriesLimit(NamedTuple):
+    """Where Euler's product runs on a device type: n ≤ max_order, j ≤ max_factors."""
+
+    max_order: int
+    max_factors: int
 
 
-def series_factors(r: float, dtype: torch.dtype) -> int | None:
+#: the limits of the series by device type (others take the CPU's): Note [Cayley of a
+#: small skew matrix by Euler's product]
+SERIES_LIMITS = {"cpu": SeriesLimit(128, 2), "cuda": SeriesLimit(2048, 4)}
+
+
+def series_factors(r: float, k: torch.Tensor) -> int | None:
     """The number j of Euler factors after which r^(2^(j+1)) is below half an ulp.
 
     Args:
         r: a bound on ‖K‖₂ (e.g. ‖K‖_F).
-        dtype: the dtype of K (complex: that of its parts).
+        k: the matrices (..., n, n): their dtype (complex: that of the parts), order
+            and device type select the limits in `SERIES_LIMITS`.
 
     Returns:
-        j ≥ 1, or None when more than `SERIES_MAX_FACTORS` would be needed.
+        j ≥ 1, or None when n or the j needed is above the device type's limits.
     """
-    unit = torch.finfo(dtype).eps / 2
-    for j in range(1, SERIES_MAX_FACTORS + 1):
+    limit = SERIES_LIMITS.get(k.device.type, SERIES_LIMITS["cpu"])
+    if k.shape[-1] > limit.max_order:
+        return None
+    unit = torch.finfo(k.dtype).eps / 2
+    for j in range(1, limit.max_factors + 1):
         if r ** (2 ** (j + 1)) <= unit:
             return j
     return None
@@ -91,12 +109,9 @@ def cayley_delta(k: torch.Tensor, bound: float | None) -> torch.Tensor:
     Returns:
         D, of ``k``'s shape; a fresh tensor.
     """
-    n = k.shape[-1]
-    j = None
-    if bound is not None and n <= SERIES_MAX_ORDER:
-        j = series_factors(bound, k.dtype)
+    j = None if bound is None else series_factors(bound, k)
     if j is None:  # Note [Cayley of a small skew matrix by Euler's product]
-        return torch.linalg.solve(eye_like(k, n) + k, -2 * k)
+        return torch.linalg.solve(eye_like(k, k.shape[-1]) + k, -2 * k)
     return euler_delta(k, j)
 
 

@@ -257,15 +257,16 @@ def test_qr_step_float32_error_does_not_accumulate():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
 @pytest.mark.parametrize("column_major", [False, True])
-def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, column_major):
+def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, column_major, device):
     # Note [Accumulating into a column-major batch]: β·out + α·A·B, written over out,
     # whose storage and strides stay; against the product formed in float64 apart
     from stiefel.manifolds.kernels.basic import add_product_
 
     g = torch.Generator().manual_seed(7)
-    a = torch.randn(*batch, 6, 4, dtype=dtype, generator=g)
-    b = torch.randn(*batch, 4, 5, dtype=dtype, generator=g)
-    out = torch.randn(*batch, 6, 5, dtype=dtype, generator=g)
+    a, b, out = (
+        torch.randn(*batch, *shape, dtype=dtype, generator=g).to(device)
+        for shape in ((6, 4), (4, 5), (6, 5))
+    )
     if column_major:  # LAPACK's layout: each matrix stored by columns
         out = out.mT.contiguous().mT
     ref = 0.5 * out + (-2.0) * (a @ b)
@@ -275,9 +276,9 @@ def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, col
     assert float((out - ref).abs().max()) < 1e-13 and torch.equal(got, out)
     # a batch whose dimensions do not merge is copied by the flattening: the result
     # still holds the right values
-    unmerged = torch.randn(3, 2, 6, 5, dtype=dtype, generator=g).transpose(0, 1)
-    a2 = torch.randn(2, 3, 6, 4, dtype=dtype, generator=g)
-    b2 = torch.randn(2, 3, 4, 5, dtype=dtype, generator=g)
+    unmerged = torch.randn(3, 2, 6, 5, dtype=dtype, generator=g).to(device).transpose(0, 1)
+    a2 = torch.randn(2, 3, 6, 4, dtype=dtype, generator=g).to(device)
+    b2 = torch.randn(2, 3, 4, 5, dtype=dtype, generator=g).to(device)
     ref2 = unmerged + a2 @ b2
     assert float((add_product_(unmerged, a2, b2) - ref2).abs().max()) < 1e-13
 

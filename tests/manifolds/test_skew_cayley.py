@@ -41,17 +41,31 @@ def _reference(k):
 @pytest.mark.parametrize("dtype", ALL)
 @pytest.mark.parametrize("n", [8, 64, 130])
 @pytest.mark.parametrize("r", [1e-3, 0.05, 0.3])
-def test_delta_equals_the_dense_formula(dtype, n, r):
+def test_delta_equals_the_dense_formula(dtype, n, r, device):
     # relative to ‖D‖ ≈ 2r: both paths round relative to D, not to I
     gen = torch.Generator().manual_seed(n)
     k = _skew(n, (3,), r, dtype, gen)
     with torch.no_grad():
-        d = cayley_delta(k, r)
+        d = cayley_delta(k.to(device), r).cpu()
     ref = _reference(k)
     eps = torch.finfo(dtype).eps
     err = torch.linalg.matrix_norm(d.to(ref.dtype) - ref) / torch.linalg.matrix_norm(ref)
     assert float(err.max()) < 10 * n * eps
     assert d.dtype == dtype and d.shape == k.shape
+
+
+@pytest.mark.parametrize("dtype", ALL)
+@pytest.mark.parametrize("factors", [1, 2, 3, 4])
+def test_each_number_of_factors_is_exact_within_its_radius(dtype, factors, device):
+    # the largest r that j factors take in the dtype: r^(2^(j+1)) = u
+    r = (torch.finfo(dtype).eps / 2) ** (1 / 2 ** (factors + 1))
+    gen = torch.Generator().manual_seed(factors)
+    k = _skew(48, (2,), r, dtype, gen)
+    with torch.no_grad():
+        d = skew_cayley.euler_delta(k.to(device), factors).cpu()
+    ref = _reference(k)
+    err = torch.linalg.matrix_norm(d.to(ref.dtype) - ref) / torch.linalg.matrix_norm(ref)
+    assert float(err.max()) < 10 * 48 * torch.finfo(dtype).eps
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -71,21 +85,32 @@ def test_series_is_as_accurate_as_the_solve(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_series_factors_is_the_smallest_count_within_half_an_ulp(dtype):
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_series_factors_is_the_smallest_count_within_half_an_ulp(dtype, device_type, monkeypatch):
+    # a device type's limits, checked on CPU tensors given that type's table entry
+    limit = skew_cayley.SERIES_LIMITS[device_type]
+    monkeypatch.setitem(skew_cayley.SERIES_LIMITS, "cpu", limit)
     unit = torch.finfo(dtype).eps / 2
-    for r in (0.0, 1e-9, 1e-4, 0.01, 0.05, 0.1, 0.2, 0.5, 0.99):
-        j = series_factors(r, dtype)
-        fits = [i for i in range(1, 30) if r ** (2 ** (i + 1)) <= unit]
-        smallest = fits[0] if fits else None
-        if smallest is not None and smallest <= skew_cayley.SERIES_MAX_FACTORS:
-            assert j == smallest
-        else:
-            assert j is None
-    # float32 takes two factors up to u^(1/8), and the solve beyond
-    u8 = (torch.finfo(torch.float32).eps / 2) ** (1 / 8)
-    assert series_factors(0.99 * u8, torch.float32) == 2
-    assert series_factors(1.01 * u8, torch.float32) is None
-    assert math.isclose(u8, 1 / 8)  # u = 2⁻²⁴
+    for n in (8, limit.max_order, limit.max_order + 1):
+        k = torch.zeros(n, n, dtype=dtype)
+        for r in (0.0, 1e-9, 1e-4, 0.01, 0.05, 0.1, 0.2, 0.34, 0.5, 0.58, 0.6, 0.99):
+            j = series_factors(r, k)
+            fits = [i for i in range(1, 30) if r ** (2 ** (i + 1)) <= unit]
+            if fits and fits[0] <= limit.max_factors and n <= limit.max_order:
+                assert j == fits[0]
+            else:
+                assert j is None
+
+
+@pytest.mark.parametrize(("device_type", "factors", "root"), [("cpu", 2, 8), ("cuda", 4, 32)])
+def test_the_series_limits_in_float32(device_type, factors, root, monkeypatch):
+    # the CPU takes two factors up to u^(1/8) = 1/8, a GPU four up to u^(1/32)
+    monkeypatch.setitem(skew_cayley.SERIES_LIMITS, "cpu", skew_cayley.SERIES_LIMITS[device_type])
+    k = torch.zeros(8, 8)
+    edge = (torch.finfo(torch.float32).eps / 2) ** (1 / root)
+    assert series_factors(0.99 * edge, k) == factors
+    assert series_factors(1.01 * edge, k) is None
+    assert math.isclose((torch.finfo(torch.float32).eps / 2) ** (1 / 8), 1 / 8)  # u = 2⁻²⁴
 
 
 def test_the_path_follows_the_bound_and_the_order(monkeypatch):
@@ -107,7 +132,7 @@ def test_the_path_follows_the_bound_and_the_order(monkeypatch):
         assert calls == []
         cayley_delta(small, None)  # not read: solve
         cayley_delta(small, 0.5)  # too long for two factors: solve
-        cayley_delta(large, 0.01)  # above SERIES_MAX_ORDER: solve
+        cayley_delta(large, 0.01)  # above the CPU's max_order: solve
     assert calls == [64, 64, 129]
 
 
@@ -119,13 +144,13 @@ def test_series_gradient_by_gradcheck(cplx):
 
     def f(t):
         k = 1e-3 * (t - t.mH)  # ‖K‖_F ≤ 2e-3·‖t‖_F: the series with its bound
-        return cayley_delta(k, float(torch.linalg.matrix_norm(k).max()))
+        return cayley_delta(k, float(torch.linalg.matrix_norm(k.detach()).max()))
 
     assert torch.autograd.gradcheck(f, (a.clone().requires_grad_(),))
 
 
 @pytest.mark.parametrize("dtype", LOW)
-def test_square_cayley_step_through_the_series_equals_the_dense_step(dtype, monkeypatch):
+def test_square_cayley_step_through_the_series_equals_the_dense_step(dtype, device, monkeypatch):
     # a batch of O(64) points and short steps: the square kernel takes the series (no
     # solve); its result against the dense Cayley retraction of the same step in float64
     def no_solve(*args, **kwargs):
@@ -139,5 +164,5 @@ def test_square_cayley_step_through_the_series_equals_the_dense_step(dtype, monk
     ref = kernels.cayley_dense(x, u)
     monkeypatch.setattr(skew_cayley.torch.linalg, "solve", no_solve)
     with torch.no_grad():
-        y = kernels.cayley_retraction(x.to(dtype), u.to(dtype))
+        y = kernels.cayley_retraction(x.to(device, dtype), u.to(device, dtype)).cpu()
     assert float((y.to(wide) - ref).abs().max()) < 10 * n * torch.finfo(dtype).eps
