@@ -36,6 +36,7 @@ import datetime
 import faulthandler
 import os
 import pathlib
+import signal
 import socket
 import sys
 import time
@@ -156,10 +157,23 @@ def _launch_once(fn, world: int, out: str, args: tuple, timeout: float, stall: f
         if len(list(pathlib.Path(out).glob("joined_rank*"))) < world:
             raise _StartFailed(f"{fn.__name__} on {world} processes: {exc}") from exc
         errors = sorted(pathlib.Path(out).glob("error_rank*.txt"))
-        if errors:
-            detail = "\n".join(e.read_text() for e in errors)
-            raise RuntimeError(f"{fn.__name__} failed on {world} processes:\n{detail}") from exc
-        raise _Killed(f"{fn.__name__} on {world} processes: {exc}\n{_stderr_tails(out)}") from exc
+        detail = "\n".join(e.read_text() for e in errors)
+        # a rank killed by a signal makes its peers raise (a closed connection): the
+        # signal is the cause, whichever exit the join met first. SIGTERM and SIGKILL
+        # are the clean-up of the others by torch's join and by this launcher.
+        killed = [
+            f"rank {rank}: {signal.Signals(-p.exitcode).name}"
+            for rank, p in enumerate(ctx.processes)
+            if p.exitcode is not None
+            and p.exitcode < 0
+            and -p.exitcode not in (signal.SIGTERM, signal.SIGKILL)
+        ]
+        if killed:
+            raise _Killed(
+                f"{fn.__name__} on {world} processes, killed: {', '.join(killed)}\n"
+                f"{_stderr_tails(out)}\n{detail}"
+            ) from exc
+        raise RuntimeError(f"{fn.__name__} failed on {world} processes:\n{detail or exc}") from exc
     finally:
         for p in ctx.processes:
             if p.is_alive():
