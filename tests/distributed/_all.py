@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from _ddp_replicas import ddp_replicas_worker
 from _dtensor_workers import dtensor_worker
 from _fsdp_workers import ddp_worker, fsdp_worker
 from _recipes_workers import meta_init_worker, plain_list_worker
@@ -15,5 +16,6 @@ def all_worker(rank: int, world: int, out: str, save: bool, load: str | None) ->
     if load is not None:
         fsdp_worker(rank, world, out, None, load)
     ddp_worker(rank, world, out)
+    ddp_replicas_worker(rank, world, out)
     plain_list_worker(rank, world, out)
     meta_init_worker(rank, world, out)

@@ -28,12 +28,27 @@ files. Such a run is started once more: a failure that repeats is raised with
 both reports; one that does not passes with a warning carrying the first report,
 so it stays visible in the test summary without failing the suite on a fault the
 test does not check (the second run checks every value as the first would).
+
+Note [Nothing of a run outlives its process group]
+The second such death in CI printed "terminate called without an active exception"
+(rank 1 of the DDP test, then launched apart in tests/optimizers): a C++ thread
+object destroyed while its thread still ran. 150 runs of that worker here did not
+repeat it, so the cause is read from the message. A gloo process group owns
+threads that its destructor joins, and it is destroyed when its last reference
+goes, not by ``destroy_process_group``, which only unregisters it. A DDP reducer,
+an FSDP module, a device mesh or a DTensor kept alive by a local name or by a
+reference cycle (modules with hooks form cycles) holds the group past that call,
+to the interpreter's finalization, where tearing it down can end in
+``std::terminate``. So a worker lets go of everything of its run and collects the
+cycles (``gc.collect()``) before it destroys the group, while the interpreter is
+whole; the DDP test now runs through this launcher.
 """
 
 from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import os
 import pathlib
 import signal
@@ -83,6 +98,7 @@ def _entry(rank: int, fn, world: int, port: int, out: str, args: tuple) -> None:
         pathlib.Path(out, f"error_rank{rank}.txt").write_text(traceback.format_exc())
         raise
     finally:
+        gc.collect()  # Note [Nothing of a run outlives its process group]
         dist.destroy_process_group()
 
 
