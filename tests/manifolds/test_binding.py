@@ -113,26 +113,36 @@ def test_a_torch_optimizer_stepping_a_manifold_weight_is_warned_about():
         optimizers.create("rgd", fresh.parameters(), lr=0.1).step()  # Riemannian: silent
 
 
-def test_a_dtensor_weight_is_marked_not_reclassed():
-    import torch.distributed as dist
+def _dtensor_weights_are_marked() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    lin = nn.Linear(4, 12, dtype=torch.float64)
+    lin.weight = nn.Parameter(distribute_tensor(lin.weight.detach(), mesh, [Replicate()]))
+    orthogonalize(lin, method="riemannian")  # TypeError on __class__ before
+    w = lin.weight
+    assert w.manifold is not None and _err(w.full_tensor()) < TOL
+    lin2 = nn.Linear(4, 12, dtype=torch.float64)
+    lin2.weight = nn.Parameter(distribute_tensor(lin2.weight.detach(), mesh, [Replicate()]))
+    with pytest.raises(ValueError, match="allowed there: 'nearest'"):
+        orthogonalize(lin2, method="riemannian", init="haar")
+
+
+def test_a_dtensor_weight_is_marked_not_reclassed():
+    import gc
+
+    import torch.distributed as dist
 
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs a fresh single-process gloo group")
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     try:
-        mesh = init_device_mesh("cpu", (1,))
-        lin = nn.Linear(4, 12, dtype=torch.float64)
-        lin.weight = nn.Parameter(distribute_tensor(lin.weight.detach(), mesh, [Replicate()]))
-        orthogonalize(lin, method="riemannian")  # TypeError on __class__ before
-        w = lin.weight
-        assert w.manifold is not None and _err(w.full_tensor()) < TOL
-        lin2 = nn.Linear(4, 12, dtype=torch.float64)
-        lin2.weight = nn.Parameter(distribute_tensor(lin2.weight.detach(), mesh, [Replicate()]))
-        with pytest.raises(ValueError, match="allowed there: 'nearest'"):
-            orthogonalize(lin2, method="riemannian", init="haar")
+        _dtensor_weights_are_marked()
     finally:
+        # the mesh and weights die before the group (Note [Nothing of a run outlives its
+        # process group] in tests/distributed/_launch.py)
+        gc.collect()
         dist.destroy_process_group()
 
 
