@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import gc
 import os
 import socket
 import statistics
@@ -95,6 +96,20 @@ def _run(rank: int, world: int, port: int, sizes, repeats: int, out: str) -> Non
             world_size=world,
             timeout=datetime.timedelta(seconds=600),
         )
+    rows_out = _measure(rank, world, sizes, repeats)
+    if rank == 0:
+        torch.save(rows_out, os.path.join(out, f"w{world}.pt"))
+    if world > 1:
+        # the meshes and DTensors of the run hold the group: collected first, while the
+        # interpreter is whole (Note [Nothing of a run outlives its process group],
+        # tests/distributed/_launch.py)
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _measure(rank: int, world: int, sizes, repeats: int) -> list[tuple]:
+    """The rows of one rank: (n, bytes and calls of the sharded step, bytes of the
+    gather, median times of both)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
@@ -140,10 +155,7 @@ def _run(rank: int, world: int, port: int, sizes, repeats: int, out: str) -> Non
         t_sharded = _median_time(sharded, repeats)
         t_gather = _median_time(functools.partial(gather, p.detach()), repeats)
         rows_out.append((n, sb.bytes, len(sb.calls), gb.bytes, t_sharded, t_gather))
-    if rank == 0:
-        torch.save(rows_out, os.path.join(out, f"w{world}.pt"))
-    if world > 1:
-        dist.destroy_process_group()
+    return rows_out
 
 
 def _free_port() -> int:
