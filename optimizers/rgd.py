@@ -115,13 +115,13 @@ class RGD(RiemannianOptimizer):
         X·C − S and the triangular solve (X·C − S)·R⁻¹ of NM², with M×M work:
         three products and a Cholesky factorization). Square points (Note [Square steps
         in the frame of X]): XᴴS and the update X + X·F, with an LU solve with n
-        right-hand sides (Cayley; for n ≤ 128 a short step forms Cayley(S) − I by
-        at most four products instead, Note [Cayley of a small skew matrix by
-        Euler's product], not counted here) or PᴴP, a Cholesky factorization and a
-        triangular solve (QR), and the float64 XᴴX of every `CHECK_EVERY`-th step
-        (Note [The drift correction every CHECK_EVERY-th square step]), counted
-        as its share per step; a correcting step longer than ‖D‖_F = ½ adds one
-        product. The CWY paper's Householder counts are `paper_formula`'s.
+        right-hand sides (Cayley; a short step of small n forms Cayley(S) − I by a
+        few products instead, within the device type's limits of Note [Cayley of a
+        small skew matrix by Euler's product], not counted here) or PᴴP, a Cholesky
+        factorization and a triangular solve (QR), and the float64 XᴴX of every
+        `CHECK_EVERY`-th step (Note [The drift correction every CHECK_EVERY-th
+        square step]), counted as its share per step; a correcting step longer than
+        ‖D‖_F = ½ adds one product. The CWY paper's Householder counts are `paper_formula`'s.
 
         Args:
             n: rows N.

@@ -89,7 +89,9 @@ __all__ = [
 #             k = 8: 2.0–2.3e-6; pogo-torch's step leaves 1.15e-6 there.
 # Reaching that last figure on every draw takes k ≤ 2: three more wide Grams
 # (a float64 copy and product each) per eight steps, which takes the QR step to
-# pogo-torch's time there (measured: docs/results.md, "Batched regime").
+# pogo-torch's time there, and takes the single O(256) and O(512) steps above
+# geoopt's Euclidean step, below it at k = 8 (measured: docs/results.md,
+# "Batched regime").
 # k = 8 keeps 1.5× margin to 5e-6 at n = 1024 and forms the Gram half as often
 # as k = 4 (what that saves in time, measured: docs/results.md, "Timings moved
 # out of code comments"). Between tests a point
