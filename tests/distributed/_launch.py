@@ -8,9 +8,13 @@ A fixed wall-clock limit cannot tell a hang from a busy machine: with the load a
 10–16 on 2 cores every multi-process test ran past a fixed 240 s and failed. A hung
 run is one in which no rank does any work: ranks blocked in a collective that will
 never complete (a dead or diverged peer) or in a deadlock sleep in the kernel and
-use no CPU time. So the launcher reads the ranks' CPU time (``/proc/<pid>/stat``)
-and stops them when it has not grown for ``stall`` seconds; a slow run on a loaded
-machine keeps accumulating CPU time however little of it each rank gets. A busy
+use almost no CPU time (their background threads wake now and then: one clock tick,
+10 ms, every few seconds, measured on idle ranks). So the launcher reads the ranks'
+CPU time (``/proc/<pid>/stat``) and stops them when, for ``stall`` seconds, it has
+grown by no more than ``IDLE_SHARE`` of that time per rank and one tick; a slow run
+on a loaded machine keeps using far more (a rank on 2 cores at load 16 gets about
+12 % of a core). Counting any tick as work, the detector missed a 5 s stall for
+minutes when the idle wake-ups fell into every window (180 s in CI). A busy
 loop that never ends is caught by the overall ``timeout``, set generously. Where
 ``/proc`` is missing the overall timeout alone applies.
 
@@ -65,8 +69,11 @@ from torch.multiprocessing.spawn import ProcessException
 
 # A collective may wait this long for a peer; the stall detector stops a real hang first.
 COLLECTIVE_TIMEOUT = 600
-# No rank used CPU time for this long: the run is hung.
+# The ranks idle for this long: the run is hung.
 STALL = 90.0
+# CPU time per rank and second that still counts as idle (Note [A hang is a stall,
+# not a slow run]): ten times the wake-ups of a waiting rank, a tenth of a loaded one
+IDLE_SHARE = 0.01
 
 
 def free_port() -> int:
@@ -113,7 +120,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 class _Watch:
-    """Tells a stalled run (no rank used CPU time for ``stall`` s) from a slow one."""
+    """Tells a stalled run (the ranks idle for ``stall`` s) from a slow one."""
 
     def __init__(self, pids: list[int], stall: float):
         self.pids, self.stall = pids, stall
@@ -123,10 +130,11 @@ class _Watch:
         used = [cpu_seconds(pid) for pid in self.pids]
         if any(u is None for u in used):
             return False  # no /proc, or a rank already gone: the join reports it
-        total = sum(used)
-        if self.last is None or total > self.last + 0.01:
-            self.last, self.since = total, time.monotonic()
-        return time.monotonic() - self.since > self.stall
+        total, now = sum(used), time.monotonic()
+        idle = IDLE_SHARE * len(self.pids) * (now - self.since) + 0.01  # and one tick
+        if self.last is None or total > self.last + idle:
+            self.last, self.since = total, now
+        return now - self.since > self.stall
 
 
 class _StartFailed(RuntimeError):
