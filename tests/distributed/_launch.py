@@ -72,7 +72,7 @@ COLLECTIVE_TIMEOUT = 600
 # The ranks idle for this long: the run is hung.
 STALL = 90.0
 # CPU time per rank and second that still counts as idle (Note [A hang is a stall,
-# not a slow run]): ten times the wake-ups of a waiting rank, a tenth of a loaded one
+# not a slow run]): five times the wake-ups of a waiting rank, a tenth of a loaded one
 IDLE_SHARE = 0.01
 
 
