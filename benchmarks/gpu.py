@@ -8,6 +8,7 @@ installed. Each step runs in its own process under a time limit, in this order:
 2. ``cwy``: CWY against sequential Householder (the CWY paper's Table 4 claim);
 3. ``batched``: 4096 × St(64, 16) and 1024 × O(64) against pogo-torch, with drift;
    ``skew_cayley``: the square Cayley step's product series against the batched solve;
+   ``woodbury``: the Woodbury Cayley system by block elimination against the LU;
 4. ``precision``: bfloat16 against float32;
 5. ``optimizers``: the Riemannian steps against geoopt's;
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
@@ -84,6 +85,12 @@ STEPS = [
         "Cayley of a small skew matrix: Euler's product against the solve",
         ("benchmarks.skew_cayley",),
         30,
+    ),
+    Step(
+        "woodbury",
+        "Woodbury Cayley system: block elimination against the LU",
+        ("benchmarks.woodbury",),
+        25,
     ),
     Step("precision", "bfloat16 against float32", ("benchmarks.precision",), 30),
     Step(

@@ -31,6 +31,7 @@ from .frame import (
 from .reduce import gram, row_group
 from .scaling import normalize, weights
 from .skew_cayley import cayley_delta
+from .woodbury import solve_step_system
 
 __all__ = [
     "use_smw",
@@ -89,7 +90,9 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
     in float32 (the unscaled form did the same); the next steps' correction,
     or the projection of Note [Off-manifold points at a step], brings it back.
-    The system is solved in the scaled form of Note [Overflow-safe step]. A
+    The system is written in the scaled form of Note [Overflow-safe step] and
+    solved by `woodbury.solve_step_system` (block elimination where it is
+    stable, Note [Woodbury system by block elimination]). A
     transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv), none
     when v is the step direction d: Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd.
     """
@@ -97,60 +100,23 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     eye = eye_like(x, m)
     xpd = sub_product(xhd, xx, 0.5 * xhd)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
     pdpd = gram(pd, pd)
-    t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
-    tc = t.clamp_min(torch.finfo(t.dtype).tiny)
-    gamma, sigma = weights(lr * t)
-    hs = 0.5 * sigma
-    xp = xpd / tc  # XᴴP̂
-    # the 2M×2M system and its right-hand side written block by block into one
-    # buffer each (on a batch of small matrices these M×M passes are the step)
-    lhs = _blocks(
-        ((xp, hs, gamma), (xx, -hs, None)),
-        ((pdpd.div(tc).div_(tc), hs, None), (xp.mH, -hs, gamma)),  # P̂ᴴP̂
-    )
+    xv = pdv = None
     if v is not None:
         if v_is_d:
-            xv, pv = xhd, (pdpd + 0.5 * (xpd.mH @ xhd)) / tc
+            xv, pdv = xhd, pdpd + 0.5 * (xpd.mH @ xhd)
         else:
-            xv, pv = gram(x, v), gram(pd, v) / tc
-        rhs = _blocks(
-            ((xx, sigma, None), (xv, sigma, None)), ((xp.mH, sigma, None), (pv, sigma, None))
-        )
-    else:
-        rhs = _blocks(((xx, sigma, None),), ((xp.mH, sigma, None),))
-    z = torch.linalg.solve(lhs, rhs)
-    v1, z2 = z[..., :m, :m], z[..., m:, :m]
+            xv, pdv = gram(x, v), gram(pd, v)
+    # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
+    z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
     k = 1.5 * eye - 0.5 * xx
     # Y = (X(I + Z₂) − P̂V₁)K, P̂ = Pd/t: two products of the flattened batch
-    y = two_products(x, (eye + z2) @ k, pd, -(v1 @ k) / tc, x.shape)
+    y = two_products(x, (eye + z2[..., :m]) @ k, pd, -(z1[..., :m] @ k), x.shape)
     if v is None:
         return y
-    w1, w2 = z[..., :m, m:], z[..., m:, m:]
+    w1, w2 = z1[..., m:], z2[..., m:]
     # Cayley(A)v = v + XZ₂' − P̂V₁' (times μ when v is the normalized d)
-    tv = three_products(v, x, mu * w2, pd, -(mu * w1) / tc)
+    tv = three_products(v, x, mu * w2, pd, -(mu * w1))
     return y, tv
-
-
-def _blocks(*rows) -> torch.Tensor:
-    """The block matrix [[c·A + g·I, ...], ...] of ``rows`` of (A, c, g) (g None: no I),
-    each block written once into the result (no concatenation copies)."""
-    first = rows[0][0][0]
-    heights = [row[0][0].shape[-2] for row in rows]
-    widths = [a.shape[-1] for a, _, _ in rows[0]]
-    batch = torch.broadcast_shapes(*(a.shape[:-2] for row in rows for a, _, _ in row))
-    out = first.new_empty(*batch, sum(heights), sum(widths))
-    i = 0
-    for row, h in zip(rows, heights, strict=True):
-        j = 0
-        for (a, c, g), w in zip(row, widths, strict=True):
-            block = out[..., i : i + h, j : j + w]
-            block.copy_(a).mul_(c)  # (a view as ``out=`` would break a traced graph)
-            if g is not None:
-                diag = block.diagonal(dim1=-2, dim2=-1)
-                diag.add_(g[..., 0] if isinstance(g, torch.Tensor) else g)
-            j += w
-        i += h
-    return out
 
 
 def _dense(x, dn, lr, v, xx):

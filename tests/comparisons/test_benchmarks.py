@@ -34,6 +34,7 @@ def bench():
                 "batched",
                 "layers",
                 "skew_cayley",
+                "woodbury",
             )
         }
     finally:
@@ -242,6 +243,23 @@ def test_skew_cayley_quick_times_both_paths_and_marks_the_rows_used(bench, capsy
     assert "series / solve" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench["skew_cayley"].main(["--device", "tpu"])
+
+
+def test_woodbury_quick_times_both_paths(bench, capsys):
+    rows = bench["woodbury"].main(["--quick"])
+    assert [(r["batch"], r["n"], r["m"], r["transport"]) for r in rows] == [
+        (256, 64, 16, False),
+        (256, 64, 16, True),
+        (1, 1024, 64, False),
+        (1, 1024, 64, True),
+    ]
+    for r in rows:
+        assert _positive(r["elimination"]) and _positive(r["lu"])
+        # float32 against the float64 LU, relative to the largest entry: both to rounding
+        assert r["elimination_err"] < 1e-5 and r["lu_err"] < 1e-5
+    assert "elim. / LU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench["woodbury"].main(["--device", "tpu"])
 
 
 def test_device_option_of_the_gpu_benchmarks(bench, capsys):

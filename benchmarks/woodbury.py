@@ -1,0 +1,131 @@
+r"""The Woodbury Cayley system: block elimination against the 2M×2M LU, per shape.
+
+Run from a checkout: ``python -m benchmarks.woodbury`` (``--quick``: small sizes).
+For each shape (a batch of St(N, M) points) it times `solve_step_system` by block
+elimination (its default, with the host read of its test) and with ``lu=True``
+(the 2M×2M LU), without and with a transported vector, in interleaved
+rounds, median, and prints elimination / LU with both results' largest difference
+from the float64 LU, relative to its largest entry. The step is a training step,
+|β| ≤ ½ (inside both bounds of Note [Woodbury system by block elimination]), the
+measurement behind that Note's choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from stiefel.comparisons import cost as timing
+from stiefel.manifolds.kernels import woodbury
+
+from ._timing import device_of, fmt_ratio, fmt_time, header, table
+
+SHAPES = (
+    (4096, 64, 16),
+    (1024, 128, 32),
+    (64, 512, 64),
+    (1, 4096, 64),
+    (1, 4096, 256),
+    (1, 8192, 512),
+)
+QUICK = ((256, 64, 16), (1, 1024, 64))
+
+
+def _data(batch: int, n: int, m: int, device) -> list[torch.Tensor]:
+    """XᴴPd, XᴴX, PdᴴPd, Xᴴv, Pdᴴv in float64 for a point, a step with a part along X, and v."""
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(batch, *shape, generator=gen, device=device, dtype=torch.float64)
+
+    x = torch.linalg.qr(randn(n, m))[0]
+    d = randn(n, m)
+    pd = d - x @ (x.mT @ d) + 0.1 * x @ randn(m, m)
+    v = randn(n, m)
+    return [x.mT @ pd, x.mT @ x, pd.mT @ pd, x.mT @ v, pd.mT @ v]
+
+
+def _relative(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref).abs().max() / ref.abs().max())
+
+
+def _solve(data, lr, eliminate: bool):
+    return woodbury.solve_step_system(*data[:3], lr, *data[3:], lu=not eliminate)
+
+
+def run(shapes, rounds: int, device: torch.device) -> list[dict]:
+    rows = []
+    for batch, n, m in shapes:
+        wide = _data(batch, n, m, device)
+        t = wide[2].diagonal(dim1=-2, dim2=-1).sum(-1).sqrt().amax()
+        lr = 0.5 / float(t)  # |β| ≤ ½ for every matrix
+        for transport in (False, True):
+            data64 = wide if transport else wide[:3]
+            data = [a.float() for a in data64]
+            ref = _solve(data64, lr, False)
+            fns = {
+                on: (lambda on=on, data=data, lr=lr: _solve(data, lr, on)) for on in (True, False)
+            }
+            times = {on: [] for on in fns}
+            with torch.no_grad():
+                for fn in fns.values():
+                    fn()  # warm-up
+                for _ in range(rounds):  # interleaved rounds
+                    for on, fn in fns.items():
+                        times[on].append(timing.timed(fn))  # CUDA synchronised
+                errs = {
+                    on: max(_relative(a, b) for a, b in zip(fn(), ref, strict=True))
+                    for on, fn in fns.items()
+                }
+            med = {on: statistics.median(ts) for on, ts in times.items()}
+            rows.append(
+                {
+                    "batch": batch,
+                    "n": n,
+                    "m": m,
+                    "transport": transport,
+                    "elimination": med[True],
+                    "lu": med[False],
+                    "ratio": med[True] / med[False],
+                    "elimination_err": errs[True],
+                    "lu_err": errs[False],
+                }
+            )
+    return rows
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two small shapes; 3 rounds")
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
+    ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
+    args = ap.parse_args(argv)
+    device = device_of(args.device, ap)
+    shapes = QUICK if args.quick else SHAPES
+    rows = run(shapes, 3 if args.quick else args.rounds, device)
+    print(header("Woodbury Cayley system: block elimination / 2M×2M LU (float32)", device))
+    print(
+        table(
+            ["batch", "St(N, M)", "v", "elimination", "LU", "elim. / LU", "elim. err", "LU err"],
+            [
+                [
+                    r["batch"],
+                    f"St({r['n']}, {r['m']})",
+                    "yes" if r["transport"] else "no",
+                    fmt_time(r["elimination"]),
+                    fmt_time(r["lu"]),
+                    fmt_ratio(r["ratio"]),
+                    f"{r['elimination_err']:.1e}",
+                    f"{r['lu_err']:.1e}",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    main()

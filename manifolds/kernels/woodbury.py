@@ -1,0 +1,159 @@
+r"""The 2M×2M system of the Woodbury Cayley step: its assembly and its solve.
+
+The Cayley step of St(N, M) with 2M < N (Note [Cayley through
+Sherman–Morrison–Woodbury with 2M columns] in `cayley`) reduces to one linear
+system per matrix, in the scaled form of Note [Overflow-safe step]:
+
+    [[γI + hE, −hG], [hF, γI − hEᴴ]] [Z₁; Z₂] = σ[[G, Xᴴv], [Eᴴ, P̂ᴴv]],   h = ½σ,
+
+with E = XᴴP̂, G = XᴴX and F = P̂ᴴP̂ (all M×M, ‖P̂‖_F = 1) and γ, σ the weights
+of β = lr·‖Pd‖_F. `solve_step_system` solves it by block elimination where
+that is stable and by one 2M×2M LU otherwise.
+
+Note [Woodbury system by block elimination]
+Eliminating the first block column with the pivot block T = γI + hE leaves the
+Schur complement S = γI − hEᴴ + h²FQ₁ (Q = T⁻¹[G, Xᴴv], Q₁ its first M
+columns) and
+
+    Z₂ = σS⁻¹([Eᴴ, P̂ᴴv] − hFQ),   Z₁ = σQ + hQ₁Z₂:
+
+two M×M solves and two M×M products instead of one 2M×2M solve, a quarter of
+its flops. The gain is LAPACK's: it factorizes the matrices of a batch one call
+at a time, and on small matrices the cost of a call grows faster than its flops,
+so on a batch of St(64, 16) the two 16×16 solves cost less than half the 32×32
+one (docs/results.md, "Batched regime").
+Block elimination without pivoting is as accurate as the LU when the pivot
+block and the growth of the elimination are bounded. With σ/γ = β,
+T = γ(I + K), ‖K‖₂ ≤ ½|β|‖E‖_F, so |β|‖E‖_F ≤ 1 gives ‖K‖₂ ≤ ½,
+‖T⁻¹‖₂ ≤ 2/γ and cond(T) ≤ 3; |β| ≤ 4 (γ ≥ ¼) bounds the growth,
+‖hF·T⁻¹·hG‖₂ ≤ ½|σβ|‖G‖₂ ≤ 2‖G‖₂ (‖F‖₂ ≤ tr F = 1), so no entry of S is
+more than a few times the data. S is invertible because the whole matrix is
+(det = det T·det S, Note [Cayley through Sherman–Morrison–Woodbury with 2M
+columns]). Training steps satisfy both bounds (‖E‖_F ≤ 1 near the manifold,
+so |β| ≤ 1 always does); a batch in which some matrix does not, or a traced
+call (the test is a host read, Note [Traced steps compute both paths] in
+.frame), takes the 2M×2M LU with partial pivoting. The test is one host read
+per step, a synchronisation on a GPU; there too the batched LU is slower than the
+two M×M solves, by more than the read costs (docs/results.md, "Woodbury system by
+block elimination").
+Within the bounds no term can overflow, so the weights are not needed: divided
+by γ (σ/γ = β, h/γ = ½β) and with V₁ in the units of Pd (V₁/t, t = ‖Pd‖_F),
+the elimination reads, with a = ½lr,
+
+    T = I + a·XᴴPd,   Q = T⁻¹[G, Xᴴv],   U = a[PdᴴX, Pdᴴv] − a²·PdᴴPd·Q,
+    S = I − U₁,   Z₂ = 2S⁻¹U,   V₁/t = 2a(Q + Q₁S⁻¹U),
+
+seven passes over M×M matrices besides the solves, and no division by t.
+
+Example:
+    ```python
+    import torch
+    from stiefel.manifolds.kernels.woodbury import solve_step_system
+
+    x = torch.linalg.qr(torch.randn(9, 3, dtype=torch.float64))[0]
+    pd = 0.1 * torch.randn(9, 3, dtype=torch.float64)
+    z1, z2 = solve_step_system(x.mT @ pd, x.mT @ x, pd.mT @ pd, 0.5)  # elimination
+    # the unscaled system (|β| ≤ 1: γ = 1, σ = β), with Z₁ = t·(V₁/t)
+    t, eye = torch.linalg.matrix_norm(pd), torch.eye(3, dtype=torch.float64)
+    e, f, h = x.mT @ pd / t, pd.mT @ pd / t**2, 0.25 * t
+    lhs = torch.cat((torch.cat((eye + h * e, -h * eye), 1), torch.cat((h * f, eye - h * e.mT), 1)))
+    z = torch.linalg.solve(lhs, 0.5 * t * torch.cat((eye, e.mT)))
+    assert torch.allclose(torch.cat((t * z1, z2)), z, rtol=0, atol=1e-13)
+    ```
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .basic import eye_like, flat
+from .scaling import weights
+
+__all__ = ["block_matrix", "eliminable", "solve_step_system"]
+
+
+def block_matrix(*rows) -> torch.Tensor:
+    """The block matrix [[c·A + g·I, ...], ...] of ``rows`` of (A, c, g) (g None: no I).
+
+    Each block is written once into the result (no concatenation copies).
+    """
+    first = rows[0][0][0]
+    heights = [row[0][0].shape[-2] for row in rows]
+    widths = [a.shape[-1] for a, _, _ in rows[0]]
+    batch = torch.broadcast_shapes(*(a.shape[:-2] for row in rows for a, _, _ in row))
+    out = first.new_empty(*batch, sum(heights), sum(widths))
+    i = 0
+    for row, h in zip(rows, heights, strict=True):
+        j = 0
+        for (a, c, g), w in zip(row, widths, strict=True):
+            block = out[..., i : i + h, j : j + w]
+            block.copy_(a).mul_(c)  # (a view as ``out=`` would break a traced graph)
+            if g is not None:
+                diag = block.diagonal(dim1=-2, dim2=-1)
+                diag.add_(g[..., 0] if isinstance(g, torch.Tensor) else g)
+            j += w
+        i += h
+    return out
+
+
+def eliminable(xpd: torch.Tensor, t: torch.Tensor, lr) -> bool:
+    """Whether every matrix of the batch meets |β| ≤ 4 and |β|·‖E‖_F ≤ 1 (one host read).
+
+    With β = lr·t and E = XᴴPd/t that is |lr|·max(t/4, ‖XᴴPd‖_F) ≤ 1. False under
+    tracing. Note [Woodbury system by block elimination].
+    """
+    if torch.compiler.is_compiling():
+        return False
+    size = torch.maximum(torch.linalg.matrix_norm(xpd, keepdim=True), 0.25 * t)
+    return bool((size * abs(lr)).amax() <= 1)  # NaN: False, and the LU refuses it alike
+
+
+def solve_step_system(
+    xpd: torch.Tensor,
+    g: torch.Tensor,
+    pdpd: torch.Tensor,
+    lr: float | torch.Tensor,
+    xv: torch.Tensor | None = None,
+    pdv: torch.Tensor | None = None,
+    *,
+    lu: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""(V₁/t, Z₂) of the Woodbury Cayley system (module docstring), for a batch.
+
+    The data are given in the units of Pd (t = ‖Pd‖_F, E = XᴴPd/t, F = PdᴴPd/t²)
+    and V₁ is returned in them, so that Y = X(I + Z₂) − Pd·(V₁/t).
+
+    Args:
+        xpd: XᴴPd, (..., M, M).
+        g: G = XᴴX, (..., M, M).
+        pdpd: PdᴴPd, (..., M, M).
+        lr: the step size, a float or a tensor broadcastable to (..., 1, 1).
+        xv: Xᴴv for a transported vector v, (..., M, K), or None.
+        pdv: Pdᴴv, with ``xv``.
+        lu: take the 2M×2M LU whatever the test says (to measure or check it).
+
+    Returns:
+        V₁/t and Z₂, each (..., M, M) or, with ``xv``, (..., M, M + K).
+    """
+    m = xpd.shape[-1]
+    t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
+    if not lu and eliminable(xpd, t, lr):  # Note [Woodbury system by block elimination]
+        # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I − U₁ with
+        # U = a[PdᴴX, Pdᴴv] − a²PdᴴPd·Q; Z₂ = 2S⁻¹U and V₁/t = 2a(Q + Q₁S⁻¹U)
+        half = 0.5 * lr
+        ea = xpd * half
+        q = torch.linalg.solve(ea + eye_like(ea, m), g if xv is None else torch.cat((g, xv), -1))
+        right = ea.mH if pdv is None else torch.cat((ea.mH, pdv * half), -1)
+        u = right - (pdpd * (half * half)) @ q
+        z2 = torch.linalg.solve(eye_like(u, m) - u[..., :m], u)
+        v1 = torch.baddbmm(flat(q), flat(q[..., :m]), flat(z2)).reshape(q.shape)
+        return v1 * (2 * half), 2 * z2
+    tc = t.clamp_min(torch.finfo(t.dtype).tiny)
+    gamma, sigma = weights(lr * t)
+    h = 0.5 * sigma
+    e, eh, f = xpd / tc, xpd.mH / tc, pdpd.div(tc).div_(tc)
+    top = ((g, sigma, None),) if xv is None else ((g, sigma, None), (xv, sigma, None))
+    bottom = ((eh, sigma, None),) if pdv is None else ((eh, sigma, None), (pdv / tc, sigma, None))
+    lhs = block_matrix(((e, h, gamma), (g, -h, None)), ((f, h, None), (eh, -h, gamma)))
+    z = torch.linalg.solve(lhs, block_matrix(top, bottom))
+    return z[..., :m, :] / tc, z[..., m:, :]
