@@ -2,11 +2,13 @@ r"""Many small orthogonal matrices (the regime POGO targets): step time and drif
 
 Run from a checkout: ``python -m benchmarks.batched`` (``--quick`` for a short run).
 Two problems, float32: a batch of 4096 points on St(64, 16) and of 1024 on O(64).
-For each optimizer (this package's ``rgd``, ``landing``, ``pogo``,
+For each optimizer (this package's ``rgd``, ``radam``, ``landing``, ``pogo``,
 ``manifold_muon`` through ``stiefel.optimizers.create``; pogo-torch's ``POGO``
 and geoopt's ``RiemannianSGD`` as anchors, in the same run) it prints the mean
-time of ``step()`` on a fixed gradient, the ratio to pogo-torch's step, and the
-orthogonality drift max ‖XᴴX − I‖_F over the batch after ``--steps`` steps of
+time of ``step()`` on a fixed gradient, the ratio to pogo-torch's step with the
+same kind of base (``SGD`` for the plain steps, ``VectorAdam`` for ``radam`` and
+``pogo``'s adam base), and the orthogonality drift max ‖XᴴX − I‖_F over the
+batch after ``--steps`` steps of
 the loss ‖X − T‖²_F towards a fixed random target T (gradient 2(X − T),
 formed by hand so that only the optimizer is timed). An optimizer whose step
 takes longer than ``--slow-s`` seconds runs only the timed steps: the column
@@ -35,7 +37,8 @@ def _haar(batch: int, n: int, m: int, seed: int) -> torch.Tensor:
 
 
 def _candidates(lr: float, muon_inner: int):
-    """(label, factory(x0) -> (param, optimizer))."""
+    """(label, factory(x0) -> (param, optimizer), anchor): the anchor is the pogo-torch
+    row of the same kind of step, ``"sgd"`` (plain) or ``"adam"`` (adaptive)."""
 
     def ours(name, **hyper):
         def make(x0, man):
@@ -44,30 +47,38 @@ def _candidates(lr: float, muon_inner: int):
 
         return make
 
-    def pogo_torch(x0, man):
-        import pogo
-        import pogo.base
+    def pogo_torch(base):
+        def make(x0, man):
+            import pogo
+            import pogo.base
 
-        p = torch.nn.Parameter(x0.clone())
-        return p, pogo.POGO([p], pogo.base.SGD(), lr=lr, rows=False)
+            p = torch.nn.Parameter(x0.clone())
+            opt = pogo.base.SGD() if base == "sgd" else pogo.base.VectorAdam()
+            return p, pogo.POGO([p], opt, lr=lr, rows=False)
+
+        return make
 
     def geoopt_rsgd(x0, man):
         p = geoopt.ManifoldParameter(x0.clone(), manifold=geoopt.Stiefel())
         return p, geoopt.optim.RiemannianSGD([p], lr=lr)
 
-    # pogo-torch first (the reference of the ratio column), the slowest last.
+    # the pogo-torch rows first (the references of the ratio column), the slowest last
     return [
-        ("pogo-torch (sgd)", pogo_torch),
-        ("geoopt rsgd", geoopt_rsgd),
-        ("rgd (cayley)", ours("rgd", lr=lr)),
-        ("rgd (qr)", ours("rgd", lr=lr, retraction="qr")),
-        ("landing", ours("landing", lr=lr)),
-        ("pogo (sgd)", ours("pogo", lr=lr, base="sgd")),
+        ("pogo-torch (sgd)", pogo_torch("sgd"), "sgd"),
+        ("pogo-torch (vector adam)", pogo_torch("adam"), "adam"),
+        ("geoopt rsgd", geoopt_rsgd, "sgd"),
+        ("rgd (cayley)", ours("rgd", lr=lr), "sgd"),
+        ("rgd (qr)", ours("rgd", lr=lr, retraction="qr"), "sgd"),
+        ("radam (cayley)", ours("radam", lr=lr), "adam"),
+        ("landing", ours("landing", lr=lr), "sgd"),
+        ("pogo (sgd)", ours("pogo", lr=lr, base="sgd"), "sgd"),
+        ("pogo (adam)", ours("pogo", lr=lr, base="adam"), "adam"),
         (
             f"manifold_muon inner={muon_inner}",
             ours("manifold_muon", lr=lr, inner_steps=muon_inner),
+            "sgd",
         ),
-        ("manifold_muon", ours("manifold_muon", lr=lr)),
+        ("manifold_muon", ours("manifold_muon", lr=lr), "sgd"),
     ]
 
 
@@ -158,14 +169,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'steps':>6} "
             f"{'drift':>10} {'loss':>9}"
         )
-        ref = None
-        for label, make in _candidates(args.lr, args.muon_inner):
+        ref = {}
+        for label, make, anchor in _candidates(args.lr, args.muon_inner):
             t, drift, loss, ran = _run(
                 label, make, x0, man, target, steps, args.timed, clock, args.slow_s
             )
-            ref = ref or t  # the first row is pogo-torch's
+            ref.setdefault(anchor, t)  # the first row of each anchor is pogo-torch's
             print(
-                f"{label:>26} {1e3 * t:>9.2f} {t / ref:>13.2f} {ran:>6} {drift:>10.2e} "
+                f"{label:>26} {1e3 * t:>9.2f} {t / ref[anchor]:>13.2f} {ran:>6} {drift:>10.2e} "
                 f"{loss:>9.3f}",
                 flush=True,
             )

@@ -29,7 +29,7 @@ import torch
 
 from . import kernels
 from ._checks import choice
-from .kernels.scaling import host_scalars
+from .kernels.scaling import host_bound
 
 __all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "METRICS", "EGRAD2RGRAD", "INNER"]
 
@@ -232,12 +232,12 @@ class StiefelGeometry(Geometry):
     def rgrad(self, x, g):
         # linear in g: computed for g/max|g| and scaled back, so that XᴴG cannot
         # overflow for a huge finite G (Note [Overflow-safe step]); where the host
-        # knows μ = max|g| small enough (Note [Step weights on the host]) that no entry
-        # of XᴴG (≤ 2Nμ near the manifold) or of X·W (≤ 4NMμ) can overflow, from g
-        # itself: one pass, not three
+        # knows μ = max|g| (the batch's largest) small enough (Note [Step weights on
+        # the host]) that no entry of XᴴG (≤ 2Nμ near the manifold) or of X·W
+        # (≤ 4NMμ) can overflow, from g itself: one pass, not three
         mu = kernels.reduce.rows_absmax(g)
         n, m = g.shape[-2:]
-        if host_scalars(g) and 4 * n * m * float(mu) < torch.finfo(g.dtype).max:
+        if host_bound(g) and 4 * n * m * float(mu.amax()) < torch.finfo(g.dtype).max:
             return self._rgrad(x, g)
         mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
         return self._rgrad(x, g / mu) * mu

@@ -217,7 +217,8 @@ def _cayley(x, d, lr, v, xx, smw):
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     xhd = gram(x, dn)
-    pd = sub_product(dn, x, 0.5 * xhd, over_u=in_place())  # Pd = d − ½X·Xᴴd, over d/μ
+    # Pd = d − ½X·Xᴴd, over d/μ (never over the caller's d)
+    pd = sub_product(dn, x, 0.5 * xhd, over_u=in_place() and dn is not d)
     return _smw(x, pd, xhd, xx, lr, v, v is d, mu if v is d else 1.0)
 
 
@@ -312,7 +313,8 @@ def cayley_gradient_step(
     if not _woodbury_for(x):
         return _dense(x, gn - x @ w, lr, None, xx)
     xhd = h - xx @ w
-    pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place())  # Pd = G − X(W + ½Xᴴd), over G/μ
+    # Pd = G − X(W + ½Xᴴd), over G/μ (never over the caller's G)
+    pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place() and gn is not g)
     return _smw(x, pd, xhd, xx, lr, None, False, mu)
 
 

@@ -7,16 +7,39 @@ writes the step with the finite weights γ, σ of Note [Overflow-safe step].
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .reduce import gram, row_group, rows_absmax
 
-__all__ = ["normalize", "weights", "scaled_step", "scaled_gram", "host_scalars"]
+__all__ = [
+    "normalize",
+    "weights",
+    "scaled_step",
+    "scaled_gram",
+    "host_bound",
+    "host_scalars",
+    "free_scale",
+]
 
 
-def normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """d / μ and μ = max|d| per matrix (shape (..., 1, 1), never 0)."""
+def free_scale(d: torch.Tensor) -> float:
+    """The largest max|d| for which no Gram of a step on ``d`` can overflow: √(max/64NM).
+
+    Near the manifold ‖X‖₂ ≤ 2 and ‖P‖₂ ≤ 1, so every M×M product a step forms from
+    d (XᴴD, PdᴴPd, their products) has entries at most 4NM·max|d|², here max/16.
+    """
+    n, m = d.shape[-2:]
+    return math.sqrt(torch.finfo(d.dtype).max / (64 * max(n * m, 1)))
+
+
+def normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """d / μ and μ = max|d| per matrix (shape (..., 1, 1), never 0); (d, 1.0) where the
+    host reads the batch's largest μ below `free_scale` (Note [Step weights on the host])."""
     mu = rows_absmax(d)
+    if host_bound(d) and float(mu.amax()) <= free_scale(d):  # NaN: False
+        return d, 1.0
     mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
     return d / mu, mu
 
@@ -57,22 +80,34 @@ def weights(beta: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor] | t
 # which differs by rounding in γ and σ only). The scale then also rides on the
 # product XᴴD (`scaled_gram`) instead of a scaled copy of D, one pass over an
 # N×M matrix fewer (timings: docs/results.md), whenever XᴴD
-# cannot overflow: |(XᴴD)_ij| ≤ N·μ·max|X| and |X| ≤ 2 near the manifold. On a
-# GPU a host number would be a synchronisation per step, so the tensor path is
-# kept there, and for batches.
-def host_scalars(t: torch.Tensor, lr: float | torch.Tensor = 1.0) -> bool:
-    """Whether the per-matrix numbers of a step on ``t`` are computed on the host.
+# cannot overflow: |(XᴴD)_ij| ≤ N·μ·max|X| and |X| ≤ 2 near the manifold. A
+# batch keeps its per-matrix numbers as tensors, but the same conditions let the
+# host read one number for the whole batch, the largest μ: where it is below
+# `free_scale` no product of the step can overflow, and the division d/μ (and the
+# scaling back of a linear result), a pass over the N×M data each, is skipped. On
+# a GPU a host number would be a synchronisation per step, so the tensor path is
+# kept there.
+def host_bound(t: torch.Tensor) -> bool:
+    """Whether one number of a step on ``t`` (a bound over its batch) is read on the host.
 
-    Note [Step weights on the host].
+    On the CPU, outside autograd and tracing, with no row split. Note [Step weights
+    on the host].
     """
     return (
-        t.dim() == 2
-        and t.device.type == "cpu"
-        and isinstance(lr, (int, float))
+        t.device.type == "cpu"
         and not torch.is_grad_enabled()
         and row_group() is None
         and not torch.compiler.is_compiling()
     )
+
+
+def host_scalars(t: torch.Tensor, lr: float | torch.Tensor = 1.0) -> bool:
+    """Whether the per-matrix numbers of a step on ``t`` are computed on the host.
+
+    One matrix (not a batch), a float ``lr`` and `host_bound`. Note [Step weights
+    on the host].
+    """
+    return t.dim() == 2 and isinstance(lr, (int, float)) and host_bound(t)
 
 
 def _step_scale(d: torch.Tensor, lr, factor: float):

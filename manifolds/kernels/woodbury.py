@@ -21,7 +21,7 @@ two M×M solves and two M×M products instead of one 2M×2M solve, a quarter of
 its flops. The gain is LAPACK's: it factorizes the matrices of a batch one call
 at a time, and on small matrices the cost of a call grows faster than its flops,
 so on a batch of St(64, 16) the two 16×16 solves cost less than half the 32×32
-one (docs/results.md, "Batched regime").
+one (docs/results.md, "Woodbury system by block elimination").
 Block elimination without pivoting is as accurate as the LU when the pivot
 block and the growth of the elimination are bounded. With σ/γ = β,
 T = γ(I + K), ‖K‖₂ ≤ ½|β|‖E‖_F, so |β|‖E‖_F ≤ 1 gives ‖K‖₂ ≤ ½,
@@ -99,8 +99,9 @@ def block_matrix(*rows) -> torch.Tensor:
 def eliminable(xpd: torch.Tensor, t: torch.Tensor, lr) -> bool:
     """Whether every matrix of the batch meets |β| ≤ 4 and |β|·‖E‖_F ≤ 1 (one host read).
 
-    With β = lr·t and E = XᴴPd/t that is |lr|·max(t/4, ‖XᴴPd‖_F) ≤ 1. False under
-    tracing. Note [Woodbury system by block elimination].
+    With β = lr·t and E = XᴴPd/t that is |lr|·max(t/4, ‖XᴴPd‖_F) ≤ 1: for the step
+    u = −lr·d, ‖Pu‖_F ≤ 4 and ‖XᴴPu‖_F ≤ 1. False under tracing. Note [Woodbury
+    system by block elimination].
     """
     if torch.compiler.is_compiling():
         return False
