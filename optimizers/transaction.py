@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..manifolds.kernels.reduce import rows_absmax
+from ..manifolds.kernels.reduce import memory_order, rows_absmax
 from ..manifolds.sharded import any_rank
 
 __all__ = ["Snapshot", "Pending", "Transaction", "finite", "finite_gradient"]
@@ -237,6 +237,7 @@ def finite(t: torch.Tensor) -> torch.Tensor:
 def _finite(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
         return torch.ones((), dtype=torch.bool, device=t.device)
+    t = memory_order(t)  # Note [Reductions over all entries in memory order]
     lo, hi = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
     return torch.isfinite(lo) & torch.isfinite(hi)
 

@@ -168,7 +168,8 @@ def inner_canonical(
     x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False
 ) -> torch.Tensor:
     """Canonical metric Re tr(uᴴ(I − ½XXᴴ)v) = Re tr(uᴴv) − ½ Re tr((Xᴴu)ᴴ(Xᴴv))."""
-    xu, xv = gram(x, u), gram(x, v)
+    xu = gram(x, u)
+    xv = xu if v is u else gram(x, v)  # ⟨u, u⟩_X (radam's second moment): one product
     inner = _real_trace_product(u, v, keepdim)
     return inner - 0.5 * _real_trace_product(xu, xv, keepdim, rows=False)
 

@@ -45,6 +45,7 @@ __all__ = [
     "rows_amax",
     "rows_absmax",
     "known_absmax",
+    "memory_order",
 ]
 
 _GROUP: list = [None]
@@ -144,6 +145,25 @@ def known_absmax(t: torch.Tensor, absmax: torch.Tensor | None) -> Iterator[None]
         _KNOWN[0] = old
 
 
+def memory_order(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its dimensions permuted into memory order: contiguous whenever t is dense.
+
+    Note [Reductions over all entries in memory order]
+    A reduction over every entry (``aminmax(t)``) makes a contiguous copy of a
+    tensor that is not contiguous, even when its entries fill one block of memory
+    in another order: a batch of matrices stored by columns (points from
+    ``torch.linalg.qr``, and every gradient and state ``*_like`` them) paid a copy
+    of its size per finiteness test. The permutation that sorts the strides is
+    contiguous exactly for such a tensor, and the value of the reduction does not
+    depend on the order of the entries.
+    """
+    if t.is_contiguous():
+        return t
+    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
+    dense = t.permute(order)
+    return dense if dense.is_contiguous() else t
+
+
 def rows_absmax(t: torch.Tensor) -> torch.Tensor:
     """max |t| over the last two dimensions (shape (..., 1, 1)), like ``rows_amax(t.abs())``.
 
@@ -159,7 +179,7 @@ def rows_absmax(t: torch.Tensor) -> torch.Tensor:
     if known is not None and known[0] is t and known[1] == t._version and _GROUP[0] is None:
         return known[2]
     if t.dim() == 2:  # one pass for both (along dimensions aminmax is the slower form)
-        lo, hi = torch.aminmax(t)
+        lo, hi = torch.aminmax(memory_order(t))  # no copy of a column-major matrix
         return _all_reduce(torch.maximum(hi, lo.neg()).reshape(1, 1), dist.ReduceOp.MAX)
     hi = t.amax(dim=(-2, -1), keepdim=True)
     lo = t.amin(dim=(-2, -1), keepdim=True)

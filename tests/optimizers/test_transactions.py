@@ -139,3 +139,35 @@ def test_finite_is_isfinite_all_for_every_bad_entry(dtype):
             y.view(-1)[i] = complex(0.0, bad) if dtype.is_complex else bad
             assert not bool(finite(y)) and not bool(torch.isfinite(y).all())
             assert not bool(finite(y.mT))  # a transposed layout too
+
+
+def test_memory_order_is_a_contiguous_view_of_every_dense_layout():
+    """Note [Reductions over all entries in memory order]: permuted, never copied."""
+    from stiefel.manifolds.kernels.reduce import memory_order
+
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(2, 3, 4, 5, generator=gen)
+    for dims in ((0, 1, 3, 2), (3, 2, 1, 0), (1, 0, 2, 3), (2, 0, 3, 1)):
+        t = base.permute(dims)
+        d = memory_order(t)
+        assert d.is_contiguous() and d.data_ptr() == t.data_ptr()
+        assert torch.equal(d.flatten().sort().values, t.flatten().sort().values)
+    for t in (base[:, :, ::2], base[:, :1].expand(2, 3, 4, 5), base.mT[..., 1:]):
+        assert memory_order(t) is t  # not dense: left as it is (the reduction copies)
+
+
+def test_finite_reads_a_column_major_batch_without_a_copy():
+    # points from torch.linalg.qr are stored by columns, and their gradients like them
+    from torch.autograd.profiler import profile
+
+    from stiefel.optimizers.transaction import finite
+
+    x = torch.linalg.qr(torch.randn(8, 6, 3, generator=torch.Generator().manual_seed(2)))[0]
+    assert not x.is_contiguous()
+    with profile() as prof:
+        ok = finite(x)
+    names = {e.name for e in prof.function_events}
+    assert bool(ok) and "aten::clone" not in names and "aten::contiguous" not in names
+    y = x.clone()
+    y[5, 4, 1] = float("nan")
+    assert not bool(finite(y))
