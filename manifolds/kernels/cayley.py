@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, newton_schulz, sub_product, sym, three_products, two_products
+from .basic import eye_like, newton_schulz, sub_product, sym, three_products
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -84,7 +84,14 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
 
     The Newton–Schulz factor K = (3I − XᴴX)/2 is folded into the M×M
     coefficients of the update at no N-sized cost (Cayley(A) is unitary, so Y
-    has the Gram of X, which K corrects). A known limit: for a rank-deficient
+    has the Gram of X, which K corrects). Y is accumulated on a copy of X,
+    Y = X + X·C − Pd·V with C = (I + Z₂)K − I = Z₂K − ½(XᴴX − I): both products
+    have coefficients of the size of the step, so their rounding is relative to
+    the step, and each entry of Y is rounded once more, when it is added to X
+    (as in Note [Square steps in the frame of X]). Forming X·(I + Z₂)K instead
+    rounds a sum of M products of O(1) terms per entry at every step, a drift
+    that is not corrected (docs/results.md, "Woodbury system by block
+    elimination"). A known limit: for a rank-deficient
     step (e.g. a rank-1 gradient) with lr·‖Pd‖ between about 1e2 and 1e10 the
     2M×2M system is ill-conditioned (its eigenvalues near γ, Note
     [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
@@ -109,8 +116,10 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
     z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
     k = 1.5 * eye - 0.5 * xx
-    # Y = (X(I + Z₂) − P̂V₁)K, P̂ = Pd/t: two products of the flattened batch
-    y = two_products(x, (eye + z2[..., :m]) @ k, pd, -(z1[..., :m] @ k), x.shape)
+    # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
+    # products with coefficients of the step's size, accumulated on X's copy
+    c = (z2[..., :m] @ k).add_(eye - xx, alpha=0.5)
+    y = three_products(x, x, c, pd, -(z1[..., :m] @ k))
     if v is None:
         return y
     w1, w2 = z1[..., m:], z2[..., m:]

@@ -4,18 +4,18 @@ The Cayley step of St(N, M) with 2M < N (Note [Cayley through
 Sherman–Morrison–Woodbury with 2M columns] in `cayley`) reduces to one linear
 system per matrix, in the scaled form of Note [Overflow-safe step]:
 
-    [[γI + hE, −hG], [hF, γI − hEᴴ]] [Z₁; Z₂] = σ[[G, Xᴴv], [Eᴴ, P̂ᴴv]],   h = ½σ,
+    [[γI + hE, −hG], [hF, γI − hEᴴ]] [V₁; Z₂] = σ[[G, Xᴴv], [Eᴴ, P̂ᴴv]],   h = ½σ,
 
 with E = XᴴP̂, G = XᴴX and F = P̂ᴴP̂ (all M×M, ‖P̂‖_F = 1) and γ, σ the weights
-of β = lr·‖Pd‖_F. `solve_step_system` solves it by block elimination where
-that is stable and by one 2M×2M LU otherwise.
+of β = lr·‖Pd‖_F; then Y = X(I + Z₂) − P̂V₁. `solve_step_system` solves it by
+block elimination where that is stable and by one 2M×2M LU otherwise.
 
 Note [Woodbury system by block elimination]
 Eliminating the first block column with the pivot block T = γI + hE leaves the
 Schur complement S = γI − hEᴴ + h²FQ₁ (Q = T⁻¹[G, Xᴴv], Q₁ its first M
 columns) and
 
-    Z₂ = σS⁻¹([Eᴴ, P̂ᴴv] − hFQ),   Z₁ = σQ + hQ₁Z₂:
+    Z₂ = σS⁻¹([Eᴴ, P̂ᴴv] − hFQ),   V₁ = σQ + hQ₁Z₂:
 
 two M×M solves and two M×M products instead of one 2M×2M solve, a quarter of
 its flops. The gain is LAPACK's: it factorizes the matrices of a batch one call
@@ -53,7 +53,7 @@ Example:
     x = torch.linalg.qr(torch.randn(9, 3, dtype=torch.float64))[0]
     pd = 0.1 * torch.randn(9, 3, dtype=torch.float64)
     z1, z2 = solve_step_system(x.mT @ pd, x.mT @ x, pd.mT @ pd, 0.5)  # elimination
-    # the unscaled system (|β| ≤ 1: γ = 1, σ = β), with Z₁ = t·(V₁/t)
+    # the unscaled system (|β| ≤ 1: γ = 1, σ = β), with V₁ = t·(V₁/t)
     t, eye = torch.linalg.matrix_norm(pd), torch.eye(3, dtype=torch.float64)
     e, f, h = x.mT @ pd / t, pd.mT @ pd / t**2, 0.25 * t
     lhs = torch.cat((torch.cat((eye + h * e, -h * eye), 1), torch.cat((h * f, eye - h * e.mT), 1)))
