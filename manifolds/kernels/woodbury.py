@@ -43,7 +43,7 @@ the elimination reads, with a = ½lr,
     T = I + a·XᴴPd,   Q = T⁻¹[G, Xᴴv],   U = a[PdᴴX, Pdᴴv] − a²·PdᴴPd·Q,
     S = I − U₁,   Z₂ = 2S⁻¹U,   V₁/t = 2a(Q + Q₁S⁻¹U),
 
-seven passes over M×M matrices besides the solves, and no division by t.
+with no division by t (t = 0, a zero step, needs no special case).
 
 Example:
     ```python
