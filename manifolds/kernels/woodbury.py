@@ -142,11 +142,11 @@ def solve_step_system(
         # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I − U₁ with
         # U = a[PdᴴX, Pdᴴv] − a²PdᴴPd·Q; Z₂ = 2S⁻¹U and V₁/t = 2a(Q + Q₁S⁻¹U)
         half = 0.5 * lr
-        ea = xpd * half
-        q = torch.linalg.solve(ea + eye_like(ea, m), g if xv is None else torch.cat((g, xv), -1))
+        ea, eye = xpd * half, eye_like(xpd, m)
+        q = torch.linalg.solve(ea + eye, g if xv is None else torch.cat((g, xv), -1))
         right = ea.mH if pdv is None else torch.cat((ea.mH, pdv * half), -1)
         u = right - (pdpd * (half * half)) @ q
-        z2 = torch.linalg.solve(eye_like(u, m) - u[..., :m], u)
+        z2 = torch.linalg.solve(eye - u[..., :m], u)
         v1 = torch.baddbmm(flat(q), flat(q[..., :m]), flat(z2)).reshape(q.shape)
         return v1 * (2 * half), 2 * z2
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)

@@ -38,8 +38,7 @@ def _data(batch, n, m, dtype, gen, v=False):
 def _reference(xpd, g, pdpd, lr, xv=None, pdv=None):
     """(V₁/t, Z₂) by one float64 solve of the scaled system, written out as in the docstring."""
     xpd, g, pdpd = (a.to(_wide(a.dtype)) for a in (xpd, g, pdpd))
-    t = torch.linalg.matrix_norm(pdpd.diagonal(dim1=-2, dim2=-1).real.sqrt().diag_embed())
-    t = t[..., None, None]
+    t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1).sqrt()[..., None, None]  # ‖Pd‖_F
     beta = lr * t
     gamma, sigma = 1 / beta.abs().clamp_min(1), beta.clamp(-1, 1)
     h = sigma / 2
