@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .reduce import gram, row_group, rows_sum, rows_sum_squares
+from .reduce import by_columns, gram, row_group, rows_sum, rows_sum_squares
 
 __all__ = [
     "sym",
@@ -59,7 +59,11 @@ def add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, b
     accumulator is column-major per matrix (a batch from LAPACK, e.g. QR's Q, and every
     gradient or copy that keeps its layout): a Python-level loop over the batch. The
     transpose of such a batch is row-major, and (AB)ᵀ = BᵀAᵀ, so the product is
-    accumulated into outᵀ instead: the same numbers, one batched call.
+    accumulated into outᵀ instead: the same numbers, one batched call. The
+    out-of-place form (`product_on`) has the same reason: ``baddbmm`` first copies
+    its accumulator into a new row-major tensor, a transposing copy of a
+    column-major one, where the copy of Uᵀ is a plain one and the result keeps
+    U's layout.
 
     Args:
         out: (..., n, m), written over (through ``flat``: a batch whose dimensions
@@ -73,11 +77,26 @@ def add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, b
         The result, of ``out``'s shape.
     """
     of = flat(out)
-    if of.stride(-1) != 1 and of.stride(-2) == 1:  # column-major matrices
+    if by_columns(of):
         of.mT.baddbmm_(flat(b).mT, flat(a).mT, alpha=alpha, beta=beta)
     else:
         of.baddbmm_(flat(a), flat(b), alpha=alpha, beta=beta)
     return of.reshape(out.shape)
+
+
+def product_on(u: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
+    """U + α·A·B as a new tensor in U's layout, over the flattened batch.
+
+    A column-major U is accumulated as its transpose (Note [Accumulating into a
+    column-major batch]); ``b`` may broadcast over ``a``'s batch.
+    """
+    uf = flat(u)
+    bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+    if by_columns(uf):
+        out = torch.baddbmm(uf.mT, bf.mT, flat(a).mT, alpha=alpha).mT
+    else:
+        out = torch.baddbmm(uf, flat(a), bf, alpha=alpha)
+    return out.reshape(u.shape)
 
 
 def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool = False):
@@ -87,22 +106,21 @@ def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool 
         return u.sub_(x @ k) if over_u else u - x @ k
     if over_u:
         return add_product_(u, x, k, alpha=-1)
-    return torch.baddbmm(flat(u), flat(x), flat(k), alpha=-1).reshape(u.shape)
+    return product_on(u, x, k, alpha=-1)
 
 
 def two_products(a, b, c, e, out_shape) -> torch.Tensor:
-    """A B + C E over a flattened batch (one matmul and one fused multiply-add)."""
-    af, cf = flat(a), flat(c)
+    """A B + C E over a flattened batch (one matmul and one fused multiply-add), in A's layout."""
+    af = flat(a)
     bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+    ab = torch.bmm(bf.mT, af.mT).mT if by_columns(af) else torch.bmm(af, bf)  # A's layout
     ef = flat(e.expand(*c.shape[:-2], *e.shape[-2:]))
-    return torch.bmm(af, bf).baddbmm_(cf, ef).reshape(out_shape)
+    return add_product_(ab, flat(c), ef).reshape(out_shape)
 
 
 def three_products(v, a, b, c, e) -> torch.Tensor:
     """V + A B + C E over a flattened batch: two multiply-adds on V's copy, no separate sum."""
-    bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
-    ef = flat(e.expand(*c.shape[:-2], *e.shape[-2:]))
-    return torch.baddbmm(flat(v), flat(a), bf).baddbmm_(flat(c), ef).reshape(v.shape)
+    return add_product_(product_on(v, a, b), c, e.expand(*c.shape[:-2], *e.shape[-2:]))
 
 
 def gram_minus_identity(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, newton_schulz, sub_product, sym, three_products
+from .basic import eye_like, newton_schulz, sub_product, sym, three_products, two_products
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -101,7 +101,8 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     solved by `woodbury.solve_step_system` (block elimination where it is
     stable, Note [Woodbury system by block elimination]). A
     transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv), none
-    when v is the step direction d: Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd.
+    when v is the step direction d: Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd; its image is
+    then formed from X and Pd alone (d = μ(Pd + ½X·Xᴴd)), without reading d.
     """
     m = x.shape[-1]
     eye = eye_like(x, m)
@@ -124,8 +125,11 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
         return y
     w1, w2 = z1[..., m:], z2[..., m:]
     # Cayley(A)v = v + XZ₂' − P̂V₁' (times μ when v is the normalized d)
-    tv = three_products(v, x, mu * w2, pd, -(mu * w1))
-    return y, tv
+    if not v_is_d:
+        return y, three_products(v, x, w2, pd, -w1)
+    # v = μ(Pd + ½X·Xᴴd), so Cayley(A)v = X·μ(Z₂' + ½Xᴴd) + Pd·μ(I − V₁'): two
+    # products, and v is not read (its rounding of Pd is relative to v)
+    return y, two_products(x, mu * (w2 + 0.5 * xhd), pd, mu * (eye - w1), y.shape)
 
 
 def _dense(x, dn, lr, v, xx):

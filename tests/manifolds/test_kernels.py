@@ -283,6 +283,54 @@ def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, col
     assert float((add_product_(unmerged, a2, b2) - ref2).abs().max()) < 1e-13
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_out_of_place_products_keep_the_layout_of_their_first_operand(
+    dtype, batch, column_major, device
+):
+    # U + αAB (product_on), A B + C E (two_products) and V + A B + C E (three_products)
+    # against the float64 formula; each result is stored like U (resp. A), so that a
+    # step on column-major points makes no transposing copy (Note [Accumulating into
+    # a column-major batch]); a K×K factor may be shared by the batch
+    from stiefel.manifolds.kernels.basic import product_on, three_products, two_products
+    from stiefel.manifolds.kernels.reduce import by_columns
+
+    g = torch.Generator().manual_seed(9)
+    u, a, c = (torch.randn(*batch, 6, 4, dtype=dtype, generator=g).to(device) for _ in "uac")
+    b, e = (torch.randn(*batch, 4, 4, dtype=dtype, generator=g).to(device) for _ in "be")
+    shared = torch.randn(4, 4, dtype=dtype, generator=g).to(device)
+    if column_major:
+        u, a, c = (t.mT.contiguous().mT for t in (u, a, c))
+    tol = 1e-13
+    got = product_on(u, a, b, alpha=-2.0)
+    assert float((got - (u - 2.0 * (a @ b))).abs().max()) < tol
+    assert got.shape == u.shape and by_columns(got) == column_major
+    got = two_products(a, shared, c, e, a.shape)
+    assert float((got - (a @ shared + c @ e)).abs().max()) < tol
+    assert by_columns(got) == column_major
+    got = three_products(u, a, b, c, shared)
+    assert float((got - (u + a @ b + c @ shared)).abs().max()) < tol
+    assert by_columns(got) == column_major
+
+
+@pytest.mark.parametrize("column_major", [False, True])
+def test_reductions_of_a_column_major_batch_read_it_in_memory_order(column_major):
+    # ‖t‖²_F and max|t| per matrix against float64; a column-major batch is reduced by
+    # columns, to the same accuracy as by rows
+    from stiefel.manifolds.kernels.reduce import rows_absmax, rows_sum_squares
+
+    g = torch.Generator().manual_seed(10)
+    t = torch.randn(5, 4000, 7, generator=g)
+    if column_major:
+        t = t.mT.contiguous().mT
+    ref = t.double().square().sum(dim=(-2, -1), keepdim=True)
+    got = rows_sum_squares(t)
+    assert got.shape == (5, 1, 1)
+    assert float(((got.double() - ref) / ref).abs().max()) < 16 * torch.finfo(t.dtype).eps
+    assert torch.equal(rows_absmax(t), t.abs().amax(dim=(-2, -1), keepdim=True))
+
+
 @pytest.mark.parametrize("retraction", ["cayley", "qr"])
 def test_steps_of_a_column_major_batch_equal_those_of_its_row_major_copy(retraction):
     # a batch of points from torch.linalg.qr (column-major per matrix) and its gradient
