@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, newton_schulz, sub_product, sym, three_products, two_products
+from .basic import eye_like, flat, newton_schulz, sub_product, sym, three_products, two_products
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -100,36 +100,50 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     The system is written in the scaled form of Note [Overflow-safe step] and
     solved by `woodbury.solve_step_system` (block elimination where it is
     stable, Note [Woodbury system by block elimination]). A
-    transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv), none
-    when v is the step direction d: Pdᴴd = PdᴴPd + ½(XᴴPd)ᴴXᴴd; its image is
-    then formed from X and Pd alone (d = μ(Pd + ½X·Xᴴd)), without reading d.
+    transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv) and M
+    more columns in the system; the step direction d itself costs neither
+    (Note [Image of the step direction]).
+
+    Note [Image of the step direction]
+    With Â = PdXᴴ − XPdᴴ, A = −lr·Â, so Q = Cayley(A) commutes with Â, and
+    ÂX = Pd·XᴴX − X·(XᴴPd)ᴴ. Writing d = Pd + ½X·Xᴴd = ÂX + R with
+    R = Pd(I − XᴴX) + X·W, W = ½Xᴴd + (XᴴPd)ᴴ,
+
+        Q d = Â·QX + Q R = Pd·XᴴY₀ − X·PdᴴY₀ + Y₀W + Q·Pd(I − XᴴX),
+
+    Y₀ = QX = X(I + Z₂) − Pd·V₁ (the system's solution for X). XᴴY₀ and PdᴴY₀
+    are M×M (from XᴴX, XᴴPd, PdᴴPd), so Q d is two N×M·M×M products of X and
+    Pd with no columns for d in the system and without reading d. The last
+    term is taken as Pd(I − XᴴX), an error ‖(Q − I)Pd‖·‖XᴴX − I‖ (the step's
+    length times the point's drift, ~10⁻⁷ relative to d in training), and on
+    the manifold the formula is exact.
     """
     m = x.shape[-1]
     eye = eye_like(x, m)
     xpd = sub_product(xhd, xx, 0.5 * xhd)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
     pdpd = gram(pd, pd)
-    xv = pdv = None
-    if v is not None:
-        if v_is_d:
-            xv, pdv = xhd, pdpd + 0.5 * (xpd.mH @ xhd)
-        else:
-            xv, pdv = gram(x, v), gram(pd, v)
+    other = v is not None and not v_is_d
+    xv, pdv = (gram(x, v), gram(pd, v)) if other else (None, None)
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
     z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
+    z, vt = z2[..., :m], z1[..., :m]
     k = 1.5 * eye - 0.5 * xx
     # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
     # products with coefficients of the step's size, accumulated on X's copy
-    c = (z2[..., :m] @ k).add_(eye - xx, alpha=0.5)
-    y = three_products(x, x, c, pd, -(z1[..., :m] @ k))
+    c = (z @ k).add_(eye - xx, alpha=0.5)
+    y = three_products(x, x, c, pd, -(vt @ k))
     if v is None:
         return y
-    w1, w2 = z1[..., m:], z2[..., m:]
-    # Cayley(A)v = v + XZ₂' − P̂V₁' (times μ when v is the normalized d)
-    if not v_is_d:
-        return y, three_products(v, x, w2, pd, -w1)
-    # v = μ(Pd + ½X·Xᴴd), so Cayley(A)v = X·μ(Z₂' + ½Xᴴd) + Pd·μ(I − V₁'): two
-    # products, and v is not read (its rounding of Pd is relative to v)
-    return y, two_products(x, mu * (w2 + 0.5 * xhd), pd, mu * (eye - w1), y.shape)
+    if other:  # Cayley(A)v = v + XZ₂' − P̂V₁'
+        return y, three_products(v, x, z2[..., m:], pd, -z1[..., m:])
+    # Note [Image of the step direction], for d = μ·dn (xhd, Pd of dn)
+    xpdh, z, vt = flat(xpd).mH, flat(z), flat(vt)
+    w = xpdh.add(flat(xhd), alpha=0.5)
+    pdy = torch.baddbmm(xpdh, xpdh, z).baddbmm_(flat(pdpd), vt, alpha=-1)  # PdᴴY₀
+    cx = torch.baddbmm(w - pdy, z, w).reshape(xpd.shape)  # (I + Z₂)W − PdᴴY₀
+    cp = torch.baddbmm(eye, flat(xx), z).baddbmm_(xpdh.mH, vt, alpha=-1)
+    cp = cp.baddbmm_(vt, w, alpha=-1).reshape(xpd.shape)  # XᴴY₀ − V₁W + I − XᴴX
+    return y, two_products(x, mu * cx, pd, mu * cp, y.shape)
 
 
 def _dense(x, dn, lr, v, xx):

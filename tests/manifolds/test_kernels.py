@@ -97,6 +97,29 @@ def test_fused_transport_is_the_same_orthogonal_map(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("off", [0.0, 1e-6, 1e-3])
+@pytest.mark.parametrize("lr", [0.01, 3.0])
+@pytest.mark.parametrize("batch", [(), (2,), (2, 3)])
+def test_image_of_the_step_direction_is_the_cayley_map_of_it(dtype, off, lr, batch):
+    # Note [Image of the step direction]: Cayley(A)·d from X and Pd alone, against
+    # the dense N×N map, for any d (not only a tangent one: W ≠ 0); exact on the
+    # manifold, off it within the drift ‖XᴴX − I‖_F (Q·Pd(I − XᴴX) taken as Pd(I − XᴴX))
+    from stiefel.manifolds.kernels.cayley import cayley_descent
+
+    x, d = _point_and_grad(40, 6, dtype, batch, seed=11)
+    x = x + off * torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(12))
+    y, tv = cayley_descent(x, d, lr, d)
+    eye = torch.eye(40, dtype=dtype)
+    pu = -lr * (d - 0.5 * x @ (x.mH @ d))
+    a = pu @ x.mH - x @ pu.mH
+    q = torch.linalg.solve(eye - 0.5 * a, eye + 0.5 * a)
+    drift = float(torch.linalg.matrix_norm(x.mH @ x - torch.eye(6, dtype=dtype)).max())
+    assert _rel(tv, q @ d) < 2 * drift + 1e-12
+    k = 1.5 * torch.eye(6, dtype=dtype) - 0.5 * x.mH @ x
+    assert _rel(y, q @ x @ k) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_cayley_is_first_order_retraction(dtype):
     x, g = _point_and_grad(20, 3, dtype, seed=3)
     u = kernels.proj_tangent(x, g)
