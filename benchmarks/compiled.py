@@ -6,7 +6,8 @@ to keep the numbers, ``--device cuda`` on a GPU). For every registered map
 256; 1024 for the issue's size) the timed call is one forward and backward,
 ``(map(X) * C).sum().backward()``; for every registered Riemannian optimizer
 (`stiefel.optimizers.available`) it is one ``opt.step()`` with a fixed gradient
-on St(N, M) (``--shape``, default 4096x64). Each is run eagerly and compiled
+on St(N, M) (``--shape``, default 4096x64; ``--batch B`` steps B such matrices at
+once, the batched regime of ``benchmarks.batched``). Each is run eagerly and compiled
 with ``torch.compile(fn, fullgraph=True, backend=...)`` (default Inductor; a
 graph break raises), in the same run, from the same start. The table gives both
 times, compiled / eager (< 1: the compiled call is faster), the first compiled
@@ -107,13 +108,18 @@ def _riemannian() -> list[str]:
     return [n for n in names if optimizers.info(n).riemannian and not n.startswith("geoopt")]
 
 
-def step_rows(shape, device, backend: str, repeats: int, budget: float, names=None) -> list[dict]:
-    """compiled / eager time of one step of every registered Riemannian optimizer on St(N, M)."""
+def step_rows(
+    shape, device, backend: str, repeats: int, budget: float, names=None, batch: int = 1
+) -> list[dict]:
+    """compiled / eager time of one step of every registered Riemannian optimizer on
+    St(N, M), or on a batch of ``batch`` > 1 such matrices."""
     n, m = shape
     man = Stiefel(n, m)
+    lead = (batch,) if batch > 1 else ()
     gen = torch.Generator().manual_seed(1)
-    start = torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=torch.float64))[0].float()
-    start, grad = start.to(device), torch.randn(n, m, generator=gen).to(device)
+    start = torch.linalg.qr(torch.randn(*lead, n, m, generator=gen, dtype=torch.float64))[0]
+    start, grad = start.float().to(device), torch.randn(*lead, n, m, generator=gen).to(device)
+    size = f"{batch} × St({n}, {m})" if batch > 1 else f"St({n}, {m})"
     rows = []
     for name in names or _riemannian():
 
@@ -135,7 +141,7 @@ def step_rows(shape, device, backend: str, repeats: int, budget: float, names=No
             diff = float((pe - pc).detach().abs().max())
             t_eager = measure(eager.step, repeats, budget)
             t_comp = measure(compiled, repeats, budget)
-        rows.append(_row("step", name, f"St({n}, {m})", t_eager, t_comp, first, diff))
+        rows.append(_row("step", name, size, t_eager, t_comp, first, diff))
         _progress(rows[-1])
     return rows
 
@@ -169,6 +175,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (for tests)")
     p.add_argument("--n", type=int, default=None, help=f"maps: n×n weights (default {N})")
     p.add_argument("--shape", type=parse_shape, default=None, help="steps: St(N, M) as NxM")
+    p.add_argument("--batch", type=int, default=1, help="steps: this many matrices at once (1)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor)")
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--repeats", type=int, default=None, help="most timed calls per measurement")
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
     device = device_of(args.device, p)
+    if args.batch < 1:
+        p.error(f"--batch {args.batch}: allowed: a positive integer")
     n = args.n or (QUICK_N if args.quick else N)
     shape = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
     repeats = args.repeats or (2 if args.quick else 20)
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> str:
     if not args.skip_maps:
         rows += map_rows(n, device, args.backend, repeats, budget, args.maps)
     if not args.skip_steps:
-        rows += step_rows(shape, device, args.backend, repeats, budget, args.optimizers)
+        rows += step_rows(shape, device, args.backend, repeats, budget, args.optimizers, args.batch)
     text = "\n".join(
         [
             header(f"torch.compile(fullgraph=True, backend={args.backend!r}) against eager"),
@@ -199,7 +208,8 @@ def main(argv: list[str] | None = None) -> str:
     )
     print(text)
     if args.json:
-        config = {"n": n, "shape": list(shape), "backend": args.backend, "device": str(device),
+        config = {"n": n, "shape": list(shape), "batch": args.batch, "backend": args.backend,
+                  "device": str(device),
                   "repeats": repeats, "budget_s": budget, "threads": torch.get_num_threads(),
                   "torch": torch.__version__}  # fmt: skip
         write_json(args.json, {"config": config, "results": rows})

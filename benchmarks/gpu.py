@@ -17,7 +17,10 @@ installed. Each step runs in its own process under a time limit, in this order:
 9. ``muon``: the msign engines and one step against ``torch.optim.Muon``;
 10. ``roofline``: the harness's complexity section (``configs/gpu_roofline.toml``):
     every map and step against max(FLOPs / GEMM rate, bytes / bandwidth);
-11. ``compiled``: every map and step compiled (Inductor, fullgraph=True) against eager
+11. ``compiled_batched``: the ``rgd``, ``radam`` and ``pogo`` steps on 4096 ×
+    St(64, 16) compiled against eager (whether fusing a step's small kernels removes
+    the fixed cost that dominates a batched step on a GPU);
+12. ``compiled``: every map and step compiled (Inductor, fullgraph=True) against eager
     (last: Inductor's compiles take what time is left).
 
 ``DIR/report.md`` names the device (model, memory, driver, torch and CUDA
@@ -134,6 +137,14 @@ STEPS = [
         full=("--config", "configs/gpu_roofline.toml"),
         quick=("--sizes", "32", "--fractions", "1.0", "--shapes", "64x8", "--repeats", "2"),
         report="complexity.md",
+    ),
+    Step(
+        "compiled_batched",
+        "Compiled steps on a batch of small matrices (4096 × St(64, 16)) against eager",
+        ("benchmarks.compiled", "--skip-maps"),
+        150,
+        full=("--batch", "4096", "--shape", "64x16", "--optimizers", "rgd,radam,pogo"),
+        quick=("--quick", "--batch", "3", "--optimizers", "rgd"),
     ),
     Step(
         "compiled",

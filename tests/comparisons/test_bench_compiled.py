@@ -52,3 +52,24 @@ def test_bad_device_is_refused(compiled, capsys):
     with pytest.raises(SystemExit):
         compiled.main(["--quick", "--device", "tpu"])
     assert "--device 'tpu'" in capsys.readouterr().err
+
+
+def test_batched_steps_are_compiled_to_the_eager_result(compiled, tmp_path):
+    # --batch B steps B matrices at once; the compiled point after two steps equals
+    # the eager one to rounding, for every matrix of the batch
+    out = tmp_path / "batched.json"
+    argv = ["--quick", "--backend", "aot_eager", "--repeats", "1", "--skip-maps"]
+    argv += ["--optimizers", "rgd,radam", "--batch", "3", "--json", str(out)]
+    compiled.main(argv)
+    data = json.loads(out.read_text())
+    assert data["config"]["batch"] == 3
+    rows = data["results"]
+    assert [r["size"] for r in rows] == ["3 × St(32, 4)"] * 2
+    for r in rows:
+        assert r["max_abs_diff"] <= 10 * 32 * 1.2e-7  # 10·N·eps(float32)
+
+
+def test_bad_batch_is_refused(compiled, capsys):
+    with pytest.raises(SystemExit):
+        compiled.main(["--quick", "--batch", "0"])
+    assert "--batch 0" in capsys.readouterr().err
