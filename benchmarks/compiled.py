@@ -198,9 +198,10 @@ def main(argv: list[str] | None = None) -> str:
         rows += map_rows(n, device, args.backend, repeats, budget, args.maps)
     if not args.skip_steps:
         rows += step_rows(shape, device, args.backend, repeats, budget, args.optimizers, args.batch)
+    title = f"torch.compile(fullgraph=True, backend={args.backend!r}) against eager"
     text = "\n".join(
         [
-            header(f"torch.compile(fullgraph=True, backend={args.backend!r}) against eager"),
+            header(title, device),
             f"device {device}, up to {repeats} calls, {budget:g} s per measurement",
             "",
             results_table(rows),
