@@ -51,6 +51,11 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *t.shape[-2:])
 
 
+def flat_over(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``flat`` of B broadcast over A's batch (a factor shared by the batch is not copied)."""
+    return flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+
+
 def add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, beta=1):
     """out ← β·out + α·A·B in place over the flattened batch, in ``out``'s own layout.
 
@@ -84,18 +89,17 @@ def add_product_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, b
     return of.reshape(out.shape)
 
 
-def product_on(u: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
-    """U + α·A·B as a new tensor in U's layout, over the flattened batch.
+def product_on(u: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha=1, beta=1):
+    """β·U + α·A·B as a new tensor in U's layout, over the flattened batch.
 
     A column-major U is accumulated as its transpose (Note [Accumulating into a
     column-major batch]); ``b`` may broadcast over ``a``'s batch.
     """
-    uf = flat(u)
-    bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+    uf, bf = flat(u), flat_over(b, a)
     if by_columns(uf):
-        out = torch.baddbmm(uf.mT, bf.mT, flat(a).mT, alpha=alpha).mT
+        out = torch.baddbmm(uf.mT, bf.mT, flat(a).mT, alpha=alpha, beta=beta).mT
     else:
-        out = torch.baddbmm(uf, flat(a), bf, alpha=alpha)
+        out = torch.baddbmm(uf, flat(a), bf, alpha=alpha, beta=beta)
     return out.reshape(u.shape)
 
 
@@ -111,16 +115,14 @@ def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool 
 
 def two_products(a, b, c, e, out_shape) -> torch.Tensor:
     """A B + C E over a flattened batch (one matmul and one fused multiply-add), in A's layout."""
-    af = flat(a)
-    bf = flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
+    af, bf = flat(a), flat_over(b, a)
     ab = torch.bmm(bf.mT, af.mT).mT if by_columns(af) else torch.bmm(af, bf)  # A's layout
-    ef = flat(e.expand(*c.shape[:-2], *e.shape[-2:]))
-    return add_product_(ab, flat(c), ef).reshape(out_shape)
+    return add_product_(ab, flat(c), flat_over(e, c)).reshape(out_shape)
 
 
 def three_products(v, a, b, c, e) -> torch.Tensor:
     """V + A B + C E over a flattened batch: two multiply-adds on V's copy, no separate sum."""
-    return add_product_(product_on(v, a, b), c, e.expand(*c.shape[:-2], *e.shape[-2:]))
+    return add_product_(product_on(v, a, b), c, flat_over(e, c))
 
 
 def gram_minus_identity(x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,16 @@ from __future__ import annotations
 
 import torch
 
-from .basic import add_product_, flat, newton_schulz, polar, proj_tangent, qr_unique, sym
+from .basic import (
+    add_product_,
+    flat_over,
+    newton_schulz,
+    polar,
+    product_on,
+    proj_tangent,
+    qr_unique,
+    sym,
+)
 from .frame import (
     UNCORRECTED,
     frame_update,
@@ -147,10 +156,9 @@ def _householder(a: torch.Tensor) -> torch.Tensor:
 
 def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = False):
     """X·C − S, one product over the flattened batch; written over S with ``over_s``."""
-    cf = flat(c.expand(*x.shape[:-2], *c.shape[-2:]))
     if over_s:
-        return add_product_(s, x, cf, beta=-1)
-    return torch.baddbmm(flat(s), flat(x), cf, beta=-1).reshape(x.shape)
+        return add_product_(s, x, flat_over(c, x), beta=-1)
+    return product_on(s, x, c, beta=-1)
 
 
 def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
