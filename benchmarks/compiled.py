@@ -8,7 +8,8 @@ to keep the numbers, ``--device cuda`` on a GPU). For every registered map
 (`stiefel.optimizers.available`) it is one ``opt.step()`` with a fixed gradient
 on St(N, M) (``--shape``, default 4096x64; ``--batch B`` steps B such matrices at
 once, the batched regime of ``benchmarks.batched``). Each is run eagerly and compiled
-with ``torch.compile(fn, fullgraph=True, backend=...)`` (default Inductor; a
+with ``torch.compile(fn, fullgraph=True, backend=...)`` (default Inductor, in
+``--mode`` when given, e.g. ``reduce-overhead`` for CUDA graphs; a
 graph break raises), in the same run, from the same start. The table gives both
 times, compiled / eager (< 1: the compiled call is faster), the first compiled
 call (tracing and code generation) and the largest difference between the two
@@ -51,9 +52,13 @@ QUICK_N = 8
 QUICK_SHAPE = (32, 4)
 
 
-def _compile(fn: Callable, backend: str) -> Callable:
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _compile(fn: Callable, options: dict) -> Callable:
+    """``torch.compile(fn, fullgraph=True, **options)``: a graph break raises."""
     torch._dynamo.reset()
-    return torch.compile(fn, fullgraph=True, backend=backend)
+    return torch.compile(fn, fullgraph=True, **options)
 
 
 def _row(kind, name, size, eager, compiled, first, diff) -> dict[str, Any]:
@@ -69,7 +74,7 @@ def _row(kind, name, size, eager, compiled, first, diff) -> dict[str, Any]:
     }
 
 
-def map_rows(n: int, device, backend: str, repeats: int, budget: float, names=None) -> list[dict]:
+def map_rows(n: int, device, options: dict, repeats: int, budget: float, names=None) -> list[dict]:
     """compiled / eager time of one forward+backward of every registered map on n×n."""
     rows = []
     for name in names or maps():
@@ -86,7 +91,7 @@ def map_rows(n: int, device, backend: str, repeats: int, budget: float, names=No
             fn(x).backward()
             return x.grad
 
-        compiled = _compile(loss, backend)
+        compiled = _compile(loss, options)
         xe, xc = start.clone().requires_grad_(), start.clone().requires_grad_()
         first = cost.timed(lambda xc=xc, compiled=compiled: run(compiled, xc))
         diff = float((run(loss, xe) - run(compiled, xc)).abs().max())
@@ -109,7 +114,7 @@ def _riemannian() -> list[str]:
 
 
 def step_rows(
-    shape, device, backend: str, repeats: int, budget: float, names=None, batch: int = 1
+    shape, device, options: dict, repeats: int, budget: float, names=None, batch: int = 1
 ) -> list[dict]:
     """compiled / eager time of one step of every registered Riemannian optimizer on
     St(N, M), or on a batch of ``batch`` > 1 such matrices."""
@@ -133,7 +138,7 @@ def step_rows(
             warnings.simplefilter("ignore", UserWarning)
             pe, eager = make()
             pc, opt = make()
-            compiled = _compile(opt.step, backend)
+            compiled = _compile(opt.step, options)
             first = cost.timed(compiled)
             eager.step()
             eager.step()
@@ -177,6 +182,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--shape", type=parse_shape, default=None, help="steps: St(N, M) as NxM")
     p.add_argument("--batch", type=int, default=1, help="steps: this many matrices at once (1)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor)")
+    p.add_argument("--mode", choices=MODES, default=None, help="Inductor's mode (its default)")
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--repeats", type=int, default=None, help="most timed calls per measurement")
     p.add_argument("--budget", type=float, default=None, help="seconds per measurement (2)")
@@ -189,16 +195,20 @@ def main(argv: list[str] | None = None) -> str:
     device = device_of(args.device, p)
     if args.batch < 1:
         p.error(f"--batch {args.batch}: allowed: a positive integer")
+    if args.mode is not None and args.backend != "inductor":
+        p.error(f"--mode {args.mode}: allowed with --backend inductor only")
+    options = {"backend": args.backend} | ({} if args.mode is None else {"mode": args.mode})
     n = args.n or (QUICK_N if args.quick else N)
     shape = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
     repeats = args.repeats or (2 if args.quick else 20)
     budget = args.budget if args.budget is not None else (0.0 if args.quick else 2.0)
     rows = []
     if not args.skip_maps:
-        rows += map_rows(n, device, args.backend, repeats, budget, args.maps)
+        rows += map_rows(n, device, options, repeats, budget, args.maps)
     if not args.skip_steps:
-        rows += step_rows(shape, device, args.backend, repeats, budget, args.optimizers, args.batch)
-    title = f"torch.compile(fullgraph=True, backend={args.backend!r}) against eager"
+        rows += step_rows(shape, device, options, repeats, budget, args.optimizers, args.batch)
+    title = f"torch.compile(fullgraph=True, {', '.join(f'{k}={v!r}' for k, v in options.items())})"
+    title += " against eager"
     text = "\n".join(
         [
             header(title, device),
@@ -210,6 +220,7 @@ def main(argv: list[str] | None = None) -> str:
     print(text)
     if args.json:
         config = {"n": n, "shape": list(shape), "batch": args.batch, "backend": args.backend,
+                  "mode": args.mode,
                   "device": str(device),
                   "repeats": repeats, "budget_s": budget, "threads": torch.get_num_threads(),
                   "torch": torch.__version__}  # fmt: skip

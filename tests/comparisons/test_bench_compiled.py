@@ -73,3 +73,12 @@ def test_bad_batch_is_refused(compiled, capsys):
     with pytest.raises(SystemExit):
         compiled.main(["--quick", "--batch", "0"])
     assert "--batch 0" in capsys.readouterr().err
+
+
+def test_mode_needs_inductor(compiled, capsys):
+    with pytest.raises(SystemExit):
+        compiled.main(["--quick", "--backend", "aot_eager", "--mode", "reduce-overhead"])
+    assert "--mode reduce-overhead" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        compiled.main(["--quick", "--mode", "fast"])
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
