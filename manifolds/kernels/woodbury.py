@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import torch
 
-from .basic import eye_like, flat
+from .basic import eye_like, product_on
 from .scaling import weights
 
 __all__ = ["block_matrix", "eliminable", "solve_step_system"]
@@ -147,7 +147,7 @@ def solve_step_system(
         right = ea.mH if pdv is None else torch.cat((ea.mH, pdv * half), -1)
         u = right - (pdpd * (half * half)) @ q
         z2 = torch.linalg.solve(eye - u[..., :m], u)
-        v1 = torch.baddbmm(flat(q), flat(q[..., :m]), flat(z2)).reshape(q.shape)
+        v1 = product_on(q, q[..., :m], z2)  # in Q's (LAPACK's column-major) layout
         return v1 * (2 * half), 2 * z2
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
     gamma, sigma = weights(lr * t)
