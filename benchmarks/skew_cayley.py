@@ -6,10 +6,10 @@ times `cayley_delta` through Euler's product (the bound r given: the number of
 factors that r needs in the dtype) and through the solve (no bound), in
 interleaved rounds, median, and prints the ratio series / solve with both
 relative errors against the float64 solve. This is the measurement behind the
-device type's ``SERIES_LIMITS`` (Note [Cayley of a small skew matrix by Euler's
-product]): a row where the series would need more factors than allowed, or n is
-above the limit, is timed through the factors it would take all the same, marked
-"not used".
+device type's ``SERIES_LIMITS`` (Note [Inverse of I + K by Euler's product] in
+`stiefel.manifolds.kernels.euler`): a row where the series would need more
+factors than allowed, or n is above the limit, is timed through the factors it
+would take all the same, marked "not used".
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from stiefel.comparisons import cost as timing
-from stiefel.manifolds.kernels import skew_cayley
+from stiefel.manifolds.kernels import euler, skew_cayley
 
 from ._timing import device_of, fmt_ratio, fmt_time, header, table
 
@@ -44,7 +44,7 @@ def run(sizes, radii, rounds: int, device: torch.device, work: int) -> list[dict
             k64 = r * s
             k = k64.float()
             j = _needed(r, k.dtype)
-            used = skew_cayley.series_factors(r, k) is not None
+            used = euler.series_factors(r, k) is not None
             ref = torch.linalg.solve(torch.eye(n, dtype=k64.dtype, device=device) + k64, -2 * k64)
             fns = {
                 "series": lambda k=k, j=j: skew_cayley.euler_delta(k, j),

@@ -40,10 +40,21 @@ Within the bounds no term can overflow, so the weights are not needed: divided
 by γ (σ/γ = β, h/γ = ½β) and with V₁ in the units of Pd (V₁/t, t = ‖Pd‖_F),
 the elimination reads, with a = ½lr,
 
-    T = I + a·XᴴPd,   Q = T⁻¹[G, Xᴴv],   U = a[PdᴴX, Pdᴴv] − a²·PdᴴPd·Q,
-    S = I − U₁,   Z₂ = 2S⁻¹U,   V₁/t = 2a(Q + Q₁S⁻¹U),
+    T = I + a·XᴴPd,   Q = T⁻¹[G, Xᴴv],   W = a²·PdᴴPd·Q − a[PdᴴX, Pdᴴv],
+    S = I + W₁,   Z₂ = −2S⁻¹W,   V₁/t = 2a(Q − Q₁S⁻¹W),
 
 with no division by t (t = 0, a zero step, needs no special case).
+
+Note [Near-identity blocks of the elimination]
+Both M×M systems are near the identity: T = I + K_T with ‖K_T‖₂ ≤ r_T =
+|a|·‖XᴴPd‖_F, and S = I + W₁ with ‖W₁‖₂ ≤ r_S = r_T + (a·t)²‖G‖_F/(1 − r_T)
+(‖PdᴴPd‖₂ ≤ t² and ‖Q₁‖₂ ≤ ‖T⁻¹‖₂‖G‖₂; Frobenius norms, since torch's
+1-norm of a batch of small matrices costs as much as the solve it would save). A
+training step has both of the order of the step (r ≈ 10⁻³–10⁻¹), so each system
+takes Euler's product where its bound allows (Note [Inverse of I + K by Euler's
+product] in .euler): a few batched M×M products instead of a batched LU, which
+LAPACK runs one matrix at a time. The bounds are maxima over the batch, read on
+the host in the same read as the test of elimination.
 
 Example:
     ```python
@@ -66,10 +77,11 @@ from __future__ import annotations
 
 import torch
 
-from .basic import eye_like, product_on
+from .basic import product_on
+from .euler import solve_near_identity
 from .scaling import weights
 
-__all__ = ["block_matrix", "eliminable", "solve_step_system"]
+__all__ = ["block_matrix", "elimination_bounds", "solve_step_system"]
 
 
 def block_matrix(*rows) -> torch.Tensor:
@@ -96,17 +108,37 @@ def block_matrix(*rows) -> torch.Tensor:
     return out
 
 
-def eliminable(xpd: torch.Tensor, t: torch.Tensor, lr) -> bool:
-    """Whether every matrix of the batch meets |β| ≤ 4 and |β|·‖E‖_F ≤ 1 (one host read).
+def elimination_bounds(
+    xpd: torch.Tensor, g: torch.Tensor, t: torch.Tensor, lr
+) -> tuple[float, float] | None:
+    """Bounds (r_T, r_S) on the blocks' ‖K‖₂ if every matrix may be eliminated, else None.
 
-    With β = lr·t and E = XᴴPd/t that is |lr|·max(t/4, ‖XᴴPd‖_F) ≤ 1: for the step
-    u = −lr·d, ‖Pu‖_F ≤ 4 and ‖XᴴPu‖_F ≤ 1. False under tracing. Note [Woodbury
-    system by block elimination].
+    Elimination needs |β| ≤ 4 and |β|·‖E‖_F ≤ 1 for every matrix of the batch: with
+    β = lr·t and E = XᴴPd/t that is |lr|·max(t/4, ‖XᴴPd‖_F) ≤ 1 (for the step
+    u = −lr·d, ‖Pu‖_F ≤ 4 and ‖XᴴPu‖_F ≤ 1; Note [Woodbury system by block
+    elimination]). r_T and r_S bound ‖T − I‖₂ and ‖S − I‖₂ over the batch (Note
+    [Near-identity blocks of the elimination]). One host read; None under tracing.
+
+    Args:
+        xpd: XᴴPd, (..., M, M).
+        g: G = XᴴX, (..., M, M).
+        t: ‖Pd‖_F, (..., 1, 1).
+        lr: the step size, a float or a tensor broadcastable to (..., 1, 1).
+
+    Returns:
+        (r_T, r_S), or None where some matrix is out of bounds (NaN included).
     """
     if torch.compiler.is_compiling():
-        return False
-    size = torch.maximum(torch.linalg.matrix_norm(xpd, keepdim=True), 0.25 * t)
-    return bool((size * abs(lr)).amax() <= 1)  # NaN: False, and the LU refuses it alike
+        return None
+    size = torch.linalg.matrix_norm(xpd, keepdim=True)
+    rate = abs(lr)
+    r_t = 0.5 * rate * size
+    at = 0.5 * rate * t
+    r_s = r_t + at * at * torch.linalg.matrix_norm(g, keepdim=True) / (1 - r_t)
+    test = torch.maximum(size, 0.25 * t) * rate
+    worst = torch.stack(torch.broadcast_tensors(test, r_t, r_s)).flatten(1).amax(1)
+    fit, r_t, r_s = worst.tolist()
+    return (r_t, r_s) if fit <= 1 else None  # NaN: None, and the LU refuses it alike
 
 
 def solve_step_system(
@@ -138,17 +170,21 @@ def solve_step_system(
     """
     m = xpd.shape[-1]
     t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
-    if not lu and eliminable(xpd, t, lr):  # Note [Woodbury system by block elimination]
-        # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I − U₁ with
-        # U = a[PdᴴX, Pdᴴv] − a²PdᴴPd·Q; Z₂ = 2S⁻¹U and V₁/t = 2a(Q + Q₁S⁻¹U)
+    bounds = None if lu else elimination_bounds(xpd, g, t, lr)
+    if bounds is not None:  # Note [Woodbury system by block elimination]
+        # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I + W₁ with
+        # W = a²PdᴴPd·Q − a[PdᴴX, Pdᴴv]; Z₂ = −2S⁻¹W and V₁/t = 2a(Q − Q₁S⁻¹W),
+        # each block by Euler's product where its bound allows (Note [Near-identity
+        # blocks of the elimination])
+        r_t, r_s = bounds
         half = 0.5 * lr
-        ea, eye = xpd * half, eye_like(xpd, m)
-        q = torch.linalg.solve(ea + eye, g if xv is None else torch.cat((g, xv), -1))
+        ea = xpd * half
+        q = solve_near_identity(ea, g if xv is None else torch.cat((g, xv), -1), r_t)
         right = ea.mH if pdv is None else torch.cat((ea.mH, pdv * half), -1)
-        u = right - (pdpd * (half * half)) @ q
-        z2 = torch.linalg.solve(eye - u[..., :m], u)
-        v1 = product_on(q, q[..., :m], z2)  # in Q's (LAPACK's column-major) layout
-        return v1 * (2 * half), 2 * z2
+        w = (pdpd * (half * half)) @ q - right
+        sw = solve_near_identity(w[..., :m], w, r_s)
+        v1 = product_on(q, q[..., :m], sw, alpha=-1)  # in Q's layout
+        return v1 * (2 * half), -2 * sw
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
     gamma, sigma = weights(lr * t)
     h = 0.5 * sigma

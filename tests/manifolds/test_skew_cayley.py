@@ -1,19 +1,16 @@
 """Q − I of the Cayley transform of a skew-Hermitian K, by Euler's product or a solve.
 
 Note [Cayley of a small skew matrix by Euler's product]: both paths against the
-dense float64 formula (I + K)⁻¹(I − K) − I, the choice of the number of factors
-against the bound it promises, which path runs, gradients, and the square Cayley
+dense float64 formula (I + K)⁻¹(I − K) − I, which path runs, gradients, and the square Cayley
 step that uses it against a dense reference.
 """
-
-import math
 
 import pytest
 import torch
 
 from stiefel.manifolds import kernels
 from stiefel.manifolds.kernels import skew_cayley
-from stiefel.manifolds.kernels.skew_cayley import cayley_delta, series_factors
+from stiefel.manifolds.kernels.skew_cayley import cayley_delta
 
 LOW = [torch.float32, torch.complex64]
 ALL = [torch.float32, torch.float64, torch.complex64, torch.complex128]
@@ -82,35 +79,6 @@ def test_series_is_as_accurate_as_the_solve(dtype):
         )
 
     assert err(series) <= 2 * err(solved)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
-def test_series_factors_is_the_smallest_count_within_half_an_ulp(dtype, device_type, monkeypatch):
-    # a device type's limits, checked on CPU tensors given that type's table entry
-    limit = skew_cayley.SERIES_LIMITS[device_type]
-    monkeypatch.setitem(skew_cayley.SERIES_LIMITS, "cpu", limit)
-    unit = torch.finfo(dtype).eps / 2
-    for n in (8, limit.max_order, limit.max_order + 1):
-        k = torch.zeros(n, n, dtype=dtype)
-        for r in (0.0, 1e-9, 1e-4, 0.01, 0.05, 0.1, 0.2, 0.34, 0.5, 0.58, 0.6, 0.99):
-            j = series_factors(r, k)
-            fits = [i for i in range(1, 30) if r ** (2 ** (i + 1)) <= unit]
-            if fits and fits[0] <= limit.max_factors and n <= limit.max_order:
-                assert j == fits[0]
-            else:
-                assert j is None
-
-
-@pytest.mark.parametrize(("device_type", "factors", "root"), [("cpu", 2, 8), ("cuda", 4, 32)])
-def test_the_series_limits_in_float32(device_type, factors, root, monkeypatch):
-    # the CPU takes two factors up to u^(1/8) = 1/8, a GPU four up to u^(1/32)
-    monkeypatch.setitem(skew_cayley.SERIES_LIMITS, "cpu", skew_cayley.SERIES_LIMITS[device_type])
-    k = torch.zeros(8, 8)
-    edge = (torch.finfo(torch.float32).eps / 2) ** (1 / root)
-    assert series_factors(0.99 * edge, k) == factors
-    assert series_factors(1.01 * edge, k) is None
-    assert math.isclose((torch.finfo(torch.float32).eps / 2) ** (1 / 8), 1 / 8)  # u = 2⁻²⁴
 
 
 def test_the_path_follows_the_bound_and_the_order(monkeypatch):

@@ -12,7 +12,7 @@ import torch
 
 from stiefel.manifolds import kernels
 from stiefel.manifolds.kernels import woodbury
-from stiefel.manifolds.kernels.woodbury import eliminable, solve_step_system
+from stiefel.manifolds.kernels.woodbury import elimination_bounds, solve_step_system
 
 ALL = [torch.float32, torch.float64, torch.complex64, torch.complex128]
 
@@ -70,7 +70,7 @@ def test_both_paths_solve_the_scaled_system(dtype, eliminate, transport, lr, dev
     data = _data((5,), 60, 8, dtype, gen, v=transport)
     args = [a.to(device) for a in data]
     t = args[2].diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].sqrt()
-    assert eliminable(args[0], t, lr)
+    assert elimination_bounds(*args[:2], t, lr) is not None
     z1, z2 = solve_step_system(*args[:3], lr, *args[3:], lu=not eliminate)
     r1, r2 = _reference(*data[:3], lr, *data[3:])
     tol = 50 * 8 * torch.finfo(dtype).eps
@@ -104,7 +104,7 @@ def test_elimination_is_accurate_at_its_bounds(dtype, device):
     data = [a.to(dtype) for a in (xpd, x.mH @ x, pdpd)]
     args = [a.to(device) for a in data]
     lr = 4.0 * (1 - 1e-3)
-    assert eliminable(args[0], torch.ones(4, 1, 1, device=device), lr)
+    assert elimination_bounds(*args[:2], torch.ones(4, 1, 1, device=device), lr) is not None
     z1, z2 = solve_step_system(*args, lr)
     r1, r2 = _reference(*data, lr)
     tol = 50 * m * torch.finfo(dtype).eps
@@ -114,23 +114,80 @@ def test_elimination_is_accurate_at_its_bounds(dtype, device):
 
 def test_the_test_follows_both_bounds(device):
     t = torch.ones(2, 1, 1, device=device)
+    g = torch.eye(3, device=device).expand(2, 3, 3)
+
+    def eliminable(xpd, lr):
+        return elimination_bounds(xpd, g, t, lr) is not None
+
     small = torch.zeros(2, 3, 3, device=device)
     small[..., 0, 1] = 0.1  # ‖XᴴPd‖_F = 0.1 < t/4: |β| ≤ 4 decides
-    assert eliminable(small, t, 4.0)
-    assert eliminable(small, t, -4.0)
-    assert not eliminable(small, t, 4.01)
+    assert eliminable(small, 4.0)
+    assert eliminable(small, -4.0)
+    assert not eliminable(small, 4.01)
     big = torch.zeros(2, 3, 3, device=device)
     big[..., 0, 1] = 0.5  # ‖XᴴPd‖_F = 0.5 > t/4: |β|·‖E‖_F ≤ 1 decides
-    assert eliminable(big, t, 2.0)
-    assert not eliminable(big, t, 2.01)
+    assert eliminable(big, 2.0)
+    assert not eliminable(big, 2.01)
     # one matrix out of bounds sends the whole batch to the LU
     mixed = torch.stack((small[0], big[0]))
-    assert eliminable(mixed, t, 2.0) and not eliminable(mixed, t, 3.0)
+    assert eliminable(mixed, 2.0) and not eliminable(mixed, 3.0)
     # a step size per matrix
     lr = torch.tensor([4.0, 2.0], device=device)[:, None, None]
-    assert eliminable(mixed, t, lr) and not eliminable(mixed, t, lr.flip(0))
-    assert not eliminable(small, t, float("nan"))
-    assert not eliminable(small, t, float("inf"))
+    assert eliminable(mixed, lr) and not eliminable(mixed, lr.flip(0))
+    assert not eliminable(small, float("nan"))
+    assert not eliminable(small, float("inf"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("lr", [1e-3, 0.05, 0.5, 2.0])
+@pytest.mark.parametrize("drift", [0.0, 1e-2])
+def test_the_bounds_hold_the_blocks_norms(dtype, lr, drift):
+    # Note [Near-identity blocks of the elimination]: r_T ≥ ‖T − I‖₂ and r_S ≥ ‖S − I‖₂
+    # for every matrix, T and S formed densely from the data; drifted points too
+    gen = torch.Generator().manual_seed(9)
+    x = torch.linalg.qr(torch.randn(6, 40, 5, dtype=dtype, generator=gen))[0]
+    x = x + drift * torch.randn(6, 40, 5, dtype=dtype, generator=gen)
+    d = 0.1 * torch.randn(6, 40, 5, dtype=dtype, generator=gen)
+    d = d * torch.rand(6, 1, 1, generator=gen)  # lengths 0–1.4: |β| up to about 3
+    pd = d - 0.5 * x @ (x.mH @ d)
+    xpd, g, pdpd = x.mH @ pd, x.mH @ x, pd.mH @ pd
+    t = torch.linalg.matrix_norm(pd, keepdim=True)
+    bounds = elimination_bounds(xpd, g, t, lr)
+    assert bounds is not None
+    a = 0.5 * lr
+    eye = torch.eye(5, dtype=dtype)
+    kt = a * xpd
+    w1 = a * a * pdpd @ torch.linalg.solve(eye + kt, g) - kt.mH
+    assert float(torch.linalg.matrix_norm(kt, 2).max()) <= bounds[0] * (1 + 1e-12)
+    assert float(torch.linalg.matrix_norm(w1, 2).max()) <= bounds[1] * (1 + 1e-12)
+
+
+def test_training_steps_take_the_series_and_long_ones_the_solve(monkeypatch):
+    # Note [Near-identity blocks of the elimination]: on the CPU (r ≤ 1/8 in float32)
+    # a short step solves neither block by LU, a longer one S (r_S = 0.15) or both
+    # (r_T = 0.13), and a step out of the elimination's bounds one 2M×2M LU; each
+    # against the reference
+    calls = []
+    solve = torch.linalg.solve
+
+    def counting(lhs, rhs, **kwargs):
+        calls.append(lhs.shape[-1])
+        return solve(lhs, rhs, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "solve", counting)
+    gen = torch.Generator().manual_seed(3)
+    data = _data((4,), 60, 8, torch.float32, gen)
+    t = data[2].diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None].sqrt()
+    for lr, expected in ((1e-3, []), (0.02, [8]), (0.1, [8, 8]), (0.5, [16])):
+        calls.clear()
+        bounds = elimination_bounds(*data[:2], t, lr)
+        z1, z2 = solve_step_system(*data, lr)
+        assert calls == expected, (lr, bounds)
+        r1, r2 = _reference(*data, lr)
+        scale = max(float(r1.abs().max()), float(r2.abs().max()))
+        tol = 50 * 8 * torch.finfo(torch.float32).eps * scale
+        assert float((z1.double() - r1).abs().max()) < tol
+        assert float((z2.double() - r2).abs().max()) < tol
 
 
 def test_elimination_has_the_gradients_of_the_system():
@@ -140,7 +197,8 @@ def test_elimination_has_the_gradients_of_the_system():
     def fn(*a):
         return solve_step_system(*a[:3], 0.03, *a[3:])
 
-    assert eliminable(data[0].detach(), torch.ones(1, 1, 1, dtype=torch.float64), 0.03)
+    t = torch.ones(1, 1, 1, dtype=torch.float64)
+    assert elimination_bounds(*(a.detach() for a in data[:2]), t, 0.03) is not None
     assert torch.autograd.gradcheck(fn, data)
 
 
@@ -165,15 +223,16 @@ def test_cayley_step_on_both_paths_equals_the_dense_formula(dtype, lr, device, m
     x = torch.linalg.qr(torch.randn(3, 50, 6, dtype=w, generator=gen))[0]
     d = kernels.proj_tangent(x, torch.randn(3, 50, 6, dtype=w, generator=gen))
     ref_y, ref_v = kernels.cayley_dense(x, -lr * d, -lr * d)
-    test = woodbury.eliminable
+    test = woodbury.elimination_bounds
     out, taken = {}, []
     for allowed in (True, False):
 
         def spy(*args, allowed=allowed):
-            taken.append(allowed and test(*args))
-            return taken[-1]
+            bounds = test(*args) if allowed else None
+            taken.append(bounds is not None)
+            return bounds
 
-        monkeypatch.setattr(woodbury, "eliminable", spy)
+        monkeypatch.setattr(woodbury, "elimination_bounds", spy)
         xd, dd = x.to(dtype).to(device), d.to(dtype).to(device)
         y, v = kernels.cayley_descent(xd, dd, lr, dd)
         out[allowed] = y.cpu(), v.cpu()
