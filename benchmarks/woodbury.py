@@ -5,20 +5,24 @@ For each shape (a batch of St(N, M) points) it times `solve_step_system` by bloc
 elimination (its default, with the host read of its test) and with ``lu=True``
 (the 2M×2M LU), without and with a transported vector, in interleaved
 rounds, median, and prints elimination / LU with both results' largest difference
-from the float64 LU, relative to its largest entry. The step is a training step,
-|β| ≤ ½ (inside both bounds of Note [Woodbury system by block elimination]), the
-measurement behind that Note's choice.
+from the float64 LU, relative to its largest entry. Two step lengths (``--betas``,
+the largest |β| = lr·‖Pd‖_F of the batch): ½, inside both bounds of Note [Woodbury
+system by block elimination], the measurement behind that Note's choice; and
+1/16, where the bounds of Note [Near-identity blocks of the elimination] let
+both M×M blocks take Euler's product (the column "series" names the blocks
+that did, on this device type).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 
 import torch
 
 from stiefel.comparisons import cost as timing
-from stiefel.manifolds.kernels import woodbury
+from stiefel.manifolds.kernels import euler, woodbury
 
 from ._timing import device_of, fmt_ratio, fmt_time, header, table
 
@@ -55,12 +59,24 @@ def _solve(data, lr, eliminate: bool):
     return woodbury.solve_step_system(*data[:3], lr, *data[3:], lu=not eliminate)
 
 
-def run(shapes, rounds: int, device: torch.device) -> list[dict]:
+def _series(data, lr) -> str:
+    """The blocks (T, S) whose bound lets them take Euler's product, as the solve decides."""
+    xpd, g, pdpd = data[:3]
+    t = pdpd.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None].sqrt()
+    bounds = woodbury.elimination_bounds(xpd, g, t, lr)
+    if bounds is None:
+        return "LU"
+    pairs = zip("TS", bounds, strict=True)
+    used = [name for name, r in pairs if euler.series_factors(r, xpd) is not None]
+    return ", ".join(used) or "–"
+
+
+def run(shapes, rounds: int, device: torch.device, betas=(0.5, 1 / 16)) -> list[dict]:
     rows = []
-    for batch, n, m in shapes:
+    for (batch, n, m), beta in itertools.product(shapes, betas):
         wide = _data(batch, n, m, device)
         t = wide[2].diagonal(dim1=-2, dim2=-1).sum(-1).sqrt().amax()
-        lr = 0.5 / float(t)  # |β| ≤ ½ for every matrix
+        lr = beta / float(t)  # |β| ≤ beta for every matrix
         for transport in (False, True):
             data64 = wide if transport else wide[:3]
             data = [a.float() for a in data64]
@@ -86,6 +102,8 @@ def run(shapes, rounds: int, device: torch.device) -> list[dict]:
                     "n": n,
                     "m": m,
                     "transport": transport,
+                    "beta": beta,
+                    "series": _series(data, lr),
                     "elimination": med[True],
                     "lu": med[False],
                     "ratio": med[True] / med[False],
@@ -96,24 +114,51 @@ def run(shapes, rounds: int, device: torch.device) -> list[dict]:
     return rows
 
 
+def _betas(text: str, ap: argparse.ArgumentParser) -> tuple[float, ...]:
+    try:
+        betas = tuple(float(b) for b in text.split(","))
+    except ValueError:
+        betas = ()
+    if not betas or not all(0 < b <= 4 for b in betas):
+        ap.error(f"--betas: expected comma-separated numbers in (0, 4] (|β| ≤ 4), got {text!r}")
+    return betas
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two small shapes; 3 rounds")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
     ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
+    ap.add_argument(
+        "--betas", default="0.5,0.0625", help="largest |β| of the batch, comma-separated, in (0, 4]"
+    )
     args = ap.parse_args(argv)
     device = device_of(args.device, ap)
+    betas = _betas(args.betas, ap)
     shapes = QUICK if args.quick else SHAPES
-    rows = run(shapes, 3 if args.quick else args.rounds, device)
+    rows = run(shapes, 3 if args.quick else args.rounds, device, betas)
     print(header("Woodbury Cayley system: block elimination / 2M×2M LU (float32)", device))
     print(
         table(
-            ["batch", "St(N, M)", "v", "elimination", "LU", "elim. / LU", "elim. err", "LU err"],
+            [
+                "batch",
+                "St(N, M)",
+                "|β|",
+                "v",
+                "series",
+                "elimination",
+                "LU",
+                "elim. / LU",
+                "elim. err",
+                "LU err",
+            ],
             [
                 [
                     r["batch"],
                     f"St({r['n']}, {r['m']})",
+                    f"{r['beta']:g}",
                     "yes" if r["transport"] else "no",
+                    r["series"],
                     fmt_time(r["elimination"]),
                     fmt_time(r["lu"]),
                     fmt_ratio(r["ratio"]),

@@ -246,20 +246,30 @@ def test_skew_cayley_quick_times_both_paths_and_marks_the_rows_used(bench, capsy
 
 
 def test_woodbury_quick_times_both_paths(bench, capsys):
-    rows = bench["woodbury"].main(["--quick"])
-    assert [(r["batch"], r["n"], r["m"], r["transport"]) for r in rows] == [
-        (256, 64, 16, False),
-        (256, 64, 16, True),
-        (1, 1024, 64, False),
-        (1, 1024, 64, True),
+    rows = bench["woodbury"].main(["--quick", "--betas", "0.5,0.01"])
+    assert [(r["batch"], r["n"], r["m"], r["beta"], r["transport"]) for r in rows] == [
+        (256, 64, 16, 0.5, False),
+        (256, 64, 16, 0.5, True),
+        (256, 64, 16, 0.01, False),
+        (256, 64, 16, 0.01, True),
+        (1, 1024, 64, 0.5, False),
+        (1, 1024, 64, 0.5, True),
+        (1, 1024, 64, 0.01, False),
+        (1, 1024, 64, 0.01, True),
     ]
     for r in rows:
         assert _positive(r["elimination"]) and _positive(r["lu"])
         # float32 against the float64 LU, relative to the largest entry: both to rounding
         assert r["elimination_err"] < 1e-5 and r["lu_err"] < 1e-5
+    # the short step takes Euler's product for both blocks (Note [Near-identity blocks of
+    # the elimination]); at |β| = ½ the Schur complement's bound is past the CPU's limit
+    assert [r["series"] for r in rows if r["beta"] == 0.01] == ["T, S"] * 4
+    assert {r["series"] for r in rows if r["beta"] == 0.5} == {"T"}
     assert "elim. / LU" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        bench["woodbury"].main(["--device", "tpu"])
+    for bad in (["--device", "tpu"], ["--betas", "0"], ["--betas", "5"], ["--betas", "a"]):
+        with pytest.raises(SystemExit):
+            bench["woodbury"].main(bad)
+    assert "--betas: expected comma-separated numbers in (0, 4]" in capsys.readouterr().err
 
 
 def test_device_option_of_the_gpu_benchmarks(bench, capsys):
