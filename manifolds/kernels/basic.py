@@ -113,10 +113,21 @@ def sub_product(u: torch.Tensor, x: torch.Tensor, k: torch.Tensor, over_u: bool 
     return product_on(u, x, k, alpha=-1)
 
 
+def product_like(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A·B as a new tensor in A's layout, over A's flattened batch (``b`` may broadcast).
+
+    A column-major A gives (BᵀAᵀ)ᵀ: the same numbers, stored by columns, so that a
+    sum with A or a tensor of its layout reads both in the same order (Note
+    [Accumulating into a column-major batch]).
+    """
+    af, bf = flat(a), flat_over(b, a)
+    ab = torch.bmm(bf.mT, af.mT).mT if by_columns(af) else torch.bmm(af, bf)
+    return ab.reshape(*a.shape[:-1], b.shape[-1])
+
+
 def two_products(a, b, c, e, out_shape) -> torch.Tensor:
     """A B + C E over a flattened batch (one matmul and one fused multiply-add), in A's layout."""
-    af, bf = flat(a), flat_over(b, a)
-    ab = torch.bmm(bf.mT, af.mT).mT if by_columns(af) else torch.bmm(af, bf)  # A's layout
+    ab = flat(product_like(a, b))
     return add_product_(ab, flat(c), flat_over(e, c)).reshape(out_shape)
 
 

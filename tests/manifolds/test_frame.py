@@ -61,6 +61,11 @@ def test_frame_update_is_x_corrected_times_q(cplx):
     assert float((y[0] - exact[0]).abs().max()) < 1e-4 * 0.1  # ½‖X E D‖
     for i in range(2):  # batch independence (to rounding: one product, not batched)
         assert float((frame.frame_update(x[i], d[i].clone(), xx[i]) - y[i]).abs().max()) < 1e-14
+    # a column-major X (LAPACK's layout) gives the same Y, stored like X (the sum
+    # X + X·F reads both operands in one order)
+    with torch.no_grad():
+        y_cm = frame.frame_update(x.mT.contiguous().mT, d.clone(), xx)
+    assert float((y_cm - y).abs().max()) < 1e-14 and y_cm.stride(-2) == 1
     # the error of X is not carried over: O(‖E‖²) for the long step, O(‖E‖·‖D‖) short
     assert float(_err(x).min()) > 1e-4
     assert float(_err(y[1])) < 1e-6

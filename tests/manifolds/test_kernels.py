@@ -312,11 +312,17 @@ def test_add_product_accumulates_in_place_in_the_layout_of_out(dtype, batch, col
 def test_out_of_place_products_keep_the_layout_of_their_first_operand(
     dtype, batch, column_major, device
 ):
-    # βU + αAB (product_on), A B + C E (two_products) and V + A B + C E (three_products)
-    # against the float64 formula; each result is stored like U (resp. A), so that a
-    # step on column-major points makes no transposing copy (Note [Accumulating into
-    # a column-major batch]); a K×K factor may be shared by the batch
-    from stiefel.manifolds.kernels.basic import product_on, three_products, two_products
+    # βU + αAB (product_on), AB (product_like), A B + C E (two_products) and
+    # V + A B + C E (three_products) against the float64 formula; each result is stored
+    # like U (resp. A), so that a step on column-major points makes no transposing copy
+    # (Note [Accumulating into a column-major batch]); a K×K factor may be shared by
+    # the batch
+    from stiefel.manifolds.kernels.basic import (
+        product_like,
+        product_on,
+        three_products,
+        two_products,
+    )
     from stiefel.manifolds.kernels.reduce import by_columns
 
     g = torch.Generator().manual_seed(9)
@@ -329,6 +335,10 @@ def test_out_of_place_products_keep_the_layout_of_their_first_operand(
     got = product_on(u, a, b, alpha=-2.0, beta=0.5)
     assert float((got - (0.5 * u - 2.0 * (a @ b))).abs().max()) < tol
     assert got.shape == u.shape and by_columns(got) == column_major
+    for factor in (b, shared):
+        got = product_like(a, factor)
+        assert float((got - a @ factor).abs().max()) < tol
+        assert got.shape == a.shape and by_columns(got) == column_major
     got = two_products(a, shared, c, e, a.shape)
     assert float((got - (a @ shared + c @ e)).abs().max()) < tol
     assert by_columns(got) == column_major
