@@ -79,7 +79,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import LOW_PRECISION, choice, positive_int
-from .basic import inner_euclidean, sym
+from .basic import inner_euclidean, product_on, sub_product, sym
 from .polynomial_sign import ENGINES, engine_flops, exact_scale, iterate
 from .reduce import gram, row_group
 
@@ -352,16 +352,19 @@ def spectral_direction(
     # the descent runs on G scaled exactly to unit size (Note [msign at any scale]).
     g = _unit_scale(g)
     lam = -sym(gram(x, g))
-    z = g + x @ lam
+    # Z, its trial points and Φ stay in G's layout, and so does msign's result
+    # (Note [Accumulating into a column-major batch]): the sums and selections below
+    # then read their operands in one order
+    z = product_on(g, x, lam)
     t = dual_step * _frobenius(z) / m**0.5
     phi = msign(z, method, steps)
     c = sym(gram(x, phi))
     if square:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])
-        return phi - x @ c
+        return sub_product(phi, x, c)
     f = _real_trace(phi, z)
     slack = 8 * torch.finfo(f.dtype).eps
     for _ in range(inner_steps - 1):
-        z_new = z - x @ (t.to(c.dtype) * c)
+        z_new = product_on(z, x, t.to(c.dtype) * c, alpha=-1)
         phi_new = msign(z_new, method, steps)
         f_new = _real_trace(phi_new, z_new)
         ok = f_new <= f + slack * f.abs()
@@ -370,4 +373,4 @@ def spectral_direction(
         f = torch.where(ok, f_new, f)
         c = torch.where(ok, sym(gram(x, phi_new)), c)
         t = torch.where(ok, t, 0.5 * t)
-    return phi - x @ c
+    return sub_product(phi, x, c)

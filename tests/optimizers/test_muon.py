@@ -94,6 +94,15 @@ def test_batched_direction_equals_per_matrix():
     batched = spectral_direction(x, g, 20, "polar_express")
     single = torch.stack([spectral_direction(x[i], g[i], 20, "polar_express") for i in range(4)])
     assert torch.allclose(batched, single, atol=1e-12)
+    # a column-major batch (LAPACK's layout, as points from torch.linalg.qr are): the
+    # same direction, kept in the gradient's layout through the dual descent
+    cm = spectral_direction(x.mT.contiguous().mT, g.mT.contiguous().mT, 20, "polar_express")
+    assert torch.allclose(cm, batched, atol=1e-12) and cm.stride(-2) == 1
+    xs = torch.linalg.qr(torch.randn(4, 3, 3, dtype=torch.float64))[0]
+    gs = torch.randn(4, 3, 3, dtype=torch.float64)  # O(3): the closed form
+    cms = spectral_direction(xs.mT.contiguous().mT, gs.mT.contiguous().mT, 1, "polar_express")
+    assert torch.allclose(cms, spectral_direction(xs, gs, 1, "polar_express"), atol=1e-12)
+    assert cms.stride(-2) == 1
 
 
 @pytest.mark.parametrize(
