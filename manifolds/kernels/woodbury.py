@@ -130,6 +130,8 @@ def elimination_bounds(
     """
     if torch.compiler.is_compiling():
         return None
+    if xpd.numel() == 0:  # an empty batch: nothing to bound
+        return 0.0, 0.0
     size = torch.linalg.matrix_norm(xpd, keepdim=True)
     rate = abs(lr)
     r_t = 0.5 * rate * size

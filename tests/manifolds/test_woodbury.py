@@ -242,3 +242,16 @@ def test_cayley_step_on_both_paths_equals_the_dense_formula(dtype, lr, device, m
         assert float((y.to(w) - ref_y).abs().max()) < tol
         err = float((v.to(w) * -lr - ref_v).abs().max())
         assert err < tol * max(1.0, lr) * float(d.abs().max())
+
+
+def test_an_empty_batch_gives_empty_results():
+    # no matrix to bound or solve: the elimination returns empty blocks, and the step
+    # (with its transport) an empty batch of points
+    empty = torch.zeros(0, 4, 4, dtype=torch.float64)
+    t = torch.zeros(0, 1, 1, dtype=torch.float64)
+    assert elimination_bounds(empty, empty, t, 0.1) == (0.0, 0.0)
+    z1, z2 = solve_step_system(empty, empty, empty, 0.1)
+    assert z1.shape == z2.shape == (0, 4, 4)
+    x = torch.zeros(0, 10, 4, dtype=torch.float64)
+    y, v = kernels.cayley_descent(x, x, 0.1, x)
+    assert y.shape == v.shape == (0, 10, 4)
