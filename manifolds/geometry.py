@@ -29,7 +29,7 @@ import torch
 
 from . import kernels
 from ._checks import choice
-from .kernels.scaling import host_bound
+from .kernels.scaling import host_bound, host_max
 
 __all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "METRICS", "EGRAD2RGRAD", "INNER"]
 
@@ -237,7 +237,7 @@ class StiefelGeometry(Geometry):
         # (≤ 4NMμ) can overflow, from g itself: one pass, not three
         mu = kernels.reduce.rows_absmax(g)
         n, m = g.shape[-2:]
-        if host_bound(g) and 4 * n * m * float(mu.amax()) < torch.finfo(g.dtype).max:
+        if host_bound(g) and 4 * n * m * host_max(mu) < torch.finfo(g.dtype).max:
             return self._rgrad(x, g)
         mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
         return self._rgrad(x, g / mu) * mu

@@ -24,7 +24,7 @@ import torch
 
 from ..manifolds._checks import flag
 from ..manifolds.kernels.reduce import rows_absmax
-from ..manifolds.kernels.scaling import host_bound
+from ..manifolds.kernels.scaling import host_bound, host_max
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -153,7 +153,7 @@ class RAdam(RiemannianOptimizer):
         mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))
         # ⟨ξ, ξ⟩/μ², exact (μ a power of two); ξ/1 = ξ needs no pass where the host
         # sees μ (Note [Step weights on the host])
-        one = host_bound(xi) and float(mu.amax()) == 1.0
+        one = host_bound(xi) and host_max(mu) == 1.0
         sq = geo.component_inner(x, xi if one else xi / mu)
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(x)

@@ -29,7 +29,7 @@ from .frame import (
     wide_gram,
 )
 from .reduce import gram, row_group
-from .scaling import normalize, weights
+from .scaling import host_max, normalize, weights
 from .skew_cayley import cayley_delta
 from .woodbury import solve_step_system
 
@@ -221,7 +221,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     short = gamma >= 0.25
     bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
     if not torch.compiler.is_compiling():  # max ‖K‖_F over the short steps, −1: none
-        bound = float(torch.where(short, half_beta.abs(), -1.0).amax())
+        bound = host_max(torch.where(short, half_beta.abs(), -1.0))
     if bound is not None and bound < 0:
         y = explicit(lambda t: t)
     else:

@@ -19,6 +19,7 @@ __all__ = [
     "scaled_step",
     "scaled_gram",
     "host_bound",
+    "host_max",
     "host_scalars",
     "free_scale",
 ]
@@ -38,7 +39,7 @@ def normalize(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
     """d / μ and μ = max|d| per matrix (shape (..., 1, 1), never 0); (d, 1.0) where the
     host reads the batch's largest μ below `free_scale` (Note [Step weights on the host])."""
     mu = rows_absmax(d)
-    if host_bound(d) and float(mu.amax()) <= free_scale(d):  # NaN: False
+    if host_bound(d) and host_max(mu) <= free_scale(d):  # NaN: False
         return d, 1.0
     mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
     return d / mu, mu
@@ -99,6 +100,11 @@ def host_bound(t: torch.Tensor) -> bool:
         and row_group() is None
         and not torch.compiler.is_compiling()
     )
+
+
+def host_max(t: torch.Tensor) -> float:
+    """The largest entry of ``t`` read on the host; −inf for an empty batch (max's identity)."""
+    return float(t.amax()) if t.numel() else -math.inf
 
 
 def host_scalars(t: torch.Tensor, lr: float | torch.Tensor = 1.0) -> bool:

@@ -200,6 +200,23 @@ def test_plain_parameter_gets_euclidean_update(name):
     check_euclidean_parameter(name)
 
 
+@pytest.mark.parametrize("shape", [(0, 10, 4), (0, 4, 4)], ids=["St", "O"])
+@pytest.mark.parametrize("name", _names(riemannian_only=True))
+def test_an_empty_batch_of_points_steps(name, shape):
+    # as torch's optimizers step an empty tensor: no host read of an empty maximum
+    # (`host_max`), the points stay an empty batch, the steps are counted where kept
+    from stiefel.manifolds import Orthogonal, Stiefel
+
+    man = Orthogonal(4) if shape[-2] == shape[-1] else Stiefel(*shape[-2:])
+    p = geoopt.ManifoldParameter(torch.zeros(shape), manifold=man)
+    opt = optimizers.create(name, [p], lr=optimizers.info(name).default_lr)
+    for _ in range(CHECK_EVERY + 1):  # through one scheduled off-manifold test
+        p.grad = torch.zeros(shape)
+        opt.step()
+    assert p.shape == shape
+    assert int(opt.state[p].get("step", CHECK_EVERY + 1)) == CHECK_EVERY + 1
+
+
 def test_info_of_the_builtins_keeps_the_harness_numbers():
     """The values moved from the harness's hand lists (CWY paper Table 2 and our fused step)."""
     n, m = 1000, 10
