@@ -28,10 +28,10 @@ by Euler's product"); on a GPU the LU is a chain of small kernels, slower than a
 few products up to n in the thousands. The series is used while it costs at most
 2·`SeriesLimit.max_factors` products and n ≤ `SeriesLimit.max_order`, the limits
 of the device type in `SERIES_LIMITS`: the orders and lengths of step at which
-those products cost less than the solve there (``benchmarks.skew_cayley``). On a CPU that is
-r ≤ u^{1/8} (1/8 in float32) and n ≤ 128; on a GPU r ≤ u^{1/32} (0.59 in
-float32) and n ≤ 2048, the largest order measured. A device type not in the
-table takes the CPU's limits. A longer step, a larger n, or a traced call (no
+those products cost less than the solve there (``benchmarks.skew_cayley``). On a
+CPU that is r ≤ u^{1/8} (1/8 in float32) and n ≤ 128; on a GPU r ≤ u^{1/32}
+(0.59 in float32) and n ≤ 2048, the largest order measured. A device type not in
+the table takes the CPU's limits. A longer step, a larger n, or a traced call (no
 host read: Note [Traced steps compute both paths] in .frame) takes the solve.
 
 Example:
