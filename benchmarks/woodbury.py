@@ -62,8 +62,7 @@ def _solve(data, lr, eliminate: bool):
 def _series(data, lr) -> str:
     """The blocks (T, S) whose bound lets them take Euler's product, as the solve decides."""
     xpd, g, pdpd = data[:3]
-    t = pdpd.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None].sqrt()
-    bounds = woodbury.elimination_bounds(xpd, g, t, lr)
+    bounds = woodbury.elimination_bounds(xpd, g, woodbury.norm_from_gram(pdpd), lr)
     if bounds is None:
         return "LU"
     pairs = zip("TS", bounds, strict=True)
@@ -75,7 +74,7 @@ def run(shapes, rounds: int, device: torch.device, betas=(0.5, 1 / 16)) -> list[
     rows = []
     for (batch, n, m), beta in itertools.product(shapes, betas):
         wide = _data(batch, n, m, device)
-        t = wide[2].diagonal(dim1=-2, dim2=-1).sum(-1).sqrt().amax()
+        t = woodbury.norm_from_gram(wide[2]).amax()
         lr = beta / float(t)  # |β| ≤ beta for every matrix
         for transport in (False, True):
             data64 = wide if transport else wide[:3]

@@ -81,7 +81,7 @@ from .basic import product_on
 from .euler import solve_near_identity
 from .scaling import weights
 
-__all__ = ["block_matrix", "elimination_bounds", "solve_step_system"]
+__all__ = ["block_matrix", "norm_from_gram", "elimination_bounds", "solve_step_system"]
 
 
 def block_matrix(*rows) -> torch.Tensor:
@@ -106,6 +106,11 @@ def block_matrix(*rows) -> torch.Tensor:
             j += w
         i += h
     return out
+
+
+def norm_from_gram(pdpd: torch.Tensor) -> torch.Tensor:
+    """t = ‖Pd‖_F from the Gram PdᴴPd (the square root of its trace), shape (..., 1, 1)."""
+    return pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
 
 
 def elimination_bounds(
@@ -171,7 +176,7 @@ def solve_step_system(
         V₁/t and Z₂, each (..., M, M) or, with ``xv``, (..., M, M + K).
     """
     m = xpd.shape[-1]
-    t = pdpd.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None].clamp_min(0).sqrt()
+    t = norm_from_gram(pdpd)
     bounds = None if lu else elimination_bounds(xpd, g, t, lr)
     if bounds is not None:  # Note [Woodbury system by block elimination]
         # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I + W₁ with
