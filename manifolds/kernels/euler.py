@@ -54,7 +54,7 @@ from typing import NamedTuple
 
 import torch
 
-from .basic import eye_like, flat
+from .basic import eye_like, product_on
 
 __all__ = ["SeriesLimit", "SERIES_LIMITS", "series_factors", "euler_solve", "solve_near_identity"]
 
@@ -112,7 +112,7 @@ def euler_solve(k: torch.Tensor, rhs: torch.Tensor, factors: int) -> torch.Tenso
     for i in range(1, factors + 1):
         if i > 1:
             power = power @ power  # K^(2^i)
-        p = torch.baddbmm(flat(p), flat(power), flat(p)).reshape(p.shape)  # P + K^(2^i)·P
+        p = product_on(p, power, p)  # P + K^(2^i)·P, in P's layout
     return p
 
 
