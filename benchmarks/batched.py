@@ -86,8 +86,9 @@ def _run(label, make, x0, man, target, steps: int, timed: int, clock=time.perf_c
     """(mean step time, drift, loss, steps run); a slower step than ``slow_s`` runs ``timed``.
 
     The mean of the timed steps after the first, not their median: a square step of
-    ``rgd`` forms its wide XᴴX and corrects the drift at one step in `CHECK_EVERY`
-    (the default 8 timed steps are one such cycle), which a median would leave out.
+    ``rgd`` forms its wide XᴴX and corrects the drift at one step in
+    `correction_period`(n) (the default 8 timed steps are whole cycles), which a
+    median would leave out.
     """
     p, opt = make(x0, man)
     times = []

@@ -7,14 +7,14 @@ For each n (default 256, 512, 1024) and dtype (float32: O(n); complex64: U(n)):
   entries, ``--lr``, default 1e-3: a step of ‖lr·G‖_F ≈ lr·n), the median
   over interleaved rounds of the mean of ``CHECK_EVERY`` consecutive steps
   (each round steps every optimizer that many times, so a slow phase of the
-  machine hits all of them, and our steps' one drift correction in
-  ``CHECK_EVERY`` is counted at its share):
+  machine hits all of them, and our steps' drift corrections, one in
+  ``correction_period(n)`` (a divisor of ``CHECK_EVERY``), are counted at their share):
   ours, ``rgd`` with metric euclidean / canonical × retraction qr / cayley on
   `Orthogonal` / `Unitary` (our steps include the finiteness and off-manifold
   tests of every step); geoopt's ``RiemannianSGD`` on ``EuclideanStiefel``
   (Householder QR) and ``CanonicalStiefel`` (Cayley transform of an n×n A);
 - **kernel alone**: our fused kernels as the optimizer calls them (the wide XᴴX
-  in one call of ``CHECK_EVERY``) against geoopt's ``egrad2rgrad`` + ``retr``,
+  in one call of ``correction_period(n)``) against geoopt's ``egrad2rgrad`` + ``retr``,
   without any optimizer around them;
 - **drift**: ‖XᴴX − I‖_F (in float64) after ``--steps`` steps with fresh random
   gradients, the same sequence for everyone, for the sizes in ``--drift-sizes``.
@@ -85,12 +85,12 @@ def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torc
     eucl, canon = geoopt.EuclideanStiefel(), geoopt.CanonicalStiefel()
 
     def ours(step):
-        # as the optimizer calls it: one call in CHECK_EVERY forms the wide XᴴX and
-        # corrects the drift, the others pass UNCORRECTED; the calls cycle through both
+        # as the optimizer calls it: one call in correction_period(n) forms the wide XᴴX
+        # and corrects the drift, the others pass UNCORRECTED; the calls cycle through both
         count = itertools.count()
 
         def call(x, g):
-            if next(count) % kernels.frame.CHECK_EVERY:
+            if next(count) % kernels.frame.correction_period(x.shape[-1]):
                 return step(x, g, lr, "euclidean", xx=kernels.frame.UNCORRECTED)
             return step(x, g, lr, "euclidean", xx=kernels.frame.wide_gram(x))
 
@@ -113,10 +113,11 @@ def _interleaved(calls: dict[str, Callable[[], object]], rounds: int, block: int
     """Median seconds per call over ``rounds`` rounds of ``block`` calls each; failures kept.
 
     Each round runs every call ``block`` times in a row and records the mean: our
-    steps correct the drift (and form the wide XᴴX) at one step in `CHECK_EVERY`,
-    so a median over single steps would report the cheap steps only. The order
-    rotates from round to round, so that no call always follows the same other
-    one (the first call of a round ran measurably slower: cold caches).
+    steps correct the drift (and form the wide XᴴX) at one step in
+    `correction_period`(n), a divisor of `CHECK_EVERY`, so a median over single steps
+    would report the cheap steps only. The order rotates from round to round, so
+    that no call always follows the same other one (the first call of a round ran
+    measurably slower: cold caches).
     """
     times: dict[str, list[float]] = {k: [] for k in calls}
     failed: dict[str, str] = {}

@@ -49,8 +49,8 @@ METRICS = tuple(EGRAD2RGRAD)
 # factor diverges, NaN in a few steps. So a point with ‖E‖_F above OFF_MANIFOLD is
 # projected (polar factor) with a warning before the step; the test reuses the
 # XᴴX the Cayley step needs anyway. A square point is tested (with its float64
-# Gram) at every CHECK_EVERY-th step and whenever the optimizer did not write it
-# itself (Note [The drift correction every CHECK_EVERY-th square step]).
+# Gram) at every k-th step (`frame.correction_period`) and whenever the optimizer
+# did not write it itself (Note [The drift correction every k-th square step]).
 # Methods that accept points off the manifold have a wider basin (``bound``):
 # POGO's correction σ ↦ σ(3 − σ²)/2 brings every singular value of (0, √3) to 1,
 # ‖E‖_F < 1 keeps them in (0, √2); landing's attraction flow converges from any
@@ -213,8 +213,8 @@ class StiefelGeometry(Geometry):
     def off_manifold(self, x, step=None, unchanged=False, bound=OFF_MANIFOLD):
         frame = kernels.frame
         square = frame.in_frame(x) and self._skips
-        # Note [The drift correction every CHECK_EVERY-th square step]
-        correct = not square or step is None or step % frame.CHECK_EVERY == 0
+        # Note [The correction period grows with n]
+        correct = not square or step is None or step % frame.correction_period(x.shape[-1]) == 0
         if not correct and unchanged:
             self._gram = (x, frame.UNCORRECTED)
             return None

@@ -24,7 +24,7 @@ import math
 import torch
 
 from ..manifolds.kernels import proj_tangent
-from ..manifolds.kernels.frame import CHECK_EVERY
+from ..manifolds.kernels.frame import correction_period
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -91,7 +91,8 @@ class RGD(RiemannianOptimizer):
         "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
         "20n³/3 + 2n³/k on O(n) (two products, an n×n solve, the float64 XᴴX every k-th "
         "step); qr: 9NM² + 19M³/3 either metric (four products, a triangular solve and a "
-        f"Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) (k = CHECK_EVERY = {CHECK_EVERY})"
+        "Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) (k = √n/2 in [1, 8], "
+        "frame.correction_period)"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},
@@ -119,7 +120,7 @@ class RGD(RiemannianOptimizer):
         few products instead, within the device type's limits of Note [Cayley of a
         small skew matrix by Euler's product], not counted here) or PᴴP, a Cholesky
         factorization and a triangular solve (QR), and the float64 XᴴX of every
-        `CHECK_EVERY`-th step (Note [The drift correction every CHECK_EVERY-th
+        k-th step, k = `frame.correction_period`(n) (Note [The drift correction every k-th
         square step]), counted as its share per step; a correcting step longer than
         ‖D‖_F = ½ adds one product. The CWY paper's Householder counts are `paper_formula`'s.
 
@@ -136,7 +137,7 @@ class RGD(RiemannianOptimizer):
         if retraction not in ("cayley", "qr"):
             return math.nan
         if n == m:  # O(n), U(n)
-            gram = 2 * n**3 / CHECK_EVERY
+            gram = 2 * n**3 / correction_period(n)
             return (20 if retraction == "cayley" else 22) * n**3 / 3 + gram
         if retraction == "cayley":  # our fused step, either metric
             return 12 * n * m * m + 6 * m**3

@@ -187,8 +187,8 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     are small (O(lr)), and
     Y = X + X(D − ½E − ½E·D) in the frame of X (Note [Square steps in the
     frame of X]), the drift correction taken from the optimizer's float64 XᴴX
-    every `CHECK_EVERY`-th step. A step costs XᴴG, the solve and one product,
-    about 3.3n³ multiply-adds (plus a float64 n³ every `CHECK_EVERY`-th step, and one
+    every k-th step (`correction_period`). A step costs XᴴG, the solve and one product,
+    about 3.3n³ multiply-adds (plus a float64 n³ every k-th step, and one
     product more when that step has ‖D‖_F > ½), against 7.7n³ for geoopt's
     canonical step (Pu, A, (I + ½A)X and a solve). That holds for
     β ≤ 4 (γ ≥ ¼): the eigenvalues of γI + ½σŜ are γ + ½iσθ with |θ| ≤ 1, so
@@ -375,8 +375,8 @@ RETRACTIONS = MappingProxyType({"cayley": cayley_descent, "qr": qr_descent, "pol
 
 A kernel with the attribute ``takes_uncorrected = True`` accepts
 ``xx=UNCORRECTED`` (`frame.UNCORRECTED`): the optimizers then form the Gram of
-a square point every `frame.CHECK_EVERY` steps only (Note [The drift correction
-every CHECK_EVERY-th square step]); others get a Gram at every step.
+a square point every `frame.correction_period`(n) steps only (Note [The drift
+correction every k-th square step]); others get a Gram at every step.
 """
 for _kernel in RETRACTIONS.values():  # polar ignores xx: its polar factor corrects X
     _kernel.takes_uncorrected = True  # type: ignore[attr-defined]

@@ -196,7 +196,7 @@ def _unit_columns(d: torch.Tensor) -> torch.Tensor:
     rounding, and leaving them moves ‖q_j‖² by 2s_j·Σ_{i≠j}|d_ij|², far below
     eps for any step the frame path takes. What remains is the random walk of
     the off-diagonal rounding (Note [The drift correction every
-    CHECK_EVERY-th square step]). One pass over D.
+    k-th square step]). One pass over D.
     """
     diag = d.diagonal(dim1=-2, dim2=-1)
     # ‖d_j‖² as a sum of squares, faster than torch's vector_norm along rows (docs/results.md)

@@ -38,7 +38,9 @@ __all__ = [
     "replace_refused",
     "in_place",
     "D_MAX",
+    "E_MAX",
     "CHECK_EVERY",
+    "correction_period",
     "UNCORRECTED",
 ]
 
@@ -69,7 +71,7 @@ __all__ = [
 # records the call (`torch.is_grad_enabled()`): then every operation is out of
 # place and the step is differentiable, as the tall steps are.
 #
-# Note [The drift correction every CHECK_EVERY-th square step]
+# Note [The drift correction every k-th square step]
 # Between two corrections, Y = X + X·D keeps the error of X (Gram Qᴴ(I + E)Q)
 # and adds the rounding of storing Y: a random walk, measured 8.6e-7·√k after
 # k steps on O(512) in float32, with no systematic part once the QR step's
@@ -77,31 +79,52 @@ __all__ = [
 # wide Gram is n³ multiply-adds in float64, whose GEMM rate is below float32's,
 # more than the rest of a short step's extra work.
 # So the optimizer forms it, tests the point (Note [Off-manifold points at a
-# step]) and corrects it every CHECK_EVERY-th step only, and after any change
-# it did not make (the parameter's version counter); the steps in between
-# pass `xx=UNCORRECTED` and cost XᴴG, the n×n factorization and X·F.
+# step]) and corrects it every k-th step only (k = `correction_period`(n)), and
+# after any change it did not make (the parameter's version counter); the steps
+# in between pass `xx=UNCORRECTED` and cost XᴴG, the n×n factorization and X·F.
 # Measured, ‖XᴴX − I‖_F after 1000 float32 steps (lr = 1e-3, unit-normal
 # gradients), correcting every k-th step with a float64 Gram:
 #   n = 512:  k = 1: 8.3e-7, k = 4: 1.7e-6, k = 8: 2.3e-6 (a float32 Gram at
 #             every step: 5.6e-6; none: 4.8e-4, the QR columns' bias);
-#   n = 1024: k = 1: 1.2e-6, k = 4: 2.4e-6, k = 8: 3.4e-6;
-#   a batch of 1024 on O(64), largest over the batch (lr = 1e-2, loss ‖X − T‖²):
-#             k = 1: 3.5e-7, k = 2: 4.5e-7, k = 4: 0.9–1.4e-6 (two draws),
-#             k = 8: 2.0–2.3e-6; pogo-torch's step leaves 1.15e-6 there.
-# Reaching that last figure on every draw takes k ≤ 2: three more wide Grams
-# (a float64 copy and product each) per eight steps, which takes the QR step to
-# pogo-torch's time there, and takes the single O(256) and O(512) steps above
-# geoopt's Euclidean step, below it at k = 8 (measured: docs/results.md,
-# "Batched regime").
-# k = 8 keeps 1.5× margin to 5e-6 at n = 1024 and forms the Gram half as often
-# as k = 4 (what that saves in time, measured: docs/results.md, "Timings moved
-# out of code comments"). Between tests a point
-# changed behind the optimizer's back (through `.data`, which has a version
-# counter of its own) is stepped as X·Q, which keeps its distance ‖E‖ (no
-# divergence: Q is unitary), and is projected at the next test, at most
-# CHECK_EVERY − 1 steps later.
+#   n = 1024: k = 1: 1.2e-6, k = 4: 2.4e-6, k = 8: 3.4e-6.
+# Note [The correction period grows with n]
+# The drift only grows while the point moves (a step that rounds Y back to X
+# adds nothing), so the measure is the matrices still moving: the worst of a
+# batch, or any point trained on noisy gradients. A step that corrects every
+# time with a float32 Gram (as pogo-torch's POGO step does) stays at that Gram's
+# rounding instead, which grows with n (pogo-torch measured, 1000 steps,
+# lr = 1e-2, loss ‖X − T‖²: 1.2e-6 at n = 64, 2.2e-6 at 128, 4.2e-6 at 256,
+# 6.3e-6 at 512). Ours against it, the worst matrix of a batch of 64 (1024
+# for O(64) gave the same), float64 Gram every k-th step:
+#   O(64):  k = 1: 0.27×, 2: 0.37×, 4: 0.72×, 8: 1.57×;
+#   O(128): k = 1: 0.20×, 2: 0.26×, 4: 0.48×, 8: 1.07×.
+# So the ratio about doubles with k (the growth between corrections is not a
+# pure random walk) and falls by a third when n doubles: the same margin needs
+# k ∝ n^0.6. The period is √n/2 as a power of two between 1 and `CHECK_EVERY`:
+# 4 at n = 64 and 128, 8 from n = 256 (0.72× predicted there, and below for a
+# larger n); single points, which have stopped moving at step 1000, stay 2.5–5×
+# below pogo-torch at k = 8 for n = 64 … 512. From n = 256 on, k = 8 forms the
+# Gram half as often as k = 4 (what that saves in time, measured:
+# docs/results.md, "Timings moved out of code comments").
+# `CHECK_EVERY` is also the period of the optimizer's host read of the test,
+# which every period divides (a read step is a correcting one). Between tests a
+# point changed behind the optimizer's back (through `.data`, which has a
+# version counter of its own) is stepped as X·Q, which keeps its distance ‖E‖
+# (no divergence: Q is unitary, Note [A correction only inside its basin]), and
+# is projected at the next test, at most CHECK_EVERY − 1 steps later.
 D_MAX = 0.5
+E_MAX = 0.5
 CHECK_EVERY = 8
+
+
+def correction_period(n: int) -> int:
+    """Steps between two drift corrections of an n×n point: √n/2 as a power of two in
+    [1, `CHECK_EVERY`] (Note [The correction period grows with n])."""
+    k = 1
+    while 2 * k <= CHECK_EVERY and 16 * k * k <= n:  # 2k ≤ √n/2
+        k *= 2
+    return k
+
 
 # Note [Traced steps compute both paths]
 # A kernel that picks a path per matrix from a tensor test (the short frame
@@ -123,19 +146,42 @@ class _Uncorrected:
 UNCORRECTED = _Uncorrected()
 """``xx=UNCORRECTED``: X is on the manifold to rounding; skip the drift correction.
 
-Note [The drift correction every CHECK_EVERY-th square step]; the square
+Note [The drift correction every k-th square step]; the square
 steps then take Y = X + X·D, tall steps form their Gram as for ``xx=None``.
 """
+
+
+#: float64 entries of X copied at a time by `wide_gram` on a batch (2 MiB)
+WIDE_CHUNK = 1 << 18
 
 
 def wide_gram(x: torch.Tensor) -> torch.Tensor:
     """XᴴX in float64 (complex128) for a lower-precision X, in X's dtype otherwise.
 
     The Gram of the drift correction (Note [Square steps in the frame of X]).
+
+    Note [The wide Gram of a batch by chunks]
+    The float64 copy of a whole batch (32 MiB for 1024 × O(64)) is a fresh
+    buffer written once and read once, and the batched float64 product of small
+    matrices then reads it back from memory: measured 37 ms for 1024 × O(64) on
+    the CPU, of which 12 ms the copy, against 13 ms when the batch is copied and
+    multiplied by chunks of `WIDE_CHUNK` entries, each copy still in cache when
+    its product reads it. The same products into one result: the same numbers.
+    Outside autograd only (``out=`` records no graph) and outside tracing (a
+    loop over the batch would be unrolled into the graph).
     """
     wide = torch.promote_types(x.dtype, torch.float64)
-    xw = x.to(wide)
-    return xw.mH @ xw
+    n, m = x.shape[-2:]
+    xf = x.reshape(-1, n, m)
+    rows = max(1, WIDE_CHUNK // max(n * m, 1))
+    if wide == x.dtype or xf.shape[0] <= rows or not in_place() or torch.compiler.is_compiling():
+        xw = x.to(wide)
+        return xw.mH @ xw
+    out = torch.empty((xf.shape[0], m, m), dtype=wide, device=x.device)
+    for i in range(0, xf.shape[0], rows):
+        xw = xf[i : i + rows].to(wide)
+        torch.matmul(xw.mH, xw, out=out[i : i + rows])
+    return out.reshape(*x.shape[:-2], m, m)
 
 
 def own_gram(x: torch.Tensor, xx) -> torch.Tensor:
@@ -187,6 +233,16 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         xx_l = xx_t if d.stride(-2) == 1 and xx_t.stride(-1) == 1 else xx
         e = xx_l.to(d.dtype, copy=True)  # a fresh tensor either way: E is written below
         e.diagonal(dim1=-2, dim2=-1).copy_(xx.diagonal(dim1=-2, dim2=-1) - 1)
+        # Note [A correction only inside its basin]
+        # X(I − ½E) maps E to −¾E² + ¼E³: a correction while ‖E‖₂ < 1, a divergence
+        # beyond (a weight scaled by 3 gives a factor −3I). The optimizer projects
+        # a point that far off before stepping it, but it reads its test only every
+        # `CHECK_EVERY` steps, and a point changed through `.data` between two
+        # reads can reach a correcting step untested (the period is shorter for a
+        # small n). So E is applied where ‖E‖_F < `E_MAX` and taken as 0 elsewhere:
+        # such a point is stepped as X·Q, which keeps its distance, until the read.
+        inside = torch.linalg.matrix_norm(e, keepdim=True) < E_MAX
+        e = e.mul_(inside) if in_place() else e * inside
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
         need = torch.compiler.is_compiling() or bool(long.any())
         ed = (e @ d) * long if need else None  # E·D where ‖D‖_F > ½

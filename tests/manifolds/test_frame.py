@@ -245,8 +245,8 @@ def test_unit_columns_normalizes_the_columns_of_i_plus_d(cplx):
 @pytest.mark.parametrize("cplx", CPLX)
 @pytest.mark.parametrize("kind", ["qr", "cayley"])
 def test_square_float32_drift_with_the_scheduled_correction(cplx, kind):
-    # the optimizers' schedule: the wide Gram every CHECK_EVERY-th step, UNCORRECTED in
-    # between. Measured 0.87·√n·eps after 400 steps with CHECK_EVERY = 8 (0.6 with 4;
+    # the optimizers' schedule: the wide Gram every k-th step (k = 4 at n = 128),
+    # UNCORRECTED in between. Measured 0.6·√n·eps after 400 steps with k = 4 (0.87 with 8;
     # 1.6 with 4 without the unit columns of the QR factor); 300 uncorrected steps only
     # add their random walk (5.3·√n·eps; 69 for the QR step without the unit columns,
     # whose error grows linearly)
@@ -254,7 +254,7 @@ def test_square_float32_drift_with_the_scheduled_correction(cplx, kind):
     n, eps = 128, torch.finfo(_dtype(cplx, low=True)).eps
     x = kernels.haar(n, n, dtype=_dtype(cplx), generator=gen).to(dtype)
     for k in range(400):
-        xx = frame.UNCORRECTED if k % frame.CHECK_EVERY else frame.wide_gram(x)
+        xx = frame.UNCORRECTED if k % frame.correction_period(n) else frame.wide_gram(x)
         x = step(x, torch.randn(n, n, dtype=dtype, generator=gen), 2e-3, xx=xx)
     assert float(_err(x)) < 1.5 * n**0.5 * eps
     for _ in range(300):
@@ -383,3 +383,51 @@ def test_scaled_gram_equals_the_gram_of_the_scaled_step(scale):
     tol = 10 * n * torch.finfo(torch.float32).eps
     assert float((h.double() - ref).abs().max()) <= tol * float(ref.abs().max())
     assert abs(float(gamma) - float(gamma_ref)) <= tol * float(gamma_ref)
+
+
+def test_correction_period_is_half_root_n_as_a_power_of_two_up_to_check_every():
+    # Note [The correction period grows with n]; every period divides the host read's
+    expected = {1: 1, 15: 1, 16: 2, 63: 2, 64: 4, 128: 4, 255: 4, 256: 8, 4096: 8}
+    for n, k in expected.items():
+        assert frame.correction_period(n) == k
+        assert frame.CHECK_EVERY % k == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.float64])
+def test_wide_gram_of_a_batch_by_chunks_is_the_float64_gram(dtype):
+    # Note [The wide Gram of a batch by chunks]: 3 chunks and a short last one
+    n = 16
+    batch = 2 * (frame.WIDE_CHUNK // (n * n)) + 5  # odd: two equal halves without the last
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(batch, n, n, dtype=dtype, generator=gen)
+    wide = torch.promote_types(dtype, torch.float64)
+    ref = x.to(wide).mH @ x.to(wide)
+    tol = 10 * n * torch.finfo(torch.float64).eps * float(ref.abs().max())
+    with torch.no_grad():
+        got = frame.wide_gram(x)
+        col = frame.wide_gram(x.mT.contiguous().mT)  # column-major, as from LAPACK
+        two = frame.wide_gram(x[:-1].reshape(2, -1, n, n))  # two batch dimensions
+    assert got.dtype == wide and got.shape == ref.shape
+    assert float((got - ref).abs().max()) < tol
+    assert float((col - ref).abs().max()) < tol
+    assert float((two.reshape(-1, n, n) - ref[:-1]).abs().max()) < tol
+
+
+@pytest.mark.parametrize("far", [0.6, 3.0])
+def test_frame_update_takes_no_correction_outside_its_basin(far):
+    # Note [A correction only inside its basin]: a matrix with ‖E‖_F ≥ E_MAX is stepped
+    # as X + X·D (its distance kept), the others of the batch are corrected
+    n = 12
+    gen = torch.Generator().manual_seed(9)
+    x = kernels.haar(n, n, 3, dtype=torch.float64, generator=gen)
+    x[1] = x[1] * (1 + far / n**0.5)  # ‖XᴴX − I‖_F ≈ 2·far
+    q = kernels.haar(n, n, 3, dtype=torch.float64, generator=gen)
+    d = 1e-2 * (q - torch.eye(n, dtype=torch.float64))
+    xx = x.mH @ x
+    y = frame.frame_update(x, d.clone(), xx)
+    plain = x + x @ d
+    assert torch.allclose(y[1], plain[1], rtol=0, atol=1e-14)
+    e = xx - torch.eye(n, dtype=torch.float64)
+    for i in (0, 2):
+        ref = x[i] + x[i] @ (d[i] - 0.5 * e[i])  # ‖D‖_F < D_MAX: no E·D term
+        assert torch.allclose(y[i], ref, rtol=0, atol=1e-14)

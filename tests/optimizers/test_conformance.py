@@ -229,15 +229,15 @@ def test_info_of_the_builtins_keeps_the_harness_numbers():
         # Gram of X − lr·d])
         qr = 4.5 * gemm + 3 * 2 * m**3 + m**3 / 3
         assert rgd.flops(n, m, metric=metric, retraction="qr") == pytest.approx(qr)
-        # O(n): XᴴS, X·F and the wide XᴴX of one step in CHECK_EVERY; Cayley an LU solve with
+        # O(n): XᴴS, X·F and the wide XᴴX of one step in k = 8 (n ≥ 256); Cayley an LU solve with
         # n right-hand sides, QR PᴴP, Cholesky and a triangular solve (Note [Square
         # steps in the frame of X])
         cube = 2 * n**3
         lu_solve = 2 * n**3 / 3 + 2 * n**3
         assert rgd.flops(n, n, metric=metric, retraction="cayley") == pytest.approx(
-            2 * cube + lu_solve + cube / CHECK_EVERY
+            2 * cube + lu_solve + cube / 8
         )
-        qr = 3 * cube + n**3 / 3 + n**3 + cube / CHECK_EVERY
+        qr = 3 * cube + n**3 / 3 + n**3 + cube / 8
         assert rgd.flops(n, n, metric=metric, retraction="qr") == pytest.approx(qr)
     assert rgd.paper(metric="euclidean", retraction="qr") == "14NM² − 2M³/3"
     assert rgd.paper(metric="canonical", retraction="cayley").startswith("28NM² + 16M³")

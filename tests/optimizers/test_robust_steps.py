@@ -130,28 +130,29 @@ def test_landing_accepts_off_manifold_points_without_projection():
 def test_square_points_are_tested_on_schedule_and_after_every_outside_edit(
     name, retraction, monkeypatch
 ):
-    # Note [The drift correction every CHECK_EVERY-th square step] and Note [Points as
-    # the optimizer left them]: the wide Gram is formed at steps 0, k, 2k, … and at
-    # the first step after an in-place edit, which is then projected at once
+    # Note [The drift correction every k-th square step] and Note [Points as
+    # the optimizer left them]: the wide Gram is formed at steps 0, k, 2k, … (k = 4 on
+    # O(64): Note [The correction period grows with n]) and at the first step after an
+    # in-place edit, which is then projected at once
     from stiefel.manifolds import Orthogonal
     from stiefel.manifolds.kernels import frame
 
     calls = []
     wide = frame.wide_gram
     monkeypatch.setattr(frame, "wide_gram", lambda x: calls.append(1) or wide(x))
-    k = frame.CHECK_EVERY
-    man = Orthogonal(12)
+    n, k = 64, 4
+    man = Orthogonal(n)
     w = _param(man, torch.float32)
     opt = optimizers.create(name, [w], lr=0.01, retraction=retraction)
     gen = torch.Generator().manual_seed(3)
-    for _ in range(2 * k):
-        assert _step(opt, w, torch.randn(12, 12, generator=gen)) == []
-    assert len(calls) == 2
+    for _ in range(2 * frame.CHECK_EVERY):
+        assert _step(opt, w, torch.randn(n, n, generator=gen)) == []
+    assert len(calls) == 2 * frame.CHECK_EVERY // k
     with torch.no_grad():
         w.mul_(3)  # an in-place edit: the version counter moves
-    messages = _step(opt, w, torch.randn(12, 12, generator=gen))
+    messages = _step(opt, w, torch.randn(n, n, generator=gen))
     assert any("off its manifold" in m for m in messages)
-    assert len(calls) == 4  # the test, then the Gram of the projected point
+    assert len(calls) == 2 * frame.CHECK_EVERY // k + 2  # the test, then the projected point's
     assert float(man.orthogonality_error(w.detach())) < 1e-5
 
 
