@@ -151,37 +151,14 @@ steps then take Y = X + X·D, tall steps form their Gram as for ``xx=None``.
 """
 
 
-#: float64 entries of X copied at a time by `wide_gram` on a batch (2 MiB)
-WIDE_CHUNK = 1 << 18
-
-
 def wide_gram(x: torch.Tensor) -> torch.Tensor:
     """XᴴX in float64 (complex128) for a lower-precision X, in X's dtype otherwise.
 
     The Gram of the drift correction (Note [Square steps in the frame of X]).
-
-    Note [The wide Gram of a batch by chunks]
-    The float64 copy of a whole batch (32 MiB for 1024 × O(64)) is a fresh
-    buffer written once and read once, and the batched float64 product of small
-    matrices then reads it back from memory: measured 37 ms for 1024 × O(64) on
-    the CPU, of which 12 ms the copy, against 13 ms when the batch is copied and
-    multiplied by chunks of `WIDE_CHUNK` entries, each copy still in cache when
-    its product reads it. The same products into one result: the same numbers.
-    Outside autograd only (``out=`` records no graph) and outside tracing (a
-    loop over the batch would be unrolled into the graph).
     """
     wide = torch.promote_types(x.dtype, torch.float64)
-    n, m = x.shape[-2:]
-    xf = x.reshape(-1, n, m)
-    rows = max(1, WIDE_CHUNK // max(n * m, 1))
-    if wide == x.dtype or xf.shape[0] <= rows or not in_place() or torch.compiler.is_compiling():
-        xw = x.to(wide)
-        return xw.mH @ xw
-    out = torch.empty((xf.shape[0], m, m), dtype=wide, device=x.device)
-    for i in range(0, xf.shape[0], rows):
-        xw = xf[i : i + rows].to(wide)
-        torch.matmul(xw.mH, xw, out=out[i : i + rows])
-    return out.reshape(*x.shape[:-2], m, m)
+    xw = x.to(wide)
+    return xw.mH @ xw
 
 
 def own_gram(x: torch.Tensor, xx) -> torch.Tensor:

@@ -393,26 +393,6 @@ def test_correction_period_is_half_root_n_as_a_power_of_two_up_to_check_every():
         assert frame.CHECK_EVERY % k == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.float64])
-def test_wide_gram_of_a_batch_by_chunks_is_the_float64_gram(dtype):
-    # Note [The wide Gram of a batch by chunks]: 3 chunks and a short last one
-    n = 16
-    batch = 2 * (frame.WIDE_CHUNK // (n * n)) + 5  # odd: two equal halves without the last
-    gen = torch.Generator().manual_seed(8)
-    x = torch.randn(batch, n, n, dtype=dtype, generator=gen)
-    wide = torch.promote_types(dtype, torch.float64)
-    ref = x.to(wide).mH @ x.to(wide)
-    tol = 10 * n * torch.finfo(torch.float64).eps * float(ref.abs().max())
-    with torch.no_grad():
-        got = frame.wide_gram(x)
-        col = frame.wide_gram(x.mT.contiguous().mT)  # column-major, as from LAPACK
-        two = frame.wide_gram(x[:-1].reshape(2, -1, n, n))  # two batch dimensions
-    assert got.dtype == wide and got.shape == ref.shape
-    assert float((got - ref).abs().max()) < tol
-    assert float((col - ref).abs().max()) < tol
-    assert float((two.reshape(-1, n, n) - ref[:-1]).abs().max()) < tol
-
-
 @pytest.mark.parametrize("far", [0.6, 3.0])
 def test_frame_update_takes_no_correction_outside_its_basin(far):
     # Note [A correction only inside its basin]: a matrix with ‖E‖_F ≥ E_MAX is stepped
