@@ -113,7 +113,7 @@ __all__ = [
 # (no divergence: Q is unitary, Note [A correction only inside its basin]), and
 # is projected at the next test, at most CHECK_EVERY − 1 steps later.
 D_MAX = 0.5
-E_MAX = 0.5
+E_MAX = 1.0
 CHECK_EVERY = 8
 
 
@@ -216,8 +216,10 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         # a point that far off before stepping it, but it reads its test only every
         # `CHECK_EVERY` steps, and a point changed through `.data` between two
         # reads can reach a correcting step untested (the period is shorter for a
-        # small n). So E is applied where ‖E‖_F < `E_MAX` and taken as 0 elsewhere:
-        # such a point is stepped as X·Q, which keeps its distance, until the read.
+        # small n). So E is applied where ‖E‖_F < `E_MAX` = 1 (then ‖E‖₂ < 1, where
+        # every eigenvalue e of E maps to e²(¼e − ¾), smaller in modulus) and taken
+        # as 0 elsewhere: such a point is stepped as X·Q, which keeps its distance,
+        # until the read.
         inside = torch.linalg.matrix_norm(e, keepdim=True) < E_MAX
         e = e.mul_(inside) if in_place() else e * inside
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX

@@ -393,21 +393,22 @@ def test_correction_period_is_half_root_n_as_a_power_of_two_up_to_check_every():
         assert frame.CHECK_EVERY % k == 0
 
 
-@pytest.mark.parametrize("far", [0.6, 3.0])
+@pytest.mark.parametrize("far", [0.3, 0.6, 3.0])
 def test_frame_update_takes_no_correction_outside_its_basin(far):
-    # Note [A correction only inside its basin]: a matrix with ‖E‖_F ≥ E_MAX is stepped
-    # as X + X·D (its distance kept), the others of the batch are corrected
+    # Note [A correction only inside its basin]: a matrix with ‖E‖_F ≥ E_MAX = 1 is
+    # stepped as X + X·D (its distance kept), the others of the batch are corrected
     n = 12
     gen = torch.Generator().manual_seed(9)
     x = kernels.haar(n, n, 3, dtype=torch.float64, generator=gen)
-    x[1] = x[1] * (1 + far / n**0.5)  # ‖XᴴX − I‖_F ≈ 2·far
+    x[1] = x[1] * (1 + far / n**0.5)  # ‖XᴴX − I‖_F ≈ 2·far: 0.63, 1.3, 7.6
     q = kernels.haar(n, n, 3, dtype=torch.float64, generator=gen)
     d = 1e-2 * (q - torch.eye(n, dtype=torch.float64))
     xx = x.mH @ x
-    y = frame.frame_update(x, d.clone(), xx)
-    plain = x + x @ d
-    assert torch.allclose(y[1], plain[1], rtol=0, atol=1e-14)
     e = xx - torch.eye(n, dtype=torch.float64)
-    for i in (0, 2):
-        ref = x[i] + x[i] @ (d[i] - 0.5 * e[i])  # ‖D‖_F < D_MAX: no E·D term
+    y = frame.frame_update(x, d.clone(), xx)
+    inside = float(torch.linalg.matrix_norm(e[1])) < 1
+    assert inside == (far < 0.5)
+    for i in range(3):
+        corrected = i != 1 or inside
+        ref = x[i] + x[i] @ (d[i] - 0.5 * e[i] if corrected else d[i])  # ‖D‖_F < ½: no E·D
         assert torch.allclose(y[i], ref, rtol=0, atol=1e-14)
