@@ -98,9 +98,10 @@ __all__ = [
 # for O(64) gave the same), float64 Gram every k-th step:
 #   O(64):  k = 1: 0.27×, 2: 0.37×, 4: 0.72×, 8: 1.57×;
 #   O(128): k = 1: 0.20×, 2: 0.26×, 4: 0.48×, 8: 1.07×.
-# So the ratio about doubles with k (the growth between corrections is not a
-# pure random walk) and falls by a third when n doubles: the same margin needs
-# k ∝ n^0.6. The period is √n/2 as a power of two between 1 and `CHECK_EVERY`:
+# So the ratio about doubles with k (on a smooth trajectory consecutive steps
+# round alike, and the growth between corrections is faster than the √k of a
+# random walk, which noisy gradients show) and falls by a third when n doubles:
+# the same margin needs k ∝ n^0.6. The period is √n/2 as a power of two between 1 and `CHECK_EVERY`:
 # 4 at n = 64 and 128, 8 from n = 256 (0.72× predicted there, and below for a
 # larger n); single points, which have stopped moving at step 1000, stay 2.5–5×
 # below pogo-torch at k = 8 for n = 64 … 512. From n = 256 on, k = 8 forms the
