@@ -50,7 +50,7 @@ METRICS = tuple(EGRAD2RGRAD)
 # projected (polar factor) with a warning before the step; the test reuses the
 # XᴴX the Cayley step needs anyway. A square point is tested (with its float64
 # Gram) at every k-th step (`frame.correction_period`) and whenever the optimizer
-# did not write it itself (Note [The drift correction every k-th square step]).
+# did not write it itself (Note [The drift correction every k-th step]).
 # Methods that accept points off the manifold have a wider basin (``bound``):
 # POGO's correction σ ↦ σ(3 − σ²)/2 brings every singular value of (0, √3) to 1,
 # ‖E‖_F < 1 keeps them in (0, √2); landing's attraction flow converges from any
@@ -176,7 +176,9 @@ class StiefelGeometry(Geometry):
     correction]). The QR step on St(N, M), N > M, normalizes by the Gram of its
     argument formed from this point's XᴴX, which corrects drift the same way
     (Note [QR retraction through the Gram of X − lr·d]); ``"qr"`` and
-    ``"cayley"`` take the fused gradient step of their kernel.
+    ``"cayley"`` take the fused gradient step of their kernel. The XᴴX handed
+    to them is formed in float64 every k-th step only (`off_manifold`; Notes
+    [The drift correction every k-th step], [Tall steps correct every k-th step]).
 
     Args:
         manifold: the manifold (ours, or one of geoopt's Stiefel manifolds).
@@ -212,14 +214,13 @@ class StiefelGeometry(Geometry):
 
     def off_manifold(self, x, step=None, unchanged=False, bound=OFF_MANIFOLD):
         frame = kernels.frame
-        square = frame.in_frame(x) and self._skips
         # Note [The correction period grows with n]
-        correct = not square or step is None or step % frame.correction_period(x.shape[-1]) == 0
-        if not correct and unchanged:
+        correct = step is None or step % frame.correction_period(x.shape[-1]) == 0
+        if self._skips and not correct and unchanged:
             self._gram = (x, frame.UNCORRECTED)
             return None
-        xx = frame.wide_gram(x) if square else kernels.reduce.gram(x, x)
-        self._gram = (x, xx if correct else frame.UNCORRECTED)
+        xx = frame.wide_gram(x) if self._skips else kernels.reduce.gram(x, x)
+        self._gram = (x, xx)
         # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding
         # of the difference (~M·eps) is far below OFF_MANIFOLD² (only the test uses it)
         tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)

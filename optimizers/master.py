@@ -16,8 +16,8 @@ torch's version counter of a tensor counts its in-place changes
 ``no_grad``). After each write the optimizer records the versions of p and
 of its master in p's state (``state["_versions"]``, never saved: `strip`);
 p is "as the optimizer left it" when they still match. A geometry may then
-skip its off-manifold test (and the wide Gram of a square point, Note [The
-drift correction every k-th square step]). ``.data`` has a counter
+skip its off-manifold test (and the wide Gram of the point, Note [The
+drift correction every k-th step]). ``.data`` has a counter
 of its own: a change through it is caught at the next scheduled test. A
 loaded optimizer has no record, so it tests every point at its next step
 (which points get corrected depends on the saved step count only, so a

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from ..manifolds._checks import positive_int
 from ..manifolds.geometry import EuclideanGeometry
+from ..manifolds.kernels.frame import correction_flops
 from ..manifolds.kernels.msign import (
     MSIGN_METHODS,
     msign,
@@ -164,9 +165,10 @@ class ManifoldMuon(RiemannianOptimizer):
         msign_steps: int | None = None,
         **_: object,
     ) -> float:
-        """Real flops of one step on a real N×M point (Cayley retraction ≈ 12NM² + 8M³)."""
+        """Real flops of one step on a real N×M point (Cayley retraction ≈ 10NM² + 8M³ and
+        the float64 XᴴX of every k-th step, `frame.correction_flops`)."""
         per_inner = msign_flops(n, m, msign, msign_steps) + 4.0 * n * m * m
-        retraction = 12.0 * n * m * m + 8.0 * m**3
+        retraction = 10.0 * n * m * m + 8.0 * m**3 + correction_flops(n, m)
         return 2.0 * n * m * m + inner_steps * per_inner + retraction
 
     def check_group(self, group: dict, defaults: bool = False) -> None:

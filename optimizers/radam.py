@@ -23,6 +23,7 @@ import math
 import torch
 
 from ..manifolds._checks import flag
+from ..manifolds.kernels.frame import correction_flops
 from ..manifolds.kernels.reduce import rows_absmax
 from ..manifolds.kernels.scaling import host_bound, host_max
 from . import terms
@@ -91,7 +92,10 @@ class RAdam(RiemannianOptimizer):
 
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
-    formula = "cayley: 16NM² + 6M³ (the fused step plus the moment's transport)"
+    formula = (
+        "cayley: 14NM² + 6M³ + 2NM²/k (the fused step plus the moment's transport; "
+        "the float64 XᴴX every k-th step, frame.correction_period)"
+    )
     variants = ({"retraction": "cayley"},)
 
     step_bytes = Passes(reads=7, writes=3)  # ξ: X, G; moment: X, G, m → m; retract: X, m → X, m
@@ -109,7 +113,9 @@ class RAdam(RiemannianOptimizer):
         Returns:
             The FLOP count, NaN where there is no model.
         """
-        return 16 * n * m * m + 6 * m**3 if retraction == "cayley" else math.nan
+        if retraction != "cayley":
+            return math.nan
+        return 14 * n * m * m + 6 * m**3 + correction_flops(n, m)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ import math
 import torch
 
 from ..manifolds.kernels import proj_tangent
-from ..manifolds.kernels.frame import correction_period
+from ..manifolds.kernels.frame import correction_flops
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -88,11 +88,11 @@ class RGD(RiemannianOptimizer):
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = (
-        "cayley: 12NM² + 6M³ either metric (six N×M×M products, a 2M×2M solve), "
-        "20n³/3 + 2n³/k on O(n) (two products, an n×n solve, the float64 XᴴX every k-th "
-        "step); qr: 9NM² + 19M³/3 either metric (four products, a triangular solve and a "
-        "Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) (k = √n/2 in [1, 8], "
-        "frame.correction_period)"
+        "cayley: 10NM² + 6M³ + 2NM²/k either metric (five N×M×M products, a 2M×2M "
+        "solve, the float64 XᴴX every k-th step), 20n³/3 + 2n³/k on O(n) (two products, "
+        "an n×n solve); qr: 7NM² + 19M³/3 + 2NM²/k either metric (three products, a "
+        "triangular solve and a Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) "
+        "(k = √M/2 in [1, 8], frame.correction_period)"
     )
     variants = (
         {"metric": "canonical", "retraction": "qr"},
@@ -109,20 +109,22 @@ class RGD(RiemannianOptimizer):
     ) -> float:
         """FLOPs of one step without momentum on St(n, m), as the kernels compute it.
 
-        Counted products include the optimizer's XᴴX (its off-manifold test,
-        reused by the step). Tall points: the Cayley step of Note [Cayley through
-        Sherman–Morrison–Woodbury with 2M columns]; the QR step of Note [QR
-        retraction through the Gram of X − lr·d] (XᴴX, XᴴS, SᴴS, the product
-        X·C − S and the triangular solve (X·C − S)·R⁻¹ of NM², with M×M work:
-        three products and a Cholesky factorization). Square points (Note [Square steps
-        in the frame of X]): XᴴS and the update X + X·F, with an LU solve with n
-        right-hand sides (Cayley; a short step of small n forms Cayley(S) − I by a
-        few products instead, within the device type's limits of Note [Cayley of a
-        small skew matrix by Euler's product], not counted here) or PᴴP, a Cholesky
-        factorization and a triangular solve (QR), and the float64 XᴴX of every
-        k-th step, k = `frame.correction_period`(n) (Note [The drift correction every k-th
-        square step]), counted as its share per step; a correcting step longer than
-        ‖D‖_F = ½ adds one product. The CWY paper's Householder counts are `paper_formula`'s.
+        Counted products include the optimizer's float64 XᴴX of every k-th step
+        (its off-manifold test and drift correction, reused by the step), counted
+        as its share per step, `frame.correction_flops` (Notes [The drift
+        correction every k-th step], [Tall steps correct every k-th step]). Tall
+        points: the Cayley step of Note [Cayley through Sherman–Morrison–Woodbury
+        with 2M columns]; the QR step of Note [QR retraction through the Gram of
+        X − lr·d] (XᴴS, SᴴS, the product X·C − S and the triangular solve
+        (X·C − S)·R⁻¹ of NM², with M×M work: three products and a Cholesky
+        factorization). Square points (Note [Square steps in the frame of X]):
+        XᴴS and the update X + X·F, with an LU solve with n right-hand sides
+        (Cayley; a short step of small n forms Cayley(S) − I by a few products
+        instead, within the device type's limits of Note [Cayley of a small skew
+        matrix by Euler's product], not counted here) or PᴴP, a Cholesky
+        factorization and a triangular solve (QR); a correcting step longer than
+        ‖D‖_F = ½ adds one product. The CWY paper's Householder counts are
+        `paper_formula`'s.
 
         Args:
             n: rows N.
@@ -136,12 +138,12 @@ class RGD(RiemannianOptimizer):
         """
         if retraction not in ("cayley", "qr"):
             return math.nan
+        gram = correction_flops(n, m)
         if n == m:  # O(n), U(n)
-            gram = 2 * n**3 / correction_period(n)
             return (20 if retraction == "cayley" else 22) * n**3 / 3 + gram
         if retraction == "cayley":  # our fused step, either metric
-            return 12 * n * m * m + 6 * m**3
-        return 9 * n * m * m + 19 * m**3 / 3
+            return 10 * n * m * m + 6 * m**3 + gram
+        return 7 * n * m * m + 19 * m**3 / 3 + gram
 
     @classmethod
     def paper_formula(cls, metric: str | None = None, retraction: str = "cayley", **hyper) -> str:

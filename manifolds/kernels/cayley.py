@@ -24,8 +24,8 @@ from .frame import (
     in_frame,
     in_place,
     minus_adjoint,
-    own_gram,
     replace_refused,
+    tall_gram,
     wide_gram,
 )
 from .reduce import gram, row_group
@@ -79,8 +79,11 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     equals Wen–Yin's GXᴴ − XGᴴ. I − ½CᴴB is invertible because its determinant
     equals det(I − ½A) ≠ 0 (Sylvester), A having an imaginary spectrum. B and C
     are never concatenated: CᴴB = [[XᴴPu, XᴴX], [−PuᴴPu, −PuᴴX]], so the N-sized
-    work is XᴴX, Xᴴd, Pd, PdᴴPd and the final two updates. XᴴX is computed, not
-    assumed to be I: A stays exactly skew-Hermitian, so Cayley(A) stays unitary.
+    work is XᴴX, Xᴴd, Pd, PdᴴPd and the final two updates. XᴴX is the true Gram
+    (formed, or the optimizer's float64 one every k-th step), for which the
+    identity holds exactly, or I between two corrections (Note [Tall steps
+    correct every k-th step]), for a point whose Gram is I + E with E at
+    rounding level: the result then differs from Cayley(A)X by O(‖E‖·lr‖Pd‖).
 
     The Newton–Schulz factor K = (3I − XᴴX)/2 is folded into the M×M
     coefficients of the update at no N-sized cost (Cayley(A) is unitary, so Y
@@ -240,7 +243,7 @@ def _cayley(x, d, lr, v, xx, smw):
     lr = lr * mu
     if smw is None and in_frame(x):
         return _square(x, x.mH @ dn, lr, v, v is d, mu, xx)
-    xx = own_gram(x, xx)
+    xx = tall_gram(x, xx)
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     xhd = gram(x, dn)
@@ -332,11 +335,12 @@ def cayley_gradient_step(
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
     gn, mu = normalize(g)
     lr = lr * mu
-    h = gram(x, gn)
     if in_frame(x):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
+        h = gram(x, gn)
         return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx)
+    xx = tall_gram(x, xx)
+    h = gram(x, gn)
     w = sym(h) if metric == "euclidean" else h.mH
-    xx = own_gram(x, xx)
     if not _woodbury_for(x):
         return _dense(x, gn - x @ w, lr, None, xx)
     xhd = h - xx @ w
@@ -374,9 +378,10 @@ RETRACTIONS = MappingProxyType({"cayley": cayley_descent, "qr": qr_descent, "pol
 """The retraction table: name → descent kernel ``fn(x, d, lr, v=None, *, xx=None)``.
 
 A kernel with the attribute ``takes_uncorrected = True`` accepts
-``xx=UNCORRECTED`` (`frame.UNCORRECTED`): the optimizers then form the Gram of
-a square point every `frame.correction_period`(n) steps only (Note [The drift
-correction every k-th square step]); others get a Gram at every step.
+``xx=UNCORRECTED`` (`frame.UNCORRECTED`) and a float64 ``xx``: the optimizers
+then form the float64 Gram of a point every `frame.correction_period`(M) steps
+only (Notes [The drift correction every k-th step], [Tall steps correct every
+k-th step]); others get a Gram in the point's dtype at every step.
 """
 for _kernel in RETRACTIONS.values():  # polar ignores xx: its polar factor corrects X
     _kernel.takes_uncorrected = True  # type: ignore[attr-defined]

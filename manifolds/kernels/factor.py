@@ -38,9 +38,9 @@ from .frame import (
     in_frame,
     in_place,
     minus_adjoint,
-    own_gram,
     replace_refused,
     shifted_gram,
+    tall_gram,
     wide_gram,
 )
 from .reduce import gram
@@ -164,7 +164,6 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = 
 def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     r"""qf(X(γI + W) − S), H = XᴴS (Note [QR retraction through the Gram of X − lr·d])."""
     c = _plus_diagonal(w, gamma, x)
-    xx = own_gram(x, xx)
     ss = gram(s, s)
     head = _congruence(xx, w, gamma)  # Cᴴ(XᴴX)C
     ch = c.mH @ h
@@ -196,7 +195,7 @@ def _unit_columns(d: torch.Tensor) -> torch.Tensor:
     rounding, and leaving them moves ‖q_j‖² by 2s_j·Σ_{i≠j}|d_ij|², far below
     eps for any step the frame path takes. What remains is the random walk of
     the off-diagonal rounding (Note [The drift correction every
-    k-th square step]). One pass over D.
+    k-th step]). One pass over D.
     """
     diag = d.diagonal(dim1=-2, dim2=-1)
     # ‖d_j‖² as a sum of squares, faster than torch's vector_norm along rows (docs/results.md)
@@ -284,11 +283,12 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
         Y, or (Y, v projected onto T_Y) when ``v`` is given.
     """
     s, gamma = scaled_step(d, lr)
-    h = gram(x, s)
     if in_frame(x):  # B = γI − H
+        h = gram(x, s)
         y = _qr_square(x, -h, False, gamma, xx, lambda: -h)
     else:
-        y = _qr_tall(x, s, h, None, gamma, xx)
+        xx = tall_gram(x, xx)
+        y = _qr_tall(x, s, gram(x, s), None, gamma, xx)
     return y if v is None else (y, proj_tangent(y, v))
 
 
@@ -324,6 +324,7 @@ def qr_gradient_step(
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
     if not in_frame(x):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
         s, gamma = scaled_step(g, lr)
+        xx = tall_gram(x, xx)
         h = gram(x, s)
         return _qr_tall(x, s, h, sym(h) if metric == "euclidean" else h.mH, gamma, xx)
     # B = γI + W − H = γI + P, P = −skew(H) = ½(Hᴴ − H) (Euclidean) or Hᴴ − H

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 __all__ = [
     "rows_split",
+    "wide_gram",
     "row_group",
     "gram",
     "rows_sum",
@@ -84,6 +85,42 @@ def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
 def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """aᴴb, the product contracted over the rows: shape (..., a.shape[-1], b.shape[-1])."""
     return _all_reduce(a.mH @ b, dist.ReduceOp.SUM)
+
+
+#: entries of X widened to float64 at a time by `wide_gram` (2 MiB in float64)
+WIDE_CHUNK = 1 << 18
+
+
+def wide_gram(x: torch.Tensor) -> torch.Tensor:
+    """XᴴX in float64 (complex128) for a lower-precision X, in X's dtype otherwise.
+
+    The Gram of the drift correction (Note [Square steps in the frame of X] in
+    `stiefel.manifolds.kernels.frame`), summed over all rows like `gram`.
+
+    Note [The wide Gram by chunks]
+    A float64 copy of the whole of X (32 MiB for a batch of 4096 × St(64, 16) or
+    one St(65536, 64)) is a fresh buffer, written once, whose pages the system
+    maps at the first write, and which the float64 product then reads back from
+    memory. Widened and multiplied by chunks of `WIDE_CHUNK` entries (whole
+    matrices of a batch, or row blocks of one tall matrix, whose Grams add up),
+    each copy is still in cache when its product reads it. The same products
+    summed in float64: the same Gram to float64 rounding. Outside autograd and
+    tracing only (the in-place sums record no graph; a traced loop is unrolled).
+    """
+    wide = torch.promote_types(x.dtype, torch.float64)
+    n, m = x.shape[-2:]
+    whole = wide == x.dtype or x.numel() <= WIDE_CHUNK or torch.compiler.is_compiling()
+    if whole or (torch.is_grad_enabled() and x.requires_grad):
+        xw = x.to(wide)
+        return gram(xw, xw)
+    xf = x.reshape(-1, n, m)
+    mats, rows = max(1, WIDE_CHUNK // (n * m)), min(n, max(1, WIDE_CHUNK // m))
+    out = torch.zeros((xf.shape[0], m, m), dtype=wide, device=x.device)
+    for i in range(0, xf.shape[0], mats):
+        for j in range(0, n, rows):
+            xw = xf[i : i + mats, j : j + rows].to(wide)
+            out[i : i + mats].baddbmm_(xw.mH, xw)
+    return _all_reduce(out.reshape(*x.shape[:-2], m, m), dist.ReduceOp.SUM)
 
 
 def rows_sum(t: torch.Tensor) -> torch.Tensor:

@@ -166,5 +166,18 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
         err = float((q.detach().full_tensor() - p.detach()).abs().max())
         counts = {str(k): v for k, v in debug.get_comm_counts().items()}
         results[("muon-plain", shape)] = (err, counts)
+    # the float64 Gram by chunks (Note [The wide Gram by chunks]) on uneven row blocks
+    # (21 rows: a different number of chunks per rank), all-reduced once
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(2, 21, 3, dtype=torch.complex64, generator=g)
+    local = torch.tensor_split(x, world, dim=-2)[rank]
+    chunk, kernels.reduce.WIDE_CHUNK = kernels.reduce.WIDE_CHUNK, 4
+    try:
+        with kernels.reduce.rows_split(mesh.get_group()):
+            wide = kernels.reduce.wide_gram(local)
+    finally:
+        kernels.reduce.WIDE_CHUNK = chunk
+    ref = x.to(torch.complex128).mH @ x.to(torch.complex128)
+    results["wide_gram"] = (wide.dtype, float((wide - ref).abs().max()))
     if rank == 0:
         torch.save(results, os.path.join(out, f"dtensor_w{world}.pt"))

@@ -45,6 +45,15 @@ def test_row_sharded_step_all_reduces_gram_only(runs, world, label):
     assert b256 < 256 * M * F64 / (1 if label in GRAMS else 4)
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_wide_gram_by_chunks_of_uneven_row_blocks(runs, world):
+    # every rank widens its own rows by chunks (a different count per rank) and the
+    # ranks all-reduce the float64 sums once: the Gram of the whole matrix
+    dtype, err = _results(runs, world)["wide_gram"]
+    assert dtype == torch.complex128
+    assert err < 10 * 21 * torch.finfo(torch.float64).eps * 21, err
+
+
 @pytest.mark.parametrize("label", LABELS)
 def test_fewer_local_rows_than_columns(runs, label):
     # St(8, 4) and O(8) row-sharded over 4 ranks: 2 rows per rank, fewer than M

@@ -125,32 +125,34 @@ def test_landing_accepts_off_manifold_points_without_projection():
     assert 0 < err < 1.25 * 3**0.5  # moved towards the manifold, not projected onto it
 
 
+@pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("name", ["rgd", "radam"])
 @pytest.mark.parametrize("retraction", ["qr", "cayley"])
-def test_square_points_are_tested_on_schedule_and_after_every_outside_edit(
-    name, retraction, monkeypatch
+def test_points_are_tested_on_schedule_and_after_every_outside_edit(
+    name, retraction, rows, monkeypatch
 ):
-    # Note [The drift correction every k-th square step] and Note [Points as
-    # the optimizer left them]: the wide Gram is formed at steps 0, k, 2k, … (k = 4 on
-    # O(64): Note [The correction period grows with n]) and at the first step after an
-    # in-place edit, which is then projected at once
-    from stiefel.manifolds import Orthogonal
+    # Notes [The drift correction every k-th step], [Tall steps correct every k-th
+    # step] and [Points as the optimizer left them]: the wide Gram is formed at steps
+    # 0, k, 2k, … (k = 4 for M = 64: Note [The correction period grows with n]), on
+    # O(64) and St(128, 64) alike, and at the first step after an in-place edit,
+    # which is then projected at once
+    from stiefel.manifolds import Stiefel
     from stiefel.manifolds.kernels import frame
 
     calls = []
     wide = frame.wide_gram
     monkeypatch.setattr(frame, "wide_gram", lambda x: calls.append(1) or wide(x))
-    n, k = 64, 4
-    man = Orthogonal(n)
+    m, k = 64, 4
+    man = Stiefel(rows, m)
     w = _param(man, torch.float32)
     opt = optimizers.create(name, [w], lr=0.01, retraction=retraction)
     gen = torch.Generator().manual_seed(3)
     for _ in range(2 * frame.CHECK_EVERY):
-        assert _step(opt, w, torch.randn(n, n, generator=gen)) == []
+        assert _step(opt, w, torch.randn(rows, m, generator=gen)) == []
     assert len(calls) == 2 * frame.CHECK_EVERY // k
     with torch.no_grad():
         w.mul_(3)  # an in-place edit: the version counter moves
-    messages = _step(opt, w, torch.randn(n, n, generator=gen))
+    messages = _step(opt, w, torch.randn(rows, m, generator=gen))
     assert any("off its manifold" in m for m in messages)
     assert len(calls) == 2 * frame.CHECK_EVERY // k + 2  # the test, then the projected point's
     assert float(man.orthogonality_error(w.detach())) < 1e-5
