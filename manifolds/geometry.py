@@ -219,7 +219,11 @@ class StiefelGeometry(Geometry):
         if self._skips and not correct and unchanged:
             self._gram = (x, frame.UNCORRECTED)
             return None
-        xx = frame.wide_gram(x) if self._skips else kernels.reduce.gram(x, x)
+        # with no step count (a traced step, a point just projected) a tall point is
+        # corrected now by its Gram in its own dtype, a square one by the float64
+        # Gram its frame update needs (Note [Tall steps correct every k-th step])
+        wide = self._skips and (step is not None or frame.in_frame(x))
+        xx = frame.wide_gram(x) if wide else kernels.reduce.gram(x, x)
         self._gram = (x, xx)
         # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding
         # of the difference (~M·eps) is far below OFF_MANIFOLD² (only the test uses it)

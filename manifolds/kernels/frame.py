@@ -129,14 +129,19 @@ __all__ = [
 # keep their digits, its diagonal is 1 + e to float32's half ulp), and XᴴX = I
 # on the steps in between (`UNCORRECTED`), whose error is the random walk of
 # storing Y, as above. A step between corrections forms no Gram of X: one
-# N×M×M product fewer. Measured, the worst ‖XᴴX − I‖_F of 512 × St(64, 16)
-# after 1000 float32 steps (lr = 1e-2, loss ‖X − T‖²), against pogo-torch's SGD
-# on the same points, two seeds: a float32 Gram at every step: QR 1.11–1.40×;
-# the float64 Gram every k-th step, k = 2: QR 0.74–0.84×, Cayley 0.29–0.31×,
+# N×M×M product fewer. A step that does not know its count (a traced step:
+# reading the count is a graph break) forms the Gram in X's dtype at every
+# step, the correction tall steps had before this schedule.
+# Measured, the worst ‖XᴴX − I‖_F of 512 × St(64, 16) after 1000 float32 steps
+# (lr = 1e-2, loss ‖X − T‖² towards points T of St), against pogo-torch's SGD on
+# the same points, two seeds: a float32 Gram at every step: QR 1.11–1.40×; the
+# float64 Gram every k-th step, k = 2: QR 0.74–0.84×, Cayley 0.29–0.31×,
 # `radam` 0.37–0.38× (against pogo-torch's VectorAdam); k = 4: QR 0.76–0.82×,
-# Cayley 0.29–0.36×. QR stays the highest: Cholesky-QR shrinks the columns by
-# a bias below the diagonal's half ulp (Note [Unit columns of the square QR
-# factor]), which the rounded Gram cannot see.
+# Cayley 0.29–0.36×. QR applying the correction exactly instead (X(I − ½E)
+# formed by one more product, then XᴴX = I) reached 0.31–0.34×, at one more
+# N×M×M product and N×M matrix per correction. Points that move fast (a target
+# off the manifold, a step of ‖lr·G‖ ≈ 0.3) random-walk further between
+# corrections: 1.05–1.55× the float32 Gram at every step, both near 2√M·eps.
 D_MAX = 0.5
 E_MAX = 1.0
 CHECK_EVERY = 8
