@@ -48,9 +48,10 @@ METRICS = tuple(EGRAD2RGRAD)
 # load_state_dict of an arbitrary matrix, a weight scaled by 3: K = −3I) the same
 # factor diverges, NaN in a few steps. So a point with ‖E‖_F above OFF_MANIFOLD is
 # projected (polar factor) with a warning before the step; the test reuses the
-# XᴴX the Cayley step needs anyway. A square point is tested (with its float64
-# Gram) at every k-th step (`frame.correction_period`) and whenever the optimizer
-# did not write it itself (Note [The drift correction every k-th step]).
+# XᴴX the Cayley step needs anyway. A point is tested (with its float64 Gram) at
+# every k-th step (`frame.correction_period`) and whenever the optimizer did not
+# write it itself (Notes [The drift correction every k-th step], [Tall steps
+# correct every k-th step]).
 # Methods that accept points off the manifold have a wider basin (``bound``):
 # POGO's correction σ ↦ σ(3 − σ²)/2 brings every singular value of (0, √3) to 1,
 # ‖E‖_F < 1 keeps them in (0, √2); landing's attraction flow converges from any

@@ -140,7 +140,7 @@ __all__ = [
 # Cayley 0.29–0.36×. QR applying the correction exactly instead (X(I − ½E)
 # formed by one more product, then XᴴX = I) reached 0.31–0.34×, at one more
 # N×M×M product and N×M matrix per correction. Points that move fast (a target
-# off the manifold, a step of ‖lr·G‖ ≈ 0.3) random-walk further between
+# off the manifold, steps of ‖lr·G‖_F ≈ 0.6) random-walk further between
 # corrections: 1.05–1.55× the float32 Gram at every step, both near 2√M·eps.
 D_MAX = 0.5
 E_MAX = 1.0
