@@ -32,13 +32,13 @@ __all__ = [
 
 
 def sym(a: torch.Tensor) -> torch.Tensor:
-    """Hermitian part ½(A + Aᴴ) of a batch of square matrices."""
-    return 0.5 * (a + a.mH)
+    """Hermitian part ½(A + Aᴴ) of a batch of square matrices (halved in place: one new tensor)."""
+    return (a + a.mH).mul_(0.5)
 
 
 def skew(a: torch.Tensor) -> torch.Tensor:
-    """Skew-Hermitian part ½(A − Aᴴ) of a batch of square matrices."""
-    return 0.5 * (a - a.mH)
+    """Skew-Hermitian part ½(A − Aᴴ) of a batch of square matrices (one new tensor)."""
+    return (a - a.mH).mul_(0.5)
 
 
 def eye_like(x: torch.Tensor, k: int) -> torch.Tensor:

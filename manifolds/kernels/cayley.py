@@ -234,7 +234,10 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
         y = replace_refused(y, short, explicit)
     if v is None:
         return y
-    return y, y @ (mu * w if v_is_d else x.mH @ v)
+    if not v_is_d:
+        return y, y @ (x.mH @ v)
+    # Cayley(A)·d = Y·Xᴴd = Y·(μW): μ scales the product in place, not a copy of W
+    return y, (y @ w).mul_(mu)
 
 
 def _cayley(x, d, lr, v, xx, smw):
