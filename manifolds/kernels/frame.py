@@ -148,7 +148,8 @@ CHECK_EVERY = 8
 
 
 def correction_period(n: int) -> int:
-    """Steps between two drift corrections of an n×n point: √n/2 as a power of two in
+    """Steps between two drift corrections of a point with n columns (O(n), or St(N, n)
+    by Note [Tall steps correct every k-th step]): √n/2 as a power of two in
     [1, `CHECK_EVERY`] (Note [The correction period grows with n])."""
     k = 1
     while 2 * k <= CHECK_EVERY and 16 * k * k <= n:  # 2k ≤ √n/2
