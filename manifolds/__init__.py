@@ -7,7 +7,7 @@ The classes subclass `geoopt.Manifold`, so they work with geoopt's
 """
 
 from . import kernels
-from .geometry import EuclideanGeometry, Geometry, StiefelGeometry
+from .geometry import EuclideanGeometry, FrameGeometry, Geometry, StiefelGeometry
 from .stiefel import METRICS, RETRACTIONS, Orthogonal, Stiefel, Unitary
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "Geometry",
     "EuclideanGeometry",
     "StiefelGeometry",
+    "FrameGeometry",
 ]

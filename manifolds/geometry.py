@@ -31,7 +31,16 @@ from . import kernels
 from ._checks import choice
 from .kernels.scaling import host_bound, host_max
 
-__all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "METRICS", "EGRAD2RGRAD", "INNER"]
+__all__ = [
+    "Geometry",
+    "EuclideanGeometry",
+    "StiefelGeometry",
+    "FrameGeometry",
+    "linear_in_g",
+    "METRICS",
+    "EGRAD2RGRAD",
+    "INNER",
+]
 
 EGRAD2RGRAD = MappingProxyType(
     {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
@@ -59,6 +68,23 @@ METRICS = tuple(EGRAD2RGRAD)
 # point of both): past ‖E‖_F = 1 the test adds the rank, XᴴX > 0 (a Cholesky
 # factorization of the M×M Gram).
 OFF_MANIFOLD = 0.5
+
+
+def linear_in_g(fn, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``fn(x, g)`` for an ``fn`` linear in ``g`` (a Riemannian gradient), overflow-safe.
+
+    Computed for g/max|g| and scaled back, so that XᴴG cannot overflow for a huge
+    finite G (Note [Overflow-safe step]); where the host knows μ = max|g| (the
+    batch's largest) small enough (Note [Step weights on the host]) that no entry
+    of XᴴG (≤ 2Nμ near the manifold) or of X·W (≤ 4NMμ) can overflow, from g
+    itself: one pass, not three.
+    """
+    mu = kernels.reduce.rows_absmax(g)
+    n, m = g.shape[-2:]
+    if host_bound(g) and 4 * n * m * host_max(mu) < torch.finfo(g.dtype).max:
+        return fn(x, g)
+    mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
+    return fn(x, g / mu) * mu
 
 
 class Geometry:
@@ -108,6 +134,17 @@ class Geometry:
     def error(self, x: torch.Tensor) -> torch.Tensor:
         """‖XᴴX − I‖_F per matrix (zeros where it does not apply)."""
         return x.new_zeros(x.shape[:-2] if x.dim() >= 2 else (), dtype=x.real.dtype)
+
+    def frame(self, x: torch.Tensor) -> Geometry | None:
+        """The operations on tangent vectors at ``x`` held in X's frame, or None.
+
+        A geometry whose points are square (O(n), U(n)) and whose retraction has a
+        frame step returns a `FrameGeometry`: its tangent vectors are the n×n
+        skew-Hermitian Ω of ξ = XΩ, and its ``descend_transport`` returns Ω itself
+        as the transported vector (Note [Moments in the frame of X]). None: keep
+        tangent vectors as they are (every other geometry).
+        """
+        return None
 
     def apply(self, kernel, x: torch.Tensor, *args, **kwargs):
         """``kernel(x, *args, **kwargs)``: a kernel of `stiefel.manifolds.kernels` on points.
@@ -207,6 +244,12 @@ class StiefelGeometry(Geometry):
         self._fused = getattr(self._descent, "gradient_step", None)
         self._gram: tuple[torch.Tensor, object] | None = None
         self._skips = getattr(self._descent, "takes_uncorrected", False)
+        self._frame_step = getattr(self._descent, "frame_step", None)
+
+    def frame(self, x):
+        if self._frame_step is None or not kernels.frame.in_frame(x):
+            return None
+        return FrameGeometry(self, self._frame_step)
 
     def _xx(self, x: torch.Tensor):
         if self._gram is not None and self._gram[0] is x:
@@ -236,17 +279,7 @@ class StiefelGeometry(Geometry):
         return off
 
     def rgrad(self, x, g):
-        # linear in g: computed for g/max|g| and scaled back, so that XᴴG cannot
-        # overflow for a huge finite G (Note [Overflow-safe step]); where the host
-        # knows μ = max|g| (the batch's largest) small enough (Note [Step weights on
-        # the host]) that no entry of XᴴG (≤ 2Nμ near the manifold) or of X·W
-        # (≤ 4NMμ) can overflow, from g itself: one pass, not three
-        mu = kernels.reduce.rows_absmax(g)
-        n, m = g.shape[-2:]
-        if host_bound(g) and 4 * n * m * host_max(mu) < torch.finfo(g.dtype).max:
-            return self._rgrad(x, g)
-        mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
-        return self._rgrad(x, g / mu) * mu
+        return linear_in_g(self._rgrad, x, g)
 
     def gradient_step(self, x, g, lr):
         if self._fused is None:
@@ -270,3 +303,86 @@ class StiefelGeometry(Geometry):
 
     def error(self, x):
         return kernels.orthogonality_error(x)
+
+
+class FrameGeometry(Geometry):
+    r"""Tangent vectors of a square point in its frame: ξ = XΩ, Ω n×n skew-Hermitian.
+
+    Note [Moments in the frame of X]
+    On O(n) and U(n) every tangent vector at X is ξ = XΩ with Ω = Xᴴξ
+    skew-Hermitian, and the Cayley step Y = X·Cayley(S) carries ξ to
+    Cayley(A)ξ = Y·Ω (Note [Square Cayley step in the frame of X]): in the
+    frame of the point, a transported vector keeps its coordinates. A rule that
+    keeps a moment as Ω instead of ξ (radam's first moment) never forms ξ, its
+    coordinates Xᴴξ or its transport Y·(Xᴴξ). With H = XᴴG the gradient is
+    Ω = skew(H) (Euclidean metric: G − X sym(H) = X skew(H) when XXᴴ = I) or
+    2 skew(H) (canonical: G − XGᴴX = X(H − Hᴴ)); its squared length is
+    ‖Ω‖²_F, or ½‖Ω‖²_F under the canonical metric (⟨ξ, ξ⟩ − ½‖Xᴴξ‖²_F); the
+    step is the frame step on Ω. A step of radam then costs two n³ products
+    (XᴴG and X·F) and the n×n Cayley factor, where the ambient form takes five
+    (six under the canonical metric: its inner product's Xᴴξ): the gradient's
+    XᴴG and X·sym(H), Xᴴm, X·F and the transport Y·(Xᴴm).
+    Both forms agree to rounding: they differ by terms of X's drift
+    E = XᴴX − I (XXᴴ = I was used above), which the correction every k-th step
+    keeps at rounding (Note [The drift correction every k-th step]). The frame
+    needs every row of X on this rank (`frame.in_frame`): a row-sharded point
+    keeps the ambient form.
+
+    Args:
+        base: the geometry of the point (its metric, its off-manifold test's Gram).
+        step: the retraction's frame kernel ``step(x, omega, lr, *, xx)`` computing
+            retr(X, −lr·XΩ) (`kernels.cayley_frame_descent`).
+
+    Example:
+        ```python
+        import torch
+        from stiefel.manifolds import Orthogonal
+
+        o = Orthogonal(5)
+        base = o.geometry()
+        x = o.random(dtype=torch.float64)
+        fg = base.frame(x)
+        g = torch.randn(5, 5, dtype=torch.float64)
+        omega = fg.rgrad(x, g)
+        assert torch.allclose(fg.lift(x, omega), base.rgrad(x, g), atol=1e-12)
+        y, moved = fg.descend_transport(x, omega, 0.1)
+        assert moved is omega  # Y·Ω is the transported vector
+        ```
+    """
+
+    stiefel = True
+
+    def __init__(self, base: StiefelGeometry, step):
+        self.base = base
+        self._step = step
+        self._scale = 1.0 if base.metric == "euclidean" else 2.0
+
+    def _omega(self, x, g):  # c·skew(XᴴG) = ½c(H − Hᴴ), in the fresh tensor of H − Hᴴ
+        return kernels.frame.minus_adjoint(kernels.reduce.gram(x, g)).mul_(0.5 * self._scale)
+
+    def rgrad(self, x, g):
+        return linear_in_g(self._omega, x, g)
+
+    def component_inner(self, x, u):
+        sq = kernels.inner_euclidean(x, u, u, keepdim=True)
+        return sq if self._scale == 1.0 else sq * 0.5
+
+    def descend(self, x, d, lr):
+        return self._step(x, d, lr, xx=self.base._xx(x))
+
+    def descend_transport(self, x, d, lr):
+        return self.descend(x, d, lr), d
+
+    def lift(self, x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+        """The tangent vector XΩ of the coordinates Ω."""
+        return x @ omega
+
+    def lower(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The coordinates skew(Xᴴv) of a tangent vector v."""
+        return kernels.skew(kernels.reduce.gram(x, v))
+
+    def project(self, x):
+        return self.base.project(x)
+
+    def error(self, x):
+        return self.base.error(x)

@@ -27,7 +27,13 @@ Example:
 
 from . import registry as _registry
 from .base import RiemannianOptimizer
-from .geometry import EuclideanGeometry, Geometry, GeooptGeometry, StiefelGeometry
+from .geometry import (
+    EuclideanGeometry,
+    FrameGeometry,
+    Geometry,
+    GeooptGeometry,
+    StiefelGeometry,
+)
 from .landing import Landing
 from .muon import ManifoldMuon
 from .pogo import POGO
@@ -43,6 +49,7 @@ __all__ = [
     "EuclideanGeometry",
     "StiefelGeometry",
     "GeooptGeometry",
+    "FrameGeometry",
     "RGD",
     "RAdam",
     "Landing",

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from ..manifolds import _checks
 from ..manifolds.binding import manifold_of
-from ..manifolds.geometry import EuclideanGeometry, Geometry, StiefelGeometry
+from ..manifolds.geometry import EuclideanGeometry, FrameGeometry, Geometry, StiefelGeometry
 from ..manifolds.kernels import RETRACTIONS, orthogonality_error
 from ..manifolds.sharded import ShardedGeometry, check_placements
 
@@ -43,6 +43,7 @@ __all__ = [
     "Geometry",
     "EuclideanGeometry",
     "StiefelGeometry",
+    "FrameGeometry",
     "GeooptGeometry",
     "Binding",
     "bind_parameter",

@@ -30,6 +30,7 @@ from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
 from .registry import Passes, register
+from .rgd import RGD
 
 __all__ = ["RAdam"]
 
@@ -47,7 +48,10 @@ class RAdam(RiemannianOptimizer):
 
     (`amsgrad`: v̂ from the running maximum of v), and m is transported to the
     new point (Cayley: the same orthogonal map, isometric, in the same 2M×2M
-    solve; QR/polar: projection). The state holds v in a scaled form,
+    solve; QR/polar: projection). On O(n) and U(n) the Cayley step keeps m in
+    the frame of X, m = XΩ with Ω in `state["exp_avg_frame"]`, which its
+    transport leaves unchanged (Note [Moments in the frame of X]); elsewhere
+    `state["exp_avg"]` holds m. The state holds v in a scaled form,
     v = `exp_avg_sq`·`exp_avg_sq_scale`², so that a gradient whose square
     overflows the dtype (float32: ‖ξ‖ ≳ 1e19) still gives a finite step and a
     finite state (Note [Second moment in scaled form]); for ordinary
@@ -94,7 +98,8 @@ class RAdam(RiemannianOptimizer):
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = (
         "cayley: 14NM² + 6M³ + 2NM²/k (the fused step plus the moment's transport; "
-        "the float64 XᴴX every k-th step, frame.correction_period)"
+        "the float64 XᴴX every k-th step, frame.correction_period); O(n), U(n): rgd's "
+        "square Cayley step (the moment in the frame of X)"
     )
     variants = ({"retraction": "cayley"},)
 
@@ -103,6 +108,9 @@ class RAdam(RiemannianOptimizer):
     @classmethod
     def step_flops(cls, n: int, m: int, retraction: str = "cayley", **hyper) -> float:
         """FLOPs of one step on St(n, m) (`"cayley"` only; NaN for the others).
+
+        On O(n) and U(n) the moment is kept in the frame of X and the step is
+        `RGD`'s square Cayley step on it (Note [Moments in the frame of X]).
 
         Args:
             n: rows N.
@@ -115,6 +123,8 @@ class RAdam(RiemannianOptimizer):
         """
         if retraction != "cayley":
             return math.nan
+        if n == m:
+            return RGD.step_flops(n, m, retraction="cayley")
         return 14 * n * m * m + 6 * m**3 + correction_flops(n, m)
 
     def __init__(
@@ -154,6 +164,11 @@ class RAdam(RiemannianOptimizer):
     ) -> torch.Tensor:
         b1, b2 = group["betas"]
         grad = terms.weight_decay(grad, x, group["weight_decay"])
+        # a square point keeps m in its frame, m = X·exp_avg_frame (Note [Moments in
+        # the frame of X]); `geo` then works on the coordinates Ω of ξ = XΩ
+        frame = geo.frame(x)
+        key = terms.carry_moment(frame, x, state, "exp_avg")
+        geo = geo if frame is None else frame
         xi = geo.rgrad(x, grad)
         # Note [Second moment in scaled form]: v = exp_avg_sq · exp_avg_sq_scale²
         mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))
@@ -161,12 +176,12 @@ class RAdam(RiemannianOptimizer):
         # sees μ (Note [Step weights on the host])
         one = host_bound(xi) and host_max(mu) == 1.0
         sq = geo.component_inner(x, xi if one else xi / mu)
-        if "exp_avg" not in state:
-            state["exp_avg"] = torch.zeros_like(x)
+        if key not in state:
+            state[key] = torch.zeros_like(xi)
             state["exp_avg_sq"] = torch.zeros_like(sq)
         # the rule replaces its state tensors, never writes into them (Note [A skipped
         # step leaves the state as it was] in stiefel.optimizers.base)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m, v = state[key], state["exp_avg_sq"]
         s = state.get("exp_avg_sq_scale")
         s = torch.ones_like(v) if s is None else s
         s1 = torch.maximum(s, mu)  # ratios ≤ 1 below: their squares cannot overflow
@@ -189,7 +204,7 @@ class RAdam(RiemannianOptimizer):
         bias2 = 1 - b2**t
         # m̂/(√v̂ + ε) with √v̂ = s·√ṽ/√bias2, divided through by s (never overflows)
         denom = (v.sqrt() / bias2.sqrt()).add_(group["eps"] / s2)
-        new, state["exp_avg"] = geo.descend_transport(x, m, (group["lr"] / bias1) / s2 / denom)
+        new, state[key] = geo.descend_transport(x, m, (group["lr"] / bias1) / s2 / denom)
         return new
 
 

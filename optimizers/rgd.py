@@ -55,7 +55,10 @@ class RGD(RiemannianOptimizer):
     the Cayley retraction done with a 2M×2M Sherman–Morrison–Woodbury solve,
     whose transport is the same orthogonal map (isometric); `"qr"` and
     `"polar"` transport by projection, and so does Nesterov's buffer for every
-    retraction. The CWY paper's RGD-C-C, RGD-E-C, RGD-C-QR and RGD-E-QR are
+    retraction. On O(n) and U(n) the Cayley step keeps B in the frame of X,
+    B = XΩ with Ω in `state["momentum_buffer_frame"]`, which its transport leaves
+    unchanged (Note [Moments in the frame of X]); elsewhere
+    `state["momentum_buffer"]` holds B. The CWY paper's RGD-C-C, RGD-E-C, RGD-C-QR and RGD-E-QR are
     `metric` × `retraction` (`variants`). Without momentum a step costs six
     N×M×M products and a 2M×2M solve (`step_flops`). Plain tensors get exactly
     torch's `SGD` update (momentum, dampening, nesterov, weight decay).
@@ -204,11 +207,17 @@ class RGD(RiemannianOptimizer):
         grad = terms.weight_decay(grad, x, group["weight_decay"])
         if mu == 0:
             return geo.gradient_step(x, grad, lr)
+        # a square point keeps B in its frame (Note [Moments in the frame of X]), except
+        # Nesterov's: its transport by projection onto the tangent space at the new point
+        # changes the coordinates
+        frame = None if group["nesterov"] else geo.frame(x)
+        key = terms.carry_moment(frame, x, state, "momentum_buffer")
+        geo = geo if frame is None else frame
         xi = geo.rgrad(x, grad)
-        buf = terms.momentum(state.get("momentum_buffer"), xi, mu, group["dampening"])
+        buf = terms.momentum(state.get(key), xi, mu, group["dampening"])
         if not group["nesterov"]:
-            new, state["momentum_buffer"] = geo.descend_transport(x, buf, lr)
+            new, state[key] = geo.descend_transport(x, buf, lr)
             return new
         new = geo.descend(x, terms.nesterov(xi, buf, mu), lr)
-        state["momentum_buffer"] = _transport(geo, x, new, buf)
+        state[key] = _transport(geo, x, new, buf)
         return new

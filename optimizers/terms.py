@@ -30,6 +30,7 @@ from ..manifolds import _checks
 
 __all__ = [
     "weight_decay",
+    "carry_moment",
     "momentum",
     "nesterov",
     "check_momentum",
@@ -85,6 +86,35 @@ def momentum(
             return g.clone()
         buf = g
     return buf.mul(mu).add_(g, alpha=1 - dampening)
+
+
+def carry_moment(frame, x: torch.Tensor, state: dict, key: str) -> str:
+    """The state key of a transported moment in this step's form, carried over from the other.
+
+    ``state[key]`` holds the moment m itself; on a square point whose geometry
+    has a frame (``frame``, from ``geo.frame(x)``), ``state[key + "_frame"]``
+    holds its coordinates Ω, m = XΩ (Note [Moments in the frame of X] in
+    `stiefel.manifolds.geometry`). A moment saved in the other form (a checkpoint
+    of an earlier version, a param group whose retraction changed) is converted,
+    never read as the wrong one.
+
+    Args:
+        frame: the `FrameGeometry` of ``x``, or None.
+        x: the point.
+        state: the parameter's state (the converted entry replaces the other).
+        key: the moment's key in its ambient form (``"exp_avg"``, ``"momentum_buffer"``).
+
+    Returns:
+        ``key`` or ``key + "_frame"``.
+    """
+    held = key + "_frame"
+    if frame is not None:
+        if key in state:
+            state[held] = frame.lower(x, state.pop(key))
+        return held
+    if held in state:
+        state[key] = x @ state.pop(held)
+    return key
 
 
 def nesterov(g: torch.Tensor, buf: torch.Tensor, mu: float) -> torch.Tensor:

@@ -37,6 +37,7 @@ __all__ = [
     "use_smw",
     "cayley_descent",
     "cayley_gradient_step",
+    "cayley_frame_descent",
     "cayley_smw",
     "cayley_dense",
     "cayley_retraction",
@@ -353,6 +354,20 @@ def cayley_gradient_step(
 
 
 cayley_descent.gradient_step = cayley_gradient_step  # type: ignore[attr-defined]
+
+
+def cayley_frame_descent(x: torch.Tensor, omega: torch.Tensor, lr: Lr, *, xx=None) -> torch.Tensor:
+    """Cayley step Y = retr(X, −lr·XΩ) of square points X, from the skew-Hermitian Ω.
+
+    The step of Note [Square Cayley step in the frame of X] with Xᴴd = Ω given:
+    the vector XΩ is carried to Y·Ω by the same map (Note [Moments in the frame of
+    X] in `stiefel.manifolds.geometry`). ``xx`` as for `cayley_descent`.
+    """
+    wn, mu = normalize(omega)
+    return _square(x, wn, lr * mu, xx=xx)
+
+
+cayley_descent.frame_step = cayley_frame_descent  # type: ignore[attr-defined]
 
 
 def cayley_smw(x: torch.Tensor, u: torch.Tensor, v: torch.Tensor | None = None):

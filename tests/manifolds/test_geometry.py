@@ -81,3 +81,52 @@ def test_geoopt_stiefel_gets_our_geometry():
     opt = optimizers.create("rgd", [w], lr=0.1)
     geo = opt._bindings[0][0].bind(opt.param_groups[0])
     assert isinstance(geo, StiefelGeometry) and geo.metric == "canonical"
+
+
+def _dense_rgrad(x, g, metric):
+    xh = x.mH
+    return g - x @ (0.5 * (xh @ g + g.mH @ x)) if metric == "euclidean" else g - x @ g.mH @ x
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "canonical"])
+@pytest.mark.parametrize("n,dtype", [(6, torch.float64), (5, torch.complex128)])
+def test_frame_geometry_against_the_ambient_operations(n, dtype, metric):
+    """Ω of ξ = XΩ (Note [Moments in the frame of X]): the gradient, its squared length
+    and the step against dense float64 formulas; the transported vector is Y·Ω."""
+    man = Stiefel(n, n, complex=dtype.is_complex, metric=metric)
+    base = man.geometry()
+    gen = torch.Generator().manual_seed(n)
+    x = man.random(3, n, n, dtype=dtype, generator=gen)
+    g = torch.randn(3, n, n, dtype=dtype, generator=gen)
+    fg = base.frame(x)
+    omega = fg.rgrad(x, g)
+    xi = _dense_rgrad(x, g, metric)
+    tol = 100 * n * torch.finfo(dtype).eps
+    torch.testing.assert_close(omega, -omega.mH, atol=0.0, rtol=0.0)  # skew-Hermitian
+    torch.testing.assert_close(fg.lift(x, omega), xi, atol=tol, rtol=0.0)
+    torch.testing.assert_close(fg.lower(x, xi), omega, atol=tol, rtol=0.0)
+    sq = (xi.conj() * xi).real.sum((-2, -1), keepdim=True)
+    if metric == "canonical":
+        xhxi = x.mH @ xi
+        sq = sq - 0.5 * (xhxi.conj() * xhxi).real.sum((-2, -1), keepdim=True)
+    torch.testing.assert_close(fg.component_inner(x, omega), sq, atol=tol, rtol=0.0)
+    lr = torch.tensor([0.05, 0.3, 2.0], dtype=sq.dtype).view(3, 1, 1)
+    y, moved = fg.descend_transport(x, omega, lr)
+    # the dense Cayley map of A = (Pu)Xᴴ − X(Pu)ᴴ, u = −lr·ξ (XᴴX = I, P = I − ½XXᴴ)
+    u = -lr * xi
+    pu = u - 0.5 * x @ (x.mH @ u)
+    a = pu @ x.mH - x @ pu.mH
+    eye = torch.eye(n, dtype=dtype)
+    q = torch.linalg.solve(eye - 0.5 * a, eye + 0.5 * a)
+    torch.testing.assert_close(y, q @ x, atol=tol, rtol=0.0)
+    assert moved is omega
+    torch.testing.assert_close(y @ moved, q @ xi, atol=tol, rtol=0.0)
+
+
+def test_frame_geometry_only_where_the_step_has_a_frame():
+    """Tall points, the QR retraction and plain tensors keep tangent vectors as they are."""
+    x = Stiefel(6, 6).random(dtype=torch.float64)
+    assert Stiefel(6, 6).geometry().frame(x) is not None
+    assert Stiefel(6, 6).geometry(retraction="qr").frame(x) is None
+    assert Stiefel(9, 3).geometry().frame(Stiefel(9, 3).random(dtype=torch.float64)) is None
+    assert optimizers.geometry.EuclideanGeometry().frame(x) is None

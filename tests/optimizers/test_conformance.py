@@ -244,7 +244,10 @@ def test_info_of_the_builtins_keeps_the_harness_numbers():
     assert {(v["metric"], v["retraction"]) for v in rgd.variants} == {
         (a, b) for a in ("canonical", "euclidean") for b in ("cayley", "qr")
     }
-    assert optimizers.info("radam").flops(n, m, retraction="cayley") == 16 * n * m * m + 6 * m**3
+    radam = optimizers.info("radam")
+    assert radam.flops(n, m, retraction="cayley") == 16 * n * m * m + 6 * m**3
+    # O(n): the moment in the frame of X, rgd's square step (Note [Moments in the frame of X])
+    assert radam.flops(n, n, retraction="cayley") == rgd.flops(n, n, retraction="cayley")
     assert optimizers.info("landing").flops(n, m) == 8 * n * m * m
     assert not optimizers.info("landing").feasible and optimizers.info("adam").default_lr == 1e-2
     assert optimizers.info("geoopt_radam").riemannian and not optimizers.info("sgd").riemannian

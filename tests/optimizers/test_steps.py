@@ -8,6 +8,7 @@ import torch
 from _optim_problems import haar_np, manifold_param
 
 from stiefel import optimizers
+from stiefel.manifolds import Stiefel
 from stiefel.manifolds import kernels as mk
 
 RNG = np.random.default_rng(7)
@@ -54,26 +55,42 @@ SHAPES = [(40, 4, False), (40, 4, True), (6, 6, False), (7, 4, True)]
 @pytest.mark.parametrize("n,m,cplx", SHAPES)
 @pytest.mark.parametrize("metric", ["euclidean", "canonical"])
 @pytest.mark.parametrize("retraction", ["cayley", "qr", "polar"])
-def test_rgd_two_steps_match_dense_reference(n, m, cplx, metric, retraction):
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_rgd_two_steps_match_dense_reference(n, m, cplx, metric, retraction, nesterov):
     x, g = _setup(n, m, cplx)
     lr, mu = 0.3, 0.7
     w = manifold_param(torch.tensor(x))
-    opt = optimizers.create("rgd", [w], lr=lr, momentum=mu, metric=metric, retraction=retraction)
+    opt = optimizers.create(
+        "rgd", [w], lr=lr, momentum=mu, metric=metric, retraction=retraction, nesterov=nesterov
+    )
     xr, buf = x, None
     for _ in range(2):
         w.grad = torch.tensor(g)
         opt.step()
         xi = _rgrad_np(xr, g, metric)
         buf = xi if buf is None else mu * buf + xi
+        d = xi + mu * buf if nesterov else buf
         if retraction == "cayley":
-            y, a = _cayley_np(xr, -lr * buf)
+            y, a = _cayley_np(xr, -lr * d)
             q = np.linalg.solve(np.eye(n) - 0.5 * a, np.eye(n) + 0.5 * a)
-            buf = q @ buf  # isometric transport by the same Cayley map
+            if not nesterov:
+                buf = q @ buf  # isometric transport by the same Cayley map
         else:
-            y = (_qr_np if retraction == "qr" else _polar_np)(xr - lr * buf)
+            y = (_qr_np if retraction == "qr" else _polar_np)(xr - lr * d)
+        if nesterov or retraction != "cayley":
             buf = buf - y @ _sym(y.conj().T @ buf)  # transport by projection
         xr = y
     assert np.abs(w.detach().numpy() - xr).max() < 1e-12
+    # a square point's Cayley momentum is kept in its frame, B = X·Ω (Note [Moments in
+    # the frame of X]), Nesterov's is not: its transport is the projection
+    state = opt.state[w]
+    if n == m and retraction == "cayley" and not nesterov:
+        assert "momentum_buffer" not in state
+        held = w.detach() @ state["momentum_buffer_frame"]
+    else:
+        assert "momentum_buffer_frame" not in state
+        held = state["momentum_buffer"]
+    assert np.abs(held.numpy() - buf).max() < 1e-12
 
 
 def test_canonical_cayley_is_wen_yin():
@@ -106,6 +123,104 @@ def test_radam_three_steps_match_reference(n, m, cplx):
         mom = mom - y @ _sym(y.conj().T @ mom)
         xr = y
     assert np.abs(w.detach().numpy() - xr).max() < 1e-12
+
+
+def _radam_cayley_np(x, grads, lr, b1, b2, metric, eps=1e-8):
+    """Dense Riemannian Adam with the Cayley step, m transported by the same map."""
+    n = x.shape[0]
+    xr, mom, v = x, 0 * x, 0.0
+    for t, g in enumerate(grads, start=1):
+        xi = _rgrad_np(xr, g, metric)
+        sq = float(np.sum(np.abs(xi) ** 2))
+        if metric == "canonical":  # ⟨ξ, ξ⟩ − ½‖Xᴴξ‖²
+            sq -= 0.5 * float(np.sum(np.abs(xr.conj().T @ xi) ** 2))
+        mom = b1 * mom + (1 - b1) * xi
+        v = b2 * v + (1 - b2) * sq
+        step = lr / (1 - b1**t) / (np.sqrt(v / (1 - b2**t)) + eps)
+        y, a = _cayley_np(xr, -step * mom)
+        mom = np.linalg.solve(np.eye(n) - 0.5 * a, (np.eye(n) + 0.5 * a) @ mom)
+        xr = y
+    return xr, mom
+
+
+@pytest.mark.parametrize("n,m,cplx", [(6, 6, False), (5, 5, True), (40, 4, False), (7, 4, True)])
+@pytest.mark.parametrize("metric", ["euclidean", "canonical"])
+def test_radam_cayley_steps_match_reference(n, m, cplx, metric):
+    """The Cayley step with m transported; a square point holds m in its frame, m = X·Ω
+    (Note [Moments in the frame of X]), a tall one holds m."""
+    x, _ = _setup(n, m, cplx)
+    grads = [_setup(n, m, cplx)[1] for _ in range(4)]
+    hyper = dict(lr=0.1, betas=(0.8, 0.9))
+    w = manifold_param(torch.tensor(x), Stiefel(n, m, complex=cplx, metric=metric))
+    opt = optimizers.create("radam", [w], **hyper)
+    for g in grads:
+        w.grad = torch.tensor(g)
+        opt.step()
+    xr, mom = _radam_cayley_np(x, grads, 0.1, 0.8, 0.9, metric)
+    state = opt.state[w]
+    assert np.abs(w.detach().numpy() - xr).max() < 1e-12
+    if n == m:
+        assert "exp_avg" not in state
+        held = (w.detach() @ state["exp_avg_frame"]).numpy()
+    else:
+        assert "exp_avg_frame" not in state
+        held = state["exp_avg"].numpy()
+    assert np.abs(held - mom).max() < 1e-12
+
+
+def test_radam_moment_saved_ambient_is_carried_into_the_frame():
+    """A checkpoint holding m itself (``exp_avg``, an earlier version) continues as if
+    it had been saved in the frame: Ω = skew(Xᴴm)."""
+    x, _ = _setup(6, 6, False)
+    grads = [torch.tensor(_setup(6, 6, False)[1]) for _ in range(4)]
+    a, b = manifold_param(torch.tensor(x)), manifold_param(torch.tensor(x))
+    opt_a = optimizers.create("radam", [a], lr=0.1)
+    for g in grads[:3]:
+        a.grad = g.clone()
+        opt_a.step()
+    saved = opt_a.state_dict()
+    st = saved["state"][0]
+    st["exp_avg"] = a.detach() @ st.pop("exp_avg_frame")  # the ambient form
+    with torch.no_grad():
+        b.copy_(a)
+    opt_b = optimizers.create("radam", [b], lr=0.1)
+    opt_b.load_state_dict(saved)
+    a.grad, b.grad = grads[3].clone(), grads[3].clone()
+    opt_a.step()
+    opt_b.step()
+    assert "exp_avg" not in opt_b.state[b]
+    assert float((a.detach() - b.detach()).abs().max()) < 1e-12
+    diff = opt_a.state[a]["exp_avg_frame"] - opt_b.state[b]["exp_avg_frame"]
+    assert float(diff.abs().max()) < 1e-12
+
+
+def test_radam_frame_moment_carried_out_when_the_retraction_changes():
+    """A square point whose group switches to QR (no frame step) lifts Ω to m = XΩ,
+    then steps as the dense QR reference."""
+    x, _ = _setup(6, 6, False)
+    lr, b1, b2, eps = 0.1, 0.8, 0.9, 1e-8
+    w = manifold_param(torch.tensor(x))
+    opt = optimizers.create("radam", [w], lr=lr, betas=(b1, b2), eps=eps)
+    for _ in range(2):
+        w.grad = torch.tensor(_setup(6, 6, False)[1])
+        opt.step()
+    xr = w.detach().numpy().copy()
+    state = opt.state[w]
+    mom = xr @ state["exp_avg_frame"].numpy()
+    v = float(state["exp_avg_sq"])
+    opt.param_groups[0]["retraction"] = "qr"
+    g = _setup(6, 6, False)[1]
+    w.grad = torch.tensor(g)
+    opt.step()
+    xi = _rgrad_np(xr, g, "euclidean")
+    mom = b1 * mom + (1 - b1) * xi
+    v = b2 * v + (1 - b2) * float(np.sum(xi**2))
+    step = lr / (1 - b1**3) / (np.sqrt(v / (1 - b2**3)) + eps)
+    y = _qr_np(xr - step * mom)
+    mom = mom - y @ _sym(y.T @ mom)
+    assert "exp_avg_frame" not in state
+    assert np.abs(w.detach().numpy() - y).max() < 1e-12
+    assert np.abs(state["exp_avg"].numpy() - mom).max() < 1e-12
 
 
 @pytest.mark.parametrize("n,m,cplx", SHAPES)
