@@ -125,7 +125,10 @@ def test_llama_compile_and_restore():
     assert torch.allclose(model(input_ids=ids).logits, ref, atol=1e-5)
     compiled = torch.compile(model.base_model.model.model.layers[0].self_attn.q_proj)
     x = torch.randn(2, 8, 16)
-    assert torch.allclose(compiled(x), model.base_model.model.model.layers[0].self_attn.q_proj(x))
+    # compiled and eager differ by float32 rounding (Inductor's fused order differs by CPU)
+    tol = 10 * cfg.hidden_size * torch.finfo(torch.float32).eps
+    eager = model.base_model.model.model.layers[0].self_attn.q_proj(x)
+    torch.testing.assert_close(compiled(x), eager, atol=tol, rtol=0.0)
     restore(model)
     assert "forward" not in model.base_model.model.model.layers[0].self_attn.q_proj.__dict__
     assert torch.allclose(model(input_ids=ids).logits, ref, atol=1e-6)
