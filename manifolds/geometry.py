@@ -313,8 +313,9 @@ class FrameGeometry(Geometry):
     skew-Hermitian, and the Cayley step Y = X·Cayley(S) carries ξ to
     Cayley(A)ξ = Y·Ω (Note [Square Cayley step in the frame of X]): in the
     frame of the point, a transported vector keeps its coordinates. A rule that
-    keeps a moment as Ω instead of ξ (radam's first moment) never forms ξ, its
-    coordinates Xᴴξ or its transport Y·(Xᴴξ). With H = XᴴG the gradient is
+    keeps a moment as Ω instead of ξ (radam's first moment, rgd's Cayley
+    momentum) never forms ξ, its coordinates Xᴴξ or its transport Y·(Xᴴξ).
+    With H = XᴴG the gradient is
     Ω = skew(H) (Euclidean metric: G − X sym(H) = X skew(H) when XXᴴ = I) or
     2 skew(H) (canonical: G − XGᴴX = X(H − Hᴴ)); its squared length is
     ‖Ω‖²_F, or ½‖Ω‖²_F under the canonical metric (⟨ξ, ξ⟩ − ½‖Xᴴξ‖²_F); the

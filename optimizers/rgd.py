@@ -56,12 +56,13 @@ class RGD(RiemannianOptimizer):
     whose transport is the same orthogonal map (isometric); `"qr"` and
     `"polar"` transport by projection, and so does Nesterov's buffer for every
     retraction. On O(n) and U(n) the Cayley step keeps B in the frame of X,
-    B = XΩ with Ω in `state["momentum_buffer_frame"]`, which its transport leaves
-    unchanged (Note [Moments in the frame of X]); elsewhere
-    `state["momentum_buffer"]` holds B. The CWY paper's RGD-C-C, RGD-E-C, RGD-C-QR and RGD-E-QR are
-    `metric` × `retraction` (`variants`). Without momentum a step costs six
-    N×M×M products and a 2M×2M solve (`step_flops`). Plain tensors get exactly
-    torch's `SGD` update (momentum, dampening, nesterov, weight decay).
+    B = XΩ with Ω in `state["momentum_buffer_frame"]`, which its transport
+    leaves unchanged (Note [Moments in the frame of X]); elsewhere
+    `state["momentum_buffer"]` holds B. The CWY paper's RGD-C-C, RGD-E-C,
+    RGD-C-QR and RGD-E-QR are `metric` × `retraction` (`variants`). Without
+    momentum a step costs six N×M×M products and a 2M×2M solve (`step_flops`).
+    Plain tensors get exactly torch's `SGD` update (momentum, dampening,
+    nesterov, weight decay).
 
     The options of geoopt's `RiemannianSGD` are accepted with its meaning:
     `nesterov`, `dampening`, `weight_decay`, and `stabilize` as an alias of
