@@ -358,8 +358,9 @@ class FrameGeometry(Geometry):
         self._step = step
         self._scale = 1.0 if base.metric == "euclidean" else 2.0
 
-    def _omega(self, x, g):  # c·skew(XᴴG) = ½c(H − Hᴴ), in the fresh tensor of H − Hᴴ
-        return kernels.frame.minus_adjoint(kernels.reduce.gram(x, g)).mul_(0.5 * self._scale)
+    def _omega(self, x, g):  # c·skew(XᴴG), scaled in the fresh tensor of `lower`
+        omega = self.lower(x, g)
+        return omega if self._scale == 1.0 else omega.mul_(self._scale)
 
     def rgrad(self, x, g):
         return linear_in_g(self._omega, x, g)
@@ -374,13 +375,15 @@ class FrameGeometry(Geometry):
     def descend_transport(self, x, d, lr):
         return self.descend(x, d, lr), d
 
-    def lift(self, x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def lift(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
         """The tangent vector XΩ of the coordinates Ω."""
         return x @ omega
 
-    def lower(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The coordinates skew(Xᴴv) of a tangent vector v."""
-        return kernels.skew(kernels.reduce.gram(x, v))
+    @staticmethod
+    def lower(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The coordinates skew(Xᴴv) = ½(Xᴴv − vᴴX) of a tangent vector v (a fresh tensor)."""
+        return kernels.frame.minus_adjoint(kernels.reduce.gram(x, v)).mul_(0.5)
 
     def project(self, x):
         return self.base.project(x)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..manifolds import _checks
+from ..manifolds.geometry import FrameGeometry
 
 __all__ = [
     "weight_decay",
@@ -113,7 +114,7 @@ def carry_moment(frame, x: torch.Tensor, state: dict, key: str) -> str:
             state[held] = frame.lower(x, state.pop(key))
         return held
     if held in state:
-        state[key] = x @ state.pop(held)
+        state[key] = FrameGeometry.lift(x, state.pop(held))
     return key
 
 
