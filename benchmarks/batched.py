@@ -12,8 +12,11 @@ batch after ``--steps`` steps of
 the loss ‖X − T‖²_F towards a fixed random target T (gradient 2(X − T),
 formed by hand so that only the optimizer is timed). An optimizer whose step
 takes longer than ``--slow-s`` seconds runs only the timed steps: the column
-"steps" gives the count its drift and loss were measured after. Timings on a shared
-machine are noisy: compare ratios measured in the same run only.
+"steps" gives the count its drift and loss were measured after. ``--layout``
+chooses how the points are stored: ``column`` (per matrix, as ``torch.linalg.qr``
+returns them, the default of the earlier tables) or ``row`` (as a parameter
+created by torch, or `Stiefel.random`, is). Timings on a shared machine are
+noisy: compare ratios measured in the same run only.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from stiefel.manifolds import Orthogonal, Stiefel
 from ._timing import device_name, device_of
 
 
-def _haar(batch: int, n: int, m: int, seed: int) -> torch.Tensor:
+def _haar(batch: int, n: int, m: int, seed: int, layout: str = "column") -> torch.Tensor:
+    """Haar points, stored by columns (QR's Q, as LAPACK returns it) or by rows."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.linalg.qr(torch.randn(batch, n, m, generator=gen))[0]
+    q = torch.linalg.qr(torch.randn(batch, n, m, generator=gen))[0]
+    return q.contiguous() if layout == "row" else q
 
 
 def _candidates(lr: float, muon_inner: int):
@@ -132,6 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     parser.add_argument(
+        "--layout",
+        choices=("column", "row"),
+        default="column",
+        help="points stored per matrix by columns (torch.linalg.qr's Q) or by rows",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "thread"),
         default="wall",
@@ -163,11 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"torch {torch.__version__}, {device_name(device)}, {torch.get_num_threads()} threads, "
         f"float32, lr={args.lr}, {steps} steps (drift after them), step time = mean of "
-        f"{args.timed - 1} ({args.clock} clock)"
+        f"{args.timed - 1} ({args.clock} clock), points stored by {args.layout}s"
     )
     for title, batch, n, m in problems:
         man = Orthogonal(n) if n == m else Stiefel(n, m)
-        x0, target = _haar(batch, n, m, 0).to(device), _haar(batch, n, m, 1).to(device)
+        x0, target = (_haar(batch, n, m, s, args.layout).to(device) for s in (0, 1))
         print(f"\n{title}, batch {batch}")
         print(
             f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'steps':>6} "

@@ -24,6 +24,7 @@ import math
 import torch
 
 from ..manifolds.kernels import proj_tangent
+from ..manifolds.kernels.factor import right_solve_flops
 from ..manifolds.kernels.frame import correction_flops
 from . import terms
 from .base import RiemannianOptimizer, check_number
@@ -95,7 +96,8 @@ class RGD(RiemannianOptimizer):
         "cayley: 10NM² + 6M³ + 2NM²/k either metric (five N×M×M products, a 2M×2M "
         "solve, the float64 XᴴX every k-th step), 20n³/3 + 2n³/k on O(n) (two products, "
         "an n×n solve); qr: 7NM² + 19M³/3 + 2NM²/k either metric (three products, a "
-        "triangular solve and a Cholesky-QR of the Gram), 22n³/3 + 2n³/k on O(n) "
+        "triangular solve and a Cholesky-QR of the Gram; for N ≥ 8M R⁻¹ and a product "
+        "instead of the solve, 8NM² + 20M³/3 + 2NM²/k), 22n³/3 + 2n³/k on O(n) "
         "(k = √M/2 in [1, 8], frame.correction_period)"
     )
     variants = (
@@ -120,8 +122,9 @@ class RGD(RiemannianOptimizer):
         points: the Cayley step of Note [Cayley through Sherman–Morrison–Woodbury
         with 2M columns]; the QR step of Note [QR retraction through the Gram of
         X − lr·d] (XᴴS, SᴴS, the product X·C − S and the triangular solve
-        (X·C − S)·R⁻¹ of NM², with M×M work: three products and a Cholesky
-        factorization). Square points (Note [Square steps in the frame of X]):
+        (X·C − S)·R⁻¹ of NM², or for N ≥ 8M the product by R⁻¹ of 2NM² + M³/3,
+        `kernels.factor.right_solve_flops`, with M×M work: three products and a
+        Cholesky factorization). Square points (Note [Square steps in the frame of X]):
         XᴴS and the update X + X·F, with an LU solve with n right-hand sides
         (Cayley; a short step of small n forms Cayley(S) − I by a few products
         instead, within the device type's limits of Note [Cayley of a small skew
@@ -147,7 +150,7 @@ class RGD(RiemannianOptimizer):
             return (20 if retraction == "cayley" else 22) * n**3 / 3 + gram
         if retraction == "cayley":  # our fused step, either metric
             return 10 * n * m * m + 6 * m**3 + gram
-        return 7 * n * m * m + 19 * m**3 / 3 + gram
+        return 6 * n * m * m + 19 * m**3 / 3 + right_solve_flops(n, m) + gram
 
     @classmethod
     def paper_formula(cls, metric: str | None = None, retraction: str = "cayley", **hyper) -> str:

@@ -24,9 +24,11 @@ import torch
 
 from .basic import (
     add_product_,
+    eye_like,
     flat_over,
     newton_schulz,
     polar,
+    product_like,
     product_on,
     proj_tangent,
     qr_unique,
@@ -52,6 +54,7 @@ __all__ = [
     "polar_descent",
     "qr_retraction",
     "polar_retraction",
+    "right_solve_flops",
 ]
 
 Lr = float | torch.Tensor
@@ -63,9 +66,8 @@ Lr = float | torch.Tensor
 # [Overflow-safe step]), and AᴴA = CᴴXᴴXC − CᴴH − HᴴC + SᴴS with H = XᴴS comes
 # from M×M matrices and three N×M×M products (XᴴX, which the optimizer's
 # off-manifold test forms anyway, H and SᴴS); Q = (X·C − S)·R⁻¹ is one more
-# product, accumulated over S (the step's own copy), and a triangular solve in
-# place: the step writes no new N×M matrix but S, and the solve costs half a
-# product (the explicit R⁻¹ and the two products X(CR⁻¹) − S·R⁻¹ cost two).
+# product, accumulated over S (the step's own copy), and A·R⁻¹ (Note [Right
+# triangular solves]).
 # Householder QR (LAPACK geqrf + orgqr, about five products' time at N = 4096,
 # M = 64 on a CPU) and the Newton–Schulz step after it (two products) are
 # replaced by O(M³) work.
@@ -149,6 +151,39 @@ def _congruence(xx: torch.Tensor, f: torch.Tensor | None, gamma: torch.Tensor) -
     return head + gamma * (p + p.mH) + f.mH @ p
 
 
+# Note [Right triangular solves]
+# Q = A·R⁻¹ with A N×M and R M×M upper triangular is a triangular solve of NM²
+# flops, or the M×M inverse R⁻¹ (M³/3 flops, one LAPACK call per matrix) and a
+# product of 2NM². The product is the faster one once the matrix is tall: the
+# solve with N right-hand sides runs far below the GEMM rate on the CPU
+# (docs/results.md, "Right triangular solves"), and it returns a column-major
+# result, which the commit then copies across into a row-major parameter. The
+# explicit inverse is as accurate here: the Gram path is taken only for
+# κ(R)² = κ(A)² ≤ 3 (Note [QR retraction through the Gram of X − lr·d]), and
+# A·R⁻¹ formed either way has an error of order κ(R)·eps·‖A‖. A batch of short
+# matrices (N < `_INVERSE_ROWS`·M) keeps the solve, in place over A where
+# autograd is off: there the call per matrix of the inverse costs more than the
+# solve saves.
+_INVERSE_ROWS = 8
+
+
+def _by_inverse(n: int, m: int) -> bool:
+    return n >= _INVERSE_ROWS * m
+
+
+def right_solve_flops(n: int, m: int) -> float:
+    """FLOPs of A·R⁻¹ for A N×M (Note [Right triangular solves]): NM², or 2NM² + M³/3."""
+    return 2 * n * m * m + m**3 / 3 if _by_inverse(n, m) else n * m * m
+
+
+def _right_solve(a: torch.Tensor, r: torch.Tensor, over_a: bool = False) -> torch.Tensor:
+    """A·R⁻¹ for an upper-triangular R (Note [Right triangular solves]); over A if allowed."""
+    n, m = a.shape[-2:]
+    if _by_inverse(n, m):
+        return product_like(a, torch.linalg.solve_triangular(r, eye_like(r, m), upper=True))
+    return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=a if over_a else None)
+
+
 def _householder(a: torch.Tensor) -> torch.Tensor:
     """The explicit path: Householder QR (positive diagonal), Newton–Schulz corrected."""
     return newton_schulz(qr_unique(a))
@@ -174,9 +209,8 @@ def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     fast = in_place()
     a = _argument(x, c, s, over_s=fast)  # X·C − S
     if fast and not torch.compiler.is_compiling() and bool(ok.all()):
-        return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=a)
-    y = torch.linalg.solve_triangular(r, a, upper=True, left=False)
-    return replace_refused(y, ok, lambda sel: _householder(sel(a)))
+        return _right_solve(a, r, over_a=True)
+    return replace_refused(_right_solve(a, r), ok, lambda sel: _householder(sel(a)))
 
 
 def _unit_columns(d: torch.Tensor) -> torch.Tensor:
@@ -254,7 +288,7 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
     else:
         num.diagonal(dim1=-2, dim2=-1).copy_(diag)
     # qf(B) − I = B·R⁻¹ − I = (B − R)·R⁻¹, every operand small
-    d = torch.linalg.solve_triangular(r, num, upper=True, left=False, out=num if fast else None)
+    d = _right_solve(num, r, over_a=fast)
 
     def explicit(sel):  # qf(X̃·B), X̃ = X(3I − XᴴX)/2 from the Gram already formed
         b = _plus_diagonal(sel(p_again()), sel(gamma), x)

@@ -264,6 +264,31 @@ def test_cayley_and_qr_steps_in_working_precision_on_device(dtype, shape, device
         assert float(kernels.orthogonality_error(_high(y)).max()) < tol
 
 
+@pytest.mark.parametrize("shape", [(3, 64, 8), (3, 20, 8), (8, 8)])  # inverse, solve, square
+@pytest.mark.parametrize("layout", ["row", "column"])
+def test_right_solve_equals_the_triangular_solve(shape, layout):
+    # A·R⁻¹ by the explicit inverse (tall) or the solve (short, in place if allowed):
+    # each equals a float64 solve of the float32 data to rounding, and A is written
+    # over only on the in-place path
+    from stiefel.manifolds.kernels.factor import _right_solve
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(shape, generator=gen)
+    a = a if layout == "row" else a.mT.contiguous().mT
+    m = shape[-1]
+    r = torch.linalg.cholesky(a.mT @ a / shape[-2] + torch.eye(m), upper=True)
+    ref = torch.linalg.solve_triangular(r.double(), a.double(), upper=True, left=False)
+    tol = 10 * m * torch.finfo(torch.float32).eps * float(ref.abs().max())
+    for over_a in (False, True):
+        before = a.clone()
+        got = _right_solve(a, r, over_a=over_a)
+        assert float((got.double() - ref).abs().max()) < tol, (over_a, layout)
+        written = got.data_ptr() == a.data_ptr()
+        assert written == (over_a and shape[-2] < 8 * m)
+        assert torch.equal(a, before) or written
+        a.copy_(before)
+
+
 def test_qr_step_float32_error_does_not_accumulate():
     # the Gram of X − lr·d uses the computed XᴴX: a point 1e-3 off is brought back
     gen = torch.Generator().manual_seed(8)

@@ -224,11 +224,14 @@ def test_info_of_the_builtins_keeps_the_harness_numbers():
     gemm = 2 * n * m * m  # one N×M×M product
     for metric in ("canonical", "euclidean"):
         assert rgd.flops(n, m, metric=metric, retraction="cayley") == 6 * gemm + 6 * m**3
-        # XᴴX, XᴴS, SᴴS, X·C − S and the solve (X·C − S)·R⁻¹ (half a product); three M×M
-        # products (the congruence's two, CᴴH) and Cholesky (Note [QR retraction through the
-        # Gram of X − lr·d])
-        qr = 4.5 * gemm + 3 * 2 * m**3 + m**3 / 3
+        # XᴴX, XᴴS, SᴴS, X·C − S and (X·C − S)·R⁻¹: for N ≥ 8M the product by the M×M
+        # inverse (M³/3), else the solve (half a product); three M×M products (the
+        # congruence's two, CᴴH) and Cholesky (Notes [QR retraction through the Gram of
+        # X − lr·d], [Right triangular solves])
+        qr = 5 * gemm + 3 * 2 * m**3 + m**3 / 3 + m**3 / 3
         assert rgd.flops(n, m, metric=metric, retraction="qr") == pytest.approx(qr)
+        short = 4.5 * (2 * 60 * m * m) + 3 * 2 * m**3 + m**3 / 3  # N = 60 < 8M: the solve
+        assert rgd.flops(60, m, metric=metric, retraction="qr") == pytest.approx(short)
         # O(n): XᴴS, X·F and the wide XᴴX of one step in k = 8 (n ≥ 256); Cayley an LU solve with
         # n right-hand sides, QR PᴴP, Cholesky and a triangular solve (Note [Square
         # steps in the frame of X])
