@@ -64,8 +64,10 @@ def _woodbury_for(x: torch.Tensor) -> bool:
 
 
 # --------------------------------------------------------------------------- Cayley
-def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
+def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu, implicit=False):
     r"""Y = Cayley(A)X(3I − XᴴX)/2 for Pu = −lr·Pd through a 2M×2M system.
+
+    ``pd`` is Pd, or with ``implicit`` the direction d itself (Note [Pd through d]).
 
     Note [Cayley through Sherman–Morrison–Woodbury with 2M columns]
     A = (Pu)Xᴴ − X(Pu)ᴴ, P = I − ½XXᴴ, is skew-Hermitian with AX = u for a
@@ -121,13 +123,40 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     term is taken as Pd(I − XᴴX), an error ‖(Q − I)Pd‖·‖XᴴX − I‖ (the step's
     length times the point's drift, ~10⁻⁷ relative to d in training), and on
     the manifold the formula is exact.
+
+    Note [Pd through d]
+    Pd = d − ½X·E (E = Xᴴd) need not be formed, which saves an N-sized product
+    and its copy: every use of it is a Gram or a product by an M×M matrix,
+
+        PdᴴPd = dᴴd − ½(E + XᴴPd)ᴴE,   Pdᴴv = dᴴv − ½Eᴴ·Xᴴv,
+        A·X + Pd·B = (A − ½E·B)·X + d·B,
+
+    exact identities for any X (XᴴX enters through XᴴPd = E − ½XᴴX·E). On the
+    manifold d = XE + X⊥F gives dᴴd = EᴴE + FᴴF and PdᴴPd = ¼EᴴE + FᴴF ⪰ ¼dᴴd,
+    whatever d: the subtraction cancels by at most two bits, and the rounding of
+    the Gram is eps·‖d‖², as that of the formed Pd (whose entries are rounded
+    relative to d's). The coefficient A − ½E·B is step-sized where A is (B is
+    the step's), so the products keep the rounding of Note [Cayley through
+    Sherman–Morrison–Woodbury with 2M columns]. The fused gradient step forms Pd
+    from G instead: there d = G − XW is not formed, and GᴴG would cancel by as
+    much as the gradient's normal part exceeds its tangent part.
     """
     m = x.shape[-1]
     eye = eye_like(x, m)
-    xpd = sub_product(xhd, xx, 0.5 * xhd)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
-    pdpd = gram(pd, pd)
+    half = 0.5 * xhd
+    xpd = sub_product(xhd, xx, half)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
     other = v is not None and not v_is_d
-    xv, pdv = (gram(x, v), gram(pd, v)) if other else (None, None)
+    xv = gram(x, v) if other else None
+    if implicit:  # Note [Pd through d]: pd is d
+        pdpd = gram(pd, pd) - (xhd + xpd).mH @ half
+        pdv = gram(pd, v) - half.mH @ xv if other else None
+    else:
+        pdpd = gram(pd, pd)
+        pdv = gram(pd, v) if other else None
+
+    def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
+        return a - half @ b if implicit else a
+
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
     z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
     z, vt = z2[..., :m], z1[..., :m]
@@ -135,11 +164,13 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
     # products with coefficients of the step's size, accumulated on X's copy
     c = (z @ k).add_(eye - xx, alpha=0.5)
-    y = three_products(x, x, c, pd, -(vt @ k))
+    b = -(vt @ k)
+    y = three_products(x, x, on_x(c, b), pd, b)
     if v is None:
         return y
     if other:  # Cayley(A)v = v + XZ₂' − P̂V₁'
-        return y, three_products(v, x, z2[..., m:], pd, -z1[..., m:])
+        b = -z1[..., m:]
+        return y, three_products(v, x, on_x(z2[..., m:], b), pd, b)
     # Note [Image of the step direction], for d = μ·dn (xhd, Pd of dn)
     xpdh, z, vt = flat(xpd).mH, flat(z), flat(vt)
     w = xpdh.add(flat(xhd), alpha=0.5)
@@ -147,7 +178,7 @@ def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu):
     cx = torch.baddbmm(w - pdy, z, w).reshape(xpd.shape)  # (I + Z₂)W − PdᴴY₀
     cp = torch.baddbmm(eye, flat(xx), z).baddbmm_(xpdh.mH, vt, alpha=-1)
     cp = cp.baddbmm_(vt, w, alpha=-1).reshape(xpd.shape)  # XᴴY₀ − V₁W + I − XᴴX
-    return y, two_products(x, mu * cx, pd, mu * cp, y.shape)
+    return y, two_products(x, on_x(mu * cx, mu * cp), pd, mu * cp, y.shape)
 
 
 def _dense(x, dn, lr, v, xx):
@@ -250,10 +281,8 @@ def _cayley(x, d, lr, v, xx, smw):
     xx = tall_gram(x, xx)
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
-    xhd = gram(x, dn)
-    # Pd = d − ½X·Xᴴd, over d/μ (never over the caller's d)
-    pd = sub_product(dn, x, 0.5 * xhd, over_u=in_place() and dn is not d)
-    return _smw(x, pd, xhd, xx, lr, v, v is d, mu if v is d else 1.0)
+    # Pd = d − ½X·Xᴴd, never formed (Note [Pd through d])
+    return _smw(x, dn, gram(x, dn), xx, lr, v, v is d, mu if v is d else 1.0, implicit=True)
 
 
 def cayley_descent(
