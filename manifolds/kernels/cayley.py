@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, flat, newton_schulz, sub_product, sym, three_products, two_products
+from .basic import eye_like, newton_schulz, sub_product, sym
 from .factor import polar_descent, qr_descent
 from .frame import (
     frame_update,
@@ -31,7 +31,7 @@ from .frame import (
 from .reduce import gram, row_group
 from .scaling import host_max, normalize, weights
 from .skew_cayley import cayley_delta
-from .woodbury import solve_step_system
+from .woodbury import smw_step
 
 __all__ = [
     "use_smw",
@@ -64,123 +64,6 @@ def _woodbury_for(x: torch.Tensor) -> bool:
 
 
 # --------------------------------------------------------------------------- Cayley
-def _smw(x, pd, xhd, xx, lr, v, v_is_d, mu, implicit=False):
-    r"""Y = Cayley(A)X(3I − XᴴX)/2 for Pu = −lr·Pd through a 2M×2M system.
-
-    ``pd`` is Pd, or with ``implicit`` the direction d itself (Note [Pd through d]).
-
-    Note [Cayley through Sherman–Morrison–Woodbury with 2M columns]
-    A = (Pu)Xᴴ − X(Pu)ᴴ, P = I − ½XXᴴ, is skew-Hermitian with AX = u for a
-    tangent u. Writing A = BCᴴ with B = [Pu, X] and C = [X, −Pu] (both N×2M), the
-    Woodbury identity gives (CWY paper, appendix B, Lemma 1, applied to −A)
-
-        (I − ½BCᴴ)⁻¹(I + ½BCᴴ) Ω = Ω + B (I − ½CᴴB)⁻¹ CᴴΩ,
-
-    so only a 2M×2M matrix is factorized, in O(NM² + M³), and no N×N matrix is
-    formed. For u the Euclidean Riemannian gradient this A equals the paper's
-    Euclidean-metric A written with 3M columns; for u the canonical gradient it
-    equals Wen–Yin's GXᴴ − XGᴴ. I − ½CᴴB is invertible because its determinant
-    equals det(I − ½A) ≠ 0 (Sylvester), A having an imaginary spectrum. B and C
-    are never concatenated: CᴴB = [[XᴴPu, XᴴX], [−PuᴴPu, −PuᴴX]], so the N-sized
-    work is XᴴX, Xᴴd, Pd, PdᴴPd and the final two updates. XᴴX is the true Gram
-    (formed, or the optimizer's float64 one every k-th step), for which the
-    identity holds exactly, or I between two corrections (Note [Tall steps
-    correct every k-th step]), for a point whose Gram is I + E with E at
-    rounding level: the result then differs from Cayley(A)X by O(‖E‖·lr‖Pd‖).
-
-    The Newton–Schulz factor K = (3I − XᴴX)/2 is folded into the M×M
-    coefficients of the update at no N-sized cost (Cayley(A) is unitary, so Y
-    has the Gram of X, which K corrects). Y is accumulated on a copy of X,
-    Y = X + X·C − Pd·V with C = (I + Z₂)K − I = Z₂K − ½(XᴴX − I): both products
-    have coefficients of the size of the step, so their rounding is relative to
-    the step, and each entry of Y is rounded once more, when it is added to X
-    (as in Note [Square steps in the frame of X]). Forming X·(I + Z₂)K instead
-    rounds a sum of M products of O(1) terms per entry at every step, a drift
-    that is not corrected (docs/results.md, "Woodbury system by block
-    elimination"). A known limit: for a rank-deficient
-    step (e.g. a rank-1 gradient) with lr·‖Pd‖ between about 1e2 and 1e10 the
-    2M×2M system is ill-conditioned (its eigenvalues near γ, Note
-    [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
-    in float32 (the unscaled form did the same); the next steps' correction,
-    or the projection of Note [Off-manifold points at a step], brings it back.
-    The system is written in the scaled form of Note [Overflow-safe step] and
-    solved by `woodbury.solve_step_system` (block elimination where it is
-    stable, Note [Woodbury system by block elimination]). A
-    transported vector Ω = v costs two more N-sized products (Xᴴv, Pdᴴv) and M
-    more columns in the system; the step direction d itself costs neither
-    (Note [Image of the step direction]).
-
-    Note [Image of the step direction]
-    With Â = PdXᴴ − XPdᴴ, A = −lr·Â, so Q = Cayley(A) commutes with Â, and
-    ÂX = Pd·XᴴX − X·(XᴴPd)ᴴ. Writing d = Pd + ½X·Xᴴd = ÂX + R with
-    R = Pd(I − XᴴX) + X·W, W = ½Xᴴd + (XᴴPd)ᴴ,
-
-        Q d = Â·QX + Q R = Pd·XᴴY₀ − X·PdᴴY₀ + Y₀W + Q·Pd(I − XᴴX),
-
-    Y₀ = QX = X(I + Z₂) − Pd·V₁ (the system's solution for X). XᴴY₀ and PdᴴY₀
-    are M×M (from XᴴX, XᴴPd, PdᴴPd), so Q d is two N×M·M×M products of X and
-    Pd with no columns for d in the system and without reading d. The last
-    term is taken as Pd(I − XᴴX), an error ‖(Q − I)Pd‖·‖XᴴX − I‖ (the step's
-    length times the point's drift, ~10⁻⁷ relative to d in training), and on
-    the manifold the formula is exact.
-
-    Note [Pd through d]
-    Pd = d − ½X·E (E = Xᴴd) need not be formed, which saves an N-sized product
-    and its copy: every use of it is a Gram or a product by an M×M matrix,
-
-        PdᴴPd = dᴴd − ½(E + XᴴPd)ᴴE,   Pdᴴv = dᴴv − ½Eᴴ·Xᴴv,
-        A·X + Pd·B = (A − ½E·B)·X + d·B,
-
-    exact identities for any X (XᴴX enters through XᴴPd = E − ½XᴴX·E). On the
-    manifold d = XE + X⊥F gives dᴴd = EᴴE + FᴴF and PdᴴPd = ¼EᴴE + FᴴF ⪰ ¼dᴴd,
-    whatever d: the subtraction cancels by at most two bits, and the rounding of
-    the Gram is eps·‖d‖², as that of the formed Pd (whose entries are rounded
-    relative to d's). The coefficient A − ½E·B is step-sized where A is (B is
-    the step's), so the products keep the rounding of Note [Cayley through
-    Sherman–Morrison–Woodbury with 2M columns]. The fused gradient step forms Pd
-    from G instead: there d = G − XW is not formed, and GᴴG would cancel by as
-    much as the gradient's normal part exceeds its tangent part.
-    """
-    m = x.shape[-1]
-    eye = eye_like(x, m)
-    half = 0.5 * xhd
-    xpd = sub_product(xhd, xx, half)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
-    other = v is not None and not v_is_d
-    xv = gram(x, v) if other else None
-    if implicit:  # Note [Pd through d]: pd is d
-        pdpd = gram(pd, pd) - (xhd + xpd).mH @ half
-        pdv = gram(pd, v) - half.mH @ xv if other else None
-    else:
-        pdpd = gram(pd, pd)
-        pdv = gram(pd, v) if other else None
-
-    def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
-        return a - half @ b if implicit else a
-
-    # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
-    z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
-    z, vt = z2[..., :m], z1[..., :m]
-    k = 1.5 * eye - 0.5 * xx
-    # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
-    # products with coefficients of the step's size, accumulated on X's copy
-    c = (z @ k).add_(eye - xx, alpha=0.5)
-    b = -(vt @ k)
-    y = three_products(x, x, on_x(c, b), pd, b)
-    if v is None:
-        return y
-    if other:  # Cayley(A)v = v + XZ₂' − P̂V₁'
-        b = -z1[..., m:]
-        return y, three_products(v, x, on_x(z2[..., m:], b), pd, b)
-    # Note [Image of the step direction], for d = μ·dn (xhd, Pd of dn)
-    xpdh, z, vt = flat(xpd).mH, flat(z), flat(vt)
-    w = xpdh.add(flat(xhd), alpha=0.5)
-    pdy = torch.baddbmm(xpdh, xpdh, z).baddbmm_(flat(pdpd), vt, alpha=-1)  # PdᴴY₀
-    cx = torch.baddbmm(w - pdy, z, w).reshape(xpd.shape)  # (I + Z₂)W − PdᴴY₀
-    cp = torch.baddbmm(eye, flat(xx), z).baddbmm_(xpdh.mH, vt, alpha=-1)
-    cp = cp.baddbmm_(vt, w, alpha=-1).reshape(xpd.shape)  # XᴴY₀ − V₁W + I − XᴴX
-    return y, two_products(x, on_x(mu * cx, mu * cp), pd, mu * cp, y.shape)
-
-
 def _dense(x, dn, lr, v, xx):
     """The same scaled Cayley step through a dense N×N solve (cheaper when 2M ≥ N)."""
     n, m = x.shape[-2:]
@@ -282,7 +165,7 @@ def _cayley(x, d, lr, v, xx, smw):
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     # Pd = d − ½X·Xᴴd, never formed (Note [Pd through d])
-    return _smw(x, dn, gram(x, dn), xx, lr, v, v is d, mu if v is d else 1.0, implicit=True)
+    return smw_step(x, dn, gram(x, dn), xx, lr, v, v is d, mu if v is d else 1.0, implicit=True)
 
 
 def cayley_descent(
@@ -379,7 +262,7 @@ def cayley_gradient_step(
     xhd = h - xx @ w
     # Pd = G − X(W + ½Xᴴd), over G/μ (never over the caller's G)
     pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place() and gn is not g)
-    return _smw(x, pd, xhd, xx, lr, None, False, mu)
+    return smw_step(x, pd, xhd, xx, lr, None, False, mu)
 
 
 cayley_descent.gradient_step = cayley_gradient_step  # type: ignore[attr-defined]

@@ -172,7 +172,15 @@ def _by_inverse(n: int, m: int) -> bool:
 
 
 def right_solve_flops(n: int, m: int) -> float:
-    """FLOPs of A·R⁻¹ for A N×M (Note [Right triangular solves]): NM², or 2NM² + M³/3."""
+    """FLOPs of the QR step's A·R⁻¹ for A N×M (Note [Right triangular solves]).
+
+    Args:
+        n: rows N of A.
+        m: columns M of A (R is M×M).
+
+    Returns:
+        NM² (the triangular solve, N < 8M), or 2NM² + M³/3 (R⁻¹ and a product).
+    """
     return 2 * n * m * m + m**3 / 3 if _by_inverse(n, m) else n * m * m
 
 
