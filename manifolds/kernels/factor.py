@@ -161,13 +161,15 @@ def _congruence(xx: torch.Tensor, f: torch.Tensor | None, gamma: torch.Tensor) -
 # explicit inverse is as accurate here: the Gram path is taken only for
 # κ(R)² = κ(A)² ≤ 3 (Note [QR retraction through the Gram of X − lr·d]), and
 # A·R⁻¹ formed either way has an error of order κ(R)·eps·‖A‖. A batch of short
-# matrices (N < `_INVERSE_ROWS`·M) keeps the solve, in place over A where
-# autograd is off: there the call per matrix of the inverse costs more than the
-# solve saves.
+# matrices (N < `_INVERSE_ROWS`·M, square ones included) keeps the solve, in
+# place over A where autograd is off: there the call per matrix of the inverse
+# costs more than the solve saves. Between the two, a single small matrix
+# (N·M² below about 10⁶) takes either in a few µs, inside a step's fixed cost.
 _INVERSE_ROWS = 8
 
 
-def _by_inverse(n: int, m: int) -> bool:
+def right_solve_by_inverse(n: int, m: int) -> bool:
+    """Whether A·R⁻¹ for A N×M is the M×M inverse and a product (Note [Right triangular solves])."""
     return n >= _INVERSE_ROWS * m
 
 
@@ -181,14 +183,18 @@ def right_solve_flops(n: int, m: int) -> float:
     Returns:
         NM² (the triangular solve, N < 8M), or 2NM² + M³/3 (R⁻¹ and a product).
     """
-    return 2 * n * m * m + m**3 / 3 if _by_inverse(n, m) else n * m * m
+    return 2 * n * m * m + m**3 / 3 if right_solve_by_inverse(n, m) else n * m * m
+
+
+def times_inverse(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """A·R⁻¹ as R⁻¹ (a solve against I) and a product, in A's layout."""
+    return product_like(a, torch.linalg.solve_triangular(r, eye_like(r, r.shape[-1]), upper=True))
 
 
 def _right_solve(a: torch.Tensor, r: torch.Tensor, over_a: bool = False) -> torch.Tensor:
     """A·R⁻¹ for an upper-triangular R (Note [Right triangular solves]); over A if allowed."""
-    n, m = a.shape[-2:]
-    if _by_inverse(n, m):
-        return product_like(a, torch.linalg.solve_triangular(r, eye_like(r, m), upper=True))
+    if right_solve_by_inverse(*a.shape[-2:]):
+        return times_inverse(a, r)
     return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=a if over_a else None)
 
 

@@ -35,6 +35,7 @@ def bench():
                 "layers",
                 "skew_cayley",
                 "woodbury",
+                "right_solve",
             )
         }
     finally:
@@ -229,6 +230,36 @@ def test_batched_quick_reports_the_steps_run(bench, capsys):
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--problems", "SO"])
     assert "allowed: St, O" in capsys.readouterr().err
+
+
+def test_batched_layouts_are_the_same_points_stored_two_ways(bench, capsys):
+    batched = bench["batched"]
+    col, row = (batched._haar(3, 8, 4, 0, layout) for layout in ("column", "row"))
+    assert col.stride(-2) == 1 and row.is_contiguous()  # QR's Q by columns; a copy by rows
+    assert torch.equal(col, row)
+    batched.main(["--quick", "--slow-s", "0", "--problems", "St", "--layout", "row"])
+    assert "points stored by rows" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        batched.main(["--quick", "--layout", "rows"])
+    assert "invalid choice: 'rows'" in capsys.readouterr().err
+
+
+def test_right_solve_quick_times_both_forms_against_a_float64_solve(bench, capsys):
+    rows = bench["right_solve"].main(["--quick"])
+    assert [(r["batch"], r["n"], r["m"], r["layout"]) for r in rows] == [
+        (1, 512, 16, "row"), (1, 512, 16, "column"), (64, 32, 8, "row"), (64, 32, 8, "column"),
+    ]  # fmt: skip
+    for r in rows:
+        assert _positive(r["solve"]) and _positive(r["inverse"])
+        assert r["ratio"] == pytest.approx(r["inverse"] / r["solve"])
+        # float32 against the float64 solve, R well conditioned: both to rounding
+        assert r["solve_err"] < 1e-5 and r["inverse_err"] < 1e-5
+    assert [r["used"] for r in rows] == ["inverse", "inverse", "solve", "solve"]  # N ≥ 8M
+    assert "inverse / solve" in capsys.readouterr().out
+    for bad, says in (("--shapes=4x0x2", "BxNxM"), ("--layouts=diagonal", "allowed: row")):
+        with pytest.raises(SystemExit):
+            bench["right_solve"].main([bad])
+        assert says in capsys.readouterr().err
 
 
 def test_skew_cayley_quick_times_both_paths_and_marks_the_rows_used(bench, capsys):

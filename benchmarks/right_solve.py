@@ -1,0 +1,112 @@
+r"""A·R⁻¹ of the QR step: the triangular solve against the M×M inverse and a product.
+
+Run from a checkout: ``python -m benchmarks.right_solve`` (``--quick``: small sizes).
+For each shape (batch × N × M, float32, A stored by rows or by columns) it times
+`torch.linalg.solve_triangular` on the right and R⁻¹ (one solve against I) followed
+by a product, in interleaved rounds, median, and prints the ratio inverse / solve
+with both errors against a float64 solve (relative, max over the batch). This is
+the measurement behind `kernels.factor.right_solve_by_inverse` (Note [Right
+triangular solves] in `stiefel.manifolds.kernels.factor`): column "used" names the
+form the QR step takes for that shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from stiefel.comparisons import cost as timing
+from stiefel.manifolds.kernels import factor
+
+from ._timing import device_of, fmt_ratio, fmt_time, header, table
+
+SHAPES = "1x65536x64,1x4096x64,64x1024x16,4096x64x16,1024x64x64"
+
+
+def _shapes(text: str, parser: argparse.ArgumentParser) -> list[tuple[int, int, int]]:
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            parser.error(f"--shapes={text!r}: each shape is BxNxM with positive integers")
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def run(shapes, layouts, rounds: int, device: torch.device) -> list[dict]:
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    for b, n, m in shapes:
+        for layout in layouts:
+            a = torch.randn(b, n, m, generator=gen, device=device)
+            a = a if layout == "row" else a.mT.contiguous().mT
+            # the R of a Cholesky-QR step: well conditioned (κ(R)² ≤ 3 on the Gram path)
+            eye = torch.eye(m, device=device)
+            r = torch.linalg.cholesky(a.mH @ a / n + eye, upper=True)
+            ref = torch.linalg.solve_triangular(r.double(), a.double(), upper=True, left=False)
+            fns = {
+                "solve": lambda a=a, r=r: torch.linalg.solve_triangular(
+                    r, a, upper=True, left=False
+                ),
+                "inverse": lambda a=a, r=r: factor.times_inverse(a, r),
+            }
+            times = {name: [] for name in fns}
+            for fn in fns.values():
+                fn()  # warm-up
+            for _ in range(rounds):  # interleaved rounds
+                for name, fn in fns.items():
+                    times[name].append(timing.timed(fn))  # CUDA synchronised
+            errs = {
+                name: float(
+                    (
+                        torch.linalg.matrix_norm(fn().double() - ref)
+                        / torch.linalg.matrix_norm(ref)
+                    ).max()
+                )
+                for name, fn in fns.items()
+            }
+            med = {name: statistics.median(t) for name, t in times.items()}
+            rows.append(
+                {"batch": b, "n": n, "m": m, "layout": layout}
+                | {"used": "inverse" if factor.right_solve_by_inverse(n, m) else "solve"}
+                | {name: med[name] for name in fns}
+                | {"ratio": med["inverse"] / med["solve"]}
+                | {f"{name}_err": errs[name] for name in fns}
+            )
+    return rows
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes; 3 rounds")
+    ap.add_argument("--shapes", default=SHAPES, help="BxNxM shapes, comma-separated")
+    ap.add_argument("--layouts", default="row,column", help="row, column or both (how A is stored)")
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
+    ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
+    args = ap.parse_args(argv)
+    device = device_of(args.device, ap)
+    shapes = _shapes("1x512x16,64x32x8" if args.quick else args.shapes, ap)
+    layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
+    if not layouts or set(layouts) - {"row", "column"}:
+        ap.error(f"--layouts={args.layouts!r}: allowed: row, column (comma-separated)")
+    rows = run(shapes, layouts, 3 if args.quick else args.rounds, device)
+    print(header("A·R⁻¹: the M×M inverse and a product / the triangular solve", device))
+    print(
+        table(
+            ["batch", "N", "M", "A stored by", "solve", "inverse", "inverse / solve"]
+            + ["used", "solve err", "inverse err"],
+            [
+                [r["batch"], r["n"], r["m"], r["layout"] + "s", fmt_time(r["solve"])]
+                + [fmt_time(r["inverse"]), fmt_ratio(r["ratio"]), r["used"]]
+                + [f"{r['solve_err']:.1e}", f"{r['inverse_err']:.1e}"]
+                for r in rows
+            ],
+        )
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    main()
