@@ -97,7 +97,8 @@ class RAdam(RiemannianOptimizer):
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     formula = (
-        "cayley: 14NM² + 6M³ + 2NM²/k (the fused step plus the moment's transport; "
+        "cayley: 16NM² + 6M³ + 2NM²/k (the Riemannian gradient's Gram and product, the "
+        "step's Xᴴd and dᴴd, two products for the point and two for the moment's image; "
         "the float64 XᴴX every k-th step, frame.correction_period); O(n), U(n): rgd's "
         "square Cayley step (the moment in the frame of X)"
     )
@@ -125,7 +126,7 @@ class RAdam(RiemannianOptimizer):
             return math.nan
         if n == m:
             return RGD.step_flops(n, m, retraction="cayley")
-        return 14 * n * m * m + 6 * m**3 + correction_flops(n, m)
+        return 16 * n * m * m + 6 * m**3 + correction_flops(n, m)
 
     def __init__(
         self,

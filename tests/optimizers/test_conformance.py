@@ -248,7 +248,9 @@ def test_info_of_the_builtins_keeps_the_harness_numbers():
         (a, b) for a in ("canonical", "euclidean") for b in ("cayley", "qr")
     }
     radam = optimizers.info("radam")
-    assert radam.flops(n, m, retraction="cayley") == 16 * n * m * m + 6 * m**3
+    # XᴴG and ξ, Xᴴd and dᴴd, two products for Y and two for the moment's image (Note
+    # [Pd through d]); the float64 XᴴX of every step at M = 10 (k = 1)
+    assert radam.flops(n, m, retraction="cayley") == 8 * gemm + 6 * m**3 + gemm
     # O(n): the moment in the frame of X, rgd's square step (Note [Moments in the frame of X])
     assert radam.flops(n, n, retraction="cayley") == rgd.flops(n, n, retraction="cayley")
     assert optimizers.info("landing").flops(n, m) == 8 * n * m * m
