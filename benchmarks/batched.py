@@ -4,15 +4,18 @@ Run from a checkout: ``python -m benchmarks.batched`` (``--quick`` for a short r
 Two problems, float32: a batch of 4096 points on St(64, 16) and of 1024 on O(64).
 For each optimizer (this package's ``rgd``, ``radam``, ``landing``, ``pogo``,
 ``manifold_muon`` through ``stiefel.optimizers.create``; pogo-torch's ``POGO``
-and geoopt's ``RiemannianSGD`` as anchors, in the same run) it prints the mean
-time of ``step()`` on a fixed gradient, the ratio to pogo-torch's step with the
+and geoopt's ``RiemannianSGD`` as anchors, in the same run) it prints the time
+of ``step()`` on a fixed gradient (the median over ``--rounds`` interleaved rounds,
+in each of which every optimizer takes ``--timed`` steps in turn, of the mean of
+a round's steps after its first), the ratio to pogo-torch's step with the
 same kind of base (``SGD`` for the plain steps, ``VectorAdam`` for ``radam`` and
 ``pogo``'s adam base), and the orthogonality drift max ‖XᴴX − I‖_F (in float64) over the
 batch after ``--steps`` steps of
 the loss ‖X − T‖²_F towards a fixed random target T (gradient 2(X − T),
-formed by hand so that only the optimizer is timed). An optimizer whose step
-takes longer than ``--slow-s`` seconds runs only the timed steps: the column
-"steps" gives the count its drift and loss were measured after. ``--layout``
+formed by hand so that only the optimizer is timed), run after the timing rounds.
+An optimizer whose step takes longer than ``--slow-s`` seconds runs only the
+steps of the rounds: the column "steps" gives the count its drift and loss were
+measured after. ``--layout``
 chooses how the points are stored: ``column`` (per matrix, as ``torch.linalg.qr``
 returns them, the default of the earlier tables) or ``row`` (as a parameter
 created by torch, or `Stiefel.random`, is). Timings on a shared machine are
@@ -87,48 +90,64 @@ def _candidates(lr: float, muon_inner: int):
     ]
 
 
-def _run(label, make, x0, man, target, steps: int, timed: int, clock=time.perf_counter, slow_s=1.0):
-    """(mean step time, drift, loss, steps run); a slower step than ``slow_s`` runs ``timed``.
+def _step(p, opt, target, clock=time.perf_counter) -> float:
+    """One step on the gradient 2(X − T), formed outside the timed interval; its time."""
+    with torch.no_grad():
+        p.grad = 2 * (p.detach() - target)
+    t = clock()
+    opt.step()
+    return clock() - t
 
-    The mean of the timed steps after the first, not their median: a square step of
-    ``rgd`` forms its wide XᴴX and corrects the drift at one step in
-    `correction_period`(n) (the default 8 timed steps are whole cycles), which a
-    median would leave out.
+
+def _rounds(arms: list[dict], target, rounds: int, timed: int, clock) -> None:
+    """Interleaved timing: in each round every arm takes ``timed`` steps in turn.
+
+    A round's time of an arm is the mean of its steps after the first (the first
+    warms what the other arms evicted), not their median: a square step of ``rgd``
+    forms its wide XᴴX and corrects the drift at one step in `correction_period`(n)
+    (the default 8 steps are whole cycles), which a median would leave out. The
+    step time is the median of the rounds': rounds interleave the arms, so a change
+    of the machine's speed during the run reaches every arm alike.
     """
-    p, opt = make(x0, man)
-    times = []
-    k = 0
-    for k in range(1, steps + 1):
-        with torch.no_grad():
-            p.grad = 2 * (p.detach() - target)
-        t = clock()
-        opt.step()
-        if k <= timed:
-            times.append(clock() - t)
-        if k == timed and statistics.mean(times[1:] or times) > slow_s:
-            break
-    x = p.detach()
+    for _ in range(rounds):
+        for arm in arms:
+            times = [_step(arm["p"], arm["opt"], target, clock) for _ in range(timed)]
+            arm["rounds"].append(statistics.mean(times[1:] if len(times) > 1 else times))
+            arm["steps"] += timed
+
+
+def _finish(arm: dict, target, steps: int, slow_s: float) -> tuple[float, float]:
+    """Run ``arm`` to ``steps`` steps (not if its step is slower than ``slow_s``); (drift, loss)."""
+    if statistics.median(arm["rounds"]) <= slow_s:
+        while arm["steps"] < steps:
+            _step(arm["p"], arm["opt"], target)
+            arm["steps"] += 1
+    x = arm["p"].detach()
     # the drift of the float32 point, measured in float64: a float32 XᴴX would add its
     # own rounding (~3e-7 on these shapes), the size of the differences compared
     xw = x.to(torch.promote_types(x.dtype, torch.float64))
     eye = torch.eye(x.shape[-1], dtype=xw.dtype, device=x.device)
     drift = float(torch.linalg.matrix_norm(xw.mH @ xw - eye).max())
-    loss = float(((x - target) ** 2).sum() / x.shape[0])
-    return statistics.mean(times[1:] if len(times) > 1 else times), drift, loss, k
+    return drift, float(((x - target) ** 2).sum() / x.shape[0])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small batches, 20 steps")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--timed", type=int, default=9, help="steps timed (the first is dropped)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps before the drift (1000; --quick: 20)"
+    )
+    parser.add_argument(
+        "--timed", type=int, default=9, help="steps per arm and round (the first is dropped)"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--muon-inner", type=int, default=2)
     parser.add_argument(
         "--slow-s",
         type=float,
         default=1.0,
-        help="an optimizer whose step takes longer runs only the timed steps (see 'steps')",
+        help="an optimizer whose step takes longer runs only the rounds' steps (see 'steps')",
     )
     parser.add_argument(
         "--problems",
@@ -162,7 +181,12 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.synchronize(device)
             return time.perf_counter()
 
-    steps = 20 if args.quick else args.steps
+    steps = args.steps if args.steps is not None else 20 if args.quick else 1000
+    rounds = 2 if args.quick else args.rounds
+    if min(args.timed, rounds, steps) < 1:
+        parser.error(
+            f"--timed={args.timed}, --rounds={rounds}, --steps={steps}: allowed: at least 1 each"
+        )
     problems = [("St(64, 16)", 4096, 64, 16), ("O(64)", 1024, 64, 64)]
     if args.quick:
         problems = [("St(64, 16)", 64, 64, 16), ("O(64)", 16, 64, 64)]
@@ -173,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     problems = [p for p in problems if p[0].split("(")[0] in wanted]
     print(
         f"torch {torch.__version__}, {device_name(device)}, {torch.get_num_threads()} threads, "
-        f"float32, lr={args.lr}, {steps} steps (drift after them), step time = mean of "
-        f"{args.timed - 1} ({args.clock} clock), points stored by {args.layout}s"
+        f"float32, lr={args.lr}, {steps} steps (drift after them), step time = median of "
+        f"{rounds} interleaved rounds of the mean of {max(args.timed - 1, 1)} steps "
+        f"({args.clock} clock), points stored by {args.layout}s"
     )
     for title, batch, n, m in problems:
         man = Orthogonal(n) if n == m else Stiefel(n, m)
@@ -184,17 +209,22 @@ def main(argv: list[str] | None = None) -> None:
             f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'steps':>6} "
             f"{'drift':>10} {'loss':>9}"
         )
-        ref = {}
+        arms = []
         for label, make, anchor in _candidates(args.lr, args.muon_inner):
-            t, drift, loss, ran = _run(
-                label, make, x0, man, target, steps, args.timed, clock, args.slow_s
-            )
-            ref.setdefault(anchor, t)  # the first row of each anchor is pogo-torch's
+            p, opt = make(x0, man)
+            arms.append(dict(label=label, anchor=anchor, p=p, opt=opt, rounds=[], steps=0))
+        _rounds(arms, target, rounds, args.timed, clock)
+        ref = {}
+        for arm in arms:
+            t = statistics.median(arm["rounds"])
+            drift, loss = _finish(arm, target, steps, args.slow_s)
+            ref.setdefault(arm["anchor"], t)  # the first row of each anchor is pogo-torch's
             print(
-                f"{label:>26} {1e3 * t:>9.2f} {t / ref[anchor]:>13.2f} {ran:>6} {drift:>10.2e} "
-                f"{loss:>9.3f}",
+                f"{arm['label']:>26} {1e3 * t:>9.2f} {t / ref[arm['anchor']]:>13.2f} "
+                f"{arm['steps']:>6} {drift:>10.2e} {loss:>9.3f}",
                 flush=True,
             )
+            arm.clear()  # the arm's parameter and state are not needed any more
 
 
 if __name__ == "__main__":

@@ -221,9 +221,14 @@ def test_square_quick(bench, tmp_path, capsys):
 
 def test_batched_quick_reports_the_steps_run(bench, capsys):
     batched = bench["batched"]
-    batched.main(["--quick", "--slow-s", "0"])  # every row stops after its timed steps
+    batched.main(["--quick", "--slow-s", "0"])  # every row stops after its rounds' steps
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if "(sgd)" in line]
+    assert len(rows) == 4 and all(r[-3] == "18" for r in rows)  # "steps": 2 rounds of 9
+    assert "median of 2 interleaved rounds of the mean of 8 steps" in out
+    batched.main(["--quick", "--problems", "O", "--steps", "25"])  # the fast rows run on
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if "(sgd)" in line]
-    assert len(rows) == 4 and all(r[-3] == "9" for r in rows)  # "steps": the 9 timed
+    assert len(rows) == 2 and all(r[-3] == "25" for r in rows)
     batched.main(["--quick", "--slow-s", "0", "--problems", "O"])
     out = capsys.readouterr().out
     assert "O(64), batch" in out and "St(64, 16)" not in out
