@@ -204,10 +204,10 @@ def solve_step_system(
     return z[..., :m, :] / tc, z[..., m:, :]
 
 
-def smw_step(x, pd, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
+def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
     r"""Y = Cayley(A)X(3I − XᴴX)/2 for Pu = −lr·Pd through a 2M×2M system.
 
-    ``pd`` is Pd, or with ``implicit`` the direction d itself (Note [Pd through d]).
+    ``pd_or_d`` is Pd, or with ``implicit`` the direction d itself (Note [Pd through d]).
 
     Note [Cayley through Sherman–Morrison–Woodbury with 2M columns]
     A = (Pu)Xᴴ − X(Pu)ᴴ, P = I − ½XXᴴ, is skew-Hermitian with AX = u for a
@@ -222,7 +222,8 @@ def smw_step(x, pd, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
     equals Wen–Yin's GXᴴ − XGᴴ. I − ½CᴴB is invertible because its determinant
     equals det(I − ½A) ≠ 0 (Sylvester), A having an imaginary spectrum. B and C
     are never concatenated: CᴴB = [[XᴴPu, XᴴX], [−PuᴴPu, −PuᴴX]], so the N-sized
-    work is XᴴX, Xᴴd, Pd, PdᴴPd and the final two updates. XᴴX is the true Gram
+    work is XᴴX, Xᴴd, PdᴴPd and the final two updates (and Pd itself in the fused
+    gradient step; Note [Pd through d]). XᴴX is the true Gram
     (formed, or the optimizer's float64 one every k-th step), for which the
     identity holds exactly, or I between two corrections (Note [Tall steps
     correct every k-th step]), for a point whose Gram is I + E with E at
@@ -283,15 +284,15 @@ def smw_step(x, pd, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
 
     Args:
         x: points (..., N, M), 2M < N.
-        pd: Pd = d − ½X·Xᴴd, or d itself with ``implicit``.
+        pd_or_d: Pd = d − ½X·Xᴴd, or d itself with ``implicit``.
         xhd: Xᴴd, (..., M, M).
         xx: XᴴX (the formed Gram, or I between two corrections).
         lr: the step size, a float or a tensor broadcastable to (..., 1, 1).
         v: a vector to transport, or None.
         v_is_d: whether ``v`` is the step direction d (Note [Image of the step
-            direction]; ``pd`` is then of d/μ).
+            direction]; ``pd_or_d`` is then of d/μ).
         mu: the scale μ of d = μ·(d/μ), with ``v_is_d``.
-        implicit: ``pd`` is d (Note [Pd through d]).
+        implicit: ``pd_or_d`` is d (Note [Pd through d]).
 
     Returns:
         Y, or (Y, Cayley(A)v) when ``v`` is given.
@@ -302,12 +303,12 @@ def smw_step(x, pd, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
     xpd = sub_product(xhd, xx, half)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
     other = v is not None and not v_is_d
     xv = gram(x, v) if other else None
-    if implicit:  # Note [Pd through d]: pd is d
-        pdpd = gram(pd, pd) - (xhd + xpd).mH @ half
-        pdv = gram(pd, v) - half.mH @ xv if other else None
+    if implicit:  # Note [Pd through d]
+        pdpd = gram(pd_or_d, pd_or_d) - (xhd + xpd).mH @ half
+        pdv = gram(pd_or_d, v) - half.mH @ xv if other else None
     else:
-        pdpd = gram(pd, pd)
-        pdv = gram(pd, v) if other else None
+        pdpd = gram(pd_or_d, pd_or_d)
+        pdv = gram(pd_or_d, v) if other else None
 
     def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
         return a - half @ b if implicit else a
@@ -320,12 +321,12 @@ def smw_step(x, pd, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
     # products with coefficients of the step's size, accumulated on X's copy
     c = (z @ k).add_(eye - xx, alpha=0.5)
     b = -(vt @ k)
-    y = three_products(x, x, on_x(c, b), pd, b)
+    y = three_products(x, x, on_x(c, b), pd_or_d, b)
     if v is None:
         return y
     if other:  # Cayley(A)v = v + XZ₂' − P̂V₁'
         b = -z1[..., m:]
-        return y, three_products(v, x, on_x(z2[..., m:], b), pd, b)
+        return y, three_products(v, x, on_x(z2[..., m:], b), pd_or_d, b)
     # Note [Image of the step direction], for d = μ·dn (xhd, Pd of dn)
     xpdh, z, vt = flat(xpd).mH, flat(z), flat(vt)
     w = xpdh.add(flat(xhd), alpha=0.5)
@@ -333,4 +334,4 @@ def smw_step(x, pd, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
     cx = torch.baddbmm(w - pdy, z, w).reshape(xpd.shape)  # (I + Z₂)W − PdᴴY₀
     cp = torch.baddbmm(eye, flat(xx), z).baddbmm_(xpdh.mH, vt, alpha=-1)
     cp = cp.baddbmm_(vt, w, alpha=-1).reshape(xpd.shape)  # XᴴY₀ − V₁W + I − XᴴX
-    return y, two_products(x, on_x(mu * cx, mu * cp), pd, mu * cp, y.shape)
+    return y, two_products(x, on_x(mu * cx, mu * cp), pd_or_d, mu * cp, y.shape)
