@@ -34,6 +34,7 @@ __all__ = [
     "Timing",
     "median_time",
     "measure",
+    "interleaved",
     "thread_timed",
     "fmt_time",
     "fmt_ratio",
@@ -102,6 +103,24 @@ def measure(
         if time.perf_counter() - start > budget_s:
             break
     return Timing(statistics.median(times), len(times))
+
+
+def interleaved(
+    fns: dict[Any, Callable[[], object]], rounds: int, clock: Callable = timing.timed
+) -> dict[Any, float]:
+    """Median time of each ``fn`` over ``rounds`` rounds, each calling every one once in turn.
+
+    One warm-up call each first. Interleaving puts a change of the machine's speed
+    during the run into every ``fn``'s times alike; ``clock`` times one call (CUDA
+    synchronised by default, `thread_timed` for the CPU time of one thread).
+    """
+    for fn in fns.values():
+        fn()
+    times: dict[Any, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            times[key].append(clock(fn))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def device_of(text: str | None, parser: argparse.ArgumentParser | None = None) -> torch.device:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import statistics
 import types
 from collections.abc import Callable, Iterator
 
@@ -55,6 +54,7 @@ from ._timing import (
     fmt_ratio,
     fmt_time,
     header,
+    interleaved,
     ratio,
     table,
     target,
@@ -139,23 +139,12 @@ def _package_shipped() -> Callable[[torch.Tensor], torch.Tensor] | None:
     return gram_newton_schulz.GramNewtonSchulz(ns_use_kernels=False, compile_kwargs=None)
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], rounds: int, clock) -> dict[str, float]:
-    """Median time of each ``fn`` over ``rounds`` rounds, each calling every one once."""
-    for fn in fns.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            times[key].append(clock(fn))
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def _gemm_ratio(n: int, device: torch.device, clock) -> dict[str, float]:
     """Time of an n³ product in bfloat16 and float32 (median of 3)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     a16, b16 = a.bfloat16(), b.bfloat16()
-    t = _interleaved({"float32": lambda: a @ b, "bfloat16": lambda: a16 @ b16}, 3, clock)
+    t = interleaved({"float32": lambda: a @ b, "bfloat16": lambda: a16 @ b16}, 3, clock)
     return {**t, "bf16_over_f32": t["bfloat16"] / t["float32"]}
 
 
@@ -190,7 +179,7 @@ def engines(n: int, m: int, rounds: int, device: torch.device, clock) -> list[di
         fns["gram-newton-schulz Gram PE-5 (float16, shipped)"] = functools.partial(
             _package_shipped(), g
         )
-    times = _interleaved(fns, rounds, clock)
+    times = interleaved(fns, rounds, clock)
     anchor = torch_newton_schulz_float32(g, MUON_COEFFICIENTS, 5, 1e-7)
     rows = []
     for label, fn in fns.items():
@@ -261,7 +250,7 @@ def _step_candidates(shapes, device) -> dict[str, Callable[[], None]]:
 
 def step(shapes, rounds: int, device: torch.device, clock) -> list[dict]:
     """Part (b): one step of each optimizer on the same weights and gradients."""
-    times = _interleaved(_step_candidates(shapes, device), rounds, clock)
+    times = interleaved(_step_candidates(shapes, device), rounds, clock)
     return [{"label": k, "seconds": v} for k, v in times.items()]
 
 

@@ -1,37 +1,42 @@
 r"""A·R⁻¹ of the QR step: the triangular solve against the M×M inverse and a product.
 
 Run from a checkout: ``python -m benchmarks.right_solve`` (``--quick``: small sizes).
-For each shape (batch × N × M, float32, A stored by rows or by columns) it times
-`torch.linalg.solve_triangular` on the right and R⁻¹ (one solve against I) followed
-by a product, in interleaved rounds, median, and prints the ratio inverse / solve
-with both errors against a float64 solve (relative, max over the batch). This is
-the measurement behind `kernels.factor.right_solve_by_inverse` (Note [Right
-triangular solves] in `stiefel.manifolds.kernels.factor`): column "used" names the
-form the QR step takes for that shape.
+For each shape (``[B*]NxM``: a batch of B matrices N×M, float32, A stored by
+rows or by columns) it times `torch.linalg.solve_triangular` on the right and
+R⁻¹ (one solve against I) followed by a product, in interleaved rounds, median,
+and prints the ratio inverse / solve with both errors against a float64 solve
+(relative, max over the batch). This is the measurement behind
+`kernels.factor.right_solve_by_inverse` (Note [Right triangular solves] in
+`stiefel.manifolds.kernels.factor`): column "used" names the form the QR step
+takes for that shape.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from stiefel.comparisons import cost as timing
 from stiefel.manifolds.kernels import factor
 
-from ._timing import device_of, fmt_ratio, fmt_time, header, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, parse_shape, table
 
-SHAPES = "1x65536x64,1x4096x64,64x1024x16,4096x64x16,1024x64x64"
+SHAPES = "65536x64,4096x64,64*1024x16,4096*64x16,1024*64x64"
 
 
 def _shapes(text: str, parser: argparse.ArgumentParser) -> list[tuple[int, int, int]]:
+    """``"4096*64x16,65536x64"`` → [(4096, 64, 16), (1, 65536, 64)]: a batch and NxM."""
     out = []
     for item in text.split(","):
-        parts = item.strip().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            parser.error(f"--shapes={text!r}: each shape is BxNxM with positive integers")
-        out.append(tuple(int(p) for p in parts))
+        batch, _, shape = item.strip().rpartition("*")
+        try:
+            n, m = parse_shape(shape)
+            b = int(batch or 1)
+            if min(b, n, m) < 1:
+                raise ValueError(f"shape {item!r}; allowed: positive sizes")
+        except ValueError as err:
+            parser.error(f"--shapes={text!r}: {err} (each shape [B*]NxM)")
+        out.append((b, n, m))
     return out
 
 
@@ -52,12 +57,7 @@ def run(shapes, layouts, rounds: int, device: torch.device) -> list[dict]:
                 ),
                 "inverse": lambda a=a, r=r: factor.times_inverse(a, r),
             }
-            times = {name: [] for name in fns}
-            for fn in fns.values():
-                fn()  # warm-up
-            for _ in range(rounds):  # interleaved rounds
-                for name, fn in fns.items():
-                    times[name].append(timing.timed(fn))  # CUDA synchronised
+            med = interleaved(fns, rounds)
             errs = {
                 name: float(
                     (
@@ -67,7 +67,6 @@ def run(shapes, layouts, rounds: int, device: torch.device) -> list[dict]:
                 )
                 for name, fn in fns.items()
             }
-            med = {name: statistics.median(t) for name, t in times.items()}
             rows.append(
                 {"batch": b, "n": n, "m": m, "layout": layout}
                 | {"used": "inverse" if factor.right_solve_by_inverse(n, m) else "solve"}
@@ -81,13 +80,13 @@ def run(shapes, layouts, rounds: int, device: torch.device) -> list[dict]:
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes; 3 rounds")
-    ap.add_argument("--shapes", default=SHAPES, help="BxNxM shapes, comma-separated")
+    ap.add_argument("--shapes", default=SHAPES, help="[B*]NxM shapes, comma-separated")
     ap.add_argument("--layouts", default="row,column", help="row, column or both (how A is stored)")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
     ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = ap.parse_args(argv)
     device = device_of(args.device, ap)
-    shapes = _shapes("1x512x16,64x32x8" if args.quick else args.shapes, ap)
+    shapes = _shapes("512x16,64*32x8" if args.quick else args.shapes, ap)
     layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
     if not layouts or set(layouts) - {"row", "column"}:
         ap.error(f"--layouts={args.layouts!r}: allowed: row, column (comma-separated)")

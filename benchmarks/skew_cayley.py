@@ -15,14 +15,12 @@ would take all the same, marked "not used".
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from stiefel.comparisons import cost as timing
 from stiefel.manifolds.kernels import euler, skew_cayley
 
-from ._timing import device_of, fmt_ratio, fmt_time, header, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
 
 
 def _needed(r: float, dtype: torch.dtype) -> int:
@@ -50,20 +48,14 @@ def run(sizes, radii, rounds: int, device: torch.device, work: int) -> list[dict
                 "series": lambda k=k, j=j: skew_cayley.euler_delta(k, j),
                 "solve": lambda k=k: skew_cayley.cayley_delta(k, None),
             }
-            times = {name: [] for name in fns}
             with torch.no_grad():
-                for fn in fns.values():
-                    fn()  # warm-up
-                for _ in range(rounds):  # interleaved rounds
-                    for name, fn in fns.items():
-                        times[name].append(timing.timed(fn))  # CUDA synchronised
+                med = interleaved(fns, rounds)
                 errs = {}
                 for name, fn in fns.items():
                     d = fn().double()
                     errs[name] = float(
                         (torch.linalg.matrix_norm(d - ref) / torch.linalg.matrix_norm(ref)).max()
                     )
-            med = {name: statistics.median(t) for name, t in times.items()}
             rows.append(
                 {
                     "n": n,

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 
 import torch
 
-from stiefel.comparisons import cost as timing
 from stiefel.manifolds.kernels import euler, woodbury
 
-from ._timing import device_of, fmt_ratio, fmt_time, header, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
 
 SHAPES = (
     (4096, 64, 16),
@@ -83,18 +81,12 @@ def run(shapes, rounds: int, device: torch.device, betas=(0.5, 1 / 16)) -> list[
             fns = {
                 on: (lambda on=on, data=data, lr=lr: _solve(data, lr, on)) for on in (True, False)
             }
-            times = {on: [] for on in fns}
             with torch.no_grad():
-                for fn in fns.values():
-                    fn()  # warm-up
-                for _ in range(rounds):  # interleaved rounds
-                    for on, fn in fns.items():
-                        times[on].append(timing.timed(fn))  # CUDA synchronised
+                med = interleaved(fns, rounds)
                 errs = {
                     on: max(_relative(a, b) for a, b in zip(fn(), ref, strict=True))
                     for on, fn in fns.items()
                 }
-            med = {on: statistics.median(ts) for on, ts in times.items()}
             rows.append(
                 {
                     "batch": batch,

@@ -261,7 +261,12 @@ def test_right_solve_quick_times_both_forms_against_a_float64_solve(bench, capsy
         assert r["solve_err"] < 1e-5 and r["inverse_err"] < 1e-5
     assert [r["used"] for r in rows] == ["inverse", "inverse", "solve", "solve"]  # N ≥ 8M
     assert "inverse / solve" in capsys.readouterr().out
-    for bad, says in (("--shapes=4x0x2", "BxNxM"), ("--layouts=diagonal", "allowed: row")):
+    for bad, says in (
+        ("--shapes=4*0x2", "allowed: positive sizes"),
+        ("--shapes=4x2x2", "allowed: NxM"),
+        ("--shapes=a*8x2", "[B*]NxM"),
+        ("--layouts=diagonal", "allowed: row"),
+    ):
         with pytest.raises(SystemExit):
             bench["right_solve"].main([bad])
         assert says in capsys.readouterr().err
