@@ -20,11 +20,29 @@ chooses how the points are stored: ``column`` (per matrix, as ``torch.linalg.qr`
 returns them, the default of the earlier tables) or ``row`` (as a parameter
 created by torch, or `Stiefel.random`, is). Timings on a shared machine are
 noisy: compare ratios measured in the same run only.
+
+Note [Page faults in a step's time]
+The column "faults" is the median over the rounds of the minor page faults per
+timed step: memory the allocator had given back to the OS and maps again, zeroed,
+at first touch. glibc returns a freed block to the OS once the free memory at the
+top of its heap exceeds a threshold that itself moves with the sizes freed, so
+whether a step's temporaries fault depends on what the process allocated before
+as much as on the step, and a batched step's temporaries are large enough for the
+faults to be a visible part of its time. A row with many faults measures the
+allocator's state beside the arithmetic; its ratio is not one of the step's
+alone (docs/results.md, "Page faults in the batched table", has the figures).
+So by default (``--malloc keep``) the run first asks glibc, through ``mallopt``, to
+keep freed memory in the process (no trimming; blocks up to 32 MiB from the heap,
+not from their own mappings): after its first steps no row faults, whichever
+library it is, and the ratios compare the steps. ``--malloc default`` measures
+with glibc's own settings, as a program that does not tune them runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import resource
 import statistics
 import time
 
@@ -90,13 +108,49 @@ def _candidates(lr: float, muon_inner: int):
     ]
 
 
-def _step(p, opt, target, clock=time.perf_counter) -> float:
-    """One step on the gradient 2(X − T), formed outside the timed interval; its time."""
+def minor_faults() -> int:
+    """The minor page faults this process has taken so far (Note [Page faults in a step's time])."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+#: mallopt's parameters (glibc's malloc.h) and the largest mmap threshold it accepts
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 << 20
+
+
+def keep_freed_memory() -> str:
+    """Ask glibc's malloc to keep freed memory in this process; what was applied, in words.
+
+    No trimming of the heap's top, and blocks up to 32 MiB from the heap (Note
+    [Page faults in a step's time]).
+
+    Returns:
+        ``"keep"`` when both settings took, otherwise which did not and why.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # TypeError: no CDLL(None) on Windows
+        return "default (this C library has no mallopt)"
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    refused = [
+        name
+        for name, param, value in (
+            ("trim threshold", _M_TRIM_THRESHOLD, 2**31 - 1),
+            ("mmap threshold", _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX),
+        )
+        if mallopt(param, value) != 1  # glibc's mallopt returns 1 on success
+    ]
+    return "keep" if not refused else f"keep, except: mallopt refused the {', '.join(refused)}"
+
+
+def _step(p, opt, target, clock=time.perf_counter) -> tuple[float, int]:
+    """One step on the gradient 2(X − T), formed outside the timed interval; its time
+    and its minor page faults."""
     with torch.no_grad():
         p.grad = 2 * (p.detach() - target)
-    t = clock()
+    faults, t = minor_faults(), clock()
     opt.step()
-    return clock() - t
+    t = clock() - t
+    return t, minor_faults() - faults
 
 
 def _rounds(arms: list[dict], target, rounds: int, timed: int, clock) -> None:
@@ -111,8 +165,11 @@ def _rounds(arms: list[dict], target, rounds: int, timed: int, clock) -> None:
     """
     for _ in range(rounds):
         for arm in arms:
-            times = [_step(arm["p"], arm["opt"], target, clock) for _ in range(timed)]
-            arm["rounds"].append(statistics.mean(times[1:] if len(times) > 1 else times))
+            steps = [_step(arm["p"], arm["opt"], target, clock) for _ in range(timed)]
+            times, faults = zip(*steps, strict=True)
+            kept = slice(1 if timed > 1 else 0, None)
+            arm["rounds"].append(statistics.mean(times[kept]))
+            arm["faults"].append(statistics.mean(faults[kept]))
             arm["steps"] += timed
 
 
@@ -162,6 +219,13 @@ def main(argv: list[str] | None = None) -> None:
         help="points stored per matrix by columns (torch.linalg.qr's Q) or by rows",
     )
     parser.add_argument(
+        "--malloc",
+        choices=("keep", "default"),
+        default="keep",
+        help="keep freed memory in the process (glibc mallopt; no row's time includes page "
+        "faults after its first steps) or glibc's default settings",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "thread"),
         default="wall",
@@ -195,24 +259,27 @@ def main(argv: list[str] | None = None) -> None:
     if unknown or not wanted:
         parser.error(f"--problems={args.problems!r}: allowed: St, O (comma-separated)")
     problems = [p for p in problems if p[0].split("(")[0] in wanted]
+    malloc = keep_freed_memory() if args.malloc == "keep" else "default"  # after every check
     print(
         f"torch {torch.__version__}, {device_name(device)}, {torch.get_num_threads()} threads, "
         f"float32, lr={args.lr}, {steps} steps (drift after them), step time = median of "
         f"{rounds} interleaved rounds of the mean of {max(args.timed - 1, 1)} steps "
-        f"({args.clock} clock), points stored by {args.layout}s"
+        f"({args.clock} clock), points stored by {args.layout}s, malloc: {malloc}"
     )
     for title, batch, n, m in problems:
         man = Orthogonal(n) if n == m else Stiefel(n, m)
         x0, target = (_haar(batch, n, m, s, args.layout).to(device) for s in (0, 1))
         print(f"\n{title}, batch {batch}")
         print(
-            f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'steps':>6} "
-            f"{'drift':>10} {'loss':>9}"
+            f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'faults':>8} "
+            f"{'steps':>6} {'drift':>10} {'loss':>9}"
         )
         arms = []
         for label, make, anchor in _candidates(args.lr, args.muon_inner):
             p, opt = make(x0, man)
-            arms.append(dict(label=label, anchor=anchor, p=p, opt=opt, rounds=[], steps=0))
+            arms.append(
+                dict(label=label, anchor=anchor, p=p, opt=opt, rounds=[], faults=[], steps=0)
+            )
         _rounds(arms, target, rounds, args.timed, clock)
         ref = {}
         for arm in arms:
@@ -221,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
             ref.setdefault(arm["anchor"], t)  # the first row of each anchor is pogo-torch's
             print(
                 f"{arm['label']:>26} {1e3 * t:>9.2f} {t / ref[arm['anchor']]:>13.2f} "
-                f"{arm['steps']:>6} {drift:>10.2e} {loss:>9.3f}",
+                f"{statistics.median(arm['faults']):>8.0f} {arm['steps']:>6} {drift:>10.2e} "
+                f"{loss:>9.3f}",
                 flush=True,
             )
             arm.clear()  # the arm's parameter and state are not needed any more

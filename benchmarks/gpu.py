@@ -9,6 +9,8 @@ installed. Each step runs in its own process under a time limit, in this order:
 3. ``batched``: 4096 × St(64, 16) and 1024 × O(64) against pogo-torch, with drift;
    ``skew_cayley``: the square Cayley step's product series against the batched solve;
    ``woodbury``: the Woodbury Cayley system by block elimination against the LU;
+   ``right_solve``: the QR step's A·R⁻¹ by the M×M inverse against the solve
+   (Note [Right triangular solves]: whether its rule N ≥ 8M holds on the device);
 4. ``precision``: bfloat16 against float32;
 5. ``optimizers``: the Riemannian steps against geoopt's;
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
@@ -94,6 +96,12 @@ STEPS = [
         "Woodbury Cayley system: block elimination against the LU",
         ("benchmarks.woodbury",),
         25,
+    ),
+    Step(
+        "right_solve",
+        "The QR step's A·R⁻¹: the M×M inverse and a product against the triangular solve",
+        ("benchmarks.right_solve",),
+        20,
     ),
     Step("precision", "bfloat16 against float32", ("benchmarks.precision",), 30),
     Step(

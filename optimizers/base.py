@@ -80,6 +80,7 @@ from ..manifolds.kernels.reduce import known_absmax
 from . import master, skips, telemetry, terms
 from . import state as saved_state
 from .geometry import Binding, Geometry, bind_parameter, manifold_of
+from .layout import by_rows
 from .transaction import Pending, Snapshot, Transaction, finite, finite_gradient
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
@@ -366,6 +367,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         # a traced step cannot read version counters: it tests every point
         unchanged = not traced and master.unchanged(p, state)
         x, grad = map(binding.orient, master.working(p, grad, state))
+        if geo.stiefel:  # Note [Batches stepped by rows]
+            x, grad = by_rows(x), by_rows(grad)
         steps = state.get("step")
         start, projected = x, False
         if not (self.accepts_off_manifold and unchanged):

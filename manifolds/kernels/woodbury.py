@@ -304,14 +304,14 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
     other = v is not None and not v_is_d
     xv = gram(x, v) if other else None
     if implicit:  # Note [Pd through d]
-        pdpd = gram(pd_or_d, pd_or_d) - (xhd + xpd).mH @ half
-        pdv = gram(pd_or_d, v) - half.mH @ xv if other else None
+        pdpd = product_on(gram(pd_or_d, pd_or_d), (xhd + xpd).mH, half, alpha=-1)
+        pdv = product_on(gram(pd_or_d, v), half.mH, xv, alpha=-1) if other else None
     else:
         pdpd = gram(pd_or_d, pd_or_d)
         pdv = gram(pd_or_d, v) if other else None
 
     def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
-        return a - half @ b if implicit else a
+        return product_on(a, half, b, alpha=-1) if implicit else a
 
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
     z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
@@ -320,18 +320,22 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
     # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
     # products with coefficients of the step's size, accumulated on X's copy
     c = (z @ k).add_(eye - xx, alpha=0.5)
-    b = -(vt @ k)
+    b = (vt @ k).neg_()
     y = three_products(x, x, on_x(c, b), pd_or_d, b)
     if v is None:
         return y
     if other:  # Cayley(A)v = v + XZ₂' − P̂V₁'
         b = -z1[..., m:]
         return y, three_products(v, x, on_x(z2[..., m:], b), pd_or_d, b)
-    # Note [Image of the step direction], for d = μ·dn (xhd, Pd of dn)
-    xpdh, z, vt = flat(xpd).mH, flat(z), flat(vt)
-    w = xpdh.add(flat(xhd), alpha=0.5)
-    pdy = torch.baddbmm(xpdh, xpdh, z).baddbmm_(flat(pdpd), vt, alpha=-1)  # PdᴴY₀
-    cx = torch.baddbmm(w - pdy, z, w).reshape(xpd.shape)  # (I + Z₂)W − PdᴴY₀
+    # Note [Image of the step direction], for d = μ·dn (xhd, Pd of dn); each M×M
+    # coefficient is accumulated in place on one new row-major matrix (baddbmm's
+    # output), and only W sums two layouts (XᴴPd's transpose, read by strides)
+    xpdh, z, vt, hf = flat(xpd).mH, flat(z), flat(vt), flat(half)
+    w = hf + xpdh  # W = ½Xᴴd + (XᴴPd)ᴴ
+    # (I + Z₂)W − PdᴴY₀ with PdᴴY₀ = (XᴴPd)ᴴ(I + Z₂) − PdᴴPd·V₁: W − (XᴴPd)ᴴ = ½Xᴴd
+    # is taken exactly, not as the difference of two O(1) terms
+    cx = torch.baddbmm(hf, z, w).baddbmm_(xpdh, z, alpha=-1).baddbmm_(flat(pdpd), vt)
     cp = torch.baddbmm(eye, flat(xx), z).baddbmm_(xpdh.mH, vt, alpha=-1)
-    cp = cp.baddbmm_(vt, w, alpha=-1).reshape(xpd.shape)  # XᴴY₀ − V₁W + I − XᴴX
-    return y, two_products(x, on_x(mu * cx, mu * cp), pd_or_d, mu * cp, y.shape)
+    cp = cp.baddbmm_(vt, w, alpha=-1)  # XᴴY₀ − V₁W + I − XᴴX
+    cx, cp = cx.reshape(xpd.shape).mul_(mu), cp.reshape(xpd.shape).mul_(mu)
+    return y, two_products(x, on_x(cx, cp), pd_or_d, cp, y.shape)

@@ -5,7 +5,9 @@ No timing assertions; the wheel holds no benchmark script.
 
 import importlib
 import json
+import mmap
 import pathlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -221,20 +223,68 @@ def test_square_quick(bench, tmp_path, capsys):
 
 def test_batched_quick_reports_the_steps_run(bench, capsys):
     batched = bench["batched"]
-    batched.main(["--quick", "--slow-s", "0"])  # every row stops after its rounds' steps
+    batched.main(["--quick", "--slow-s", "0", "--malloc", "default"])  # rows stop after rounds
     out = capsys.readouterr().out
+    assert "malloc: default" in out
     rows = [line.split() for line in out.splitlines() if "(sgd)" in line]
     assert len(rows) == 4 and all(r[-3] == "18" for r in rows)  # "steps": 2 rounds of 9
+    header = next(line.split() for line in out.splitlines() if "optimizer" in line)
+    assert header[-4:] == ["faults", "steps", "drift", "loss"]
+    assert all(float(r[-4]) >= 0 and float(r[-5]) > 0 for r in rows)  # faults, × pogo-torch
     assert "median of 2 interleaved rounds of the mean of 8 steps" in out
-    batched.main(["--quick", "--problems", "O", "--steps", "25"])  # the fast rows run on
+    # the fast rows run on to --steps
+    batched.main(["--quick", "--problems", "O", "--steps", "25", "--malloc", "default"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if "(sgd)" in line]
     assert len(rows) == 2 and all(r[-3] == "25" for r in rows)
-    batched.main(["--quick", "--slow-s", "0", "--problems", "O"])
+    batched.main(["--quick", "--slow-s", "0", "--problems", "O", "--malloc", "default"])
     out = capsys.readouterr().out
     assert "O(64), batch" in out and "St(64, 16)" not in out
     with pytest.raises(SystemExit):
-        batched.main(["--quick", "--problems", "SO"])
+        batched.main(["--quick", "--problems", "SO", "--malloc", "default"])
     assert "allowed: St, O" in capsys.readouterr().err
+
+
+def test_batched_counts_the_page_faults_of_fresh_memory(bench):
+    # an anonymous mapping is backed at first touch: one minor fault per page at least
+    pages = 256
+    size = pages * mmap.PAGESIZE
+    with mmap.mmap(-1, size) as buf:
+        before = bench["batched"].minor_faults()
+        for k in range(0, size, mmap.PAGESIZE):
+            buf[k] = 1
+        assert bench["batched"].minor_faults() - before >= pages
+
+
+_KEEP_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from benchmarks.batched import keep_freed_memory, minor_faults
+def work():  # four 16 MiB temporaries, freed together: glibc trims (or unmaps) them
+    ts = [torch.ones(4 << 20) for _ in range(4)]
+    del ts
+def faults():
+    work()
+    before = minor_faults()
+    for _ in range(3):
+        work()
+    return minor_faults() - before
+print(faults(), keep_freed_memory(), faults())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's settings are glibc's")
+def test_batched_keeps_freed_memory_so_steps_stop_faulting():
+    # in a fresh process (mallopt's settings stay for the process's life): with glibc's
+    # defaults the pages of freed 16 MiB temporaries fault again on every reuse, and
+    # after keep_freed_memory() they do not
+    out = subprocess.run(
+        [sys.executable, "-c", _KEEP_SCRIPT, str(ROOT)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    before, kept, after = out.stdout.split()
+    pages = 3 * 4 * (16 << 20) // mmap.PAGESIZE
+    assert kept == "keep"
+    assert int(before) > pages // 10 and int(after) < pages // 100
 
 
 def test_batched_layouts_are_the_same_points_stored_two_ways(bench, capsys):
@@ -242,7 +292,9 @@ def test_batched_layouts_are_the_same_points_stored_two_ways(bench, capsys):
     col, row = (batched._haar(3, 8, 4, 0, layout) for layout in ("column", "row"))
     assert col.stride(-2) == 1 and row.is_contiguous()  # QR's Q by columns; a copy by rows
     assert torch.equal(col, row)
-    batched.main(["--quick", "--slow-s", "0", "--problems", "St", "--layout", "row"])
+    batched.main(
+        ["--quick", "--slow-s", "0", "--problems", "St", "--layout", "row", "--malloc", "default"]
+    )
     assert "points stored by rows" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--layout", "rows"])
@@ -325,7 +377,9 @@ def test_device_option_of_the_gpu_benchmarks(bench, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             timing.device_of("cuda")
-    batched.main(["--quick", "--slow-s", "0", "--problems", "O", "--device", "cpu"])
+    batched.main(
+        ["--quick", "--slow-s", "0", "--problems", "O", "--device", "cpu", "--malloc", "default"]
+    )
     assert "cpu" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--device", "meta"])
