@@ -30,7 +30,8 @@ whether a step's temporaries fault depends on what the process allocated before
 as much as on the step, and a batched step's temporaries are large enough for the
 faults to be a visible part of its time. A row with many faults measures the
 allocator's state beside the arithmetic; its ratio is not one of the step's
-alone (docs/results.md, "Page faults in the batched table", has the figures).
+alone (docs/results.md, "Page faults in the batched table, and batches stepped
+by rows", has the figures).
 So by default (``--malloc keep``) the run first asks glibc, through ``mallopt``, to
 keep freed memory in the process (no trimming; blocks up to 32 MiB from the heap,
 not from their own mappings): after its first steps no row faults, whichever

@@ -45,7 +45,7 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
-from .reduce import gram
+from .reduce import by_columns, gram
 from .scaling import host_scalars, scaled_gram, scaled_step
 
 __all__ = [
@@ -162,9 +162,13 @@ def _congruence(xx: torch.Tensor, f: torch.Tensor | None, gamma: torch.Tensor) -
 # κ(R)² = κ(A)² ≤ 3 (Note [QR retraction through the Gram of X − lr·d]), and
 # A·R⁻¹ formed either way has an error of order κ(R)·eps·‖A‖. A batch of short
 # matrices (N < `_INVERSE_ROWS`·M, square ones included) keeps the solve, in
-# place over A where autograd is off: there the call per matrix of the inverse
-# costs more than the solve saves. Between the two, a single small matrix
-# (N·M² below about 10⁶) takes either in a few µs, inside a step's fixed cost.
+# place over a column-major A where autograd is off: there the call per matrix of
+# the inverse costs more than the solve saves. LAPACK solves in a column-major
+# buffer, so torch's ``out=`` into a row-major A solves in a scratch copy and
+# copies back across, slower than returning the scratch itself (the step stores
+# its result anyway): a row-major A gets a new result. Between the two, a single
+# small matrix (N·M² below about 10⁶) takes either in a few µs, inside a step's
+# fixed cost.
 _INVERSE_ROWS = 8
 
 
@@ -195,7 +199,8 @@ def _right_solve(a: torch.Tensor, r: torch.Tensor, over_a: bool = False) -> torc
     """A·R⁻¹ for an upper-triangular R (Note [Right triangular solves]); over A if allowed."""
     if right_solve_by_inverse(*a.shape[-2:]):
         return times_inverse(a, r)
-    return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=a if over_a else None)
+    out = a if over_a and by_columns(a) else None  # in place in LAPACK's own layout only
+    return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=out)
 
 
 def _householder(a: torch.Tensor) -> torch.Tensor:
