@@ -221,9 +221,15 @@ def test_square_quick(bench, tmp_path, capsys):
     assert "Targets (issue 16)" in text
 
 
+def _batched_quick(batched, *argv: str) -> None:
+    """``benchmarks.batched --quick`` in this process with glibc's own malloc settings
+    (``--malloc keep`` would change pytest's allocator for the rest of the session)."""
+    batched.main(["--quick", *argv, "--malloc", "default"])
+
+
 def test_batched_quick_reports_the_steps_run(bench, capsys):
     batched = bench["batched"]
-    batched.main(["--quick", "--slow-s", "0", "--malloc", "default"])  # rows stop after rounds
+    _batched_quick(batched, "--slow-s", "0")  # every row stops after its rounds' steps
     out = capsys.readouterr().out
     assert "malloc: default" in out
     rows = [line.split() for line in out.splitlines() if "(sgd)" in line]
@@ -233,14 +239,14 @@ def test_batched_quick_reports_the_steps_run(bench, capsys):
     assert all(float(r[-4]) >= 0 and float(r[-5]) > 0 for r in rows)  # faults, × pogo-torch
     assert "median of 2 interleaved rounds of the mean of 8 steps" in out
     # the fast rows run on to --steps
-    batched.main(["--quick", "--problems", "O", "--steps", "25", "--malloc", "default"])
+    _batched_quick(batched, "--problems", "O", "--steps", "25")
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if "(sgd)" in line]
     assert len(rows) == 2 and all(r[-3] == "25" for r in rows)
-    batched.main(["--quick", "--slow-s", "0", "--problems", "O", "--malloc", "default"])
+    _batched_quick(batched, "--slow-s", "0", "--problems", "O")
     out = capsys.readouterr().out
     assert "O(64), batch" in out and "St(64, 16)" not in out
     with pytest.raises(SystemExit):
-        batched.main(["--quick", "--problems", "SO", "--malloc", "default"])
+        _batched_quick(batched, "--problems", "SO")
     assert "allowed: St, O" in capsys.readouterr().err
 
 
@@ -292,9 +298,7 @@ def test_batched_layouts_are_the_same_points_stored_two_ways(bench, capsys):
     col, row = (batched._haar(3, 8, 4, 0, layout) for layout in ("column", "row"))
     assert col.stride(-2) == 1 and row.is_contiguous()  # QR's Q by columns; a copy by rows
     assert torch.equal(col, row)
-    batched.main(
-        ["--quick", "--slow-s", "0", "--problems", "St", "--layout", "row", "--malloc", "default"]
-    )
+    _batched_quick(batched, "--slow-s", "0", "--problems", "St", "--layout", "row")
     assert "points stored by rows" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--layout", "rows"])
@@ -377,9 +381,7 @@ def test_device_option_of_the_gpu_benchmarks(bench, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             timing.device_of("cuda")
-    batched.main(
-        ["--quick", "--slow-s", "0", "--problems", "O", "--device", "cpu", "--malloc", "default"]
-    )
+    _batched_quick(batched, "--slow-s", "0", "--problems", "O", "--device", "cpu")
     assert "cpu" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--device", "meta"])
