@@ -119,6 +119,25 @@ def _cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return r, _conditioned(aa, info)
 
 
+def _upper_cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """R of AᴴA = RᴴR (upper, positive diagonal) stored by rows, and LAPACK's ``info``.
+
+    Note [The square step's Cholesky factor stored by rows]
+    LAPACK writes every factor by columns, so ``cholesky_ex(upper=True)`` returns R
+    by columns, while the square QR step's P (a product's result) is stored by
+    rows: B − R = P − (R − γI) then sums two layouts, 3–4× the time of a sum in one
+    layout, and the solve by R reads it transposed. The lower factor L of the same
+    Hermitian matrix is Rᴴ (the factor is unique), and its adjoint view is R stored
+    by rows at no cost (a complex one is copied once, resolving the conjugation).
+    LAPACK's lower and upper sweeps round differently, each to the backward
+    stability of Cholesky. The tall step keeps LAPACK's upper factor: its R enters
+    only the solve, and the lower factorization of a small M×M batch is the slower
+    of the two (timings: docs/results.md, "The square QR step's factor by rows").
+    """
+    low, info = torch.linalg.cholesky_ex(aa)
+    return low.mH.resolve_conj(), info  # a conjugate view would reach view_as_real
+
+
 def _conditioned(aa: torch.Tensor, info: torch.Tensor) -> torch.Tensor:
     """Whether the Cholesky factorization of AᴴA succeeded and ρ ≤ ½ (κ(A)² ≤ 3), per matrix."""
     m = aa.shape[-1]
@@ -270,13 +289,13 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
     if xx is None:
         xx = wide_gram(x)
     bb = shifted_gram(p, gamma, skew)
+    r, info = _upper_cholesky(bb)  # BᴴB = RᴴR
     if skew:
         # B = γI + P with P skew is normal, σ_k(B)² = γ² + λ_k², so κ(B)² ≤ 1 + ‖P‖₂²/γ²,
         # and ‖P‖₂ ≤ √2·γ gives κ² ≤ 3, the bound of the ρ-test. ‖P‖₂ ≤ ‖P‖_F/√2 for a
         # real skew P (its eigenvalues ±iθ come in pairs), ‖P‖₂ ≤ ‖P‖_F for a complex
         # one (torch's ‖P‖₁ took ten times a Frobenius norm, and admits fewer random
         # P); the ρ-test decides the others
-        r, info = torch.linalg.cholesky_ex(bb, upper=True)
         # ‖P‖²_F = tr(BᴴB) − nγ², to n·eps·γ² (far below the bound): no pass over P.
         # The test also stands for info == 0: a finite γ²I + PᴴP has its pivots at
         # least γ²(1 − O(n·eps)) > 0, and a NaN or inf in column j of P reaches
@@ -292,7 +311,7 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
             else:
                 ok = True
     else:
-        r, ok = _cholesky(bb)  # BᴴB = RᴴR
+        ok = _conditioned(bb, info)
         # B = γI + P may cancel: test (ii) of the Note, with ‖B‖²_F = tr(BᴴB)
         pn = torch.linalg.matrix_norm(p, keepdim=True)
         ok = ok & ((gamma * x.shape[-1] ** 0.5 + pn) ** 2 <= _CANCEL_MAX * _trace(bb))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from .basic import eye_like, product_like
-from .reduce import gram, row_group, wide_gram
+from .reduce import by_columns, gram, row_group, wide_gram
 
 __all__ = [
     "in_frame",
@@ -247,11 +247,10 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         f = d
     else:
         # E = XᴴX − I in the Gram's precision, then rounded to d's dtype: its entries
-        # are small, so rounding them keeps their relative digits. E is Hermitian: its
-        # transposed view has the layout of a LAPACK result (column major) and is
-        # chosen when d has it (a mixed-layout sum costs 5×).
-        xx_t = xx.mH if xx.is_complex() else xx.mT
-        xx_l = xx_t if d.stride(-2) == 1 and xx_t.stride(-1) == 1 else xx
+        # are small, so rounding them keeps their relative digits. E is Hermitian, so
+        # of XᴴX and its adjoint view the one stored like D is copied (D − ½E reads
+        # both operands in one order: a sum of two layouts costs 3–5×)
+        xx_l = (xx.mH if xx.is_complex() else xx.mT) if by_columns(d) != by_columns(xx) else xx
         e = xx_l.to(d.dtype, copy=True)  # a fresh tensor either way: E is written below
         e.diagonal(dim1=-2, dim2=-1).copy_(xx.diagonal(dim1=-2, dim2=-1) - 1)
         # Note [A correction only inside its basin]

@@ -217,6 +217,12 @@ def test_uncorrected_and_wide_gram_updates_against_dense_formulas(cplx):
     got = frame.frame_update(x32, d32.clone(), xx)
     eps = torch.finfo(dt32).eps
     assert float((got.to(dt64) - ref).abs().max()) < 4 * eps
+    # a D stored by columns (the QR step's, from LAPACK's solve) against a Gram stored
+    # by rows: E is taken from the Gram's adjoint view, the same numbers
+    d_cols = d32.mT.contiguous().mT
+    assert d_cols.stride(-2) == 1 and xx.stride(-1) == 1
+    got = frame.frame_update(x32, d_cols.clone(), xx)
+    assert float((got.to(dt64) - ref).abs().max()) < 4 * eps
 
 
 @pytest.mark.parametrize("cplx", CPLX)

@@ -289,6 +289,29 @@ def test_right_solve_equals_the_triangular_solve(shape, layout):
         a.copy_(before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_upper_cholesky_is_r_stored_by_rows(dtype):
+    # the square QR step's factor (Note [The square step's Cholesky factor stored by
+    # rows]): upper triangular with a positive real diagonal, RᴴR = A to rounding,
+    # each matrix stored by rows; a matrix that is not positive definite has info > 0
+    from stiefel.manifolds.kernels.factor import _upper_cholesky
+
+    gen = torch.Generator().manual_seed(5)
+    n = 12
+    b = torch.randn(4, n, n, dtype=dtype, generator=gen)
+    a = b.mH @ b + n * torch.eye(n, dtype=dtype)
+    a[3] = -a[3]
+    r, info = _upper_cholesky(a)
+    assert info.tolist() == [0, 0, 0, 1]
+    r = r[:3]
+    assert r.stride(-1) == 1 and r.stride(-2) == n
+    diag = torch.view_as_real(r.diagonal(dim1=-2, dim2=-1).to(torch.complex128))
+    assert torch.equal(r, r.triu()) and bool((diag[..., 0] > 0).all())
+    assert float(diag[..., 1].abs().max()) == 0
+    tol = 10 * n * torch.finfo(dtype).eps * float(a[:3].abs().max())
+    assert float((r.mH @ r - a[:3]).abs().max()) < tol
+
+
 def test_qr_step_float32_error_does_not_accumulate():
     # the Gram of X − lr·d uses the computed XᴴX: a point 1e-3 off is brought back
     gen = torch.Generator().manual_seed(8)
