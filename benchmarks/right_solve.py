@@ -8,7 +8,9 @@ and prints the ratio inverse / solve with both errors against a float64 solve
 (relative, max over the batch). This is the measurement behind
 `kernels.factor.right_solve_by_inverse` (Note [Right triangular solves] in
 `stiefel.manifolds.kernels.factor`): column "used" names the form the QR step
-takes for that shape.
+takes for that shape. The solve is also timed with R stored by rows, as the
+square QR step takes it (Note [The square step's Cholesky factor stored by
+rows]): column "R by rows / by columns".
 """
 
 from __future__ import annotations
@@ -49,13 +51,17 @@ def run(shapes, layouts, rounds: int, device: torch.device) -> list[dict]:
             a = a if layout == "row" else a.mT.contiguous().mT
             # the R of a Cholesky-QR step: well conditioned (κ(R)² ≤ 3 on the Gram path)
             eye = torch.eye(m, device=device)
-            r = torch.linalg.cholesky(a.mH @ a / n + eye, upper=True)
+            r = torch.linalg.cholesky(a.mH @ a / n + eye, upper=True)  # by columns (LAPACK)
             ref = torch.linalg.solve_triangular(r.double(), a.double(), upper=True, left=False)
+            r_rows = r.contiguous()  # the same R stored by rows
             fns = {
                 "solve": lambda a=a, r=r: torch.linalg.solve_triangular(
                     r, a, upper=True, left=False
                 ),
                 "inverse": lambda a=a, r=r: factor.times_inverse(a, r),
+                "solve_r_rows": lambda a=a, r=r_rows: torch.linalg.solve_triangular(
+                    r, a, upper=True, left=False
+                ),
             }
             med = interleaved(fns, rounds)
             errs = {
@@ -72,6 +78,7 @@ def run(shapes, layouts, rounds: int, device: torch.device) -> list[dict]:
                 | {"used": "inverse" if factor.right_solve_by_inverse(n, m) else "solve"}
                 | {name: med[name] for name in fns}
                 | {"ratio": med["inverse"] / med["solve"]}
+                | {"r_rows_ratio": med["solve_r_rows"] / med["solve"]}
                 | {f"{name}_err": errs[name] for name in fns}
             )
     return rows
@@ -95,11 +102,12 @@ def main(argv=None) -> list[dict]:
     print(
         table(
             ["batch", "N", "M", "A stored by", "solve", "inverse", "inverse / solve"]
-            + ["used", "solve err", "inverse err"],
+            + ["used", "solve err", "inverse err", "R by rows / by columns"],
             [
                 [r["batch"], r["n"], r["m"], r["layout"] + "s", fmt_time(r["solve"])]
                 + [fmt_time(r["inverse"]), fmt_ratio(r["ratio"]), r["used"]]
                 + [f"{r['solve_err']:.1e}", f"{r['inverse_err']:.1e}"]
+                + [fmt_ratio(r["r_rows_ratio"])]
                 for r in rows
             ],
         )

@@ -313,10 +313,12 @@ def test_right_solve_quick_times_both_forms_against_a_float64_solve(bench, capsy
     for r in rows:
         assert _positive(r["solve"]) and _positive(r["inverse"])
         assert r["ratio"] == pytest.approx(r["inverse"] / r["solve"])
+        assert r["r_rows_ratio"] == pytest.approx(r["solve_r_rows"] / r["solve"])
         # float32 against the float64 solve, R well conditioned: both to rounding
         assert r["solve_err"] < 1e-5 and r["inverse_err"] < 1e-5
     assert [r["used"] for r in rows] == ["inverse", "inverse", "solve", "solve"]  # N ≥ 8M
-    assert "inverse / solve" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "inverse / solve" in out and "R by rows / by columns" in out
     for bad, says in (
         ("--shapes=4*0x2", "allowed: positive sizes"),
         ("--shapes=4x2x2", "allowed: NxM"),
