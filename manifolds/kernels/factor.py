@@ -125,14 +125,15 @@ def _upper_cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Note [The square step's Cholesky factor stored by rows]
     LAPACK writes every factor by columns, so ``cholesky_ex(upper=True)`` returns R
     by columns, while the square QR step's P (a product's result) is stored by
-    rows: B − R = P − (R − γI) then sums two layouts, 3–4× the time of a sum in one
-    layout, and the solve by R reads it transposed. The lower factor L of the same
+    rows: B − R = P − (R − γI) then sums two layouts, 2.5–4× the time of a sum in
+    one layout, and the solve by R reads it transposed. The lower factor L of the same
     Hermitian matrix is Rᴴ (the factor is unique), and its adjoint view is R stored
     by rows at no cost (a complex one is copied once, resolving the conjugation).
     LAPACK's lower and upper sweeps round differently, each to the backward
     stability of Cholesky. The tall step keeps LAPACK's upper factor: its R enters
     only the solve, and the lower factorization of a small M×M batch is the slower
-    of the two (timings: docs/results.md, "The square QR step's factor by rows").
+    of the two (timings: docs/results.md, "The square QR step's factor by rows, and
+    pogo's drift over seeds").
     """
     low, info = torch.linalg.cholesky_ex(aa)
     return low.mH.resolve_conj(), info  # a conjugate view would reach view_as_real
