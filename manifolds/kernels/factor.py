@@ -125,7 +125,7 @@ def _upper_cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Note [The square step's Cholesky factor stored by rows]
     LAPACK writes every factor by columns, so ``cholesky_ex(upper=True)`` returns R
     by columns, while the square QR step's P (a product's result) is stored by
-    rows: B − R = P − (R − γI) then sums two layouts, 2.5–4× the time of a sum in
+    rows: B − R = P − (R − γI) then sums two layouts, 2.5–5× the time of a sum in
     one layout, and the solve by R reads it transposed. The lower factor L of the same
     Hermitian matrix is Rᴴ (the factor is unique), and its adjoint view is R stored
     by rows at no cost (a complex one is copied once, resolving the conjugation).

@@ -249,7 +249,7 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         # E = XᴴX − I in the Gram's precision, then rounded to d's dtype: its entries
         # are small, so rounding them keeps their relative digits. E is Hermitian, so
         # of XᴴX and its adjoint view the one stored like D is copied (D − ½E reads
-        # both operands in one order: a sum of two layouts costs 3–5×)
+        # both operands in one order: a sum of two layouts costs 2.5–5×)
         xx_l = (xx.mH if xx.is_complex() else xx.mT) if by_columns(d) != by_columns(xx) else xx
         e = xx_l.to(d.dtype, copy=True)  # a fresh tensor either way: E is written below
         e.diagonal(dim1=-2, dim2=-1).copy_(xx.diagonal(dim1=-2, dim2=-1) - 1)

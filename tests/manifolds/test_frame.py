@@ -218,7 +218,7 @@ def test_uncorrected_and_wide_gram_updates_against_dense_formulas(cplx):
     eps = torch.finfo(dt32).eps
     assert float((got.to(dt64) - ref).abs().max()) < 4 * eps
     # a D stored by columns (the QR step's, from LAPACK's solve) against a Gram stored
-    # by rows: E is taken from the Gram's adjoint view, the same numbers
+    # by rows (E is then copied from the Gram's adjoint view): the same Y to rounding
     d_cols = d32.mT.contiguous().mT
     assert d_cols.stride(-2) == 1 and xx.stride(-1) == 1
     got = frame.frame_update(x32, d_cols.clone(), xx)
