@@ -54,7 +54,9 @@ __all__ = [
     "polar_descent",
     "qr_retraction",
     "polar_retraction",
+    "right_solve_by_inverse",
     "right_solve_flops",
+    "times_inverse",
 ]
 
 Lr = float | torch.Tensor
