@@ -181,12 +181,15 @@ def _finish(arm: dict, target, steps: int, slow_s: float) -> tuple[float, float]
             _step(arm["p"], arm["opt"], target)
             arm["steps"] += 1
     x = arm["p"].detach()
-    # the drift of the float32 point, measured in float64: a float32 XᴴX would add its
-    # own rounding (~3e-7 on these shapes), the size of the differences compared
+    return float(drift_per_matrix(x).max()), float(((x - target) ** 2).sum() / x.shape[0])
+
+
+def drift_per_matrix(x: torch.Tensor) -> torch.Tensor:
+    """‖XᴴX − I‖_F of each matrix of a batch, in float64: a float32 XᴴX would add its own
+    rounding (~3e-7 on these shapes), the size of the differences compared."""
     xw = x.to(torch.promote_types(x.dtype, torch.float64))
     eye = torch.eye(x.shape[-1], dtype=xw.dtype, device=x.device)
-    drift = float(torch.linalg.matrix_norm(xw.mH @ xw - eye).max())
-    return drift, float(((x - target) ** 2).sum() / x.shape[0])
+    return torch.linalg.matrix_norm(xw.mH @ xw - eye)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,7 @@ def bench():
                 "skew_cayley",
                 "woodbury",
                 "right_solve",
+                "drift_seeds",
             )
         }
     finally:
@@ -303,6 +304,37 @@ def test_batched_layouts_are_the_same_points_stored_two_ways(bench, capsys):
     with pytest.raises(SystemExit):
         batched.main(["--quick", "--layout", "rows"])
     assert "invalid choice: 'rows'" in capsys.readouterr().err
+
+
+def test_drift_seeds_quick_compares_each_row_with_its_anchor_on_the_same_points(bench, capsys):
+    drift_seeds = bench["drift_seeds"]
+    rows = drift_seeds.main(["--quick"])
+    assert [(r["problem"], r["row"], r["anchor"], r["seed"]) for r in rows] == [
+        (p, row, anchor, seed)
+        for p in ("St(64, 16)", "O(64)")
+        for seed in (0, 1)
+        for row, anchor in (
+            ("pogo (sgd)", "pogo-torch (sgd)"), ("pogo (adam)", "pogo-torch (vector adam)"),
+        )
+    ]  # fmt: skip
+    for r in rows:  # 20 float32 steps from Haar points: both near float32 rounding
+        assert 0 < r["largest"] < 1e-4 and 0 < r["ref_largest"] < 1e-4
+        assert r["largest_ratio"] == pytest.approx(r["largest"] / r["ref_largest"])
+    assert "median matrix: ours / pogo-torch" in capsys.readouterr().out
+    # an anchor against itself: the same steps from the same points, so exactly its drift
+    # (a row started from other points or targets would differ by several per cent)
+    same = drift_seeds.main(["--quick", "--problems", "O", "--rows", "pogo-torch (sgd)"])
+    assert [r["seed"] for r in same] == [0, 1]
+    for r in same:
+        assert abs(r["largest_ratio"] - 1) < 1e-6 and abs(r["median_ratio"] - 1) < 1e-6
+    for bad, says in (
+        ("--seeds=0", "allowed: at least 1 each"),
+        ("--rows=adam", "allowed: pogo-torch (sgd)"),
+        ("--problems=U", "allowed: St, O"),
+    ):
+        with pytest.raises(SystemExit):
+            drift_seeds.main(["--quick", bad])
+        assert says in capsys.readouterr().err
 
 
 def test_right_solve_quick_times_both_forms_against_a_float64_solve(bench, capsys):
