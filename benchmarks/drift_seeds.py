@@ -22,6 +22,7 @@ pogo's drift over seeds").
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -62,6 +63,7 @@ def run(problems, rows: list[str], seeds: int, steps: int, lr: float) -> list[di
                     | {"largest_ratio": float(ours.max() / ref.max())}
                     | {"median_ratio": float(ours.median() / ref.median())}
                 )
+            print(f"drift_seeds: {title}, seed {seed + 1} of {seeds} done", file=sys.stderr)
     return out
 
 
