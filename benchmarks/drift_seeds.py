@@ -1,14 +1,14 @@
 r"""Drift of batched steps against pogo-torch's, over seeds: the largest and the median matrix.
 
-Run from a checkout: ``python -m benchmarks.drift_seeds`` (``--quick``: tiny batches, 20
-steps). The problems of `benchmarks.batched` (float32 batches on St(64, 16) and O(64), the
-loss ‖X − T‖²_F towards Haar targets T, lr = 0.01), smaller batches (``--batch-st``,
-``--batch-o``), ``--seeds`` pairs of start points and targets. For each seed, every chosen
-row (``--rows``: labels of `benchmarks.batched`, by default the two ``pogo`` rows) and
-its pogo-torch anchor (the row with the same kind of base) take ``--steps`` steps from
-the same points, and the drift ‖XᴴX − I‖_F of every matrix is measured in float64.
-Printed per row and seed: ours / pogo-torch of the batch's largest drift and of the
-median matrix's drift.
+Run from a checkout: ``python -m benchmarks.drift_seeds`` (about 25 minutes on one core;
+``--quick``: tiny batches, 20 steps). The problems of `benchmarks.batched` (float32
+batches on St(64, 16) and O(64), the loss ‖X − T‖²_F towards Haar targets T, lr = 0.01),
+smaller batches (``--batch-st``, ``--batch-o``), ``--seeds`` pairs of start points and
+targets. For each seed, every chosen row (``--rows``: labels of `benchmarks.batched`, by
+default the two ``pogo`` rows) and its pogo-torch anchor (the row with the same kind of
+base) take ``--steps`` steps from the same points, and the drift ‖XᴴX − I‖_F of every
+matrix is measured in float64. Printed per row and seed: ours / pogo-torch of the
+batch's largest drift and of the median matrix's drift.
 
 Note [Drift over seeds]
 Item 4 of issue 25 compares the largest drift of a batch after 1000 steps, from one
