@@ -109,6 +109,17 @@ def _candidates(lr: float, muon_inner: int):
     ]
 
 
+def chosen_problems(
+    text: str, batch_st: int, batch_o: int, parser: argparse.ArgumentParser
+) -> list[tuple[str, int, int, int]]:
+    """(title, batch, N, M) of the problems ``--problems`` names (St, O, comma-separated)."""
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    if not wanted or set(wanted) - {"St", "O"}:
+        parser.error(f"--problems={text!r}: allowed: St, O (comma-separated)")
+    problems = [("St(64, 16)", batch_st, 64, 16), ("O(64)", batch_o, 64, 64)]
+    return [p for p in problems if p[0].split("(")[0] in wanted]
+
+
 def minor_faults() -> int:
     """The minor page faults this process has taken so far (Note [Page faults in a step's time])."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -255,14 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--timed={args.timed}, --rounds={rounds}, --steps={steps}: allowed: at least 1 each"
         )
-    problems = [("St(64, 16)", 4096, 64, 16), ("O(64)", 1024, 64, 64)]
-    if args.quick:
-        problems = [("St(64, 16)", 64, 64, 16), ("O(64)", 16, 64, 64)]
-    wanted = [w.strip() for w in args.problems.split(",") if w.strip()]
-    unknown = sorted(set(wanted) - {"St", "O"})
-    if unknown or not wanted:
-        parser.error(f"--problems={args.problems!r}: allowed: St, O (comma-separated)")
-    problems = [p for p in problems if p[0].split("(")[0] in wanted]
+    problems = chosen_problems(args.problems, *((64, 16) if args.quick else (4096, 1024)), parser)
     malloc = keep_freed_memory() if args.malloc == "keep" else "default"  # after every check
     print(
         f"torch {torch.__version__}, {device_name(device)}, {torch.get_num_threads()} threads, "

@@ -29,7 +29,7 @@ import torch
 from stiefel.manifolds import Orthogonal, Stiefel
 
 from ._timing import header, table
-from .batched import _candidates, _haar, _step, drift_per_matrix
+from .batched import _candidates, _haar, _step, chosen_problems, drift_per_matrix
 
 
 def _drifts(make, man, x0: torch.Tensor, target: torch.Tensor, steps: int) -> torch.Tensor:
@@ -92,11 +92,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     if not rows or set(rows) - set(labels):
         ap.error(f"--rows={args.rows!r}: allowed: {', '.join(labels)} (comma-separated)")
-    wanted = [w.strip() for w in args.problems.split(",") if w.strip()]
-    if not wanted or set(wanted) - {"St", "O"}:
-        ap.error(f"--problems={args.problems!r}: allowed: St, O (comma-separated)")
-    problems = [("St(64, 16)", batch_st, 64, 16), ("O(64)", batch_o, 64, 64)]
-    problems = [p for p in problems if p[0].split("(")[0] in wanted]
+    problems = chosen_problems(args.problems, batch_st, batch_o, ap)
     torch.set_num_threads(1)
     out = run(problems, rows, seeds, steps, args.lr)
     print(header(f"Drift after {steps} steps, ours / pogo-torch, over {seeds} seeds", "cpu"))
