@@ -64,8 +64,8 @@ def _haar(batch: int, n: int, m: int, seed: int, layout: str = "column") -> torc
 
 
 def _candidates(lr: float, muon_inner: int):
-    """(label, factory(x0) -> (param, optimizer), anchor): the anchor is the pogo-torch
-    row of the same kind of step, ``"sgd"`` (plain) or ``"adam"`` (adaptive)."""
+    """(label, factory(x0) -> (param, optimizer), anchor): the anchor is the label of the
+    pogo-torch row of the same kind of step, SGD (plain) or vector adam (adaptive)."""
 
     def ours(name, **hyper):
         def make(x0, man):
@@ -90,22 +90,23 @@ def _candidates(lr: float, muon_inner: int):
         return p, geoopt.optim.RiemannianSGD([p], lr=lr)
 
     # the pogo-torch rows first (the references of the ratio column), the slowest last
+    sgd, adam = "pogo-torch (sgd)", "pogo-torch (vector adam)"
     return [
-        ("pogo-torch (sgd)", pogo_torch("sgd"), "sgd"),
-        ("pogo-torch (vector adam)", pogo_torch("adam"), "adam"),
-        ("geoopt rsgd", geoopt_rsgd, "sgd"),
-        ("rgd (cayley)", ours("rgd", lr=lr), "sgd"),
-        ("rgd (qr)", ours("rgd", lr=lr, retraction="qr"), "sgd"),
-        ("radam (cayley)", ours("radam", lr=lr), "adam"),
-        ("landing", ours("landing", lr=lr), "sgd"),
-        ("pogo (sgd)", ours("pogo", lr=lr, base="sgd"), "sgd"),
-        ("pogo (adam)", ours("pogo", lr=lr, base="adam"), "adam"),
+        (sgd, pogo_torch("sgd"), sgd),
+        (adam, pogo_torch("adam"), adam),
+        ("geoopt rsgd", geoopt_rsgd, sgd),
+        ("rgd (cayley)", ours("rgd", lr=lr), sgd),
+        ("rgd (qr)", ours("rgd", lr=lr, retraction="qr"), sgd),
+        ("radam (cayley)", ours("radam", lr=lr), adam),
+        ("landing", ours("landing", lr=lr), sgd),
+        ("pogo (sgd)", ours("pogo", lr=lr, base="sgd"), sgd),
+        ("pogo (adam)", ours("pogo", lr=lr, base="adam"), adam),
         (
             f"manifold_muon inner={muon_inner}",
             ours("manifold_muon", lr=lr, inner_steps=muon_inner),
-            "sgd",
+            sgd,
         ),
-        ("manifold_muon", ours("manifold_muon", lr=lr), "sgd"),
+        ("manifold_muon", ours("manifold_muon", lr=lr), sgd),
     ]
 
 
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         for arm in arms:
             t = statistics.median(arm["rounds"])
             drift, loss = _finish(arm, target, steps, args.slow_s)
-            ref.setdefault(arm["anchor"], t)  # the first row of each anchor is pogo-torch's
+            ref.setdefault(arm["anchor"], t)  # an anchor's row comes before the rows it anchors
             print(
                 f"{arm['label']:>26} {1e3 * t:>9.2f} {t / ref[arm['anchor']]:>13.2f} "
                 f"{statistics.median(arm['faults']):>8.0f} {arm['steps']:>6} {drift:>10.2e} "
