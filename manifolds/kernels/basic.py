@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .reduce import by_columns, gram, row_group, rows_sum, rows_sum_squares
+from .reduce import by_columns, columns_defect, gram, row_group, rows_sum, rows_sum_squares
 
 __all__ = [
     "sym",
@@ -136,9 +136,16 @@ def three_products(v, a, b, c, e) -> torch.Tensor:
     return add_product_(product_on(v, a, b), c, flat_over(e, c))
 
 
-def gram_minus_identity(x: torch.Tensor) -> torch.Tensor:
-    """XᴴX − I, shape (..., M, M)."""
-    return gram(x, x) - eye_like(x, x.shape[-1])
+def gram_minus_identity(x: torch.Tensor, xx: torch.Tensor | None = None) -> torch.Tensor:
+    """XᴴX − I, shape (..., M, M), its diagonal from the columns' squares.
+
+    The off-diagonal entries are those of ``xx`` (XᴴX, formed here when None); the
+    diagonal is `columns_defect` (Note [The Gram's diagonal from offset squares]),
+    exact to the rounding of X's squares where the product's is ten times that.
+    """
+    xx = gram(x, x) if xx is None else xx
+    defect = columns_defect(x, xx.diagonal(dim1=-2, dim2=-1))
+    return torch.diagonal_scatter(xx, defect.to(xx.dtype), dim1=-2, dim2=-1)
 
 
 def orthogonality_error(x: torch.Tensor) -> torch.Tensor:
@@ -317,11 +324,11 @@ def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None) -> torch.Tens
     ¾e² + ¼e³ < e), which sets the threshold above which a step projects first
     (Note [Off-manifold points at a step]).
     """
-    return polar_step(y, 0.5, yy)
+    return polar_step(y, 0.5, gram_minus_identity(y, yy))
 
 
 def polar_step(
-    y: torch.Tensor, lam: float | torch.Tensor = 0.5, yy: torch.Tensor | None = None
+    y: torch.Tensor, lam: float | torch.Tensor = 0.5, e: torch.Tensor | None = None
 ) -> torch.Tensor:
     r"""Y + λ(Y − Y(YᴴY)) = Y((1 + λ)I − λYᴴY): a polar-like correction towards St.
 
@@ -331,19 +338,17 @@ def polar_step(
     Args:
         y: points (..., N, M).
         lam: λ, a float or a tensor broadcastable to (..., 1, 1).
-        yy: YᴴY when the caller has it already (saves an N×M×M product).
+        e: YᴴY − I (`gram_minus_identity`) when the caller has it already.
 
     Returns:
         The corrected points.
     """
-    if yy is None:
-        yy = gram(y, y)
+    if e is None:
+        e = gram_minus_identity(y)
     # Y − Y·(λ(YᴴY − I)): Y is added to the small product, not multiplied by
     # (1 + λ)I − λYᴴY, whose product would round Y itself over its M terms (the
     # drift that the correction exists to remove)
-    k = yy - eye_like(y, y.shape[-1])
-    k = k * lam if isinstance(lam, torch.Tensor) else k.mul_(lam)
-    return sub_product(y, y, k)
+    return sub_product(y, y, e * lam)
 
 
 # --------------------------------------------------------------------------- geodesics

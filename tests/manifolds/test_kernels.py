@@ -435,3 +435,45 @@ def test_steps_of_a_column_major_batch_equal_those_of_its_row_major_copy(retract
         results.append(w.detach().clone())
     assert results[0].stride(-2) == 1  # the parameter kept its layout
     assert float((results[0] - results[1]).abs().max()) < 1e-13
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layout):
+    # Note [The Gram's diagonal from offset squares]: near the manifold, the diagonal of
+    # XᴴX − I in float32 is exact to the rounding of X's squares (~eps/(2√N) per entry),
+    # where the float32 product's own diagonal is off by ~eps; the off-diagonal entries
+    # are the product's, or those of a Gram handed in
+    from stiefel.manifolds.kernels.reduce import columns_defect
+
+    gen = torch.Generator().manual_seed(11)
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    n, m = 64, 16
+    x = torch.linalg.qr(torch.randn(256, n, m, dtype=wide, generator=gen))[0].to(dtype)
+    x = x.contiguous() if layout == "rows" else x.mT.contiguous().mT
+    x64 = x.to(wide)
+    exact = x64.mH @ x64 - torch.eye(m, dtype=wide)
+    eps = torch.finfo(x.real.dtype).eps
+
+    def rms(d):
+        return float(d.abs().square().mean().sqrt())
+
+    e = kernels.gram_minus_identity(x)
+    assert e.dtype == dtype and e.shape == (256, m, m)
+    diag = (e - exact).diagonal(dim1=-2, dim2=-1)
+    plain = (x.mH @ x - torch.eye(m, dtype=dtype)).to(wide) - exact
+    assert rms(diag) < eps / 4 < rms(plain.diagonal(dim1=-2, dim2=-1))
+    assert torch.allclose(e.to(wide), exact, rtol=0, atol=4 * eps)
+    # a Gram handed in keeps its off-diagonal entries and is not written to
+    xx = x.mH @ x
+    kept = xx.clone()
+    e2 = kernels.gram_minus_identity(x, xx)
+    assert torch.equal(xx, kept)
+    off = ~torch.eye(m, dtype=torch.bool)
+    assert torch.equal(e2[..., off], xx[..., off])
+    # the defect does not depend on the estimate it is offset by, to its own rounding
+    d1 = columns_defect(x, xx.diagonal(dim1=-2, dim2=-1))
+    d2 = columns_defect(x, torch.ones(256, m, dtype=dtype))
+    assert d1.dtype == x.real.dtype and d1.shape == (256, m)
+    assert rms(d1.to(wide) - exact.diagonal(dim1=-2, dim2=-1)) < eps / 4
+    assert torch.allclose(d1, d2, rtol=0, atol=4 * eps)

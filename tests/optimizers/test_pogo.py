@@ -150,9 +150,11 @@ def test_non_stiefel_parameter_is_refused_and_nothing_is_half_built():
 
 
 @pytest.mark.parametrize("shape", [(16, 32, 32), (32, 48, 12)])
-def test_float32_drift_is_pogo_torchs(shape):
-    """After 300 float32 steps the drift is pogo-torch's own (rounding only): the midpoint
-    and the correction add X to small products (Note [POGO's midpoint without ψ])."""
+def test_float32_drift_is_below_pogo_torchs(shape):
+    """After 300 float32 steps the drift is rounding only, and below pogo-torch's: the
+    correction's MᴴM − I takes its diagonal from M's columns (Note [POGO's correction
+    from the exact diagonal]), where pogo-torch keeps the float32 product's rounding
+    (measured 0.51–0.55× on these shapes, three seeds). Drift measured in float64."""
     gen = torch.Generator().manual_seed(3)
     x0 = torch.linalg.qr(torch.randn(*shape, generator=gen))[0]
     target = torch.linalg.qr(torch.randn(*shape, generator=gen))[0]
@@ -167,11 +169,11 @@ def test_float32_drift_is_pogo_torchs(shape):
             with torch.no_grad():
                 p.grad = 2 * (p.detach() - target)
             opt.step()
-    eye = torch.eye(shape[-1])
+    eye = torch.eye(shape[-1], dtype=torch.float64)
 
     def drift(p):
-        x = p.detach()
+        x = p.detach().double()
         return float(torch.linalg.matrix_norm(x.mT @ x - eye).max())
 
-    assert drift(ours) <= 1.25 * drift(theirs)
+    assert drift(ours) <= 0.75 * drift(theirs)
     assert drift(theirs) < 10 * shape[-1] * torch.finfo(torch.float32).eps
