@@ -183,7 +183,9 @@ class POGO(RiemannianOptimizer):
     # so a state saved mid-training (its point near the manifold) loads and steps on
     accepts_off_manifold: ClassVar[bool] = True
     off_manifold_bound: ClassVar[float] = BASIN
-    formula: ClassVar[str] = "midpoint: 8NM², correction: 4NM² (all GEMMs, no factorization)"
+    formula: ClassVar[str] = (
+        "midpoint: 8NM², correction: 4NM² (all GEMMs, no factorization), MᴴM's diagonal: 3NM"
+    )
 
     def __init__(
         self,
@@ -215,17 +217,20 @@ class POGO(RiemannianOptimizer):
         )
         super().__init__(params, defaults, telemetry=telemetry)
 
-    step_bytes = Passes(reads=6, writes=2)  # ‖G‖, Grams of X, m (X, G, m); update (X, G, m → X, m)
+    # ‖G‖, Grams of X, m (X, G, m); MᴴM's diagonal (X, m); update (X, G, m → X, m)
+    step_bytes = Passes(reads=8, writes=2)
 
     @classmethod
     def step_flops(cls, n: int, m: int, **_: object) -> float:
-        """Real flops of one step on a real N×M point: 12NM² + 6NM.
+        """Real flops of one step on a real N×M point: 12NM² + 9NM.
 
         Six N×M×M products: the Grams XᴴX, G̃ᴴX and MᴴM, the midpoint M (two,
         Note [POGO's midpoint without ψ]) and the correction M·((1 + λ)I − λMᴴM);
-        then VectorAdam's first moment (a lerp) and ‖G‖² (a scaling and a sum).
+        then VectorAdam's first moment (a lerp), ‖G‖² (a scaling and a sum) and MᴴM's
+        diagonal from M's offset squares (a multiply-add and a sum, Note [POGO's
+        correction from the exact diagonal]).
         """
-        return 12.0 * n * m * m + 6.0 * n * m
+        return 12.0 * n * m * m + 9.0 * n * m
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)

@@ -163,9 +163,10 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     (measured on 64×16 and 64×64 blocks, stored either way), ten times the
     drift E = XᴴX − I of a point rounded to float32 (about 1e-8 per diagonal
     entry). A correction M(I − λE) built on it moves the point by that rounding
-    at every step. Summed as Σ_k (x_kj² − c_j) + n·c_j, with c_j = ``near``/N
-    near the column's mean square (n local rows of N; its own rounding cancels
-    exactly, since n·c_j is formed in float64), every term is small and the
+    at every step. Summed as Σ_k (x_kj² − c_j) + n·c_j over the n local rows, with
+    c_j = ``near``/N near the column's mean square (N taken as n times the ranks
+    the rows are split over; the rounding of c_j cancels exactly, since n·c_j is
+    formed in float64, so any c_j near it will do), every term is small and the
     float32 sum keeps E's digits: about 1e-8 per entry on the same blocks, the
     rounding of the squares themselves. The off-diagonal entries of a float32
     product are sums of terms of both signs whose running sums stay small:
@@ -173,14 +174,18 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     """
     n = t.shape[-2]
     group = _GROUP[0]
-    rows = n * (dist.get_world_size(group) if group is not None else 1)
-    c = (near.real if near.is_complex() else near).div(max(rows, 1)).unsqueeze(-2)
+    rows = n * (dist.get_world_size(group) if group is not None else 1)  # N, or about it
+    near = near.real if near.is_complex() else near
+    c = near.div(max(rows, 1)).unsqueeze(-2)
     if t.is_complex():
         terms = torch.addcmul(-c, t.real, t.real).addcmul_(t.imag, t.imag)
     else:
         terms = torch.addcmul(-c, t, t)
     local = terms.sum(dim=-2).double() + n * c.squeeze(-2).double()
-    return (_all_reduce(local, dist.ReduceOp.SUM) - 1).to(c.dtype)
+    defect = (_all_reduce(local, dist.ReduceOp.SUM) - 1).to(c.dtype)
+    # squares past the dtype's range make ``near`` infinite and the terms inf − inf:
+    # the column is as far off as ``near`` says (an off-manifold test must see inf)
+    return torch.where(defect.isnan() & ~near.isnan(), near - 1, defect)
 
 
 def rows_amax(t: torch.Tensor) -> torch.Tensor:

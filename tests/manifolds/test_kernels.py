@@ -477,3 +477,9 @@ def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layou
     assert d1.dtype == x.real.dtype and d1.shape == (256, m)
     assert rms(d1.to(wide) - exact.diagonal(dim1=-2, dim2=-1)) < eps / 4
     assert torch.allclose(d1, d2, rtol=0, atol=4 * eps)
+    # squares past float32's range: the diagonal is infinite, as the product's, not NaN
+    huge = kernels.gram_minus_identity(x[:2] * 1e20).diagonal(dim1=-2, dim2=-1)
+    assert bool((huge.real == float("inf")).all())
+    if not dtype.is_complex:  # a complex product's overflow is inf + NaN·i off the diagonal
+        assert bool(kernels.orthogonality_error(x[:2] * 1e20).isinf().all())
+    assert bool(kernels.orthogonality_error(x[:2] * float("nan")).isnan().all())
