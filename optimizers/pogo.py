@@ -103,8 +103,9 @@ def pogo_step(
     # drift of a rounded point, and was most of POGO's drift (pogo-torch's too).
     # Its diagonal is taken from M's columns instead (`gram_minus_identity`,
     # Note [The Gram's diagonal from offset squares]): one N×M pass more, and the
-    # drift after 1000 float32 steps about a third of pogo-torch's
-    # (docs/results.md, "POGO's correction from the exact diagonal").
+    # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
+    # off-diagonal rounding (docs/results.md, "POGO's correction from the exact
+    # diagonal").
     e = gram_minus_identity(mid, gram(mid, mid))
     inside = (torch.linalg.matrix_norm(e) < BASIN)[..., None, None]
     # outside the basin MᴴM − I, and with it the corrected point, is NaN
