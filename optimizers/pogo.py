@@ -106,7 +106,7 @@ def pogo_step(
     # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
     # off-diagonal rounding (docs/results.md, "POGO's correction from the exact
     # diagonal").
-    e = gram_minus_identity(mid, gram(mid, mid))
+    e = gram_minus_identity(mid)
     inside = (torch.linalg.matrix_norm(e) < BASIN)[..., None, None]
     # outside the basin MᴴM − I, and with it the corrected point, is NaN
     return polar_step(mid, lam, torch.where(inside, e, math.nan))
