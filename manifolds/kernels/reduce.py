@@ -176,16 +176,16 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     group = _GROUP[0]
     rows = n * (dist.get_world_size(group) if group is not None else 1)  # N, or about it
     near = near.real if near.is_complex() else near
-    c = near.div(max(rows, 1)).unsqueeze(-2)
+    # squares past the dtype's range make ``near`` inf, or NaN where a complex product
+    # forms inf − inf (cuBLAS does): offset by 0 there, and the plain sum of squares
+    # says inf as an off-manifold test must see it (NaN only where t holds NaN)
+    c = torch.where(near.isfinite(), near, 0).div(max(rows, 1)).unsqueeze(-2)
     if t.is_complex():
         terms = torch.addcmul(-c, t.real, t.real).addcmul_(t.imag, t.imag)
     else:
         terms = torch.addcmul(-c, t, t)
     local = terms.sum(dim=-2).double() + n * c.squeeze(-2).double()
-    defect = (_all_reduce(local, dist.ReduceOp.SUM) - 1).to(c.dtype)
-    # squares past the dtype's range make ``near`` infinite and the terms inf − inf:
-    # the column is as far off as ``near`` says (an off-manifold test must see inf)
-    return torch.where(defect.isnan() & ~near.isnan(), near - 1, defect)
+    return (_all_reduce(local, dist.ReduceOp.SUM) - 1).to(c.dtype)
 
 
 def rows_amax(t: torch.Tensor) -> torch.Tensor:

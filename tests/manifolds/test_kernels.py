@@ -439,7 +439,7 @@ def test_steps_of_a_column_major_batch_equal_those_of_its_row_major_copy(retract
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
 @pytest.mark.parametrize("layout", ["rows", "columns"])
-def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layout):
+def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layout, device):
     # Note [The Gram's diagonal from offset squares]: near the manifold, the diagonal of
     # XᴴX − I in float32 is exact to the rounding of X's squares (~eps/(2√N) per entry),
     # where the float32 product's own diagonal is off by ~eps; the off-diagonal entries
@@ -449,10 +449,10 @@ def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layou
     gen = torch.Generator().manual_seed(11)
     wide = torch.complex128 if dtype.is_complex else torch.float64
     n, m = 64, 16
-    x = torch.linalg.qr(torch.randn(256, n, m, dtype=wide, generator=gen))[0].to(dtype)
+    x = torch.linalg.qr(torch.randn(256, n, m, dtype=wide, generator=gen))[0].to(device, dtype)
     x = x.contiguous() if layout == "rows" else x.mT.contiguous().mT
     x64 = x.to(wide)
-    exact = x64.mH @ x64 - torch.eye(m, dtype=wide)
+    exact = x64.mH @ x64 - torch.eye(m, dtype=wide, device=device)
     eps = torch.finfo(x.real.dtype).eps
 
     def rms(d):
@@ -461,7 +461,7 @@ def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layou
     e = kernels.gram_minus_identity(x)
     assert e.dtype == dtype and e.shape == (256, m, m)
     diag = (e - exact).diagonal(dim1=-2, dim2=-1)
-    plain = (x.mH @ x - torch.eye(m, dtype=dtype)).to(wide) - exact
+    plain = (x.mH @ x - torch.eye(m, dtype=dtype, device=device)).to(wide) - exact
     assert rms(diag) < eps / 4 < rms(plain.diagonal(dim1=-2, dim2=-1))
     assert torch.allclose(e.to(wide), exact, rtol=0, atol=4 * eps)
     # a Gram handed in keeps its off-diagonal entries and is not written to
@@ -469,17 +469,20 @@ def test_gram_minus_identity_takes_its_diagonal_from_offset_squares(dtype, layou
     kept = xx.clone()
     e2 = kernels.gram_minus_identity(x, xx)
     assert torch.equal(xx, kept)
-    off = ~torch.eye(m, dtype=torch.bool)
+    off = ~torch.eye(m, dtype=torch.bool, device=device)
     assert torch.equal(e2[..., off], xx[..., off])
     # the defect does not depend on the estimate it is offset by, to its own rounding
     d1 = columns_defect(x, xx.diagonal(dim1=-2, dim2=-1))
-    d2 = columns_defect(x, torch.ones(256, m, dtype=dtype))
+    d2 = columns_defect(x, torch.ones(256, m, dtype=dtype, device=device))
     assert d1.dtype == x.real.dtype and d1.shape == (256, m)
     assert rms(d1.to(wide) - exact.diagonal(dim1=-2, dim2=-1)) < eps / 4
     assert torch.allclose(d1, d2, rtol=0, atol=4 * eps)
     # squares past float32's range: the diagonal is infinite, as the product's, not NaN
     huge = kernels.gram_minus_identity(x[:2] * 1e20).diagonal(dim1=-2, dim2=-1)
     assert bool((huge.real == float("inf")).all())
+    # also where the product's diagonal came out NaN (inf − inf in cuBLAS's complex product)
+    nan_near = torch.full((2, m), float("nan"), dtype=dtype, device=device)
+    assert bool((columns_defect(x[:2] * 1e20, nan_near) == float("inf")).all())
     if not dtype.is_complex:  # a complex product's overflow is inf + NaN·i off the diagonal
         assert bool(kernels.orthogonality_error(x[:2] * 1e20).isinf().all())
     assert bool(kernels.orthogonality_error(x[:2] * float("nan")).isnan().all())
