@@ -11,6 +11,8 @@ installed. Each step runs in its own process under a time limit, in this order:
    ``woodbury``: the Woodbury Cayley system by block elimination against the LU;
    ``right_solve``: the QR step's A·R⁻¹ by the M×M inverse against the solve
    (Note [Right triangular solves]: whether its rule N ≥ 8M holds on the device);
+   ``cayley_solve``: the Cayley map's solve without pivoting against the pivoted LU
+   (Note [Unpivoted LU by device type]);
 4. ``precision``: bfloat16 against float32;
 5. ``optimizers``: the Riemannian steps against geoopt's;
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
@@ -102,6 +104,12 @@ STEPS = [
         "The QR step's A·R⁻¹: the M×M inverse and a product against the triangular solve",
         ("benchmarks.right_solve",),
         20,
+    ),
+    Step(
+        "cayley_solve",
+        "The Cayley map's solve (I + A)X = B: without pivoting against the pivoted LU",
+        ("benchmarks.cayley_solve",),
+        30,
     ),
     Step("precision", "bfloat16 against float32", ("benchmarks.precision",), 30),
     Step(

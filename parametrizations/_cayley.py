@@ -33,7 +33,8 @@ is held to, and no more than the pivoted solve's own error at the top of its ran
 (one host synchronisation); where it is not read (``vmap``, meta, a caller's
 ``spectral=False``) or is above the limit, and for n ≤ `BLOCK`, the pivoted solve runs.
 
-Why not the other forms: ``torch.linalg.lu_factor(pivot=False)`` exists on CUDA only;
+Why not the other forms: ``torch.linalg.lu_factor(pivot=False)`` exists on CUDA only
+(and is used there: Note [Unpivoted LU by device type]);
 a Cholesky factorisation of MᴴM = I + AᴴA squares the condition number; the pivoted
 solve spends its time in LAPACK's panel factorisation and triangular solves, where
 this elimination is matrix products of n×`BLOCK` panels (flops: n³·2/3 for the
@@ -42,6 +43,16 @@ factors, 2n²m for the solve with m columns, as for LU with partial pivoting).
 Layout of the factors: one n×n tensor F (per batch entry) holds the block unit lower
 factor L below the diagonal blocks, the block upper factor U above them, and on the
 diagonal the inverses D⁻¹ of U's diagonal blocks (the pivot blocks), of size `BLOCK`.
+
+Note [Unpivoted LU by device type]
+On CUDA the same elimination is torch's own: ``lu_factor_ex(pivot=False)`` (it exists
+there alone) and ``lu_solve``, with the backward written out as on the CPU (one adjoint
+solve from the forward's factors and one product). The stability argument above is
+that of any elimination without pivoting of a matrix with Hermitian part I, so the
+range `UNPIVOTED_PER_ROOT`·√n holds for it too. The block elimination is a loop of
+n/`BLOCK` small inversions and products, each a separate launch on a GPU, and there
+it is slower than even the pivoted solve below n = 4096 (`benchmarks.cayley_solve`;
+figures in docs/results.md), where torch's unpivoted LU is faster than both.
 
 Example:
     ```python
@@ -79,6 +90,26 @@ def unpivoted(n: int, norm: float | None) -> bool:
 
 def _blocks(n: int) -> list[tuple[int, int]]:
     return [(j, min(j + BLOCK, n)) for j in range(0, n, BLOCK)]
+
+
+def _torch_lu(t: torch.Tensor) -> bool:
+    """Whether the elimination is torch's unpivoted LU (Note [Unpivoted LU by device type])."""
+    return t.device.type == "cuda"
+
+
+def _factors(m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Factors of M = I + A (b, n, n) without pivoting; M may be overwritten."""
+    if _torch_lu(m):
+        lu, pivots, _ = torch.linalg.lu_factor_ex(m, pivot=False)
+        return lu, pivots
+    return (_factor(m),)
+
+
+def _solve_with(factors: tuple[torch.Tensor, ...], x: torch.Tensor, adjoint: bool = False):
+    """M⁻¹X (or M⁻ᴴX) from `_factors`, on a (b, n, m) tensor that it may overwrite."""
+    if _torch_lu(x):
+        return torch.linalg.lu_solve(*factors, x, adjoint=adjoint)
+    return _solve(factors[0], x, adjoint)
 
 
 def _factor(f: torch.Tensor) -> torch.Tensor:
@@ -139,20 +170,23 @@ class _UnpivotedCayley(torch.autograd.Function):
         n, m = b.shape[-2:]
         f = a.reshape(-1, n, n).clone(memory_format=torch.contiguous_format)
         f.diagonal(dim1=-2, dim2=-1).add_(1)
-        _factor(f)
+        factors = _factors(f)
         flat = b.reshape(-1, n, m)
-        q = _solve(f, torch.mul(flat, 2)).sub_(flat)
-        ctx.save_for_backward(f, q, flat)
+        q = _solve_with(factors, torch.mul(flat, 2)).sub_(flat)
+        ctx.save_for_backward(q, flat, *factors)
         return q.view(b.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor):  # type: ignore[override]
-        f, q, b = ctx.saved_tensors
-        w = _solve(f, g.reshape(q.shape).clone(memory_format=torch.contiguous_format), True)
+        q, b, *factors = ctx.saved_tensors
+        w = _solve_with(
+            tuple(factors), g.reshape(q.shape).clone(memory_format=torch.contiguous_format), True
+        )
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = torch.bmm(w, (q + b).mH).neg_().view(*g.shape[:-2], f.shape[-1], f.shape[-1])
+            n = q.shape[-2]
+            ga = torch.bmm(w, (q + b).mH).neg_().view(*g.shape[:-2], n, n)
         if ctx.needs_input_grad[1]:
             gb = (2 * w).sub_(g.reshape(q.shape)).view(g.shape)
         return ga, gb

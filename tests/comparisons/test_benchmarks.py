@@ -38,6 +38,7 @@ def bench():
                 "skew_cayley",
                 "woodbury",
                 "right_solve",
+                "cayley_solve",
                 "drift_seeds",
             )
         }
@@ -360,6 +361,24 @@ def test_right_solve_quick_times_both_forms_against_a_float64_solve(bench, capsy
         with pytest.raises(SystemExit):
             bench["right_solve"].main([bad])
         assert says in capsys.readouterr().err
+
+
+def test_cayley_solve_quick_times_both_eliminations_against_a_float64_solve(bench, capsys):
+    rows = bench["cayley_solve"].main(["--quick"])
+    assert [r["n"] for r in rows] == [160, 256]
+    for r in rows:
+        for mode in ("forward", "fwd+bwd"):
+            assert _positive(r[f"{mode} unpivoted"]) and _positive(r[f"{mode} pivoted"])
+        # float32 at ‖A‖₁ just under the path's limit: both to the maps' 10·n·eps
+        eps = torch.finfo(torch.float32).eps
+        assert r["unpivoted err"] < 10 * r["n"] * eps and r["pivoted err"] < 10 * r["n"] * eps
+        assert r["used"] == "unpivoted"  # n > BLOCK, ‖A‖₁ within the limit
+    out = capsys.readouterr().out
+    assert "unpivoted / pivoted" in out and "fwd+bwd" in out
+    for bad in ("--sizes=64", "--sizes=a"):
+        with pytest.raises(SystemExit):
+            bench["cayley_solve"].main([bad])
+        assert "allowed: orders above 128" in capsys.readouterr().err
 
 
 def test_skew_cayley_quick_times_both_paths_and_marks_the_rows_used(bench, capsys):

@@ -22,7 +22,7 @@ def _skew(n, norm1, dtype, gen, batch=()):
 
 def _reference(a, b):
     """(I + A)⁻¹(I − A)B by LAPACK's pivoted LU in float64 / complex128."""
-    eye = torch.eye(a.shape[-1], dtype=a.dtype)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     return torch.linalg.solve(eye + a, (eye - a) @ b)
 
 
@@ -31,7 +31,8 @@ def _reference(a, b):
     "n, m, batch, rhs_batch",
     [(BLOCK + 2, BLOCK + 2, (), (3,)), (300, 7, (2,), ()), (200, 200, (2, 1), (3,))],
 )
-def test_unpivoted_solve_against_float64(dtype, n, m, batch, rhs_batch):
+def test_unpivoted_solve_against_float64(dtype, n, m, batch, rhs_batch, device):
+    # on CUDA the elimination is torch's unpivoted LU (Note [Unpivoted LU by device type])
     gen = torch.Generator().manual_seed(n + m)
     eps = torch.finfo(dtype).eps
     for norm1 in (0.1, 1.0, 0.99 * 4 * math.sqrt(n)):  # up to the limit of the path
@@ -39,15 +40,15 @@ def test_unpivoted_solve_against_float64(dtype, n, m, batch, rhs_batch):
         assert unpivoted(n, one_norm(a)), norm1  # the path under test
         b = torch.linalg.qr(torch.randn(*rhs_batch, n, m, dtype=a.dtype, generator=gen))[0]
         ref = _reference(a, b)
-        q = cayley_solve(a.to(dtype), b.to(dtype), one_norm(a))
+        q = cayley_solve(a.to(device, dtype), b.to(device, dtype), one_norm(a))
         assert q.shape == torch.broadcast_shapes(batch, rhs_batch) + (n, m)
-        qd = q.to(a.dtype)
+        qd = q.to("cpu", a.dtype)
         assert float((qd - ref).abs().max()) < 10 * n * eps
         gram = qd.mH @ qd - torch.eye(m, dtype=a.dtype)
         assert float(torch.linalg.matrix_norm(gram).max()) < 10 * n * eps
 
 
-def test_unpivoted_solve_growth_beyond_its_range():
+def test_unpivoted_solve_growth_beyond_its_range(device):
     # Outside the range the route gives it, the elimination is still finite and within the
     # Golub–Van Loan bound n(1 + ‖A‖₂²)·eps of Note [Elimination without pivoting for I + A]
     gen = torch.Generator().manual_seed(3)
@@ -57,7 +58,7 @@ def test_unpivoted_solve_growth_beyond_its_range():
         a = _skew(n, norm1, torch.float64, gen)
         assert not unpivoted(n, norm1)
         b = torch.eye(n, dtype=torch.float64)
-        q = _UnpivotedCayley.apply(a, b)
+        q = _UnpivotedCayley.apply(a.to(device), b.to(device)).cpu()
         spectral = float(torch.linalg.matrix_norm(a, ord=2))
         assert float((q - _reference(a, b)).abs().max()) < n * (1 + spectral**2) * eps
 
@@ -76,22 +77,22 @@ def test_route_takes_the_pivoted_solve_where_the_norm_is_large_or_unknown():
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.complex128))
-def test_unpivoted_solve_gradcheck(dtype):
+def test_unpivoted_solve_gradcheck(dtype, device):
     gen = torch.Generator().manual_seed(5)
     n = BLOCK + 3  # two pivot blocks, the second ragged
-    a = _skew(n, 2.0, dtype, gen).requires_grad_()
-    b = torch.randn(n, 2, dtype=dtype, generator=gen, requires_grad=True)
+    a = _skew(n, 2.0, dtype, gen).to(device).requires_grad_()
+    b = torch.randn(n, 2, dtype=dtype, generator=gen).to(device).requires_grad_()
     assert torch.autograd.gradcheck(_UnpivotedCayley.apply, (a, b), fast_mode=True)
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.complex128))
-def test_unpivoted_gradients_against_pivoted_autograd(dtype):
+def test_unpivoted_gradients_against_pivoted_autograd(dtype, device):
     # The written-out backward against autograd through torch.linalg.solve (batched, broadcast)
     gen = torch.Generator().manual_seed(6)
     n, m = 2 * BLOCK + 5, 4
-    a = _skew(n, 3.0, dtype, gen, (2,))
-    b = torch.randn(n, m, dtype=dtype, generator=gen)
-    g = torch.randn(2, n, m, dtype=dtype, generator=gen)
+    a = _skew(n, 3.0, dtype, gen, (2,)).to(device)
+    b = torch.randn(n, m, dtype=dtype, generator=gen).to(device)
+    g = torch.randn(2, n, m, dtype=dtype, generator=gen).to(device)
     grads = []
     for fn in (lambda x, y: _UnpivotedCayley.apply(x, y.expand(2, n, m)), _reference):
         x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
@@ -102,16 +103,19 @@ def test_unpivoted_gradients_against_pivoted_autograd(dtype):
 
 @pytest.mark.parametrize("method", ["cayley", "scaled_cayley"])
 @pytest.mark.parametrize("dtype", (torch.float32, torch.complex64))
-def test_maps_on_the_unpivoted_path_against_float64(method, dtype):
+def test_maps_on_the_unpivoted_path_against_float64(method, dtype, device):
     gen = torch.Generator().manual_seed(7)
     n = BLOCK + 40
     high = LOW[dtype]
-    w = orthogonalize(torch.randn(n, n, dtype=dtype, generator=gen), method=method)
+    w = orthogonalize(torch.randn(n, n, dtype=dtype, generator=gen).to(device), method=method)
     original = w.parametrizations.weight.original
     with torch.no_grad():
         original.copy_(torch.randn(n, n, dtype=dtype, generator=gen) / math.sqrt(n))
         if method == "scaled_cayley" and dtype.is_complex:
-            w.map.phases.uniform_(-3.0, 3.0, generator=gen)
+            phases = w.map.phases
+            phases.copy_(
+                torch.empty(phases.shape, dtype=phases.dtype).uniform_(-3, 3, generator=gen)
+            )
     params = [original] + list(w.map.parameters())
 
     def reference(raw, *phases):
@@ -129,7 +133,7 @@ def test_maps_on_the_unpivoted_path_against_float64(method, dtype):
     q = w()
     ref = reference(*wide)
     assert float((q.detach().to(high) - ref).abs().max()) < 10 * n * eps
-    c = torch.randn(n, n, dtype=dtype, generator=gen)
+    c = torch.randn(n, n, dtype=dtype, generator=gen).to(device)
     grads = torch.autograd.grad((q * c.conj()).real.sum(), params)
     wide = [t.requires_grad_() for t in wide]
     refs = torch.autograd.grad((reference(*wide) * c.to(high).conj()).real.sum(), wide)
