@@ -62,6 +62,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -226,7 +227,9 @@ def finite(t: torch.Tensor) -> torch.Tensor:
     cost of a step on a tall point. The extremes decide the same question in
     one reduction and no temporary: ``min`` and ``max`` propagate NaN, and an
     entry ±inf is the minimum or the maximum, so both are finite exactly when
-    every entry is. A complex tensor is read as its real pairs.
+    every entry is. A complex tensor is read as its real pairs. ``torch.isfinite``
+    of the two is composite too (four operations each); max(−lo, hi) < ∞ is false
+    for NaN and for either infinity, in two.
     """
     if isinstance(t, DTensor):  # every rank must take the same decision
         bad = _finite(t.to_local()).logical_not().reshape(1)
@@ -239,7 +242,7 @@ def _finite(t: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=t.device)
     t = memory_order(t)  # Note [Reductions over all entries in memory order]
     lo, hi = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
-    return torch.isfinite(lo) & torch.isfinite(hi)
+    return torch.maximum(lo.neg(), hi) < math.inf
 
 
 def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -257,4 +260,4 @@ def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
     ):
         return finite(grad), None
     absmax = rows_absmax(grad)  # one aminmax; NaN propagates to it, ±inf is it
-    return torch.isfinite(absmax).reshape(()), absmax
+    return (absmax < math.inf).reshape(()), absmax  # false for NaN and inf alike

@@ -179,7 +179,7 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     # squares past the dtype's range make ``near`` inf, or NaN where a complex product
     # forms inf − inf (cuBLAS does): offset by 0 there, and the plain sum of squares
     # says inf as an off-manifold test must see it (NaN only where t holds NaN)
-    c = torch.where(near.isfinite(), near, 0).div(max(rows, 1)).unsqueeze(-2)
+    c = torch.nan_to_num(near, nan=0.0, posinf=0.0).div(max(rows, 1)).unsqueeze(-2)
     if t.is_complex():
         terms = torch.addcmul(-c, t.real, t.real).addcmul_(t.imag, t.imag)
     else:

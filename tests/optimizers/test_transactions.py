@@ -128,7 +128,7 @@ def test_a_rule_raising_on_the_second_parameter_moves_nothing(name, key):
 )
 def test_finite_is_isfinite_all_for_every_bad_entry(dtype):
     """`finite` (one aminmax, Note [Finiteness in one pass]) against ``isfinite(t).all()``."""
-    from stiefel.optimizers.transaction import finite
+    from stiefel.optimizers.transaction import finite, finite_gradient
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 4, generator=gen).to(dtype)
@@ -139,6 +139,16 @@ def test_finite_is_isfinite_all_for_every_bad_entry(dtype):
             y.view(-1)[i] = complex(0.0, bad) if dtype.is_complex else bad
             assert not bool(finite(y)) and not bool(torch.isfinite(y).all())
             assert not bool(finite(y.mT))  # a transposed layout too
+    # a single real matrix: the test from its max |G| (Note [One pass over the gradient
+    # for its test and its scale])
+    if dtype.is_floating_point:
+        g = x[0]
+        ok, absmax = finite_gradient(g)
+        assert bool(ok) and float(absmax) == float(g.abs().max())
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            h = g.clone()
+            h[2, 1] = bad
+            assert not bool(finite_gradient(h)[0])
 
 
 def test_memory_order_is_a_contiguous_view_of_every_dense_layout():
