@@ -1,66 +1,92 @@
 r"""exp map forward and forward+backward: our adjoint-Fréchet expm against torch's autograd.
 
-Run from a checkout: ``python -m benchmarks.expm`` (``--sizes 256 1024``,
-``--dtype float32``). Prints, per n, the time of the forward and of
-forward+backward for ``stiefel.parametrizations._expm.expm`` and for
-``torch.linalg.matrix_exp`` (whose backward is a 2n×2n block exponential),
-measured in the same run (best of ``--repeats``), and the ratios. Timings on a
-shared machine are noisy.
+Run from a checkout: ``python -m benchmarks.expm`` (``--quick``: small sizes;
+``--device cuda`` on a GPU). For each order n and each ‖A‖₁ (``--norms``, a
+random skew A scaled to it) it times ``stiefel.parametrizations._expm.expm`` and
+``torch.linalg.matrix_exp`` (a degree-18 Taylor scheme forward, a 2n×2n block
+exponential backward), forward alone (no autograd) and forward+backward, in
+interleaved rounds (median), and prints the ratios ours / torch, the Padé degree
+and squarings our forward takes (Note [Padé degree by the dtype's unit roundoff]
+in `stiefel.parametrizations._expm`) and both forwards' max-entry errors against
+a float64 ``matrix_exp``.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from stiefel.parametrizations._expm import expm
+from stiefel.parametrizations._expm import _degree, expm
+
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
+
+NORMS = "0.3,1.5,3.5,36"
 
 
-def best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def _timed(fn, a: torch.Tensor, g: torch.Tensor | None):
+    if g is None:
+        return lambda: fn(a)
+    leaf = a.clone().requires_grad_()
+    return lambda: torch.autograd.grad(fn(leaf), leaf, g)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
-    print(f"{'n':>6} {'fn':>18} {'fwd s':>9} {'fwd+bwd s':>10} {'(f+b)/f':>8}")
-    for n in args.sizes:
-        a = torch.randn(n, n, dtype=dtype, generator=torch.Generator().manual_seed(n))
-        a = (a - a.mT) / (2 * n**0.5)
-        g = torch.randn(n, n, dtype=dtype)
-        res = {}
-        for name, fn in (("stiefel expm", expm), ("torch.matrix_exp", torch.linalg.matrix_exp)):
-            x = a.clone().requires_grad_()
+def run(sizes, norms, dtype: torch.dtype, rounds: int, device: torch.device) -> list[dict]:
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    fns = {"ours": expm, "torch": torch.linalg.matrix_exp}
+    for n in sizes:
+        x = torch.randn(n, n, generator=gen, device=device, dtype=torch.float64)
+        skew = x - x.mT
+        g = torch.randn(n, n, generator=gen, device=device, dtype=dtype)
+        for norm in norms:
+            a64 = skew * (norm / torch.linalg.matrix_norm(skew, ord=1))
+            a = a64.to(dtype)
+            ref = torch.linalg.matrix_exp(a64)
+            row: dict = {"n": n, "norm": norm, "degree": _degree(a)}
+            for mode, cot in (("forward", None), ("fwd+bwd", g)):
+                med = interleaved({k: _timed(f, a, cot) for k, f in fns.items()}, rounds)
+                row |= {f"{mode} {k}": med[k] for k in fns}
+            for k, f in fns.items():
+                row[f"{k} err"] = float((f(a).double() - ref).abs().max())
+            rows.append(row)
+    return rows
 
-            def fwd(fn=fn, x=x):
-                with torch.no_grad():
-                    fn(x)
 
-            def fwd_bwd(fn=fn, x=x, g=g):
-                torch.autograd.grad(fn(x), x, g)
-
-            tf, tfb = best(fwd, args.repeats), best(fwd_bwd, args.repeats)
-            res[name] = (tf, tfb)
-            print(f"{n:>6} {name:>18} {tf:>9.4f} {tfb:>10.4f} {tfb / tf:>8.2f}")
-        ours, ref = res["stiefel expm"], res["torch.matrix_exp"]
-        print(
-            f"{n:>6} ratios: fwd+bwd ours/torch = {ours[1] / ref[1]:.2f}, "
-            f"ours fwd+bwd / torch fwd = {ours[1] / ref[0]:.2f}, fwd ours/torch = "
-            f"{ours[0] / ref[0]:.2f}"
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="n = 64; 3 rounds")
+    ap.add_argument("--sizes", default="256,1024", help="orders n, comma-separated")
+    ap.add_argument("--norms", default=NORMS, help="‖A‖₁ values, comma-separated")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
+    args = ap.parse_args(argv)
+    device = device_of(args.device, ap)
+    try:
+        sizes = [int(v) for v in ("64" if args.quick else args.sizes).split(",")]
+        norms = [float(v) for v in args.norms.split(",")]
+        if min(sizes) < 1 or min(norms) <= 0:
+            raise ValueError
+    except ValueError:
+        ap.error(
+            f"--sizes={args.sizes!r} --norms={args.norms!r}: allowed: positive orders and "
+            "positive norms, comma-separated"
         )
+    dtype = getattr(torch, args.dtype)
+    rows = run(sizes, norms, dtype, 3 if args.quick else args.rounds, device)
+    print(header("exp of a skew A: our Padé expm / torch.linalg.matrix_exp", device))
+    cols = ["n", "‖A‖₁", "degree, squarings", "ours fwd", "fwd ours / torch"]
+    cols += ["ours fwd+bwd", "fwd+bwd ours / torch", "ours err", "torch err"]
+    body = [
+        [r["n"], r["norm"], "{}, {}".format(*r["degree"]), fmt_time(r["forward ours"])]
+        + [fmt_ratio(r["forward ours"] / r["forward torch"]), fmt_time(r["fwd+bwd ours"])]
+        + [fmt_ratio(r["fwd+bwd ours"] / r["fwd+bwd torch"])]
+        + [f"{r['ours err']:.1e}", f"{r['torch err']:.1e}"]
+        for r in rows
+    ]
+    print(table(cols, body))
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ r"""The matrix exponential with a cheap backward: the adjoint Fréchet derivativ
 complex matrices (the ``"exp"`` map feeds it skew-symmetric / skew-Hermitian
 ones). Its backward returns L(Aᴴ, G), the adjoint of the Fréchet derivative
 L(A, ·) under Re tr(XᴴY), computed from the forward's own intermediates:
-about 13 matrix products, one solve with the forward's LU factors and two
-products per squaring, against the 2n×2n block exponential torch's autograd
-evaluates (≈ 8× a forward of size n).
+at most 13 matrix products (4 to 10 below degree 13), one solve with the
+forward's LU factors and two products per squaring, against the 2n×2n block
+exponential torch's autograd evaluates (≈ 8× a forward of size n).
 
 Note [Scaling and squaring with its Fréchet derivative]
-Forward (Higham 2005, degree-13 Padé): X = A/2^s with s = ⌈log₂(‖A‖₁/θ₁₃)⌉⁺,
+Forward (Higham 2005), written here for degree 13, the largest (Note [Padé
+degree by the dtype's unit roundoff] for the others, sums of the even powers in
+place of the Horner form): X = A/2^s with s = ⌈log₂(‖A‖₁/θ₁₃)⌉⁺,
 θ₁₃ = 5.37; X₂ = X², X₄ = X₂², X₆ = X₂X₄;
 U = X(X₆W₁ + W₂), V = X₆Z₁ + Z₂ with W₁, W₂, Z₁, Z₂ the even polynomials of
 the degree-13 Padé coefficients b; R₀ = (V − U)⁻¹(V + U); R_{k+1} = R_k², and
@@ -38,86 +40,141 @@ assert torch.autograd.gradcheck(expm, (a,))
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
 __all__ = ["expm"]
+
 
 # Note [Padé coefficients normalised to b₀ = 1]
 # R = (V − U)⁻¹(V + U) does not change when every bₖ is divided by b₀, and with
 # b₀ = 1 the forward at A = 0 is V = I, R = I exactly (an LU solve against
 # b₀·I may multiply by a rounded 1/b₀): the based maps then return their base
 # bit for bit at A = 0, so a stored float32 point stays a float32 point.
-_B0 = 64764752532480000.0
-_B_RAW = (
-    _B0,
-    32382376266240000.0,
-    7771770303897600.0,
-    1187353796428800.0,
-    129060195264000.0,
-    10559470521600.0,
-    670442572800.0,
-    33522128640.0,
-    1323241920.0,
-    40840800.0,
-    960960.0,
-    16380.0,
-    182.0,
-    1.0,
-)
-_B = tuple(c / _B0 for c in _B_RAW)
-_THETA13 = 5.371920351148152
+def _coefficients(m: int) -> tuple[float, ...]:
+    """b_k/b_0 of the [m/m] Padé approximant of exp, k = 0..m (b_0 = 1 exactly)."""
+    f = math.factorial
+    return tuple(
+        float(Fraction(f(2 * m - k) * f(m), f(2 * m) * f(k) * f(m - k))) for k in range(m + 1)
+    )
 
 
-def _squarings(a: torch.Tensor) -> int:
+_B = {m: _coefficients(m) for m in (3, 5, 7, 9, 13)}
+
+
+# Note [Padé degree by the dtype's unit roundoff]
+# The [m/m] approximant r_m(X) equals exp(X + ΔX) with ‖ΔX‖ ≤ u‖X‖ while
+# ‖X‖₁ ≤ θ_m (Higham 2005, the bounds MATLAB's expm uses): for u = 2⁻⁵³ the
+# degrees 3, 5, 7, 9, 13 below, for u = 2⁻²⁴ (float32, complex64 and narrower)
+# 3, 5, 7. Where ‖A‖₁ is within a degree's θ_m the forward takes the cheapest such
+# degree, without squarings. Degree m costs (m + 1)/2 products below 13, and 6 at
+# 13 (Horner form in X⁶): a float32 exponent with ‖A‖₁ ≤ 0.43 takes 2 products,
+# not 6. Beyond the table, degree 13 with s = ⌈log₂(‖A‖₁/θ₁₃)⌉ squarings in every
+# dtype: there the squarings' rounding, not the approximant's truncation, sets
+# the error (each squaring about doubles it), and degree 7 would need one squaring
+# more as often as not (float32 at n = 1024, ‖A‖₁ = 36: 5.3e-6 against 2.4e-6 from
+# float64, one-off script). The Fréchet derivative differentiates the same
+# polynomials (Al-Mohy & Higham 2009, Algorithm 6.4, over the same degrees), so
+# the backward shrinks with the forward.
+_THETA = {
+    "double": ((3, 1.495585217958292e-2), (5, 2.539398330063230e-1), (7, 9.504178996162932e-1),
+               (9, 2.097847961257068), (13, 5.371920351148152)),
+    "single": ((3, 4.258730016922831e-1), (5, 1.880152677804762), (7, 3.925724783138660)),
+}  # fmt: skip
+_THETA13 = _THETA["double"][-1][1]
+
+
+def _degree(a: torch.Tensor) -> tuple[int, int]:
+    """(m, s): the Padé degree and the squarings for ``a`` (Note [Padé degree by ...])."""
     if a.numel() == 0 or a.device.type == "meta":  # meta: shapes only, no values
-        return 0
+        return 13, 0
     norm = float(torch.linalg.matrix_norm(a.detach(), ord=1).max())
     if not math.isfinite(norm):
-        return 0
-    return max(0, math.ceil(math.log2(norm / _THETA13))) if norm > _THETA13 else 0
+        return 13, 0
+    for m, theta in _THETA["double" if torch.finfo(a.dtype).eps < 2.0**-40 else "single"]:
+        if norm <= theta:
+            return m, 0
+    return 13, math.ceil(math.log2(norm / _THETA13))
+
+
+def _evens(x: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """[X², X⁴, X⁶, X⁸][:count], each by one product."""
+    out = [x @ x]
+    if count > 1:
+        out.append(out[0] @ out[0])
+    if count > 2:
+        out.append(out[1] @ out[0])
+    if count > 3:
+        out.append(out[1] @ out[1])
+    return out
+
+
+def _series(c: tuple[float, ...], first: torch.Tensor | None, terms: list[torch.Tensor]):
+    """c[0]·first + Σ_j c[j+1]·terms[j] (``first`` None: no constant term)."""
+    out = None if first is None else c[0] * first
+    for cj, t in zip(c[1:], terms, strict=True):
+        out = cj * t if out is None else out.add(t, alpha=cj)
+    return out
 
 
 def _forward(a: torch.Tensor):
-    b = _B
-    s = _squarings(a)
+    m, s = _degree(a)
+    b = _B[m]
     x = a / 2**s if s else a
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    x2 = x @ x
-    x4 = x2 @ x2
-    x6 = x2 @ x4
-    w1 = b[13] * x6 + b[11] * x4 + b[9] * x2
-    w2 = b[7] * x6 + b[5] * x4 + b[3] * x2 + b[1] * eye
-    z1 = b[12] * x6 + b[10] * x4 + b[8] * x2
-    z2 = b[6] * x6 + b[4] * x4 + b[2] * x2 + b[0] * eye
-    w = x6 @ w1 + w2
+    if m == 13:  # Horner form in X⁶: six products
+        x2, x4, x6 = evens = _evens(x, 3)
+        w1 = b[13] * x6 + b[11] * x4 + b[9] * x2
+        w2 = b[7] * x6 + b[5] * x4 + b[3] * x2 + b[1] * eye
+        z1 = b[12] * x6 + b[10] * x4 + b[8] * x2
+        z2 = b[6] * x6 + b[4] * x4 + b[2] * x2 + b[0] * eye
+        w = x6 @ w1 + w2
+        v = x6 @ z1 + z2
+        horner = (w1, z1)
+    else:  # W = Σ b_{2j+1}X^{2j}, V = Σ b_{2j}X^{2j}: (m + 1)/2 products with U
+        evens = _evens(x, (m - 1) // 2)
+        w = _series(b[1::2], eye, evens)
+        v = _series(b[0::2], eye, evens)
+        horner = ()
     u = x @ w
-    v = x6 @ z1 + z2
     lu, piv = torch.linalg.lu_factor(v - u)
     r = torch.linalg.lu_solve(lu, piv, v + u)
     powers = [r]
     for _ in range(s):
         r = r @ r
         powers.append(r)
-    return r, (s, x, x2, x4, x6, w1, z1, w, lu, piv, powers)
+    return r, (m, s, x, evens, w, horner, lu, piv, powers)
 
 
 def _adjoint_frechet(g: torch.Tensor, saved) -> torch.Tensor:
-    # L(Aᴴ, G) from the forward's intermediates at A (Note [Scaling and squaring ...]).
-    b = _B
-    s, x, x2, x4, x6, w1, z1, w, lu, piv, powers = saved
-    y, y2, y4, y6 = x.mH, x2.mH, x4.mH, x6.mH
+    # L(Aᴴ, G) from the forward's intermediates at A (Note [Scaling and squaring ...]):
+    # every matrix at Aᴴ is the conjugate transpose of the one at A
+    m, s, x, evens, w, horner, lu, piv, powers = saved
+    b = _B[m]
+    y, ys = x.mH, [t.mH for t in evens]
     e = g / 2**s if s else g
-    m2 = y @ e + e @ y
-    m4 = y2 @ m2 + m2 @ y2
-    m6 = y4 @ m2 + m4 @ y2
-    lw1 = b[13] * m6 + b[11] * m4 + b[9] * m2
-    lw2 = b[7] * m6 + b[5] * m4 + b[3] * m2
-    lz1 = b[12] * m6 + b[10] * m4 + b[8] * m2
-    lz2 = b[6] * m6 + b[4] * m4 + b[2] * m2
-    lw = y6 @ lw1 + m6 @ w1.mH + lw2
+    ms = [y @ e + e @ y]  # M_{2j} = d(Y^{2j})[E], as the powers were formed
+    if len(ys) > 1:
+        ms.append(ys[0] @ ms[0] + ms[0] @ ys[0])
+    if len(ys) > 2:
+        ms.append(ys[1] @ ms[0] + ms[1] @ ys[0])
+    if len(ys) > 3:
+        ms.append(ys[1] @ ms[1] + ms[1] @ ys[1])
+    if m == 13:
+        w1, z1 = horner
+        m2, m4, m6 = ms
+        y6 = ys[2]
+        lw1 = b[13] * m6 + b[11] * m4 + b[9] * m2
+        lw2 = b[7] * m6 + b[5] * m4 + b[3] * m2
+        lz1 = b[12] * m6 + b[10] * m4 + b[8] * m2
+        lz2 = b[6] * m6 + b[4] * m4 + b[2] * m2
+        lw = y6 @ lw1 + m6 @ w1.mH + lw2
+        lv = y6 @ lz1 + m6 @ z1.mH + lz2
+    else:
+        lw = _series(b[1::2], None, ms)
+        lv = _series(b[0::2], None, ms)
     lu_ = y @ lw + e @ w.mH
-    lv = y6 @ lz1 + m6 @ z1.mH + lz2
     rhs = lu_ + lv + (lu_ - lv) @ powers[0].mH
     ell = torch.linalg.lu_solve(lu, piv, rhs, adjoint=True)
     for r in powers[:-1]:

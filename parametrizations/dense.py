@@ -115,7 +115,9 @@ class Exp(_Based):
 
     @classmethod
     def flops(cls, n: int, m: int, reflections: int | None = None) -> float:
-        """24n³: about 12 n×n products (Padé degree 13 and squarings)."""
+        """24n³: about 12 n×n products (Padé degree 13 and squarings, at the norms
+        that need squarings; 2–5 products and the solve below them, Note [Padé degree
+        by the dtype's unit roundoff])."""
         return 24.0 * n**3
 
     @classmethod

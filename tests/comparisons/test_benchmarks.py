@@ -39,6 +39,7 @@ def bench():
                 "woodbury",
                 "right_solve",
                 "cayley_solve",
+                "expm",
                 "drift_seeds",
             )
         }
@@ -379,6 +380,24 @@ def test_cayley_solve_quick_times_both_eliminations_against_a_float64_solve(benc
         with pytest.raises(SystemExit):
             bench["cayley_solve"].main([bad])
         assert "allowed: orders above 128" in capsys.readouterr().err
+
+
+def test_expm_quick_times_both_exponentials_at_each_norm_against_float64(bench, capsys):
+    rows = bench["expm"].main(["--quick"])
+    # Note [Padé degree by the dtype's unit roundoff]: float32 degrees by ‖A‖₁
+    assert [(r["norm"], r["degree"]) for r in rows] == [
+        (0.3, (3, 0)), (1.5, (5, 0)), (3.5, (7, 0)), (36.0, (13, 3)),
+    ]  # fmt: skip
+    eps = torch.finfo(torch.float32).eps
+    for r in rows:
+        for mode in ("forward", "fwd+bwd"):
+            assert _positive(r[f"{mode} ours"]) and _positive(r[f"{mode} torch"])
+        assert r["ours err"] < 10 * r["n"] * eps and r["torch err"] < 10 * r["n"] * eps
+    assert "fwd+bwd ours / torch" in capsys.readouterr().out
+    for bad in ("--norms=0", "--sizes=a"):
+        with pytest.raises(SystemExit):
+            bench["expm"].main([bad])
+        assert "allowed: positive orders and positive norms" in capsys.readouterr().err
 
 
 def test_skew_cayley_quick_times_both_paths_and_marks_the_rows_used(bench, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from stiefel.parametrizations import _expm
 from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations._expm import expm
 from stiefel.parametrizations._spectral import skew_spectral, spectral_needed
@@ -39,6 +40,59 @@ def test_equals_torch_matrix_exp_and_its_autograd(dtype, scale):
     (gb,) = torch.autograd.grad(ref, a, g)
     assert (y - ref).abs().max() < 1e-10 * max(1.0, scale)
     assert (ga - gb).abs().max() < 1e-10 * gb.abs().max()
+
+
+def _at_norm(a: torch.Tensor, norm1: float) -> torch.Tensor:
+    return a * (norm1 / torch.linalg.matrix_norm(a, ord=1).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("degree, theta", _expm._THETA["double"])
+def test_each_double_degree_against_torch_and_gradcheck(dtype, degree, theta):
+    # Note [Padé degree by the dtype's unit roundoff]: just under θ_m takes degree m
+    # without squarings; just over the last θ, the last degree with one squaring
+    for norm1, want in ((0.97 * theta, (degree, 0)), (1.03 * theta, None)):
+        a = _at_norm(_skew((2, 10, 10), dtype, 1.0, degree), norm1).requires_grad_()
+        got = _expm._degree(a)
+        if want is not None:
+            assert got == want
+        elif degree == 13:
+            assert got == (13, 1)
+        else:  # the next degree
+            table = _expm._THETA["double"]
+            assert got == (table[[m for m, _ in table].index(degree) + 1][0], 0)
+        y, ref = expm(a), torch.linalg.matrix_exp(a)
+        g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+        (ga,) = torch.autograd.grad(y, a, g.to(dtype))
+        (gb,) = torch.autograd.grad(ref, a, g.to(dtype))
+        assert (y - ref).abs().max() < 1e-13
+        assert (ga - gb).abs().max() < 1e-12 * gb.abs().max()
+    b = _at_norm(_skew((5, 5), dtype, 1.0, 3) + 0.1 * torch.eye(5, dtype=dtype), 0.9 * theta)
+    assert _expm._degree(b) == (degree, 0)  # a general A, not skew, too
+    assert torch.autograd.gradcheck(expm, (b.requires_grad_(),))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("norm1", [0.3, 1.5, 3.5, 30.0])  # degrees 3, 5, 7, 13 with 3 squarings
+def test_each_single_degree_against_float64(dtype, norm1):
+    n = 48
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    a64 = _at_norm(_skew((2, n, n), wide, 1.0, 12), norm1)
+    a = a64.to(dtype).requires_grad_()
+    m, s = _expm._degree(a)
+    assert m == next((d for d, t in _expm._THETA["single"] if norm1 <= t), 13)
+    assert s == (3 if norm1 == 30.0 else 0)
+    y = expm(a)
+    ref = torch.linalg.matrix_exp(a64)
+    eps = torch.finfo(torch.float32).eps
+    assert float((y.to(wide) - ref).abs().max()) < 10 * n * eps
+    eye = torch.eye(n, dtype=wide)
+    assert float(torch.linalg.matrix_norm(y.to(wide).mH @ y.to(wide) - eye).max()) < 10 * n * eps
+    g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    (ga,) = torch.autograd.grad(y, a, g.to(dtype))
+    a64 = a64.clone().requires_grad_()
+    (gb,) = torch.autograd.grad(torch.linalg.matrix_exp(a64), a64, g.to(wide))
+    assert float((ga.to(wide) - gb).abs().max()) < 10 * n * eps * float(gb.abs().max())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
