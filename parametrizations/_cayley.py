@@ -50,9 +50,10 @@ there alone) and ``lu_solve``, with the backward written out as on the CPU (one 
 solve from the forward's factors and one product). The stability argument above is
 that of any elimination without pivoting of a matrix with Hermitian part I, so the
 range `UNPIVOTED_PER_ROOT`·√n holds for it too. The block elimination is a loop of
-n/`BLOCK` small inversions and products, each a separate launch on a GPU, and there
-it is slower than even the pivoted solve below n = 4096 (`benchmarks.cayley_solve`;
-figures in docs/results.md), where torch's unpivoted LU is faster than both.
+n/`BLOCK` small inversions and products, each a separate launch on a GPU: there
+it is slower than even the pivoted solve below n = 4096, and torch's unpivoted LU
+is faster than both from n = 512 on, forward and backward (`benchmarks.cayley_solve`;
+figures in docs/results.md). Below that both solves are launch-bound on a GPU.
 
 Example:
     ```python
