@@ -208,10 +208,13 @@ def device_name(device: torch.device | str | None = None) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def header(title: str, device: torch.device | str | None = None) -> str:
-    """A title line with the torch version, the device (`device_name`) and thread count."""
+def header(
+    title: str, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> str:
+    """A title line with the torch version, the device (`device_name`), thread count and dtype."""
     dev = device_name(device)
-    return f"{title} — torch {torch.__version__}, {dev}, {torch.get_num_threads()} threads, float32"
+    name = str(dtype).removeprefix("torch.")
+    return f"{title} — torch {torch.__version__}, {dev}, {torch.get_num_threads()} threads, {name}"
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import resource
+import math
 import statistics
 import time
 
@@ -121,9 +121,16 @@ def chosen_problems(
     return [p for p in problems if p[0].split("(")[0] in wanted]
 
 
-def minor_faults() -> int:
-    """The minor page faults this process has taken so far (Note [Page faults in a step's time])."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def minor_faults() -> float:
+    """The minor page faults this process has taken so far (Note [Page faults in a step's time]).
+
+    NaN where the platform has no ``getrusage`` (Windows): the column then reads nan.
+    """
+    try:
+        import resource
+    except ImportError:
+        return math.nan
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 #: mallopt's parameters (glibc's malloc.h) and the largest mmap threshold it accepts
@@ -155,7 +162,7 @@ def keep_freed_memory() -> str:
     return "keep" if not refused else f"keep, except: mallopt refused the {', '.join(refused)}"
 
 
-def _step(p, opt, target, clock=time.perf_counter) -> tuple[float, int]:
+def _step(p, opt, target, clock=time.perf_counter) -> tuple[float, float]:
     """One step on the gradient 2(X − T), formed outside the timed interval; its time
     and its minor page faults."""
     with torch.no_grad():

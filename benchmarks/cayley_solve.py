@@ -95,7 +95,7 @@ def main(argv=None) -> list[dict]:
     rows = run(sizes, dtype, 3 if args.quick else args.rounds, device)
     names = list(ARMS)
     title = "Cayley solve (I + A)X = B, B = I: each path / the pivoted LU"
-    print(header(f"{title}, ‖A‖₁ = 0.99·{_cayley.UNPIVOTED_PER_ROOT}·√n", device))
+    print(header(f"{title}, ‖A‖₁ = 0.99·{_cayley.UNPIVOTED_PER_ROOT}·√n", device, dtype))
     others = [m for m in names if m != "pivoted"]
     cols = ["n", "mode"] + names + [f"{m} / pivoted" for m in others]
     body = []

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     dtype = getattr(torch, args.dtype)
     rows = run(sizes, norms, dtype, 3 if args.quick else args.rounds, device)
-    print(header("exp of a skew A: our Padé expm / torch.linalg.matrix_exp", device))
+    print(header("exp of a skew A: our Padé expm / torch.linalg.matrix_exp", device, dtype))
     cols = ["n", "‖A‖₁", "degree, squarings", "ours fwd", "fwd ours / torch"]
     cols += ["ours fwd+bwd", "fwd+bwd ours / torch", "ours err", "torch err"]
     body = [
