@@ -347,8 +347,9 @@ def _eye(a: torch.Tensor) -> torch.Tensor:
 def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.Tensor:
     r"""Q = (B·expm(A))[:, :m] for skew-Hermitian A (O(n³)); B carries the determinant.
 
-    Degree-13 Padé with scaling and squaring and the adjoint-Fréchet backward
-    (`_expm.expm`); through ``eigh`` when ‖A‖₁ is large, where the squarings
+    Padé of degree 3 to 13 by ‖A‖₁ and the dtype, scaling and squaring beyond, and
+    the adjoint-Fréchet backward (`_expm.expm`); through ``eigh`` when ‖A‖₁ is
+    large, where the squarings
     would lose orthogonality (Note [Large skew-Hermitian matrices go through eigh]);
     ``torch.linalg.matrix_exp`` under ``torch.func.vmap``, where ‖A‖₁ cannot be read.
     """
