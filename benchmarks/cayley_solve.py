@@ -76,7 +76,7 @@ def run(sizes: list[int], dtype: torch.dtype, rounds: int, device: torch.device)
     return rows
 
 
-def main(argv=None) -> list[dict]:
+def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes; 3 rounds")
     ap.add_argument("--sizes", default=SIZES, help="orders n, comma-separated")

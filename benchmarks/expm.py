@@ -1,14 +1,14 @@
 r"""exp map forward and forward+backward: our adjoint-Fréchet expm against torch's autograd.
 
-Run from a checkout: ``python -m benchmarks.expm`` (``--quick``: small sizes;
-``--device cuda`` on a GPU). For each order n and each ‖A‖₁ (``--norms``, a
-random skew A scaled to it) it times ``stiefel.parametrizations._expm.expm`` and
-``torch.linalg.matrix_exp`` (a degree-18 Taylor scheme forward, a 2n×2n block
-exponential backward), forward alone (no autograd) and forward+backward, in
-interleaved rounds (median), and prints the ratios ours / torch, the Padé degree
-and squarings our forward takes (Note [Padé degree by the dtype's unit roundoff]
-in `stiefel.parametrizations._expm`) and both forwards' max-entry errors against
-a float64 ``matrix_exp``.
+Run from a checkout: ``python -m benchmarks.expm`` (``--quick``: small sizes; ``--device
+cuda`` on a GPU). For each order n and each ‖A‖₁ (``--norms``, a random skew A scaled to
+it) it times ``stiefel.parametrizations._expm.expm`` and ``torch.linalg.matrix_exp``
+(forward: a Taylor polynomial of degree up to 18, chosen by norm, with squarings;
+backward: a 2n×2n block exponential), forward alone (no autograd) and forward+backward,
+in interleaved rounds (median), and prints the ratios ours / torch, the Padé degree and
+squarings our forward takes (Note [Padé degree by the dtype's unit roundoff] in
+`stiefel.parametrizations._expm`) and both forwards' max-entry errors against a float64
+``matrix_exp``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def _timed(fn, a: torch.Tensor, g: torch.Tensor | None):
     return lambda: torch.autograd.grad(fn(leaf), leaf, g)
 
 
-def run(sizes, norms, dtype: torch.dtype, rounds: int, device: torch.device) -> list[dict]:
+def run(
+    sizes: list[int], norms: list[float], dtype: torch.dtype, rounds: int, device: torch.device
+) -> list[dict]:
     rows = []
     gen = torch.Generator(device=device).manual_seed(0)
     fns = {"ours": expm, "torch": torch.linalg.matrix_exp}

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..manifolds.kernels.reduce import memory_order, rows_absmax
+from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
 from ..manifolds.sharded import any_rank
 
 __all__ = ["Snapshot", "Pending", "Transaction", "finite", "finite_gradient"]
@@ -229,7 +229,7 @@ def finite(t: torch.Tensor) -> torch.Tensor:
     entry ±inf is the minimum or the maximum, so both are finite exactly when
     every entry is. A complex tensor is read as its real pairs. ``torch.isfinite``
     of the two is composite too (four operations each); max(−lo, hi) < ∞ is false
-    for NaN and for either infinity, in two.
+    for NaN and for either infinity, in three.
     """
     if isinstance(t, DTensor):  # every rank must take the same decision
         bad = _finite(t.to_local()).logical_not().reshape(1)
@@ -242,7 +242,7 @@ def _finite(t: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=t.device)
     t = memory_order(t)  # Note [Reductions over all entries in memory order]
     lo, hi = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
-    return torch.maximum(lo.neg(), hi) < math.inf
+    return absmax_from(lo, hi) < math.inf
 
 
 def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,11 +1,11 @@
-r"""The Cayley transform's solve, 2(I + A)⁻¹B − B, by block elimination without pivoting.
+r"""The Cayley transform's solve, 2(I + A)⁻¹B − B, by elimination without pivoting.
 
-``cayley_solve(a, b, norm)`` returns Q·B = (I + A)⁻¹(I − A)·B for skew-Hermitian A
-(Note [Cayley transform by one solve]). It chooses between two eliminations of
-M = I + A: without pivoting, by blocks, when ‖A‖₁ is known to be small (Note
-[Elimination without pivoting for I + A]), and ``torch.linalg.solve`` (partial
-pivoting) otherwise. The unpivoted one has its own backward: one solve with Mᴴ from
-the forward's factors and one product.
+``cayley_solve(a, b, norm)`` returns Q·B = (I + A)⁻¹(I − A)·B for skew-Hermitian A (Note
+[Cayley transform by one solve]). It chooses between two eliminations of M = I + A:
+without pivoting (by blocks on the CPU, torch's LU on CUDA) when ‖A‖₁ is known to be
+small (Note [Elimination without pivoting for I + A]), and ``torch.linalg.solve``
+(partial pivoting) otherwise. The unpivoted one has its own backward: one solve with Mᴴ
+from the forward's factors and one product.
 
 Note [Elimination without pivoting for I + A]
 M = I + A has Hermitian part ½(M + Mᴴ) = I: M is positive real. Every Schur
@@ -50,10 +50,10 @@ there alone) and ``lu_solve``, with the backward written out as on the CPU (one 
 solve from the forward's factors and one product). The stability argument above is
 that of any elimination without pivoting of a matrix with Hermitian part I, so the
 range `UNPIVOTED_PER_ROOT`·√n holds for it too. The block elimination is a loop of
-n/`BLOCK` small inversions and products, each a separate launch on a GPU: there
-it is slower than even the pivoted solve below n = 4096, and torch's unpivoted LU
-is faster than both from n = 512 on, forward and backward (`benchmarks.cayley_solve`;
-figures in docs/results.md). Below that both solves are launch-bound on a GPU.
+n/`BLOCK` small inversions and products, each a separate launch on a GPU, where
+torch's unpivoted LU is a few large kernels (`benchmarks.cayley_solve` measures
+either against the pivoted solve; figures, and the sizes where each wins, in
+docs/results.md).
 
 Example:
     ```python
@@ -106,7 +106,9 @@ def _factors(m: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (_factor(m),)
 
 
-def _solve_with(factors: tuple[torch.Tensor, ...], x: torch.Tensor, adjoint: bool = False):
+def _solve_with(
+    factors: tuple[torch.Tensor, ...], x: torch.Tensor, adjoint: bool = False
+) -> torch.Tensor:
     """M⁻¹X (or M⁻ᴴX) from `_factors`, on a (b, n, m) tensor that it may overwrite."""
     if _torch_lu(x):
         return torch.linalg.lu_solve(*factors, x, adjoint=adjoint)

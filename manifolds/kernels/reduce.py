@@ -179,13 +179,18 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     # squares past the dtype's range make ``near`` inf, or NaN where a complex product
     # forms inf − inf (cuBLAS does): offset by 0 there, and the plain sum of squares
     # says inf as an off-manifold test must see it (NaN only where t holds NaN)
-    c = torch.nan_to_num(near, nan=0.0, posinf=0.0).div(max(rows, 1)).unsqueeze(-2)
+    c = torch.nan_to_num(near, nan=0.0, posinf=0.0, neginf=0.0).div(max(rows, 1)).unsqueeze(-2)
     if t.is_complex():
         terms = torch.addcmul(-c, t.real, t.real).addcmul_(t.imag, t.imag)
     else:
         terms = torch.addcmul(-c, t, t)
     local = terms.sum(dim=-2).double() + n * c.squeeze(-2).double()
     return (_all_reduce(local, dist.ReduceOp.SUM) - 1).to(c.dtype)
+
+
+def absmax_from(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """max |t| from min t and max t: max(−lo, hi), NaN where either is NaN."""
+    return torch.maximum(lo.neg(), hi)
 
 
 def rows_amax(t: torch.Tensor) -> torch.Tensor:
@@ -271,9 +276,9 @@ def rows_absmax(t: torch.Tensor) -> torch.Tensor:
         return known[2]
     if t.dim() == 2:  # one pass for both (along dimensions aminmax is the slower form)
         lo, hi = torch.aminmax(memory_order(t))  # no copy of a column-major matrix
-        return _all_reduce(torch.maximum(hi, lo.neg()).reshape(1, 1), dist.ReduceOp.MAX)
+        return _all_reduce(absmax_from(lo, hi).reshape(1, 1), dist.ReduceOp.MAX)
     if by_columns(t):  # the same entries in memory order (Note [Reductions over all
         t = t.mT  # entries in memory order])
     hi = t.amax(dim=(-2, -1), keepdim=True)
     lo = t.amin(dim=(-2, -1), keepdim=True)
-    return _all_reduce(torch.maximum(hi, lo.neg()), dist.ReduceOp.MAX)
+    return _all_reduce(absmax_from(lo, hi), dist.ReduceOp.MAX)
