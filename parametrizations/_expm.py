@@ -114,13 +114,11 @@ def _evens(x: torch.Tensor, count: int) -> list[torch.Tensor]:
     return out
 
 
-def _series(
-    c: tuple[float, ...], first: torch.Tensor | None, terms: list[torch.Tensor]
-) -> torch.Tensor:
-    """c[0]·first + Σ_j c[j+1]·terms[j] (``first`` None: no constant term)."""
-    out = None if first is None else c[0] * first
-    for cj, t in zip(c[1:], terms, strict=True):
-        out = cj * t if out is None else out.add(t, alpha=cj)
+def _series(c: tuple[float, ...], terms: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_j c[j]·terms[j]."""
+    out = c[0] * terms[0]
+    for cj, t in zip(c[1:], terms[1:], strict=True):
+        out = out.add(t, alpha=cj)
     return out
 
 
@@ -140,8 +138,8 @@ def _forward(a: torch.Tensor):
         horner = (w1, z1)
     else:  # W = Σ b_{2j+1}X^{2j}, V = Σ b_{2j}X^{2j}: (m + 1)/2 products with U
         evens = _evens(x, (m - 1) // 2)
-        w = _series(b[1::2], eye, evens)
-        v = _series(b[0::2], eye, evens)
+        w = _series(b[1::2], [eye, *evens])
+        v = _series(b[0::2], [eye, *evens])
         horner = ()
     u = x @ w
     lu, piv = torch.linalg.lu_factor(v - u)
@@ -174,8 +172,8 @@ def _adjoint_frechet(g: torch.Tensor, saved) -> torch.Tensor:
         lw = y6 @ lw1 + m6 @ w1.mH + lw2
         lv = y6 @ lz1 + m6 @ z1.mH + lz2
     else:
-        lw = _series(b[1::2], None, ms)
-        lv = _series(b[0::2], None, ms)
+        lw = _series(b[3::2], ms)
+        lv = _series(b[2::2], ms)
     lu_ = y @ lw + e @ w.mH
     rhs = lu_ + lv + (lu_ - lv) @ powers[0].mH
     ell = torch.linalg.lu_solve(lu, piv, rhs, adjoint=True)
