@@ -5,8 +5,9 @@ cuda`` on a GPU). For each order n and each ‖A‖₁ (``--norms``, a random sk
 it) it times ``stiefel.parametrizations._expm.expm`` and ``torch.linalg.matrix_exp``
 (forward: a Taylor polynomial of degree up to 18, chosen by norm, with squarings;
 backward: a 2n×2n block exponential), forward alone (no autograd) and forward+backward,
-in interleaved rounds (median), and prints the ratios ours / torch, the Padé degree and
-squarings our forward takes (Note [Padé degree by the dtype's unit roundoff] in
+in interleaved rounds (median), and prints the ratios ours / torch, the Padé degree,
+squarings and solve our forward takes (Note [Padé degree by the dtype's unit roundoff]
+and Note [The Padé solve of a skew-Hermitian A by device type] in
 `stiefel.parametrizations._expm`) and both forwards' max-entry errors against a float64
 ``matrix_exp``.
 """
@@ -17,7 +18,7 @@ import argparse
 
 import torch
 
-from stiefel.parametrizations._expm import _degree, expm
+from stiefel.parametrizations._expm import _plan, expm
 
 from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
 
@@ -45,7 +46,7 @@ def run(
             a64 = skew * (norm / torch.linalg.matrix_norm(skew, ord=1))
             a = a64.to(dtype)
             ref = torch.linalg.matrix_exp(a64)
-            row: dict = {"n": n, "norm": norm, "degree": _degree(a)}
+            row: dict = {"n": n, "norm": norm, "plan": _plan(a)}
             for mode, cot in (("forward", None), ("fwd+bwd", g)):
                 med = interleaved({k: _timed(f, a, cot) for k, f in fns.items()}, rounds)
                 row |= {f"{mode} {k}": med[k] for k in fns}
@@ -78,10 +79,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = getattr(torch, args.dtype)
     rows = run(sizes, norms, dtype, 3 if args.quick else args.rounds, device)
     print(header("exp of a skew A: our Padé expm / torch.linalg.matrix_exp", device, dtype))
-    cols = ["n", "‖A‖₁", "degree, squarings", "ours fwd", "fwd ours / torch"]
+    cols = ["n", "‖A‖₁", "degree, squarings, solve", "ours fwd", "fwd ours / torch"]
     cols += ["ours fwd+bwd", "fwd+bwd ours / torch", "ours err", "torch err"]
     body = [
-        [r["n"], r["norm"], "{}, {}".format(*r["degree"]), fmt_time(r["forward ours"])]
+        [
+            r["n"],
+            r["norm"],
+            "{}, {}, {}".format(*r["plan"][:2], "cholesky" if r["plan"][2] else "lu"),
+            fmt_time(r["forward ours"]),
+        ]
         + [fmt_ratio(r["forward ours"] / r["forward torch"]), fmt_time(r["fwd+bwd ours"])]
         + [fmt_ratio(r["fwd+bwd ours"] / r["fwd+bwd torch"])]
         + [f"{r['ours err']:.1e}", f"{r['torch err']:.1e}"]

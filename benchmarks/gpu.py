@@ -13,6 +13,8 @@ installed. Each step runs in its own process under a time limit, in this order:
    (Note [Right triangular solves]: whether its rule N ≥ 8M holds on the device);
    ``cayley_solve``: the Cayley map's solve without pivoting against the pivoted LU
    (Note [Unpivoted LU by device type]);
+   ``expm``: the exponential's Padé forward and adjoint-Fréchet backward against
+   ``torch.linalg.matrix_exp`` at four norms (Note [Padé degree by the dtype's unit roundoff]);
 4. ``precision``: bfloat16 against float32;
 5. ``optimizers``: the Riemannian steps against geoopt's;
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
@@ -109,6 +111,12 @@ STEPS = [
         "cayley_solve",
         "The Cayley map's solve (I + A)X = B: without pivoting against the pivoted LU",
         ("benchmarks.cayley_solve",),
+        30,
+    ),
+    Step(
+        "expm",
+        "The exponential by ‖A‖₁: our Padé and adjoint-Fréchet backward against torch's",
+        ("benchmarks.expm",),
         30,
     ),
     Step("precision", "bfloat16 against float32", ("benchmarks.precision",), 30),

@@ -5,7 +5,7 @@ complex matrices (the ``"exp"`` map feeds it skew-symmetric / skew-Hermitian
 ones). Its backward returns L(Aᴴ, G), the adjoint of the Fréchet derivative
 L(A, ·) under Re tr(XᴴY), computed from the forward's own intermediates:
 at most 13 matrix products (5 to 11 below degree 13), one solve with the
-forward's LU factors and two products per squaring, against the 2n×2n block
+forward's factors of V − U and two products per squaring, against the 2n×2n block
 exponential torch's autograd evaluates (≈ 8× a forward of size n).
 
 Note [Scaling and squaring with its Fréchet derivative]
@@ -21,8 +21,9 @@ M₆ = X₄M₂ + M₄X₂, L_U = X(X₆L_{W1} + M₆W₁ + L_{W2}) + E·W, L_V 
 L₀ = (V − U)⁻¹(L_U + L_V + (L_U − L_V)R₀), L_{k+1} = R_kL_k + L_kR_k.
 The backward needs L at Aᴴ: since the polynomials have real coefficients,
 p(Aᴴ) = p(A)ᴴ, so every matrix above at Aᴴ is the conjugate transpose of the one
-the forward saved, and (V − U)ᴴ is solved with the forward's LU factors
-(``adjoint=True``). Nothing of the forward is recomputed.
+the forward saved, and (V − U)ᴴ is solved with the forward's factors (its LU,
+``adjoint=True``; Note [The Padé solve of a skew-Hermitian A by device type] for
+the Cholesky route). Nothing of the forward is recomputed.
 
 Example:
 ```python
@@ -88,17 +89,75 @@ _THETA = {
 _THETA13 = _THETA["double"][-1][1]
 
 
-def _degree(a: torch.Tensor) -> tuple[int, int]:
-    """(m, s): the Padé degree and the squarings for ``a`` (Note [Padé degree by ...])."""
+# Note [The Padé solve of a skew-Hermitian A by device type]
+# For skew-Hermitian A (the "exp" map's input, exactly: W − Wᴴ rounds to a
+# skew-Hermitian matrix) the even powers of X are Hermitian and the odd ones
+# skew-Hermitian, so V is Hermitian, U skew-Hermitian and the denominator is
+# Q = V − U = Pᴴ with P = V + U: R₀ = P⁻ᴴP. P is normal (a polynomial in the
+# normal X) with eigenvalues p(iσ), |σ| ≤ ‖X‖₂ ≤ ‖X‖₁ ≤ θ_m, and |p(iy)|² is a
+# polynomial in y² with nonnegative coefficients, so κ₂(P) = |p(iθ_m)| ≤ 1.17 for
+# every degree of the table (1.16 at θ₁₃ and at single θ₇). Then G = PᴴP is
+# Hermitian positive definite with κ₂(G) ≤ 1.36, and with G = LLᴴ:
+#   Q⁻¹Y = P G⁻¹ Y,   Q⁻ᴴY = P⁻¹Y = G⁻¹PᴴY,
+# each one Cholesky solve and one product, so the forward is R₀ = P·G⁻¹·P and the
+# backward's adjoint solve reuses L. This costs two products more than the pivoted
+# LU of Q (the product PᴴP and the one after the solve). On the CPU, where LAPACK's
+# LU runs near the product rate, the LU is kept; on CUDA the pivoted LU's row
+# exchanges run far below the product rate and the Cholesky route is the faster
+# (docs/results.md, "Fourth GPU session"), so there a skew-Hermitian A takes it.
+# Skewness is tested exactly (A + Aᴴ = 0, in the same host read as ‖A‖₁): an A
+# skew only up to rounding keeps the LU, which is right for any A.
+_CHOLESKY_DEVICES = frozenset({"cuda"})
+
+
+def _plan(a: torch.Tensor) -> tuple[int, int, bool]:
+    """(m, s, cholesky): the Padé degree, the squarings (Note [Padé degree by ...]) and
+    whether the solve goes through the Cholesky factor of PᴴP (Note [The Padé solve of
+    a skew-Hermitian A by device type])."""
     if a.numel() == 0 or a.device.type == "meta":  # meta: shapes only, no values
-        return 13, 0
-    norm = float(torch.linalg.matrix_norm(a.detach(), ord=1).max())
+        return 13, 0, False
+    a = a.detach()
+    norm = torch.linalg.matrix_norm(a, ord=1).amax()
+    if a.device.type in _CHOLESKY_DEVICES:  # one host read for both
+        norm, off = torch.stack([norm, (a + a.mH).abs().amax()]).tolist()
+        skew = off == 0.0
+    else:
+        norm, skew = float(norm), False
     if not math.isfinite(norm):
-        return 13, 0
+        return 13, 0, False
     for m, theta in _THETA["double" if torch.finfo(a.dtype).eps < 2.0**-40 else "single"]:
         if norm <= theta:
-            return m, 0
-    return 13, max(0, math.ceil(math.log2(norm / _THETA13)))
+            return m, 0, skew
+    return 13, max(0, math.ceil(math.log2(norm / _THETA13))), skew
+
+
+class _LU:
+    """Solves with Q = V − U and Qᴴ by Q's pivoted LU factors."""
+
+    def __init__(self, v: torch.Tensor, u: torch.Tensor):
+        self.lu, self.piv = torch.linalg.lu_factor(v - u)
+
+    def solve(self, y: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.lu_solve(self.lu, self.piv, y)
+
+    def solve_adjoint(self, y: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.lu_solve(self.lu, self.piv, y, adjoint=True)
+
+
+class _SkewCholesky:
+    """Solves with Q = Pᴴ and Qᴴ = P, P = V + U, by the Cholesky factor of G = PᴴP
+    (Note [The Padé solve of a skew-Hermitian A by device type])."""
+
+    def __init__(self, v: torch.Tensor, u: torch.Tensor):
+        self.p = v + u
+        # G is positive definite with κ₂ ≤ 1.36: no host read of the factor's info
+        self.l = torch.linalg.cholesky_ex(self.p.mH @ self.p)[0]
+
+    def solve(self, y: torch.Tensor) -> torch.Tensor:
+        return self.p @ torch.cholesky_solve(y, self.l)
+
+    def solve_adjoint(self, y: torch.Tensor) -> torch.Tensor:
+        return torch.cholesky_solve(self.p.mH @ y, self.l)
 
 
 #: X⁴ = X²X², X⁶ = X⁴X², X⁸ = X⁴X⁴: the factors (i, j) of each even power after X²,
@@ -123,7 +182,7 @@ def _series(c: tuple[float, ...], terms: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _forward(a: torch.Tensor):
-    m, s = _degree(a)
+    m, s, cholesky = _plan(a)
     b = _B[m]
     x = a / 2**s if s else a
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
@@ -142,19 +201,23 @@ def _forward(a: torch.Tensor):
         v = _series(b[0::2], [eye, *evens])
         horner = ()
     u = x @ w
-    lu, piv = torch.linalg.lu_factor(v - u)
-    r = torch.linalg.lu_solve(lu, piv, v + u)
+    if cholesky:
+        solver = _SkewCholesky(v, u)
+        r = solver.solve(solver.p)
+    else:
+        solver = _LU(v, u)
+        r = solver.solve(v + u)
     powers = [r]
     for _ in range(s):
         r = r @ r
         powers.append(r)
-    return r, (m, s, x, evens, w, horner, lu, piv, powers)
+    return r, (m, s, x, evens, w, horner, solver, powers)
 
 
 def _adjoint_frechet(g: torch.Tensor, saved) -> torch.Tensor:
     # L(Aᴴ, G) from the forward's intermediates at A (Note [Scaling and squaring ...]):
     # every matrix at Aᴴ is the conjugate transpose of the one at A
-    m, s, x, evens, w, horner, lu, piv, powers = saved
+    m, s, x, evens, w, horner, solver, powers = saved
     b = _B[m]
     y, ys = x.mH, [t.mH for t in evens]
     e = g / 2**s if s else g
@@ -176,7 +239,7 @@ def _adjoint_frechet(g: torch.Tensor, saved) -> torch.Tensor:
         lv = _series(b[2::2], ms)
     lu_ = y @ lw + e @ w.mH
     rhs = lu_ + lv + (lu_ - lv) @ powers[0].mH
-    ell = torch.linalg.lu_solve(lu, piv, rhs, adjoint=True)
+    ell = solver.solve_adjoint(rhs)
     for r in powers[:-1]:
         rh = r.mH
         ell = rh @ ell + ell @ rh

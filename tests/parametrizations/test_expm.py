@@ -53,7 +53,7 @@ def test_each_double_degree_against_torch_and_gradcheck(dtype, degree, theta):
     # without squarings; just over the last θ, the last degree with one squaring
     for norm1, want in ((0.97 * theta, (degree, 0)), (1.03 * theta, None)):
         a = _at_norm(_skew((2, 10, 10), dtype, 1.0, degree), norm1).requires_grad_()
-        got = _expm._degree(a)
+        got = _expm._plan(a)[:2]
         if want is not None:
             assert got == want
         elif degree == 13:
@@ -68,7 +68,7 @@ def test_each_double_degree_against_torch_and_gradcheck(dtype, degree, theta):
         assert (y - ref).abs().max() < 1e-13
         assert (ga - gb).abs().max() < 1e-12 * gb.abs().max()
     b = _at_norm(_skew((5, 5), dtype, 1.0, 3) + 0.1 * torch.eye(5, dtype=dtype), 0.9 * theta)
-    assert _expm._degree(b) == (degree, 0)  # a general A, not skew, too
+    assert _expm._plan(b)[:2] == (degree, 0)  # a general A, not skew, too
     assert torch.autograd.gradcheck(expm, (b.requires_grad_(),))
 
 
@@ -79,7 +79,7 @@ def test_each_single_degree_against_float64(dtype, norm1):
     wide = torch.complex128 if dtype.is_complex else torch.float64
     a64 = _at_norm(_skew((2, n, n), wide, 1.0, 12), norm1)
     a = a64.to(dtype).requires_grad_()
-    m, s = _expm._degree(a)
+    m, s, _ = _expm._plan(a)
     assert m == next((d for d, t in _expm._THETA["single"] if norm1 <= t), 13)
     assert s == (3 if norm1 == 30.0 else 0)
     y = expm(a)
@@ -93,6 +93,81 @@ def test_each_single_degree_against_float64(dtype, norm1):
     a64 = a64.clone().requires_grad_()
     (gb,) = torch.autograd.grad(torch.linalg.matrix_exp(a64), a64, g.to(wide))
     assert float((ga.to(wide) - gb).abs().max()) < 10 * n * eps * float(gb.abs().max())
+
+
+# ------------------------------- the Cholesky route of a skew-Hermitian A (CUDA's rule)
+
+
+def test_plan_takes_the_cholesky_route_for_exactly_skew_input_on_cuda_only(device):
+    # Note [The Padé solve of a skew-Hermitian A by device type]
+    on = device in _expm._CHOLESKY_DEVICES
+    for dtype in (torch.float32, torch.complex128):
+        a = _skew((2, 9, 9), dtype, 1.0, 20).to(device)
+        assert _expm._plan(a)[2] is on
+        near = a.clone()
+        near[0, 1, 2] += torch.finfo(near.real.dtype).eps * near[0, 1, 2].abs()  # skew to rounding
+        assert _expm._plan(near)[2] is False
+        assert _expm._plan(a + 0.1 * torch.eye(9, dtype=dtype, device=device))[2] is False
+        inf = a.clone()
+        inf[1, 0, 3], inf[1, 3, 0] = float("inf"), -float("inf")  # skew, not finite: the LU
+        assert _expm._plan(inf) == (13, 0, False)
+    assert _expm._plan(torch.zeros(5, 5, device=device)) == (3, 0, on)
+
+
+@pytest.fixture
+def cholesky_here(monkeypatch, device):
+    """The Cholesky route on ``device`` too, so that the CPU exercises it."""
+    monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
+    return device
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("fraction", [0.97, 1.03])
+@pytest.mark.parametrize("degree, theta", _expm._THETA["double"])
+def test_cholesky_route_at_each_double_degree_against_torch(
+    cholesky_here, dtype, fraction, degree, theta
+):
+    a = _at_norm(_skew((2, 10, 10), dtype, 1.0, degree), fraction * theta).to(cholesky_here)
+    assert _expm._plan(a)[2]
+    a64 = a.cpu().requires_grad_()
+    a = a.requires_grad_()
+    y, ref = expm(a), torch.linalg.matrix_exp(a64)
+    g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(21))
+    (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(cholesky_here))
+    (gb,) = torch.autograd.grad(ref, a64, g.to(dtype))
+    assert float((y.cpu() - ref).abs().max()) < 1e-13
+    assert float((ga.cpu() - gb).abs().max()) < 1e-12 * float(gb.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("scale", [0.05, 1.0, 20.0])  # degrees 5 or 7, 13; 13 with squarings
+def test_cholesky_route_gradcheck(cholesky_here, dtype, scale):
+    # gradcheck's perturbed A is no longer skew and takes the LU: the two routes must
+    # compute the same function for the analytic gradient to match the numerical one
+    a = _skew((2, 5, 5), dtype, scale, 22).to(cholesky_here).requires_grad_()
+    assert _expm._plan(a)[2]
+    assert torch.autograd.gradcheck(expm, (a,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("norm1", [0.3, 1.5, 3.5, 30.0])
+def test_cholesky_route_in_single_precision_against_float64(cholesky_here, dtype, norm1):
+    n = 48
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    a64 = _at_norm(_skew((2, n, n), wide, 1.0, 23), norm1)
+    a = a64.to(dtype).to(cholesky_here).requires_grad_()
+    assert _expm._plan(a)[2]
+    y = expm(a)
+    eps = torch.finfo(torch.float32).eps
+    y64 = y.detach().cpu().to(wide)
+    assert float((y64 - torch.linalg.matrix_exp(a64)).abs().max()) < 10 * n * eps
+    eye = torch.eye(n, dtype=wide)
+    assert float(torch.linalg.matrix_norm(y64.mH @ y64 - eye).max()) < 10 * n * eps
+    g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(24))
+    (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(cholesky_here))
+    a64 = a64.clone().requires_grad_()
+    (gb,) = torch.autograd.grad(torch.linalg.matrix_exp(a64), a64, g.to(wide))
+    assert float((ga.cpu().to(wide) - gb).abs().max()) < 10 * n * eps * float(gb.abs().max())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
