@@ -110,25 +110,29 @@ _THETA13 = _THETA["double"][-1][1]
 _CHOLESKY_DEVICES = frozenset({"cuda"})
 
 
-def _plan(a: torch.Tensor) -> tuple[int, int, bool]:
+def _plan(a: torch.Tensor, skew_norm: float | None = None) -> tuple[int, int, bool]:
     """(m, s, cholesky): the Padé degree, the squarings (Note [Padé degree by ...]) and
     whether the solve goes through the Cholesky factor of PᴴP (Note [The Padé solve of
-    a skew-Hermitian A by device type])."""
+    a skew-Hermitian A by device type]). ``skew_norm``: `expm`'s argument."""
     if a.numel() == 0 or a.device.type == "meta":  # meta: shapes only, no values
         return 13, 0, False
-    a = a.detach()
-    norm = torch.linalg.matrix_norm(a, ord=1).amax()
-    if a.device.type in _CHOLESKY_DEVICES:  # one host read for both
-        norm, off = torch.stack([norm, (a + a.mH).abs().amax()]).tolist()
+    by_cholesky = a.device.type in _CHOLESKY_DEVICES
+    if skew_norm is not None:
+        norm, skew = skew_norm, True
+    elif by_cholesky:  # one host read for both
+        a = a.detach()
+        stats = [torch.linalg.matrix_norm(a, ord=1).amax(), (a + a.mH).abs().amax()]
+        norm, off = torch.stack(stats).tolist()
         skew = off == 0.0
     else:
-        norm, skew = float(norm), False
+        norm, skew = float(torch.linalg.matrix_norm(a.detach(), ord=1).amax()), False
     if not math.isfinite(norm):
         return 13, 0, False
+    cholesky = skew and by_cholesky
     for m, theta in _THETA["double" if torch.finfo(a.dtype).eps < 2.0**-40 else "single"]:
         if norm <= theta:
-            return m, 0, skew
-    return 13, max(0, math.ceil(math.log2(norm / _THETA13))), skew
+            return m, 0, cholesky
+    return 13, max(0, math.ceil(math.log2(norm / _THETA13))), cholesky
 
 
 class _LU:
@@ -181,8 +185,8 @@ def _series(c: tuple[float, ...], terms: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _forward(a: torch.Tensor):
-    m, s, cholesky = _plan(a)
+def _forward(a: torch.Tensor, skew_norm: float | None = None):
+    m, s, cholesky = _plan(a, skew_norm)
     b = _B[m]
     x = a / 2**s if s else a
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
@@ -248,22 +252,27 @@ def _adjoint_frechet(g: torch.Tensor, saved) -> torch.Tensor:
 
 class _Expm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        out, saved = _forward(a)
+    def forward(ctx, a: torch.Tensor, skew_norm: float | None) -> torch.Tensor:  # type: ignore[override]
+        out, saved = _forward(a, skew_norm)
         ctx.saved = saved
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return _adjoint_frechet(g, ctx.saved)
+        return _adjoint_frechet(g, ctx.saved), None
 
 
-def expm(a: torch.Tensor) -> torch.Tensor:
+def expm(a: torch.Tensor, *, skew_norm: float | None = None) -> torch.Tensor:
     r"""exp(A) for a batch of square matrices, with the adjoint-Fréchet backward.
 
     Args:
         a: real or complex tensor (..., n, n) (float32/64, complex64/128).
+        skew_norm: the largest ‖A‖₁ over the batch, from a caller that has read it and
+            whose A is skew-Hermitian (the exp map): no host read here, and the solve
+            takes the skew-Hermitian route where the device calls for it (Note [The
+            Padé solve of a skew-Hermitian A by device type]). None: ‖A‖₁ and
+            skewness are read from ``a``.
 
     Returns:
         exp(A), same shape and dtype. Its gradient is L(Aᴴ, G) (first order only:
@@ -275,5 +284,5 @@ def expm(a: torch.Tensor) -> torch.Tensor:
     if a.dim() < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"expm needs square matrices (..., n, n), got shape {tuple(a.shape)}")
     if not a.requires_grad or not torch.is_grad_enabled():
-        return _forward(a)[0]
-    return _Expm.apply(a)
+        return _forward(a, skew_norm)[0]
+    return _Expm.apply(a, skew_norm)

@@ -66,7 +66,7 @@ def _eager(a: torch.Tensor, kind: str) -> torch.Tensor:
     if spectral_for(a.shape[-1], norm):
         return skew_spectral(a, kind)
     if kind == "exp":
-        return expm(a)
+        return expm(a, skew_norm=norm)
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     return cayley_solve(a, eye, norm)  # Note [Cayley transform by one solve]
 

@@ -30,7 +30,7 @@ import torch
 from ._cayley import cayley_solve
 from ._expm import expm
 from ._householder import householder_apply, wy_triangle
-from ._spectral import one_norm, skew_spectral, spectral_for, spectral_needed
+from ._spectral import one_norm, skew_spectral, spectral_for
 from ._traced import skew_map
 
 __all__ = [
@@ -356,10 +356,12 @@ def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.
     m = a.shape[-1] if m is None else m
     if torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
         return base @ skew_map(a, "exp")[..., :m]
-    if one_norm(a) is None and a.numel():  # under torch.func.vmap: torch's own kernel
+    norm = one_norm(a)  # the one host read: the path, then expm's degree
+    if norm is None and a.numel():  # under torch.func.vmap: torch's own kernel
         return base @ torch.linalg.matrix_exp(a)[..., :m]
-    e = skew_spectral(a, "exp") if spectral_needed(a) else expm(a)
-    return base @ e[..., :m]
+    if spectral_for(a.shape[-1], norm):
+        return base @ skew_spectral(a, "exp")[..., :m]
+    return base @ expm(a, skew_norm=norm)[..., :m]
 
 
 def cayley_map(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from stiefel.parametrizations import _expm
 from stiefel.parametrizations import kernels as K
@@ -168,6 +169,47 @@ def test_cholesky_route_in_single_precision_against_float64(cholesky_here, dtype
     a64 = a64.clone().requires_grad_()
     (gb,) = torch.autograd.grad(torch.linalg.matrix_exp(a64), a64, g.to(wide))
     assert float((ga.cpu().to(wide) - gb).abs().max()) < 10 * n * eps * float(gb.abs().max())
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the values read back to the host (``float(t)``, ``.item()``, ``.tolist()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_host = func is torch.ops.aten._to_copy.default and args[0].device.type != "cpu"
+        to_host = to_host and torch.device(kwargs.get("device", args[0].device)).type == "cpu"
+        self.count += func is torch.ops.aten._local_scalar_dense.default or to_host
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("route", ["device's rule", "cholesky"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_the_exp_map_reads_its_norm_once_and_hands_it_to_expm(monkeypatch, device, route, dtype):
+    # one host read picks the path and expm's degree (and, on CUDA, its solve)
+    if route == "cholesky":
+        monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
+    raw = torch.randn(3, 12, 12, dtype=dtype, generator=torch.Generator().manual_seed(25))
+    raw = (3.0 * raw).to(device).requires_grad_()
+    eye = torch.eye(12, dtype=dtype, device=device)
+    reads = _HostReads()
+    with reads:
+        q = K.exp_map(K.skew_from_raw(raw), eye)
+        (got,) = torch.autograd.grad(q.real.sum(), raw)
+    assert reads.count == 1
+    raw64 = raw.detach().cpu().requires_grad_()
+    ref = torch.linalg.matrix_exp(K.skew_from_raw(raw64))
+    (want,) = torch.autograd.grad(ref.real.sum(), raw64)
+    assert float((q.detach().cpu() - ref).abs().max()) < 1e-12
+    assert float((got.cpu() - want).abs().max()) < 1e-11 * float(want.abs().max())
+    a = K.skew_from_raw(raw.detach())
+    norm = float(torch.linalg.matrix_norm(a, ord=1).amax())
+    assert _expm._plan(a, skew_norm=norm) == _expm._plan(a)[:2] + (
+        device in _expm._CHOLESKY_DEVICES,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
