@@ -293,7 +293,11 @@ class _SkewFromRaw(torch.autograd.Function):
     the gradient the strided way (G + (−G)ᴴ accumulated into one tensor), so the
     backward is the adjoint written the same way: ⟨G, X₊ − X₊ᴴ⟩ = ⟨G − Gᴴ, X₊⟩ gives
     triu(G − Gᴴ, 1), and the diagonal i·Im xⱼⱼ (complex) has adjoint i·Im gⱼⱼ. The
-    map is linear, so its tangent (forward mode) is the map itself.
+    map is linear, so its tangent (forward mode) is the map itself. The panels are
+    a CPU cache's matter: on a GPU each panel is four kernel launches, and at
+    n = 1024 the loop's launches were half of a Cayley map's forward (docs/results.md,
+    "Fourth GPU session"), so off the CPU `skew_from_raw` is the plain formula, a
+    transposed read the GPU's elementwise kernels take in their stride.
     """
 
     generate_vmap_rule = True
@@ -321,9 +325,10 @@ def skew_from_raw(x: torch.Tensor) -> torch.Tensor:
     Only the strict upper triangle (and, for complex X, the imaginary part of
     the diagonal) is read, so A has exactly dim 𝔬(n) or 𝔲(n) free parameters.
     Traced by ``torch.compile``, the plain formula (Inductor writes its own loops,
-    and Dynamo does not trace a Function with a ``jvp``).
+    and Dynamo does not trace a Function with a ``jvp``); off the CPU too (Note
+    [Skew part by copies]).
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
         a = torch.triu(x, 1)
         a = a - a.mH
         if x.is_complex():

@@ -142,27 +142,43 @@ def test_maps_on_the_unpivoted_path_against_float64(method, dtype, device):
         assert float((ours.to(expected.dtype) - expected).abs().max()) < 10 * n * eps * scale
 
 
+def _plain_skew(y):
+    t = torch.triu(y, 1)
+    a = t - t.mH
+    if y.is_complex():
+        a = a + torch.diag_embed(1j * torch.diagonal(y, dim1=-2, dim2=-1).imag)
+    return a
+
+
 @pytest.mark.parametrize("dtype", (torch.float64, torch.complex128))
-def test_skew_from_raw_backward_forward_ad_and_vmap(dtype):
+def test_skew_from_raw_backward_forward_ad_and_vmap(device, dtype):
+    # Note [Skew part by copies]: the CPU's panels, the plain formula elsewhere
     gen = torch.Generator().manual_seed(8)
-    x = torch.randn(3, 6, 6, dtype=dtype, generator=gen, requires_grad=True)
-
-    def plain(y):
-        t = torch.triu(y, 1)
-        a = t - t.mH
-        if y.is_complex():
-            a = a + torch.diag_embed(1j * torch.diagonal(y, dim1=-2, dim2=-1).imag)
-        return a
-
-    assert torch.equal(K.skew_from_raw(x), plain(x))
+    x = torch.randn(3, 6, 6, dtype=dtype, generator=gen).to(device).requires_grad_()
+    assert torch.equal(K.skew_from_raw(x), _plain_skew(x))
     assert torch.autograd.gradcheck(K.skew_from_raw, (x,), check_forward_ad=True)
     assert torch.autograd.gradgradcheck(K.skew_from_raw, (x,))
-    g = torch.randn(3, 6, 6, dtype=dtype, generator=gen)
+    g = torch.randn(3, 6, 6, dtype=dtype, generator=gen).to(device)
     ours = torch.autograd.grad(K.skew_from_raw(x), x, g)[0]
-    assert torch.equal(ours, torch.autograd.grad(plain(x), x, g)[0])
+    assert torch.equal(ours, torch.autograd.grad(_plain_skew(x), x, g)[0])
     per_sample = torch.func.vmap(torch.func.grad(lambda y: K.skew_from_raw(y).abs().sum()))
-    reference = torch.func.vmap(torch.func.grad(lambda y: plain(y).abs().sum()))
+    reference = torch.func.vmap(torch.func.grad(lambda y: _plain_skew(y).abs().sum()))
     assert torch.allclose(per_sample(x.detach()), reference(x.detach()), atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.complex64))
+def test_skew_from_raw_by_panels_equals_the_plain_formula(device, dtype):
+    # n = 2·_PANEL + 44: two whole panels and a partial one on the CPU
+    n = 2 * K._PANEL + 44
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(2, n, n, dtype=dtype, generator=gen).to(device).requires_grad_()
+    g = torch.randn(2, n, n, dtype=dtype, generator=gen).to(device)
+    a = K.skew_from_raw(x)
+    assert torch.equal(a, _plain_skew(x))
+    assert torch.equal((a + a.mH).abs().amax(), torch.zeros((), device=device))
+    assert torch.equal(
+        torch.autograd.grad(a, x, g)[0], torch.autograd.grad(_plain_skew(x), x, g)[0]
+    )
 
 
 def test_one_norm_is_the_column_norm_of_a_skew_matrix():
