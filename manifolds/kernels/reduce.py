@@ -106,11 +106,15 @@ def wide_gram(x: torch.Tensor) -> torch.Tensor:
     matrices of a batch, or row blocks of one tall matrix, whose Grams add up),
     each copy is still in cache when its product reads it. The same products
     summed in float64: the same Gram to float64 rounding. Outside autograd and
-    tracing only (the in-place sums record no graph; a traced loop is unrolled).
+    tracing only (the in-place sums record no graph; a traced loop is unrolled),
+    and on the CPU only: a GPU's caching allocator hands back memory already
+    mapped, and a chunk there is two kernel launches for a copy the whole-X form
+    makes in one (as for `skew_from_raw`, Note [Skew part by copies]).
     """
     wide = torch.promote_types(x.dtype, torch.float64)
     n, m = x.shape[-2:]
-    whole = wide == x.dtype or x.numel() <= WIDE_CHUNK or torch.compiler.is_compiling()
+    whole = wide == x.dtype or x.numel() <= WIDE_CHUNK or x.device.type != "cpu"
+    whole = whole or torch.compiler.is_compiling()
     if whole or (torch.is_grad_enabled() and x.requires_grad):
         xw = x.to(wide)
         return gram(xw, xw)
