@@ -14,7 +14,8 @@ installed. Each step runs in its own process under a time limit, in this order:
    ``cayley_solve``: the Cayley map's solve without pivoting against the pivoted LU
    (Note [Unpivoted LU by device type]);
    ``expm``: the exponential's Padé forward and adjoint-Fréchet backward against
-   ``torch.linalg.matrix_exp`` at four norms (Note [Padé degree by the dtype's unit roundoff]);
+   ``torch.linalg.matrix_exp`` at four norms (Note [Padé degree by the dtype's unit
+   roundoff], Note [The Padé solve of a skew-Hermitian A by device type]);
 4. ``precision``: bfloat16 against float32;
 5. ``optimizers``: the Riemannian steps against geoopt's;
 6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;

@@ -4,9 +4,10 @@ r"""The matrix exponential with a cheap backward: the adjoint Fréchet derivativ
 complex matrices (the ``"exp"`` map feeds it skew-symmetric / skew-Hermitian
 ones). Its backward returns L(Aᴴ, G), the adjoint of the Fréchet derivative
 L(A, ·) under Re tr(XᴴY), computed from the forward's own intermediates:
-at most 13 matrix products (5 to 11 below degree 13), one solve with the
-forward's factors of V − U and two products per squaring, against the 2n×2n block
-exponential torch's autograd evaluates (≈ 8× a forward of size n).
+at most 13 matrix products (5 to 11 below degree 13; one more on the Cholesky
+route), one solve with the forward's factors of V − U and two products per
+squaring, against the 2n×2n block exponential torch's autograd evaluates (≈ 8× a
+forward of size n).
 
 Note [Scaling and squaring with its Fréchet derivative]
 Forward (Higham 2005), written here for degree 13, the largest (Note [Padé
@@ -94,19 +95,25 @@ _THETA13 = _THETA["double"][-1][1]
 # skew-Hermitian matrix) the even powers of X are Hermitian and the odd ones
 # skew-Hermitian, so V is Hermitian, U skew-Hermitian and the denominator is
 # Q = V − U = Pᴴ with P = V + U: R₀ = P⁻ᴴP. P is normal (a polynomial in the
-# normal X) with eigenvalues p(iσ), |σ| ≤ ‖X‖₂ ≤ ‖X‖₁ ≤ θ_m, and |p(iy)|² is a
-# polynomial in y² with nonnegative coefficients, so κ₂(P) = |p(iθ_m)| ≤ 1.17 for
-# every degree of the table (1.16 at θ₁₃ and at single θ₇). Then G = PᴴP is
-# Hermitian positive definite with κ₂(G) ≤ 1.36, and with G = LLᴴ:
+# normal X) with eigenvalues p(iσ), |σ| ≤ ‖X‖₂ ≤ ‖X‖₁ ≤ θ_m (‖X‖∞ = ‖X‖₁ for a
+# skew-Hermitian X), and |p(iy)|² is a polynomial in y² with nonnegative
+# coefficients, so κ₂(P) ≤ |p(iθ_m)| ≤ 1.163 for every degree of the table (the
+# largest at single θ₇; 1.157 at θ₁₃). Then G = PᴴP is Hermitian positive definite
+# with κ₂(G) ≤ 1.351, and with G = LLᴴ:
 #   Q⁻¹Y = P G⁻¹ Y,   Q⁻ᴴY = P⁻¹Y = G⁻¹PᴴY,
 # each one Cholesky solve and one product, so the forward is R₀ = P·G⁻¹·P and the
 # backward's adjoint solve reuses L. This costs two products more than the pivoted
-# LU of Q (the product PᴴP and the one after the solve). On the CPU, where LAPACK's
-# LU runs near the product rate, the LU is kept; on CUDA the pivoted LU's row
-# exchanges run far below the product rate and the Cholesky route is the faster
+# LU of Q in the forward (PᴴP, and the one after the solve) and one more in the
+# backward (Pᴴ times the right-hand side). On the CPU, where LAPACK's LU runs near
+# the product rate, the LU is kept; on CUDA the LU factorisation runs far below the
+# product rate, and the Cholesky route, its products included, takes less time
 # (docs/results.md, "Fourth GPU session"), so there a skew-Hermitian A takes it.
-# Skewness is tested exactly (A + Aᴴ = 0, in the same host read as ‖A‖₁): an A
-# skew only up to rounding keeps the LU, which is right for any A.
+# The unpivoted LU has no such stability argument here: V, the Hermitian part of
+# Q, is indefinite near θ₁₃ and single θ₇. Where `expm` reads A, skewness is
+# tested exactly (A + Aᴴ = 0, in the same host read as ‖A‖₁), and an A skew only up
+# to rounding keeps the LU. A caller that hands over ``skew_norm`` vouches for the
+# skewness instead (the exp map: its A is X₊ − X₊ᴴ); an A skew up to δ = ‖A + Aᴴ‖
+# then gets an error of order δ from the route, rounding where δ is rounding.
 _CHOLESKY_DEVICES = frozenset({"cuda"})
 
 
@@ -259,7 +266,7 @@ class _Expm(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         return _adjoint_frechet(g, ctx.saved), None
 
 
@@ -269,10 +276,11 @@ def expm(a: torch.Tensor, *, skew_norm: float | None = None) -> torch.Tensor:
     Args:
         a: real or complex tensor (..., n, n) (float32/64, complex64/128).
         skew_norm: the largest ‖A‖₁ over the batch, from a caller that has read it and
-            whose A is skew-Hermitian (the exp map): no host read here, and the solve
-            takes the skew-Hermitian route where the device calls for it (Note [The
-            Padé solve of a skew-Hermitian A by device type]). None: ‖A‖₁ and
-            skewness are read from ``a``.
+            vouches that A is skew-Hermitian (the exp map): no host read here, and the
+            solve takes the skew-Hermitian route where the device calls for it (Note
+            [The Padé solve of a skew-Hermitian A by device type]). A non-skew A with
+            ``skew_norm`` gets a wrong result. None: ‖A‖₁ and skewness are read from
+            ``a``, right for any A.
 
     Returns:
         exp(A), same shape and dtype. Its gradient is L(Aᴴ, G) (first order only:

@@ -294,10 +294,10 @@ class _SkewFromRaw(torch.autograd.Function):
     backward is the adjoint written the same way: ⟨G, X₊ − X₊ᴴ⟩ = ⟨G − Gᴴ, X₊⟩ gives
     triu(G − Gᴴ, 1), and the diagonal i·Im xⱼⱼ (complex) has adjoint i·Im gⱼⱼ. The
     map is linear, so its tangent (forward mode) is the map itself. The panels are
-    a CPU cache's matter: on a GPU each panel is four kernel launches, and at
-    n = 1024 the loop's launches were half of a Cayley map's forward (docs/results.md,
-    "Fourth GPU session"), so off the CPU `skew_from_raw` is the plain formula, a
-    transposed read the GPU's elementwise kernels take in their stride.
+    a CPU cache's matter: on a GPU the loop is four kernel launches per panel, where
+    the plain formula takes two in all, and the GPU's elementwise kernels take the
+    transposed read in their stride, so off the CPU `skew_from_raw` is the plain formula
+    (docs/results.md, "Fourth GPU session").
     """
 
     generate_vmap_rule = True
@@ -351,6 +351,10 @@ def _eye(a: torch.Tensor) -> torch.Tensor:
 
 def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.Tensor:
     r"""Q = (B·expm(A))[:, :m] for skew-Hermitian A (O(n³)); B carries the determinant.
+
+    A must be skew-Hermitian (exactly, as `skew_from_raw` makes it, or to rounding):
+    both paths read it as such (Note [The Padé solve of a skew-Hermitian A by device
+    type]; the ``eigh`` path reads its skew part only).
 
     Padé of degree 3 to 13 by ‖A‖₁ and the dtype, scaling and squaring beyond, and
     the adjoint-Fréchet backward (`_expm.expm`); through ``eigh`` when ‖A‖₁ is

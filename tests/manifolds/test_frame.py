@@ -225,23 +225,6 @@ def test_uncorrected_and_wide_gram_updates_against_dense_formulas(cplx):
     assert float((got.to(dt64) - ref).abs().max()) < 4 * eps
 
 
-@pytest.mark.parametrize("shape", [(5, 12, 4), (40, 3)])  # a batch, one tall matrix
-@pytest.mark.parametrize("cplx", CPLX)
-def test_wide_gram_by_chunks_equals_the_float64_gram(monkeypatch, device, cplx, shape):
-    # Note [The wide Gram by chunks]: chunks of 16 entries on the CPU (whole matrices of
-    # the batch, row blocks of the tall one), the whole X at once elsewhere
-    from stiefel.manifolds.kernels import reduce
-
-    monkeypatch.setattr(reduce, "WIDE_CHUNK", 16)
-    gen = torch.Generator().manual_seed(14)
-    x = torch.randn(*shape, dtype=_dtype(cplx, low=True), generator=gen)
-    xw = x.to(_dtype(cplx))
-    got = frame.wide_gram(x.to(device))
-    assert got.dtype == _dtype(cplx)
-    want = xw.mH @ xw
-    assert float((got.cpu() - want).abs().max()) < 10 * shape[-2] * torch.finfo(xw.real.dtype).eps
-
-
 @pytest.mark.parametrize("cplx", CPLX)
 def test_unit_columns_normalizes_the_columns_of_i_plus_d(cplx):
     from stiefel.manifolds.kernels.factor import _unit_columns

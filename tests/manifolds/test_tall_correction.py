@@ -12,16 +12,17 @@ from stiefel.manifolds import kernels
 from stiefel.manifolds.kernels import frame, reduce
 
 
-@pytest.mark.parametrize("shape", [(5, 12, 3), (50, 4), (3, 20, 5)])
+@pytest.mark.parametrize("shape", [(5, 4, 2), (5, 12, 3), (50, 4), (3, 20, 5)])
 @pytest.mark.parametrize("cplx", [False, True])
-def test_wide_gram_by_chunks_equals_the_float64_product(shape, cplx, monkeypatch):
-    # chunks of 16 entries: whole matrices of a batch, row blocks of one tall matrix
+def test_wide_gram_by_chunks_equals_the_float64_product(device, shape, cplx, monkeypatch):
+    # chunks of 16 entries on the CPU: two whole matrices of the (5, 4, 2) batch at a
+    # time, row blocks of the others; the whole X at once off the CPU
     monkeypatch.setattr(reduce, "WIDE_CHUNK", 16)
     gen = torch.Generator().manual_seed(0)
     low, wide = (torch.complex64, torch.complex128) if cplx else (torch.float32, torch.float64)
     x = torch.randn(shape, dtype=low, generator=gen)
     ref = x.to(wide).mH @ x.to(wide)
-    got = reduce.wide_gram(x)
+    got = reduce.wide_gram(x.to(device)).cpu()
     assert got.dtype == wide and got.shape == ref.shape
     n = shape[-2]
     assert float((got - ref).abs().max()) < 10 * n * torch.finfo(wide).eps * float(ref.abs().max())

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from stiefel.parametrizations import _expm
 from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations._expm import expm
-from stiefel.parametrizations._spectral import skew_spectral, spectral_needed
+from stiefel.parametrizations._spectral import one_norm, skew_spectral, spectral_needed
 
 
 def _skew(shape, dtype, scale, seed):
@@ -99,12 +99,15 @@ def test_each_single_degree_against_float64(dtype, norm1):
 # ------------------------------- the Cholesky route of a skew-Hermitian A (CUDA's rule)
 
 
-def test_plan_takes_the_cholesky_route_for_exactly_skew_input_on_cuda_only(device):
-    # Note [The Padé solve of a skew-Hermitian A by device type]
-    on = device in _expm._CHOLESKY_DEVICES
+def test_plan_takes_the_cholesky_route_for_exactly_skew_input_on_cuda_only(monkeypatch, device):
+    # Note [The Padé solve of a skew-Hermitian A by device type]: the device's rule, then
+    # with the route allowed here too (the CPU's cases then test the skewness test)
+    a = _skew((2, 9, 9), torch.float32, 1.0, 20).to(device)
+    assert _expm._plan(a)[2] is (device in _expm._CHOLESKY_DEVICES)
+    monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
     for dtype in (torch.float32, torch.complex128):
         a = _skew((2, 9, 9), dtype, 1.0, 20).to(device)
-        assert _expm._plan(a)[2] is on
+        assert _expm._plan(a)[2] is True
         near = a.clone()
         near[0, 1, 2] += torch.finfo(near.real.dtype).eps * near[0, 1, 2].abs()  # skew to rounding
         assert _expm._plan(near)[2] is False
@@ -112,7 +115,11 @@ def test_plan_takes_the_cholesky_route_for_exactly_skew_input_on_cuda_only(devic
         inf = a.clone()
         inf[1, 0, 3], inf[1, 3, 0] = float("inf"), -float("inf")  # skew, not finite: the LU
         assert _expm._plan(inf) == (13, 0, False)
-    assert _expm._plan(torch.zeros(5, 5, device=device)) == (3, 0, on)
+        norm = float(torch.linalg.matrix_norm(a, ord=1).amax())
+        assert _expm._plan(near, skew_norm=norm) == _expm._plan(a)  # the caller vouches
+        for bad in (float("nan"), float("inf")):
+            assert _expm._plan(a, skew_norm=bad) == (13, 0, False)
+    assert _expm._plan(torch.zeros(5, 5, device=device)) == (3, 0, True)
 
 
 @pytest.fixture
@@ -123,20 +130,22 @@ def cholesky_here(monkeypatch, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
-@pytest.mark.parametrize("fraction", [0.97, 1.03])
-@pytest.mark.parametrize("degree, theta", _expm._THETA["double"])
+@pytest.mark.parametrize(  # every degree without squarings, then degree 13 with one
+    "degree, theta, fraction",
+    [(m, t, 0.97) for m, t in _expm._THETA["double"]] + [(13, 5.37, 1.03)],
+)
 def test_cholesky_route_at_each_double_degree_against_torch(
     cholesky_here, dtype, fraction, degree, theta
 ):
     a = _at_norm(_skew((2, 10, 10), dtype, 1.0, degree), fraction * theta).to(cholesky_here)
-    assert _expm._plan(a)[2]
+    assert _expm._plan(a) == (degree, int(fraction > 1), True)
     a64 = a.cpu().requires_grad_()
     a = a.requires_grad_()
     y, ref = expm(a), torch.linalg.matrix_exp(a64)
     g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(21))
     (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(cholesky_here))
     (gb,) = torch.autograd.grad(ref, a64, g.to(dtype))
-    assert float((y.cpu() - ref).abs().max()) < 1e-13
+    assert float((y.detach().cpu() - ref.detach()).abs().max()) < 1e-13
     assert float((ga.cpu() - gb).abs().max()) < 1e-12 * float(gb.abs().max())
 
 
@@ -192,6 +201,10 @@ def test_the_exp_map_reads_its_norm_once_and_hands_it_to_expm(monkeypatch, devic
     # one host read picks the path and expm's degree (and, on CUDA, its solve)
     if route == "cholesky":
         monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
+    plans, plan = [], _expm._plan
+    monkeypatch.setattr(
+        _expm, "_plan", lambda a, skew_norm=None: plans.append(skew_norm) or plan(a, skew_norm)
+    )
     raw = torch.randn(3, 12, 12, dtype=dtype, generator=torch.Generator().manual_seed(25))
     raw = (3.0 * raw).to(device).requires_grad_()
     eye = torch.eye(12, dtype=dtype, device=device)
@@ -200,16 +213,13 @@ def test_the_exp_map_reads_its_norm_once_and_hands_it_to_expm(monkeypatch, devic
         q = K.exp_map(K.skew_from_raw(raw), eye)
         (got,) = torch.autograd.grad(q.real.sum(), raw)
     assert reads.count == 1
+    a = K.skew_from_raw(raw.detach())
+    assert plans == [one_norm(a)]  # the map's read, handed on
     raw64 = raw.detach().cpu().requires_grad_()
     ref = torch.linalg.matrix_exp(K.skew_from_raw(raw64))
     (want,) = torch.autograd.grad(ref.real.sum(), raw64)
-    assert float((q.detach().cpu() - ref).abs().max()) < 1e-12
+    assert float((q.detach().cpu() - ref.detach()).abs().max()) < 1e-12
     assert float((got.cpu() - want).abs().max()) < 1e-11 * float(want.abs().max())
-    a = K.skew_from_raw(raw.detach())
-    norm = float(torch.linalg.matrix_norm(a, ord=1).amax())
-    assert _expm._plan(a, skew_norm=norm) == _expm._plan(a)[:2] + (
-        device in _expm._CHOLESKY_DEVICES,
-    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
