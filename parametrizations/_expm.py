@@ -161,7 +161,7 @@ class _SkewCholesky:
 
     def __init__(self, v: torch.Tensor, u: torch.Tensor):
         self.p = v + u
-        # G is positive definite with κ₂ ≤ 1.36: no host read of the factor's info
+        # G is positive definite with κ₂ ≤ 1.351: no host read of the factor's info
         self.l = torch.linalg.cholesky_ex(self.p.mH @ self.p)[0]
 
     def solve(self, y: torch.Tensor) -> torch.Tensor:
