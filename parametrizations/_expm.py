@@ -107,7 +107,7 @@ _THETA13 = _THETA["double"][-1][1]
 # backward (Pᴴ times the right-hand side). On the CPU, where LAPACK's LU runs near
 # the product rate, the LU is kept; on CUDA the LU factorisation runs far below the
 # product rate, and the Cholesky route, its products included, takes less time
-# (docs/results.md, "Fourth GPU session"), so there a skew-Hermitian A takes it.
+# (docs/performance.md, "The exponential on the GPU"), so there a skew-Hermitian A takes it.
 # The unpivoted LU has no such stability argument here: V, the Hermitian part of
 # Q, is indefinite near θ₁₃ and single θ₇. Where `expm` reads A, skewness is
 # tested exactly (A + Aᴴ = 0, in the same host read as ‖A‖₁), and an A skew only up

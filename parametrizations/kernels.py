@@ -297,7 +297,7 @@ class _SkewFromRaw(torch.autograd.Function):
     a CPU cache's matter: on a GPU the loop is four kernel launches per panel, where
     the plain formula takes two in all, and the GPU's elementwise kernels take the
     transposed read in their stride, so off the CPU `skew_from_raw` is the plain formula
-    (docs/results.md, "Fourth GPU session").
+    (docs/performance.md, "Where a call's time goes on the GPU").
     """
 
     generate_vmap_rule = True
