@@ -6,7 +6,10 @@ keeps every finished step when one is stopped.
 """
 
 import importlib
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -102,3 +105,119 @@ def test_cwy_and_syncs_on_cuda(bench):
     x = torch.randn(8, device="cuda")
     c = bench["syncs"].counts(lambda: x.sum().item(), torch.device("cuda"))
     assert c["item"] == 1 and c["D→H"] == 1
+
+
+# ------------------------------------------------------------------ benchmarks/gpu.sh
+# The script runs from a copy in a scratch tree, with a PATH whose python3, pip and
+# nvidia-smi are stand-ins that log each call: nothing is created in the checkout, and
+# no virtualenv or install can happen even if the script tried (the log shows it did).
+GPU_SH = ROOT / "benchmarks" / "gpu.sh"
+GPU_LISTED = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"
+
+
+def _stub(path: pathlib.Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def _gpu_sh(tmp_path, *args, gpu=False, cuda_python=False, launch=False, env=None):
+    """Run a copy of gpu.sh; return (rc, stdout, stderr, logged calls, files made in the tree)."""
+    tree, bin_ = tmp_path / "tree", tmp_path / "bin"
+    (tree / "benchmarks").mkdir(parents=True)
+    bin_.mkdir()
+    shutil.copy(GPU_SH, tree / "benchmarks" / "gpu.sh")
+    if launch:
+        (tree / "benchmarks" / "launch.py").write_text("")
+    log = tmp_path / "calls.log"
+    log.touch()
+    record = f'echo "$(basename "$0") $*" >> "{log}"\n'
+    # python3: installs and virtualenvs refused; the rest is the real interpreter, or (a
+    # stand-in for a CUDA torch with stiefel installed) succeeds without running anything
+    refuse = 'case "$*" in *"-m venv"* | *"-m pip"*) exit 1 ;; esac\n'
+    run = "exit 0\n" if cuda_python else f'exec "{sys.executable}" "$@"\n'
+    _stub(bin_ / "python3", record + refuse + run)
+    _stub(bin_ / "pip", record + "exit 1\n")
+    _stub(bin_ / "nvidia-smi", record + (f"echo '{GPU_LISTED}'\n" if gpu else "exit 9\n"))
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "OUT")}
+    environ.update(PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")
+    environ.update(env or {})
+    out = subprocess.run(
+        ["bash", str(tree / "benchmarks" / "gpu.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
+    )
+    made = sorted(str(p.relative_to(tree)) for p in tree.rglob("*"))
+    made = [p for p in made if p not in ("benchmarks", "benchmarks/gpu.sh", "benchmarks/launch.py")]
+    calls = log.read_text().splitlines()
+    return out.returncode, out.stdout, out.stderr, calls, made
+
+
+def _installs(calls):
+    return [c for c in calls if "-m venv" in c or "-m pip" in c or c.startswith("pip ")]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_gpu_sh_help_prints_the_usage_and_does_nothing(tmp_path, flag):
+    rc, out, err, calls, made = _gpu_sh(tmp_path, flag, gpu=True)
+    assert rc == 0, err
+    assert out.startswith("usage: bash benchmarks/gpu.sh") and "--install" in out
+    assert calls == [] and made == []  # no Python run, no folder made
+
+
+@pytest.mark.parametrize(
+    "args, env, bad",
+    [
+        (["--only", "cwy"], {}, "--only"),
+        (["--install", "-o"], {}, "-o"),
+        (["--", "--help"], {}, "--help"),
+        ([], {"OUT": "-x"}, "-x"),
+    ],
+)
+def test_gpu_sh_refuses_an_out_dir_that_starts_with_a_dash(tmp_path, args, env, bad):
+    rc, out, err, calls, made = _gpu_sh(tmp_path, *args, gpu=True, cuda_python=True, env=env)
+    assert rc == 2
+    assert f"OUT_DIR '{bad}' starts with '-'" in err and "usage:" in err
+    assert calls == [] and made == []
+
+
+@pytest.mark.parametrize("install", [False, True])
+def test_gpu_sh_without_cuda_says_so_and_exits_nonzero(tmp_path, install):
+    """No GPU listed, torch sees none: exit 1 before any install or folder, with --install too."""
+    args = ["--install", "out"] if install else ["out"]
+    rc, out, err, calls, made = _gpu_sh(tmp_path, *args, gpu=False)
+    assert rc == 1
+    assert "no CUDA device on this machine" in err
+    assert _installs(calls) == [] and made == []
+    assert calls[0].startswith("python3 -c import torch")  # it asked torch, then nvidia-smi
+    assert calls[1:] == ["nvidia-smi -L"]
+
+
+def test_gpu_sh_installs_only_when_told(tmp_path):
+    """A GPU is listed but python3's torch sees none: without --install the script stops and
+    names the option; with it, it makes the virtualenv (the stand-in refuses; the script
+    stops with a non-zero status)."""
+    rc, _, err, calls, made = _gpu_sh(tmp_path / "plain", "out", gpu=True)
+    assert rc == 1 and "--install" in err and "sees no CUDA device" in err
+    assert _installs(calls) == [] and made == []
+    rc, _, err, calls, made = _gpu_sh(tmp_path / "install", "--install", "out", gpu=True)
+    assert rc != 0
+    assert "python3 -m venv .venv-gpu" in calls and _installs(calls)
+    assert "out" not in made
+
+
+@pytest.mark.parametrize("launch", [False, True])
+def test_gpu_sh_runs_the_gpu_report_then_launch_where_it_exists(tmp_path, launch):
+    """With a CUDA Python in place (a stand-in) and no --install: no install, the report's
+    folder made, benchmarks.gpu given the folder and the extra options, benchmarks.launch
+    run only when benchmarks/launch.py exists."""
+    rc, out, err, calls, made = _gpu_sh(
+        tmp_path, "rep", "--only", "cwy", gpu=True, cuda_python=True, launch=launch
+    )
+    assert rc == 0, err
+    assert _installs(calls) == []
+    assert "python3 -c import stiefel" in calls
+    assert "python3 -m benchmarks.gpu --device cuda --out rep --only cwy" in calls
+    assert ("python3 -m benchmarks.launch --device cuda" in calls) == launch
+    assert made == (["rep", "rep/launch.log"] if launch else ["rep"])
