@@ -16,7 +16,11 @@ writer of another kind, between creating and writing it) counts as held for
 written, and every path read from ``--out`` (the manifest's run files and
 outputs), must resolve inside ``--out``, so nothing outside it is written,
 deleted or read. Each finished section rewrites the long table ``results.jsonl``
-from the runs the manifest lists (`stiefel.comparisons.table`).
+from the runs the manifest lists (`stiefel.comparisons.table`). A damaged
+record (truncated, not JSON, another shape) is skipped with a warning naming
+its file and line, never failing a finished section; a damaged manifest is kept
+beside as ``manifest.json.damaged`` and a new one started (the records stay, and
+are reused for the same options).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import platform
 import re
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -38,7 +43,7 @@ from .. import __version__ as version
 from .table import dumps, run_rows
 from .writers import write_json, write_text
 
-__all__ = ["RunStore", "OutputLocked", "run_key", "normalize"]
+__all__ = ["RunStore", "OutputLocked", "run_key", "normalize", "read_json"]
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -63,6 +68,18 @@ def normalize(obj: Any) -> Any:
 def run_key(**fields: Any) -> str:
     """A stable key of a run from its defining fields."""
     return json.dumps(normalize(fields), sort_keys=True)
+
+
+def read_json(path: pathlib.Path, what: str = "run record") -> Any:
+    """The JSON of ``path``, or None with a warning naming the file and line when damaged."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        warnings.warn(f"skipping the {what} {path}: the file is missing", stacklevel=2)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError
+        where = f"line {exc.lineno}: {exc.msg}" if hasattr(exc, "lineno") else str(exc)
+        warnings.warn(f"skipping the damaged {what} {path} ({where})", stacklevel=2)
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -115,8 +132,13 @@ class RunStore:
             raise OSError(f"--out {self.out} cannot be written: {exc}") from exc
         self._check_links()
         path = self.root / MANIFEST
-        if path.exists():
-            self.manifest = json.loads(path.read_text())
+        m = read_json(path, "manifest") if path.exists() else {}
+        if not isinstance(m, dict) or not isinstance(m.get("sections", {}), dict):
+            os.replace(path, self.inside(MANIFEST + ".damaged", "a link to"))
+            note = f"{path} kept as {MANIFEST}.damaged; stored runs are reused on --resume"
+            warnings.warn(note, stacklevel=2)
+            m = {}
+        self.manifest = m
         self.manifest.setdefault("sections", {})
         v = {"python": platform.python_version(), "torch": torch.__version__, "stiefel": version}
         self.manifest.update(
@@ -251,11 +273,8 @@ class RunStore:
     def load_run(self, section: str, key: str) -> dict[str, Any] | None:
         """The stored record of a finished run, or None (also for a record of another key)."""
         path = self.root / self._file(section, key)
-        if not path.exists():
-            return None
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        data = read_json(path) if path.exists() else None
+        if not isinstance(data, dict):  # a damaged record is run again
             return None
         options = self.manifest["sections"][section]["options"]
         if data.get("key") != key or data.get("options") != options:
@@ -288,6 +307,11 @@ class RunStore:
         rows = []
         for section, sec in self.manifest["sections"].items():
             for run in sec["runs"]:
-                data = json.loads(self.inside(run["file"]).read_text())
-                rows += run_rows(section, json.loads(data["key"]), data["record"])
+                data = read_json(self.inside(run["file"]))
+                try:
+                    rows += run_rows(section, json.loads(data["key"]), data["record"])
+                except (TypeError, KeyError, ValueError) as exc:  # another shape
+                    if data is not None:
+                        note = f"skipping the run record {run['file']}: {exc!r}"
+                        warnings.warn(note, stacklevel=2)
         write_text(self.path(TABLE), dumps(rows))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 from typing import Any
 
 __all__ = ["COLUMNS", "SERIES", "run_rows", "dumps", "read"]
@@ -78,7 +79,13 @@ def dumps(rows: list[dict]) -> str:
 
 
 def read(out: str | pathlib.Path, **where: Any) -> list[dict]:
-    """The rows of ``out/results.jsonl`` whose columns equal ``where`` (all rows without)."""
-    lines = pathlib.Path(out, "results.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines]
+    """The rows of ``out/results.jsonl`` whose columns equal ``where`` (all rows without);
+    a damaged line is skipped with a warning naming the file and the line."""
+    path = pathlib.Path(out, "results.jsonl")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            rows.append(dict(json.loads(line)))
+        except (TypeError, ValueError) as exc:  # a damaged line is named, never fatal
+            warnings.warn(f"skipping the damaged line {i} of {path} ({exc})", stacklevel=2)
     return [r for r in rows if all(r[k] == v for k, v in where.items())]

@@ -242,3 +242,39 @@ def test_a_lock_whose_owner_has_not_written_its_pid_yet_is_held(tmp_path):
     assert lock.read_text() == str(os.getpid())
     store.close("finished")
     assert not lock.exists()
+
+
+# ----------------------------------------------------------------- damaged records
+def test_a_damaged_record_of_another_section_is_named_and_skipped(tmp_path):
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "2", *TINY])
+    files = sorted((tmp_path / "runs" / "drift").glob("*.json"))
+    kept = json.loads(files[1].read_text())["record"]
+    files[0].write_text(files[0].read_text()[:40])  # truncated mid-string, on line 2
+    with pytest.warns(UserWarning, match=rf"damaged run record {files[0]} \(line 2: "):
+        assert cli.run(["convergence", "--out", str(tmp_path), "--seeds", "1", *TINY]) == 0
+    m = _manifest(tmp_path)
+    assert m["state"] == "finished" and m["sections"]["convergence"]["state"] == "finished"
+    conv = table.read(tmp_path, section="convergence", metric="final_loss")
+    assert len(conv) == 1
+    drift = table.read(tmp_path, section="drift", metric="final_loss")
+    assert [r["value"] for r in drift] == [kept["final_loss"]]  # the intact run is not lost
+    with pytest.warns(UserWarning, match=f"damaged run record {files[0]}"):  # run again
+        cli.main(["drift", "--out", str(tmp_path), "--resume", "--seeds", "2", *TINY])
+    assert len(table.read(tmp_path, section="drift", metric="final_loss")) == 2
+
+
+def test_a_damaged_manifest_is_kept_and_the_runs_reused(tmp_path, capsys):
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *TINY])
+    (tmp_path / "manifest.json").write_text('{"sections": {"dri')
+    with pytest.warns(UserWarning, match="manifest.json kept as manifest.json.damaged"):
+        cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *TINY])
+    assert (tmp_path / "manifest.json.damaged").read_text() == '{"sections": {"dri'
+    assert "1 of 1 runs already done" in capsys.readouterr().out
+
+
+def test_table_read_skips_a_damaged_line_naming_it(tmp_path):
+    rows = [{"section": "drift", "metric": "loss", "value": 1.0}]
+    (tmp_path / "results.jsonl").write_text(table.dumps(rows) + '{"section": "dr\n')
+    with pytest.warns(UserWarning, match=r"damaged line 2 of .*results.jsonl"):
+        (row,) = table.read(tmp_path, section="drift")
+    assert row["value"] == 1.0
