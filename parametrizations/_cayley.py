@@ -53,7 +53,7 @@ range `UNPIVOTED_PER_ROOT`·√n holds for it too. The block elimination is a lo
 n/`BLOCK` small inversions and products, each a separate launch on a GPU, where
 torch's unpivoted LU is a few large kernels (`benchmarks.cayley_solve` measures
 either against the pivoted solve; figures, and the sizes where each wins, in
-docs/results.md).
+docs/performance.md).
 
 Example:
     ```python

@@ -23,8 +23,8 @@ the dtype.
 
 Why not always the solve: LAPACK factorizes the matrices of a batch one call at
 a time, and for n up to a few hundred those calls run far below the rate of
-batched products (docs/results.md, "Batched regime" and "Near-identity blocks
-by Euler's product"); on a GPU the LU is a chain of small kernels, slower than a
+batched products (docs/performance.md, "Woodbury system by block elimination" and
+"Euler's product against the solve"); on a GPU the LU is a chain of small kernels, slower than a
 few products up to n in the thousands. The series is used while it costs at most
 2·`SeriesLimit.max_factors` products and n ≤ `SeriesLimit.max_order`, the limits
 of the device type in `SERIES_LIMITS`: the orders and lengths of step at which

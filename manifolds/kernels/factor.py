@@ -134,8 +134,7 @@ def _upper_cholesky(aa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     LAPACK's lower and upper sweeps round differently, each to the backward
     stability of Cholesky. The tall step keeps LAPACK's upper factor: its R enters
     only the solve, and the lower factorization of a small M×M batch is the slower
-    of the two (timings: docs/results.md, "The square QR step's factor by rows, and
-    pogo's drift over seeds").
+    of the two (timings: docs/performance.md, "Right triangular solves").
     """
     low, info = torch.linalg.cholesky_ex(aa)
     return low.mH.resolve_conj(), info  # a conjugate view would reach view_as_real
@@ -178,7 +177,7 @@ def _congruence(xx: torch.Tensor, f: torch.Tensor | None, gamma: torch.Tensor) -
 # flops, or the M×M inverse R⁻¹ (M³/3 flops, one LAPACK call per matrix) and a
 # product of 2NM². The product is the faster one once the matrix is tall: the
 # solve with N right-hand sides runs far below the GEMM rate on the CPU
-# (docs/results.md, "Right triangular solves"), and it returns a column-major
+# (docs/performance.md, "Right triangular solves"), and it returns a column-major
 # result, which the commit then copies across into a row-major parameter. The
 # explicit inverse is as accurate here: the Gram path is taken only for
 # κ(R)² = κ(A)² ≤ 3 (Note [QR retraction through the Gram of X − lr·d]), and
@@ -273,7 +272,7 @@ def _unit_columns(d: torch.Tensor) -> torch.Tensor:
     k-th step]). One pass over D.
     """
     diag = d.diagonal(dim1=-2, dim2=-1)
-    # ‖d_j‖² as a sum of squares, faster than torch's vector_norm along rows (docs/results.md)
+    # ‖d_j‖² as a sum of squares, faster than torch's vector_norm along rows (docs/performance.md)
     sq = (torch.view_as_real(d).square().sum(-1) if d.is_complex() else d.square()).sum(-2)
     s = sq.add_(diag.real, alpha=2).mul_(-0.5)
     if in_place():

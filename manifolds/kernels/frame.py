@@ -108,7 +108,7 @@ __all__ = [
 # larger n); single points, which have stopped moving at step 1000, stay 2.5–5×
 # below pogo-torch at k = 8 for n = 64 … 512. From n = 256 on, k = 8 forms the
 # Gram half as often as k = 4 (what that saves in time, measured:
-# docs/results.md, "Timings moved out of code comments").
+# docs/performance.md, "Measurements behind code choices").
 # `CHECK_EVERY` is also the period of the optimizer's host read of the test,
 # which every period divides (a read step is a correcting one). Between tests a
 # point changed behind the optimizer's back (through `.data`, which has a
@@ -287,8 +287,8 @@ def minus_adjoint(a: torch.Tensor) -> torch.Tensor:
     a cache miss per entry once A outgrows the cache; from n = 512 (real,
     outside autograd) Aᵀ is first copied by torch's blocked transpose and
     subtracted from contiguously. Below that both operands fit in cache and the
-    plain form is kept (timings: docs/results.md, "Timings moved out of code
-    comments").
+    plain form is kept (timings: docs/performance.md, "Measurements behind code
+    choices").
     """
     if a.shape[-1] < 512 or a.is_complex() or not in_place():
         return a - a.mH

@@ -271,7 +271,7 @@ def rows_absmax(t: torch.Tensor) -> torch.Tensor:
     pass fewer than ``abs().amax()``; torch's ``aminmax`` along dimensions is
     slower than the two), a single matrix by one ``aminmax`` of all its entries
     (one pass for both); a complex one takes its moduli. Timings:
-    docs/results.md, "Timings moved out of code comments".
+    docs/performance.md, "Measurements behind code choices".
     """
     if t.is_complex() or t.shape[-2] * t.shape[-1] == 0:
         return rows_amax(t.abs())

@@ -80,7 +80,7 @@ def weights(beta: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor] | t
 # Python floats (float64; the tensor path computes them in the working dtype,
 # which differs by rounding in γ and σ only). The scale then also rides on the
 # product XᴴD (`scaled_gram`) instead of a scaled copy of D, one pass over an
-# N×M matrix fewer (timings: docs/results.md), whenever XᴴD
+# N×M matrix fewer (timings: docs/performance.md), whenever XᴴD
 # cannot overflow: |(XᴴD)_ij| ≤ N·μ·max|X| and |X| ≤ 2 near the manifold. A
 # batch keeps its per-matrix numbers as tensors, but the same conditions let the
 # host read one number for the whole batch, the largest μ: where it is below

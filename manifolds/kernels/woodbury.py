@@ -21,7 +21,7 @@ two M×M solves and two M×M products instead of one 2M×2M solve, a quarter of
 its flops. The gain is LAPACK's: it factorizes the matrices of a batch one call
 at a time, and on small matrices the cost of a call grows faster than its flops,
 so on a batch of St(64, 16) the two 16×16 solves cost less than half the 32×32
-one (docs/results.md, "Woodbury system by block elimination").
+one (docs/performance.md, "Woodbury system by block elimination").
 Block elimination without pivoting is as accurate as the LU when the pivot
 block and the growth of the elimination are bounded. With σ/γ = β,
 T = γ(I + K), ‖K‖₂ ≤ ½|β|‖E‖_F, so |β|‖E‖_F ≤ 1 gives ‖K‖₂ ≤ ½,
@@ -34,8 +34,8 @@ so |β| ≤ 1 always does); a batch in which some matrix does not, or a traced
 call (the test is a host read, Note [Traced steps compute both paths] in
 .frame), takes the 2M×2M LU with partial pivoting. The test is one host read
 per step, a synchronisation on a GPU; there too the batched LU is slower than the
-two M×M solves, by more than the read costs (docs/results.md, "Woodbury system by
-block elimination").
+two M×M solves, by more than the read costs (docs/performance.md, "Woodbury and
+right solves on the GPU").
 Within the bounds no term can overflow, so the weights are not needed: divided
 by γ (σ/γ = β, h/γ = ½β) and with V₁ in the units of Pd (V₁/t, t = ‖Pd‖_F),
 the elimination reads, with a = ½lr,
@@ -237,8 +237,8 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
     the step, and each entry of Y is rounded once more, when it is added to X
     (as in Note [Square steps in the frame of X]). Forming X·(I + Z₂)K instead
     rounds a sum of M products of O(1) terms per entry at every step, a drift
-    that is not corrected (docs/results.md, "Woodbury system by block
-    elimination"). A known limit: for a rank-deficient
+    that is not corrected (docs/performance.md, "Measurements behind code
+    choices"). A known limit: for a rank-deficient
     step (e.g. a rank-1 gradient) with lr·‖Pd‖ between about 1e2 and 1e10 the
     2M×2M system is ill-conditioned (its eigenvalues near γ, Note
     [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
