@@ -18,6 +18,7 @@ from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
 from .deferred import hook_reset_parameters
 from .factory import Method, build, resolve
 from .gates import StackedGates, gate_count
+from .holders import holder_names, holders
 from .point import ManifoldPoint
 
 __all__ = ["orthogonalize", "OrthogonalMatrix", "RIEMANNIAN"]
@@ -245,11 +246,22 @@ class OrthogonalMatrix(nn.Module):
     def __init__(self, tensor: torch.Tensor, method: Method = "cwy", **options: Any):
         super().__init__()
         t = _check_weight("tensor", tensor)
+        self._hold(nn.Parameter(t.detach().clone()), method, options)
+
+    @classmethod
+    def _holding(cls, param: nn.Parameter, method: Method, options: dict[str, Any]):
+        """The holder of a free ``param`` itself (no copy): ``param`` becomes its free parameter."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._hold(param, method, options)
+        return self
+
+    def _hold(self, param: nn.Parameter, method: Method, options: dict[str, Any]) -> None:
         for key, needs in (("conv_kernel", "convolution module"), ("gates", "nn.LSTM/nn.GRU")):
             if options.get(key):
-                raise TypeError(f"{key}=True needs a {needs}; got {type(tensor).__name__}")
+                raise TypeError(f"{key}=True needs a {needs}; got {type(param).__name__}")
         label, _, _ = resolve(method)
-        self.weight = nn.Parameter(t.detach().clone())
+        self.weight = param
         _orthogonalize_module(self, "weight", method, dict(options))
         self.method = label
 
@@ -327,11 +339,26 @@ def orthogonalize(
     returns the module given (the root, also for a dotted name); for
     ``method="riemannian"`` the Parameter itself
     (same object and storage) becomes a ``geoopt.ManifoldParameter`` for the
-    Riemannian optimizers instead. On a tensor or ``nn.Parameter``, returns an
-    `OrthogonalMatrix` ``W`` with ``W()`` the matrix, built on a copy (a
-    Parameter of a module is left unchanged: a warning says so). The weight
+    Riemannian optimizers instead. On a plain tensor, returns an
+    `OrthogonalMatrix` ``W`` with ``W()`` the matrix, built on a copy. The weight
     starts at the manifold point nearest the current value (polar factor),
     unless ``init`` says otherwise.
+
+    On an ``nn.Parameter`` (``orthogonalize(lin.weight, method=...)``), the
+    model that holds it is constrained in place: the module that registers
+    this very Parameter object is found and the weight constrained there, as
+    ``orthogonalize(module, name)`` would (Note [Constraining a Parameter where
+    it is held]). It returns the Parameter given, which stays what optimizers
+    step: for a map, the free parameter
+    (``module.parametrizations.<name>.original``; its values are the map's
+    coordinates, possibly of another shape, not the weight), for
+    ``"riemannian"`` the weight itself, now a ``geoopt.ManifoldParameter``. The
+    constrained weight is read from the module (``lin.weight``); an optimizer
+    built before the call with no state yet trains the constrained model. A
+    Parameter held by several modules (tied) is refused naming them (allowed
+    for ``"riemannian"``, which keeps the Parameter for every holder); a
+    Parameter no module holds returns a new `OrthogonalMatrix` holding that
+    same Parameter (no copy).
 
     The nearest point is the polar factor, O(n³), computed by a scaled Newton
     iteration with the SVD as fallback (Note [Nearest point by the scaled
@@ -345,7 +372,8 @@ def orthogonalize(
     as one matrix (``gates=True`` constrains each gate), a weight tied to
     another module under ``module_or_tensor`` (Note [Tied weights cannot take a
     parametrization]; a tie with a module outside the one given cannot be
-    seen), and a convolution whose padding breaks ``conv_kernel=True``'s bound.
+    seen, but is found when the Parameter itself is given), and a convolution
+    whose padding breaks ``conv_kernel=True``'s bound.
     A convolution weight without ``conv_kernel=True`` gets a warning.
 
     After deferred initialisation (``with torch.device("meta")``, then
@@ -377,12 +405,16 @@ def orthogonalize(
             for ``scaled_cayley``).
 
     Returns:
-        The module, or an `OrthogonalMatrix` for a tensor.
+        The module given; the Parameter given, for a Parameter that a module
+        holds; an `OrthogonalMatrix` for a plain tensor or a Parameter no
+        module holds.
 
     Raises:
         ValueError: unknown method or init, a shape or value the method cannot
-            serve, an already constrained weight.
-        TypeError: unknown options, a dtype that is not allowed.
+            serve, an already constrained weight, a Parameter held by several
+            modules (tied).
+        TypeError: unknown options, a dtype that is not allowed, a tensor that is
+            not a leaf (computed, e.g. an already parametrized ``module.weight``).
 
     Example:
         ```python
@@ -392,6 +424,12 @@ def orthogonalize(
         lin = orthogonalize(torch.nn.Linear(16, 16), method="cwy")
         w = lin.weight
         assert (w.T @ w - torch.eye(16)).norm() < 1e-5
+
+        head = torch.nn.Linear(16, 8)
+        p = orthogonalize(head.weight, method="cayley")  # constrains head in place
+        assert p is head.parametrizations.weight.original  # what optimizers step
+        w = head.weight  # 8×16, rows orthonormal
+        assert (w @ w.T - torch.eye(8)).norm() < 1e-5
 
         W = orthogonalize(torch.randn(64, 64), method="householder", reflections=8)
         x = torch.randn(3, 64)
@@ -408,18 +446,75 @@ def orthogonalize(
     if isinstance(module_or_tensor, nn.Module):
         return _orthogonalize_module(module_or_tensor, name, method, dict(options))
     if isinstance(module_or_tensor, torch.Tensor):
-        if isinstance(module_or_tensor, nn.Parameter):
-            warnings.warn(
-                "orthogonalize(parameter) returns an independent OrthogonalMatrix built on a "
-                "copy: the Parameter (and any module holding it) is unchanged. To constrain a "
-                "module's weight in place use orthogonalize(module, 'weight', method=...), or "
-                "method='riemannian' on the module to make the Parameter itself a manifold "
-                "parameter",
-                UserWarning,
-                stacklevel=2,
+        t = module_or_tensor
+        if not t.is_leaf:
+            raise TypeError(
+                f"module_or_tensor is a computed tensor (shape {tuple(t.shape)}, grad_fn="
+                f"{type(t.grad_fn).__name__}), not a leaf: a constrained copy would cut it off "
+                "from what it was computed from. A parametrized weight (module.weight after "
+                "orthogonalize) is already constrained; allowed: a Parameter (constrained "
+                "where it is held), a module and name, or a leaf tensor (e.g. t.detach())"
             )
-        return OrthogonalMatrix(module_or_tensor, method, **options)
+        if isinstance(t, nn.Parameter):
+            return _orthogonalize_parameter(t, method, dict(options))
+        return OrthogonalMatrix(t, method, **options)
     raise TypeError(
         "module_or_tensor must be an nn.Module, a tensor or an nn.Parameter, "
         f"got {type(module_or_tensor).__name__}"
     )
+
+
+def _orthogonalize_parameter(param: nn.Parameter, method: object, options: dict[str, Any]):
+    r"""Constrain ``param`` where it is held; a free one gets an `OrthogonalMatrix` holder.
+
+    Note [Constraining a Parameter where it is held]
+    ``orthogonalize(lin.weight, method=...)`` means the model's weight: the
+    modules that register this very Parameter object are found (Note [Finding
+    a Parameter's holders]) and the weight is constrained there, as
+    ``orthogonalize(module, name, ...)`` does. The Parameter object stays the
+    one the model trains: torch's ``register_parametrization`` keeps it as
+    ``module.parametrizations.<name>.original`` (its values become the map's
+    free parameters, ``set_`` into the same object, possibly of another
+    shape), and ``method="riemannian"`` re-classes it in place; so the call
+    returns it, and an optimizer built before the call (with no state yet)
+    still steps the constrained model. Held by several modules (tied), a
+    parametrization would constrain one holder only (Note [Tied weights
+    cannot take a parametrization]): refused with the holders named, except
+    for ``method="riemannian"`` (no ``conv_kernel``/``gates``), which keeps
+    the Parameter and records the manifold on every holder. A Parameter no
+    module holds gets a new `OrthogonalMatrix` holding that same object.
+    """
+    found = holders(param)
+    where = holder_names(found) if found else "a free nn.Parameter"
+    if param.dtype not in DTYPES:
+        raise TypeError(
+            f"module_or_tensor ({where}, shape {tuple(param.shape)}) has dtype {param.dtype}; "
+            f"allowed: {', '.join(str(d) for d in DTYPES)}"
+        )
+    if not found:
+        return OrthogonalMatrix._holding(param, method, options)
+    for module, key in found:
+        if isinstance(module, parametrize.ParametrizationList):
+            raise ValueError(
+                f"module_or_tensor is the free parameter ({type(module).__name__}.{key}) of a "
+                "weight that is already parametrized (constrained); remove it first with "
+                "torch.nn.utils.parametrize.remove_parametrizations(module, name)"
+            )
+    label, _, _ = resolve(method)
+    shared = label == RIEMANNIAN and not (options.get("conv_kernel") or options.get("gates"))
+    if len(found) > 1 and not shared:
+        raise ValueError(
+            f"module_or_tensor is tied: the same Parameter is {holder_names(found)}; a "
+            f"parametrization (method={label!r}) would constrain one holder and leave the "
+            "others multiplying by the unconstrained tensor (Note [Tied weights cannot take a "
+            "parametrization]); untie them first (e.g. other.weight = "
+            "nn.Parameter(w.detach().clone())) or use method='riemannian', which keeps the "
+            "Parameter"
+        )
+    module, key = found[0]
+    _orthogonalize_module(module, key, method, options)
+    if len(found) > 1:  # riemannian: every holder keeps the manifold
+        manifold, tag = binding.records(module)[key]
+        for other, other_key in found[1:]:
+            binding.attach(other, other_key, manifold, tag)
+    return param

@@ -139,15 +139,19 @@ def test_householder_under_vmap_and_grad():
 
 
 # ---------------------------------------------------------------- parameters and names
-def test_a_parameter_warns_that_it_is_unchanged():
-    lin = nn.Linear(4, 4)
-    before = lin.weight.detach().clone()
-    with pytest.warns(UserWarning, match="unchanged.*orthogonalize\\(module"):
-        orthogonalize(lin.weight, method="cwy")
-    assert torch.equal(lin.weight, before)
+def test_a_parameter_constrains_its_module_without_a_warning():
+    lin = nn.Linear(4, 4, dtype=torch.float64)
+    p = lin.weight
+    before = p.detach().clone()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        assert orthogonalize(p, method="cwy") is p
         orthogonalize(torch.randn(4, 4), method="cwy")  # a plain tensor: no warning
+    assert lin.parametrizations.weight.original is p
+    assert orth_err(lin.weight) < 1e-12
+    # the nearest point of the old value (polar factor, by the SVD in float64)
+    u, _, vh = torch.linalg.svd(before)
+    assert torch.allclose(lin.weight, u @ vh, atol=1e-10)
 
 
 def test_dotted_names_reach_submodules():
