@@ -88,6 +88,8 @@ COMMON = [
              "(repeatable): it registers tasks, e.g. experiments.lipschitz from a checkout"),
         None,
     ),
+    ("--trust-config", dict(action="store_true", help="let --config import any module "
+                            "(default: only the checkout's experiments.*)"), None),
 ]  # fmt: skip
 TRAINING = [
     ("--tasks", dict(nargs="+", help="registered tasks"), "tasks"),
@@ -116,7 +118,10 @@ COMPLEXITY = [
     ("--fractions", dict(type=float, nargs="+", help="L / n"), None),
     ("--repeats", dict(type=int, help=""), "repeats"),
     ("--shapes", dict(type=_shape, nargs="+", help="St(N, M) shapes as NxM (4096x64)"), None),
-]
+    ("--methods", dict(nargs="+", help="the maps measured (default: all)"), None),
+    ("--optimizers", dict(nargs="+", help="the optimizers whose steps are measured, geoopt "
+                          "for its anchors (default: all Riemannian ones)"), None),
+]  # fmt: skip
 
 
 def _add(p: argparse.ArgumentParser, command: str, options: list) -> argparse.ArgumentParser:
@@ -164,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _flags(args: argparse.Namespace) -> dict:
-    skip = {"command", "config", "threads", "resume", "overwrite"}
+    skip = {"command", "config", "threads", "resume", "overwrite", "trust_config"}
     flags = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
     return {k: dict(v) if k == "task_options" else v for k, v in flags.items()}
 
@@ -173,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the harness; raises ValueError/TypeError/OSError on bad options (before training)."""
     _quiet_dependencies()
     args = parser().parse_args(argv)
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite together; allowed: one of them")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads {args.threads}; allowed: an integer >= 1")
@@ -181,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.command == "quick"
     names = list(SECTIONS) if quick else [args.command] if args.command in SECTIONS else []
     flags = _flags(args)
-    opts = {s: config.resolve(s, flags, args.config, quick) for s in names}  # all checks first
+    trust = args.trust_config
+    opts = {s: config.resolve(s, flags, args.config, quick, trust) for s in names}  # checks first
     only = {k: flags.get(k) for k in ("out", "imports")}
-    out = config.resolve("report", only, args.config)["out"]
+    out = config.resolve("report", only, args.config, trust=trust)["out"]
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with RunStore(out, resume=args.resume, overwrite=args.overwrite) as store:

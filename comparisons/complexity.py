@@ -71,10 +71,14 @@ def map_plan(
     ]
 
 
-def step_plan(shapes: list[tuple[int, int]], limits: Limits = None) -> list[tuple[str, int, int]]:
-    """The (optimizer, N, M) measured by `optimizer_costs`: ``limits`` caps N."""
+def step_plan(
+    shapes: list[tuple[int, int]], limits: Limits = None, only: list[str] | None = None
+) -> list[tuple[str, int, int]]:
+    """The (optimizer, N, M) measured by `optimizer_costs`: ``limits`` caps N; ``only``
+    (optimizer names, ``geoopt`` for its anchors) selects the rows."""
     limits = limits or {}
-    labels = [*optimizer_steps(), *GEOOPT_STEPS]
+    labels = [k for k, (info, _) in optimizer_steps().items() if not only or info.name in only]
+    labels += [*GEOOPT_STEPS] if not only or "geoopt" in only else []
     return [(label, n, m) for n, m in shapes for label in labels if n <= limits.get(label, n)]
 
 
@@ -133,11 +137,13 @@ def map_costs(
 
 
 def optimizer_costs(
-    shapes: list[tuple[int, int]], repeats: int, device="cpu", limits: Limits = None
-) -> list[dict]:
+    shapes: list[tuple[int, int]], repeats: int, device="cpu", limits: Limits = None,
+    only: list[str] | None = None,
+) -> list[dict]:  # fmt: skip
     """One step of every Riemannian optimizer (and geoopt's) on St(N, M), float32.
 
-    An optimizer named in ``limits`` is measured only up to its N there.
+    An optimizer named in ``limits`` is measured only up to its N there; ``only``
+    selects the optimizers (`step_plan`).
     """
     steps = optimizer_steps()
     rows = []
@@ -148,7 +154,7 @@ def optimizer_costs(
         GEOOPT_STEPS[2]: ("geoopt_radam", geoopt.CanonicalStiefel()),
     }
     shape = x0 = g = None  # the plan is grouped by shape: one point and gradient at a time
-    for label, n, m in step_plan(shapes, limits):
+    for label, n, m in step_plan(shapes, limits, only):
         if shape != (n, m):
             shape = (n, m)
             x0 = Stiefel(n, m).random(generator=gen).to(device)

@@ -11,11 +11,13 @@ the option and what is allowed.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
-from .. import parametrizations
+from .. import optimizers, parametrizations
 from ..manifolds import _checks
 from . import task as tasks_mod
 from .cost import GEOOPT_STEPS, optimizer_steps
@@ -29,6 +31,9 @@ SECTIONS = ("drift", "convergence", "complexity")
 TASK_SHORTCUTS = ("n", "m", "T", "batch", "k", "permute")
 #: the presets: configs/defaults.toml and configs/quick.toml (Note [Quick preset] there)
 PRESETS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+#: the checkout's experiments package: the only modules a config may import (Note [A config
+#: is data])
+EXPERIMENTS = PRESETS.parent / "experiments"
 
 
 # ----------------------------------------------------------------------------- validators
@@ -108,6 +113,37 @@ def _any(name: str, v: Any) -> Any:
     return v
 
 
+def _jobs(name: str, v: Any) -> Any:
+    """Worker processes: 1 to 4 × the cores (more only queue up and spoil the times)."""
+    most = 4 * (os.cpu_count() or 1)
+    if _int(1)(name, v) > most:
+        raise ValueError(f"{name}={v} is not allowed; allowed: 1 to {most} (4 × the cores)")
+    return v
+
+
+def _names(allowed: Callable[[], list[str]], why: Callable[[str], str]):
+    """A list of names from ``allowed()``; ``why(name)`` says why another is refused."""
+
+    def check(name: str, v: Any) -> Any:
+        for x in _list(_str)(name, v):
+            if x not in allowed():
+                raise ValueError(f"{name}: {x!r} {why(x)}; available: {', '.join(allowed())}")
+        return v
+
+    return check
+
+
+def _stepped() -> list[str]:
+    """The optimizers whose steps complexity measures, and geoopt (its anchors)."""
+    return [n for n in optimizers.available() if optimizers.info(n).riemannian] + ["geoopt"]
+
+
+def _not_stepped(name: str) -> str:
+    if name in optimizers.available():
+        return "is not declared riemannian=True (no step of it is measured)"
+    return "is not a registered optimizer"
+
+
 #: modules imported before the run, which register tasks or complexity parts (e.g.
 #: ``experiments.lipschitz`` from a checkout); ``try_imports`` only where they are there
 COMMON: dict[str, Callable[[str, Any], Any]] = {
@@ -123,7 +159,7 @@ TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "seeds": _int(1),
     "steps": _int(1),
     "record_every": _int(1),
-    "jobs": _int(1),
+    "jobs": _jobs,
     "others": _str,
     "lr": _number(),
     "task_options": _dict,
@@ -139,6 +175,8 @@ SCHEMA: dict[str, dict[str, Callable[[str, Any], Any]]] = {
         "repeats": _int(1),
         "shapes": _list(_shape),
         "limits": _limits,
+        "methods": _names(lambda: list(parametrizations.maps()), lambda _: "is not a map"),
+        "optimizers": _names(_stepped, _not_stepped),
     },
     "report": dict(COMMON),
     "quick": dict(COMMON),
@@ -172,7 +210,10 @@ def load_toml(path: pathlib.Path | None) -> dict:
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--config {path}: no such file")
-    cfg = tomllib.loads(path.read_text())
+    try:
+        cfg = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
     every = set().union(*(SCHEMA[s] for s in SCHEMA))
     tables = (*SCHEMA, "quick")
     for key, value in cfg.items():
@@ -222,6 +263,12 @@ def _layer(schema: dict, values: dict, where: str) -> dict:
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
     shortcuts = {k: out.pop(k) for k in TASK_SHORTCUTS if k in out}
+    for k, v in shortcuts.items():  # one layer giving two values: neither is silently dropped
+        if k in out.get("task_options", {}) and out["task_options"][k] != v:
+            given = (f"--{k} {v}", f"--task-option {k}={out['task_options'][k]}")
+            if where != "option":
+                given = (f"{k} = {v!r}", f"task_options {{ {k} = {out['task_options'][k]!r} }}")
+            raise ValueError(f"{where}: {given[0]} and {given[1]} conflict; give one of them")
     if shortcuts:  # a layer's shortcut flags are its task options of that name
         out["task_options"] = {**out.get("task_options", {}), **shortcuts}
     return out
@@ -231,6 +278,38 @@ def _merge(opts: dict, layer: dict) -> None:
     """``opts`` updated by ``layer``; task options and limits add up key by key."""
     for k, v in layer.items():
         opts[k] = {**opts[k], **v} if k in ("task_options", "limits") and k in opts else v
+
+
+def _config_import(name: str, key: str, where: str) -> bool:
+    """Note [A config is data]
+
+    A TOML file is read as data: importing a module runs its code, and Python's
+    path holds the working directory, so a config's ``imports`` could run a file
+    lying beside it. A config may import only modules of the checkout's own
+    ``experiments`` package (found without running anything first); another
+    module is refused naming it, the file and ``--trust-config``, which lifts
+    the rule. ``--import`` on the command line is the user's own choice and is
+    not restricted. A ``try_imports`` module outside the checkout is skipped.
+    """
+    spec = None
+    if name.partition(".")[0] == "experiments":
+        try:
+            spec = importlib.util.find_spec("experiments")  # locates, runs nothing
+        except (ImportError, ValueError):
+            pass
+    ours = spec is not None and [str(EXPERIMENTS)] == [
+        str(pathlib.Path(p).resolve()) for p in spec.submodule_search_locations or []
+    ]
+    if ours or (key == "try_imports" and spec is None):  # absent: skipped at import
+        return True
+    if key == "try_imports":
+        print(f"not imported (not this checkout's experiments package): {name}", flush=True)
+        return False
+    raise ValueError(
+        f"{where}: imports names {name!r}, which is not a module of this checkout's "
+        f"experiments package ({EXPERIMENTS}); a config may import only those: pass "
+        f"--trust-config to import it anyway, or name it with --import {name}"
+    )
 
 
 def preset(name: str) -> dict:
@@ -243,11 +322,14 @@ def resolve(
     flags: dict[str, Any],
     config: pathlib.Path | None = None,
     quick: bool = False,
+    trust: bool = False,
 ) -> dict[str, Any]:
     """The checked options of section ``command`` from its layers (module docstring).
 
     The modules named by ``imports`` are imported first, so the tasks, maps and
-    optimizers they register are known when the other options are checked.
+    optimizers they register are known when the other options are checked; those a
+    TOML file names must be modules of the checkout's ``experiments`` package unless
+    ``trust`` (``--trust-config``; Note [A config is data]).
     """
     schema = SCHEMA[command]
     flags = {k: v for k, v in flags.items() if v is not None}
@@ -260,7 +342,10 @@ def resolve(
     raw.append((flags, "option"))
     imports: dict[str, list[str]] = {"imports": [], "try_imports": []}
     for values, where in raw:
-        imports.update(_layer(schema, {k: values[k] for k in imports if k in values}, where))
+        layer = _layer(schema, {k: values[k] for k in imports if k in values}, where)
+        if where != "option" and not trust:  # Note [A config is data]
+            layer = {k: [m for m in v if _config_import(m, k, where)] for k, v in layer.items()}
+        imports.update(layer)
     tasks_mod.import_modules(imports["imports"])
     tasks_mod.import_modules(imports["try_imports"], required=False)
     opts: dict[str, Any] = {}

@@ -147,14 +147,15 @@ def complexity_section(store, opts: dict) -> dict:
     device, repeats = opts["device"], opts["repeats"]
     limits = opts.get("limits") or {}
     sizes, fractions = opts["sizes"], opts["fractions"]
-    methods = list(parametrizations.maps())
+    methods = opts.get("methods") or list(parametrizations.maps())
     shapes = [tuple(s) for s in opts["shapes"]]
     gemm = lambda: cost.gemm_rate(min(max(sizes), 2048), device=device)  # noqa: E731
     rate = _measure(store, "gemm", gemm)
     bandwidth = _measure(store, "bandwidth", lambda: cost.stream_bandwidth(device))
     run = (repeats, device, limits)
     maps = _measure(store, "maps", lambda: cx.map_costs(methods, sizes, fractions, *run))
-    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, *run))
+    only = opts.get("optimizers")
+    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, *run, only))
     parts = {name: _measure(store, name, lambda m=m: m(opts)) for name, (m, _) in cx.PARTS.items()}
     # a row is its fastest run: divide by the fastest rate, before or after them (rates drift)
     rate = max(rate, _measure(store, "gemm_after", gemm))

@@ -241,6 +241,8 @@ def import_modules(names: list[str], required: bool = True) -> None:
     for name in names:
         try:
             importlib.import_module(name)
+        except SystemExit as exc:  # never a silent exit 0 of the harness having done nothing
+            raise ValueError(f"imports: {name!r} exited at import ({exc!r})") from None
         except ModuleNotFoundError as exc:
             if required or not (exc.name and name.startswith(exc.name)):
                 raise ValueError(

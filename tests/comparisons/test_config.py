@@ -1,6 +1,7 @@
 """Options are checked before any training: each error names the option and what is allowed."""
 
 import re
+import sys
 
 import pytest
 
@@ -194,3 +195,82 @@ def test_a_task_built_model_is_skipped_on_complex_dtypes():
         ("lstm+rmsprop", "float32"),
     }
     assert skipped == ["lstm+rmsprop on copying [complex64]: the LSTM baseline is real"]
+
+
+# ----------------------------------------------------------------- a config is data
+def test_a_config_imports_only_the_checkouts_experiments(tmp_path, monkeypatch, capsys):
+    """A module beside the TOML (on the path as the working directory is) is not run."""
+    (tmp_path / "beside.py").write_text("import pathlib\npathlib.Path('RAN').write_text('x')\n")
+    foreign = tmp_path / "experiments"  # a package that shadows the checkout's by name
+    foreign.mkdir()
+    (foreign / "__init__.py").write_text("")
+    (foreign / "lipschitz.py").write_text("import pathlib\npathlib.Path('RAN').write_text('x')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.partition(".")[0] == "experiments"]:
+        monkeypatch.delitem(sys.modules, name)  # as in a fresh process
+    cfg = tmp_path / "c.toml"
+    argv = ["drift", "--out", str(tmp_path / "o"), "--config", str(cfg), *BASE]
+    for name in ("beside", "experiments.lipschitz"):
+        cfg.write_text(f'imports = ["{name}"]\n')
+        message = rf"--config {cfg}: imports names '{name}', .* pass --trust-config"
+        with pytest.raises(ValueError, match=message):
+            cli.main(argv)
+        assert not (tmp_path / "RAN").exists() and not (tmp_path / "o").exists()
+    cfg.write_text('try_imports = ["experiments.lipschitz"]\n')  # skipped, with a note
+    cli.main([*argv, "--steps", "1"])
+    assert "not imported (not this checkout's experiments package)" in capsys.readouterr().out
+    assert not (tmp_path / "RAN").exists()
+    cfg.write_text('imports = ["beside"]\n')
+    cli.main([*argv, "--trust-config", "--overwrite"])  # the user's explicit choice
+    assert (tmp_path / "RAN").exists()
+
+
+def test_a_module_exiting_at_import_is_an_error_not_exit_0(tmp_path, monkeypatch):
+    (tmp_path / "quitter.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["drift", "--out", str(tmp_path / "o"), "--import", "quitter", *BASE]
+    assert cli.run(argv) == 2
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threads", "0"], r"--threads 0; allowed: an integer >= 1"),
+        (["--jobs", "100000"], r"jobs=100000 is not allowed; allowed: 1 to \d+ \(4 × the cores\)"),
+        (["--task-option", "n=8"], r"--n 4 and --task-option n=8 conflict; give one of them"),
+        (["--resume", "--overwrite"], r"--resume and --overwrite together; allowed: one of them"),
+    ],
+)
+def test_bad_machine_and_conflicting_flags_are_refused(tmp_path, argv, message):
+    with pytest.raises(ValueError, match=message):
+        cli.main(["drift", "--out", str(tmp_path / "o"), *BASE, *argv])
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_toml_of_two_values_for_one_option_or_bad_syntax_names_the_file(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("n = 4\ntask_options = { n = 8 }\n")
+    with pytest.raises(ValueError, match=rf"--config {cfg}: n = 4 and task_options .* conflict"):
+        config.resolve("drift", {}, cfg)
+    cfg.write_text("steps = [\n")
+    with pytest.raises(ValueError, match=rf"--config {cfg}: not valid TOML: "):
+        config.resolve("drift", {}, cfg)
+
+
+def test_complexity_selection_names_what_exists(tmp_path):
+    from stiefel import optimizers, parametrizations
+
+    argv = ["complexity", "--out", str(tmp_path / "o")]
+    maps = ", ".join(parametrizations.maps())
+    with pytest.raises(ValueError, match=rf"'qwerty' is not a map; available: {maps}$"):
+        cli.main([*argv, "--methods", "cwy", "qwerty"])
+    stepped = [n for n in optimizers.available() if optimizers.info(n).riemannian]
+    listing = re.escape(", ".join([*stepped, "geoopt"]))
+    with pytest.raises(ValueError, match=rf"'adamm' is not a registered .*: {listing}$"):
+        cli.main([*argv, "--optimizers", "adamm"])
+    with pytest.raises(ValueError, match=r"'adam' is not declared riemannian=True"):
+        cli.main([*argv, "--optimizers", "rgd", "adam"])
+    assert not (tmp_path / "o").exists()
