@@ -25,6 +25,18 @@ butterfly permutation of level i (chunks of s/2 features inside groups of
 s·2^i, evens then odds; level 0 is the identity). Rows x ↦ x F_iᵀ are
 x[…, π_i⁻¹] (x P_i), b independent s×s products, then […, π_i] (· P_iᵀ):
 two gathers, O(n) each, never an n×n permutation matrix.
+
+Note [Only the free values of a skew block are stored]
+The ``exp``, ``cayley`` and ``scaled_cayley`` maps read only the strict upper
+triangle of their (s, s) original (and, complex, the imaginary part of its
+diagonal): A = X₊ − X₊ᴴ (`kernels.skew_from_raw`). A `Rotation` built with
+``free=True`` stores just those values, s(s−1)/2 per real block (PEFT's OFT
+stores as many for the same Q; s(s+1)/2 per complex block, the diagonal's
+real part unused), and scatters them into a zero (s, s) original before the
+map runs. The map, its checks and its gradient are unchanged; the entries
+it never read are no longer parameters (nor trained, nor decayed, nor saved).
+`full_original` converts a stored full original (an older checkpoint) into
+the free values, exactly: the entries dropped are those the map ignores.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from torch import nn
 
 from ..manifolds import _checks
 from .base import OrthogonalMap
+from .dense import Cayley, Exp, ScaledCayley
 from .factory import build, resolve
 from .point import ManifoldPoint
 
@@ -94,8 +107,10 @@ class Rotation(nn.Module):
         dtype: torch.dtype,
         device: torch.device | None,
         options: dict[str, Any],
+        free: bool = False,
     ):
         super().__init__()
+        _checks.flag("free", free)
         self.features, self.blocks, self.butterfly = features, blocks, butterfly
         self.method, self.dtype = resolve(method)[0], dtype
         size = features // blocks
@@ -107,6 +122,9 @@ class Rotation(nn.Module):
             fmap = build(method, shape, dtype, device, options)
             fmap.label = "a rotation factor"
             self.maps.append(fmap)
+        #: the originals hold only the free values of skew blocks (Note [Only the free
+        #: values of a skew block are stored])
+        self.free = free and isinstance(self.maps[0], SKEW_MAPS)
         for fmap in self.maps:
             self.originals.append(nn.Parameter(self._identity(fmap, device)))
             if isinstance(fmap, ManifoldPoint):  # riemannian: the blocks are the parameter
@@ -117,12 +135,39 @@ class Rotation(nn.Module):
             self.register_buffer(f"inv{level}", torch.argsort(perm).to(device), persistent=False)
 
     def _identity(self, fmap: OrthogonalMap, device) -> torch.Tensor:
-        """The map's original of Q = I (its buffers reset with it)."""
+        """The map's original of Q = I (its buffers reset with it), free values if ``free``."""
         eye = torch.eye(fmap.n, dtype=self.dtype).expand(fmap.weight_shape).clone()
         with torch.no_grad():
             if device is not None and torch.device(device).type == "meta":
-                return fmap.initial(eye.to("meta"), "identity", None)
-            return fmap.inverse(eye.to(device)).to(dtype=self.dtype, device=device).clone()
+                x = fmap.initial(eye.to("meta"), "identity", None)
+            else:
+                x = fmap.inverse(eye.to(device)).to(dtype=self.dtype, device=device).clone()
+        return self.free_values(x) if self.free else x
+
+    def _triangle(self, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows and columns of an (s, s) block's stored entries (complex: the diagonal too)."""
+        offset = 0 if self.dtype.is_complex else 1
+        return tuple(torch.triu_indices(size, size, offset, device=device))  # type: ignore[return-value]
+
+    def free_values(self, full: torch.Tensor) -> torch.Tensor:
+        """The stored values (…, P) of full originals (…, s, s): their strict upper triangle.
+
+        Note [Only the free values of a skew block are stored]; the inverse of `full_original`.
+        """
+        rows, cols = self._triangle(full.shape[-1], full.device)
+        return full[..., rows, cols]
+
+    def full_original(self, values: torch.Tensor) -> torch.Tensor:
+        """The (…, s, s) original the map reads: zero off the stored triangle (differentiable)."""
+        size = self.features // self.blocks
+        rows, cols = self._triangle(size, values.device)
+        full = values.new_zeros(*values.shape[:-1], size, size)
+        return _scatter(full, rows, cols, values)
+
+    def _original(self, i: int) -> torch.Tensor:
+        """The i-th factor's original as its map reads it."""
+        original = self.originals[i]
+        return self.full_original(original) if self.free else original
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -134,7 +179,7 @@ class Rotation(nn.Module):
                     fmap.claim(original)
 
     def _blocks(self, i: int) -> torch.Tensor:
-        q = self.maps[i](self.originals[i])  # square blocks: the map's output is Q's blocks
+        q = self.maps[i](self._original(i))  # square blocks: the map's output is Q's blocks
         return q if self.blocks > 1 else q.unsqueeze(0)
 
     def operator(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -144,7 +189,7 @@ class Rotation(nn.Module):
         """
         ops = []
         for i in range(max(self.butterfly, 1)):
-            fmap, original = self.maps[i], self.originals[i]
+            fmap, original = self.maps[i], self._original(i)
             fmap.verify(original)  # Note [Free parameters are checked at first use]
             ops.append(fmap.prepare_operator(original))
 
@@ -174,8 +219,22 @@ class Rotation(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"method={self.method!r}, features={self.features}, blocks={self.blocks}, "
-            f"butterfly={self.butterfly}, dtype={self.dtype}"
+            f"butterfly={self.butterfly}, dtype={self.dtype}" + (", free" if self.free else "")
         )
+
+
+#: maps whose original's free part is a triangle (Note [Only the free values of a skew
+#: block are stored])
+SKEW_MAPS = (Exp, Cayley, ScaledCayley)
+
+
+def _scatter(
+    full: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
+) -> torch.Tensor:
+    """``full`` with ``values`` at [..., rows, cols] (out of place: the gradient reaches values)."""
+    flat = full.flatten(-2)
+    index = (rows * full.shape[-1] + cols).expand(*values.shape[:-1], -1)
+    return flat.scatter(-1, index, values).view(full.shape)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -118,13 +118,51 @@ class StiefelConfig(PeftConfig):
             raise ValueError("layers_pattern needs layers_to_transform")
 
 
+class UnknownKeyword(TypeError, ValueError):
+    """An unknown keyword of `StiefelConfig` (a TypeError, as Python's own; a ValueError too).
+
+    Note [Unknown keywords of StiefelConfig]
+    PEFT loads a config with ``config_cls(**saved)`` and, when that raises a
+    TypeError saying "got an unexpected keyword argument", drops the keys that
+    are not parameters of ``config_cls.__init__`` with a warning and tries
+    again (its forward compatibility: a config saved by a later version with
+    new fields still loads). ``StiefelConfig(reflections=8)`` accepts the
+    method's options as keywords, so only the keywords that are neither fields
+    nor options of the chosen map are unknown; they raise this error, whose
+    message starts as Python's, so PEFT's fallback runs. The wrapped
+    ``__init__`` keeps the dataclass's signature (``functools.wraps``), which
+    is what PEFT filters the saved keys by. It is also a ValueError, the class
+    an unknown option raised before.
+    """
+
+
 def _accept_map_options(init):
-    """Let ``StiefelConfig(reflections=8)`` mean ``StiefelConfig(options={"reflections": 8})``."""
+    """Let ``StiefelConfig(reflections=8)`` mean ``StiefelConfig(options={"reflections": 8})``.
+
+    Keywords that are neither fields nor options of ``method`` raise `UnknownKeyword`
+    (Note [Unknown keywords of StiefelConfig]).
+    """
 
     @functools.wraps(init)
     def __init__(self, *args: Any, options: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        names = {f.name for f in dataclasses.fields(StiefelConfig)}
-        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
+        fields = [f.name for f in dataclasses.fields(StiefelConfig) if f.init]
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in fields}
+        if extra:
+            method = kwargs.get("method", "cwy")
+            registered = maps()
+            if not isinstance(method, str) or method not in registered:
+                raise ValueError(
+                    f"method={method!r} is not a registered map; allowed: {', '.join(registered)}"
+                )
+            names = registered[method].options()
+            unknown = sorted(k for k in extra if k not in names)
+            if unknown:
+                shown = ", ".join(repr(k) for k in unknown)
+                raise UnknownKeyword(
+                    f"StiefelConfig.__init__() got an unexpected keyword argument {shown}; "
+                    f"allowed: the fields {', '.join(f for f in fields if f != 'options')} and "
+                    f"the options of method={method!r}: {', '.join(names) or 'none'}"
+                )
         merged = {} if options is None else options
         if isinstance(merged, dict):
             merged = {**merged, **extra}

@@ -15,6 +15,15 @@ Note [Several adapters, in PEFT's order]
 Merging adapters a₁, …, a_k one after another gives W Q₁ ⋯ Q_k (input side)
 and Q_k ⋯ Q₁ W (output side). The forward matches it: the input is rotated
 by Q_k first (x ↦ Q₁(⋯(Q_k x))), the output by Q₁ first.
+
+Note [Merging in the order of the forward]
+PEFT merges ``merge_adapter(names)`` one adapter after another, in the order
+given. For additive adapters (LoRA) the order does not matter; for rotations
+it does on each side: W·Q_b·Q_a ≠ W·Q_a·Q_b. The forward of active adapters a, b computes
+W·Q_a·Q_b, so a merge that would write another product (``names`` in
+another order, or added after merged adapters in another order) is refused
+before W is touched rather than making the merged model differ silently
+from the unmerged one; adapters that are not active may be merged anywhere.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from torch import nn
 from ...parametrizations import Rotation
 from ...parametrizations.finetuning import check_blocks
 
+SIDES = ("input", "output")
 ALLOWED_LAYERS = "nn.Linear, nn.Conv1d, nn.Conv2d (groups=1), transformers' Conv1D"
 
 
@@ -89,7 +99,14 @@ def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation
     dtype = weight.dtype if weight.dtype in wide else torch.float32
     device = weight.device if weight.device.type != "meta" else None
     rot = Rotation(
-        features, config.method, config.blocks, config.butterfly, dtype, device, config.options
+        features,
+        config.method,
+        config.blocks,
+        config.butterfly,
+        dtype,
+        device,
+        config.options,
+        free=True,  # Note [Only the free values of a skew block are stored]
     )
     if not config.init_weights:
         with torch.no_grad():  # a random orthogonal start near I: any original is a valid Q
@@ -104,6 +121,32 @@ def _along(x: torch.Tensor, axis: int, rot: Rotation) -> torch.Tensor:
     z = x.movedim(axis, -1) if axis != -1 else x
     z = op(z.to(rot.dtype)).to(x.dtype)
     return z.movedim(-1, axis) if axis != -1 else z
+
+
+def check_merge_order(active: list[str], merged: list[str], names: list[str]) -> None:
+    r"""Refuse a merge in another order than the forward's, for the adapters of one side.
+
+    Note [Merging in the order of the forward].
+
+    Args:
+        active: the active adapters, in the order the forward applies them.
+        merged: the adapters already merged into W, in their order.
+        names: the adapters to merge now, in the order asked for.
+
+    Raises:
+        ValueError: the active adapters among ``merged + names`` are not in the
+            active order; the message names both orders.
+    """
+    wanted = [a for a in merged + names if a in active]
+    expected = [a for a in active if a in wanted]
+    if wanted != expected:
+        after = f" (after the merged {merged!r})" if merged else ""
+        raise ValueError(
+            f"adapter_names={names!r}{after} would write the product in the order {wanted!r}, "
+            f"but the forward applies the active adapters in the order {expected!r}, and the "
+            f"products do not commute; allowed: the names in the active order {expected!r}, or "
+            "set_adapter() with the order wanted first"
+        )
 
 
 class StiefelLayer(nn.Module, BaseTunerLayer):
@@ -193,20 +236,48 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         return new.mT if self.geometry.stored_transposed else new
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
-        """Write W·Q (or Q·W) of the given (default: active) adapters into the base weight."""
+        """Write W·Q (or Q·W) of the given (default: active) adapters into the base weight.
+
+        The adapters are merged in the order the forward applies them (Note
+        [Merging in the order of the forward]); every product is computed before
+        W is written, so a refused merge leaves W as it was.
+
+        Raises:
+            ValueError: ``adapter_names`` in another order than the active
+                adapters (naming both orders), or a non-finite product with
+                ``safe_merge``.
+        """
         adapter_names = check_adapters_to_merge(self, adapter_names)
+        names = self.check_merge(adapter_names)
         w = self._weight()
-        for a in adapter_names:
-            if a not in self.stiefel_R:
-                continue
-            with torch.no_grad():
-                new = self._product(w, a, inverse=False)
+        with torch.no_grad():
+            new = w
+            for a in names:
+                new = self._product(new, a, inverse=False)
                 if safe_merge and not torch.isfinite(new).all():
                     raise ValueError(
                         f"NaNs detected in the merged weights; the adapter {a} seems to be broken"
                     )
+            if names:
                 w.copy_(new.to(w.dtype))  # in place: the base Parameter object is kept
-            self.merged_adapters.append(a)
+        self.merged_adapters.extend(names)
+
+    def check_merge(self, adapter_names: list[str] | None) -> list[str]:
+        """The adapters of this layer a merge of ``adapter_names`` writes, in order (no change).
+
+        Raises:
+            ValueError: an order other than the forward's, on either side (Note
+                [Merging in the order of the forward]).
+        """
+        given = self.active_adapters if adapter_names is None else adapter_names
+        names = [a for a in given if a in self.stiefel_R and a not in self.merged_adapters]
+        for side in SIDES:
+            check_merge_order(
+                [a for a in self.active_adapters if self.stiefel_side.get(a) == side],
+                [a for a in self.merged_adapters if self.stiefel_side.get(a) == side],
+                [a for a in names if self.stiefel_side[a] == side],
+            )
+        return names
 
     def unmerge(self) -> None:
         """Undo `merge` (W·Q·Qᵀ = W, to rounding in W's dtype)."""

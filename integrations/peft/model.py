@@ -7,10 +7,28 @@ blocks) is checked for every target in ``_prepare_model``, which PEFT calls
 before the first replacement; loading checks the checkpoint's shapes against
 the adapter it is loaded into before a tensor is copied, and on a mismatch
 removes the adapter just added, so a failed load leaves the model as it was.
+
+Note [The map is saved with its tensors]
+The exp, cayley and scaled_cayley maps of blocks of the same size have
+originals of the same shape (and exp and cayley the same base buffer), so
+an adapter folder whose ``adapter_config.json`` names another of them would
+load without a shape error and compute another Q. Saving therefore adds,
+per adapted layer, a tensor ``….stiefel_R.map``: the UTF-8 bytes of
+``{"method": …, "side": …}`` (uint8, in the safetensors file beside the
+adapter's tensors, whatever the file format). Loading compares it with the
+config and refuses a mismatch before any tensor is copied; a folder without
+it (saved before it existed) loads as before.
+
+Note [Older folders: full skew blocks]
+Folders saved before Note [Only the free values of a skew block are stored]
+hold each exp/cayley/scaled_cayley block as a full (s, s) original; loading
+keeps their strict upper triangle (the values the map read), which gives
+the same Q exactly.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -19,9 +37,11 @@ from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
 from peft.utils import TRANSFORMERS_MODELS_TO_OFT_TARGET_MODULES_MAPPING
 from torch import nn
 
+from ...parametrizations import Rotation
 from .layer import StiefelLayer, check_features, geometry
 
 ATTRIBUTE = "stiefel_R"
+TAG = "map"  # Note [The map is saved with its tensors]
 
 
 class StiefelModel(BaseTuner):
@@ -67,12 +87,48 @@ class StiefelModel(BaseTuner):
             new_module.requires_grad_(False)  # an added adapter is not trainable by default
         self._replace_module(parent, target_name, new_module, target)
 
+    def merge_adapter(
+        self, adapter_names: list[str] | None = None, safe_merge: bool = False
+    ) -> None:
+        """PEFT's merge, after every layer has checked the order (nothing written if one refuses).
+
+        Note [Merging in the order of the forward] in `stiefel.integrations.peft.layer`.
+        """
+        for module in self.model.modules():
+            if isinstance(module, StiefelLayer):
+                module.check_merge(adapter_names)
+        super().merge_adapter(adapter_names=adapter_names, safe_merge=safe_merge)
+
     # ------------------------------------------------------------------ saving and loading
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
         # stiefel_R.<adapter>.originals.0 → stiefel_R.originals.0 (the Rotation's parameters
         # sit one level deeper than PEFT's default rule expects)
         return re.sub(rf"\.{ATTRIBUTE}\.{re.escape(adapter_name)}\.", f".{ATTRIBUTE}.", key)
+
+    @classmethod
+    def _get_adapter_state_dict(
+        cls,
+        model: nn.Module,
+        config: Any,
+        adapter_name: str,
+        state_dict: dict[str, torch.Tensor],
+        unwanted_adapter_names: list[str],
+    ) -> dict[str, torch.Tensor]:
+        """PEFT's selection of the adapter's tensors, plus its map tags (Note [The map is ...])."""
+        out = super()._get_adapter_state_dict(
+            model=model,
+            config=config,
+            adapter_name=adapter_name,
+            state_dict=state_dict,
+            unwanted_adapter_names=unwanted_adapter_names,
+        )
+        first = re.compile(rf"^(.*)\.{ATTRIBUTE}\.{re.escape(adapter_name)}\.originals\.0$")
+        for key in list(out):
+            match = first.match(key)
+            if match:
+                out[f"{match.group(1)}.{ATTRIBUTE}.{adapter_name}.{TAG}"] = _tag(config)
+        return out
 
     @classmethod
     def _remap_adapter_state_dict_for_load(
@@ -82,10 +138,22 @@ class StiefelModel(BaseTuner):
         adapter_name: str,
         state_dict: dict[str, torch.Tensor],
     ) -> dict[str, torch.Tensor]:
+        tags = {k: v for k, v in state_dict.items() if k.endswith(f".{ATTRIBUTE}.{TAG}")}
+        state_dict = {k: v for k, v in state_dict.items() if k not in tags}
+        mismatch = _tag_mismatch(tags, config)
+        if mismatch:
+            _remove_adapter(model, adapter_name)
+            raise ValueError(
+                f"the adapter folder for adapter {adapter_name!r} was saved with {mismatch}, but "
+                f"its config names method={config.method!r}, side={config.side!r}: the same "
+                "tensors would give another Q; allowed: the config the folder was saved with (its "
+                "adapter_config.json unchanged)"
+            )
         remapped = super()._remap_adapter_state_dict_for_load(
             model=model, config=config, adapter_name=adapter_name, state_dict=state_dict
         )
         own = model.state_dict()
+        remapped = _free_values(model, own, remapped)
         wanted = {k for k in own if f".{ATTRIBUTE}.{adapter_name}." in k}
         found = {k.removeprefix("base_model.model.") for k in remapped}
         found |= set(remapped)
@@ -105,6 +173,48 @@ class StiefelModel(BaseTuner):
                 "allowed: a folder saved from a model with the same targeted layer sizes"
             )
         return remapped
+
+
+def _tag(config: Any) -> torch.Tensor:
+    """The saved map tag of an adapter (Note [The map is saved with its tensors])."""
+    text = json.dumps({"method": config.method, "side": config.side}, sort_keys=True)
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
+
+
+def _tag_mismatch(tags: dict[str, torch.Tensor], config: Any) -> str | None:
+    """What the saved tags say when it differs from ``config`` (None when they agree)."""
+    for value in tags.values():
+        try:
+            saved = json.loads(bytes(value.to(torch.uint8).tolist()).decode("utf-8"))
+            method, side = saved["method"], saved["side"]
+        except (ValueError, KeyError, TypeError):
+            return "an unreadable map tag (not the UTF-8 JSON of the method and side)"
+        if (method, side) != (config.method, config.side):
+            return f"method={method!r}, side={side!r}"
+    return None
+
+
+def _free_values(
+    model: nn.Module, own: dict[str, torch.Tensor], remapped: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Full (s, s) originals of an older folder as the free values the model stores.
+
+    Note [Older folders: full skew blocks].
+    """
+    rotations = {
+        f"{name}.": module
+        for name, module in model.named_modules()
+        if isinstance(module, Rotation) and module.free
+    }
+    out = dict(remapped)
+    for key, value in remapped.items():
+        target = own.get(key)
+        if target is None or value.dim() != target.dim() + 1:
+            continue
+        prefix = next((p for p in rotations if key.startswith(p + "originals.")), None)
+        if prefix is not None and value.shape[-1] == value.shape[-2]:
+            out[key] = rotations[prefix].free_values(value)
+    return out
 
 
 def _remove_adapter(model: nn.Module, adapter_name: str) -> None:

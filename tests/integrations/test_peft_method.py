@@ -456,3 +456,190 @@ def test_forward_equals_the_dense_product(options):
     dense = w @ q if options.get("side", "input") == "input" else q @ w
     x = torch.randn(2, 3, 16, dtype=torch.float64)
     _close(model(x), x @ dense.T + b, torch.float64, scale=10)
+
+
+# ---------------------------------------------------------------------------- merge order
+def _two_layer_adapters():
+    """a on both layers, b on the second only, c on the output side of the first; float64."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)).double()
+    model = get_peft_model(
+        base, StiefelConfig(method="cwy", target_modules=["0", "2"], init_weights=False), "a"
+    )
+    model.add_adapter("b", StiefelConfig(method="cayley", target_modules=["2"], init_weights=False))
+    model.add_adapter(
+        "c", StiefelConfig(method="exp", side="output", target_modules=["0"], init_weights=False)
+    )
+    model.base_model.set_adapter(["a", "b", "c"])
+    return model
+
+
+def test_merge_in_another_order_than_the_forward_is_refused():
+    model = _two_layer_adapters()
+    x = torch.randn(5, 8, dtype=torch.float64)
+    expected = model(x)  # the adapters applied as the forward applies them
+    first, second = model.base_model.model[0], model.base_model.model[2]
+    q = {a: second.stiefel_R[a].matrix().detach() for a in ("a", "b")}
+    dense = second.base_layer.weight.detach() @ q["a"] @ q["b"]  # active order a, b
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError) as err:  # W·Qb·Qa was written (output off by 0.6)
+        model.merge_adapter(["b", "a"])
+    assert "['b', 'a']" in str(err.value) and "['a', 'b']" in str(err.value)
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+    assert not first.merged and not second.merged  # the first layer (a only) untouched too
+    model.merge_adapter(["b"])  # then a after b: refused as well
+    with pytest.raises(ValueError, match=r"after the merged \['b'\]"):
+        model.merge_adapter(["a"])
+    model.unmerge_adapter()
+    model.merge_adapter(["c", "a", "b"])  # c is on the other side: its place does not matter
+    _close(second.base_layer.weight, dense, torch.float64, scale=10)
+    _close(model(x), expected, torch.float64, scale=10)
+
+
+# ---------------------------------------------------------------------------- saved map
+def _edit_config(path, **changes):
+    import json
+
+    file = path / "adapter_config.json"
+    saved = json.loads(file.read_text())
+    saved.update(changes)
+    file.write_text(json.dumps(saved))
+
+
+@pytest.mark.parametrize(
+    ("saved", "edited"),
+    [
+        ({"method": "cayley"}, {"method": "exp"}),
+        ({"method": "exp"}, {"method": "cayley"}),
+        ({"method": "cayley"}, {"side": "output"}),
+    ],
+)
+def test_folder_whose_config_names_another_map_is_refused(tmp_path, saved, edited):
+    def base():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8))
+
+    model = get_peft_model(
+        base(), StiefelConfig(blocks=2, target_modules=["0"], init_weights=False, **saved)
+    )
+    x = torch.randn(4, 8)
+    expected = model(x)
+    model.save_pretrained(tmp_path)
+    _close(PeftModel.from_pretrained(base(), tmp_path)(x), expected)  # the reference
+    _edit_config(tmp_path, **edited)
+    other = base()
+    snap = _snapshot(other)
+    with pytest.raises(ValueError) as err:  # loaded silently, other outputs (off by 0.3)
+        PeftModel.from_pretrained(other, tmp_path)
+    (key, value), *_ = edited.items()
+    assert f"{key}={value!r}" in str(err.value) and f"{key}={saved.get(key, 'input')!r}" in str(
+        err.value
+    )
+    _same(other, snap)
+
+
+# ---------------------------------------------------------------------------- newer configs
+def test_from_pretrained_forward_compatible(tmp_path, recwarn):
+    """PEFT's own test of its configs (unknown keys of a newer config dropped with a warning)."""
+    config = StiefelConfig(method="cwy", reflections=4, target_modules=["0"])
+    config.save_pretrained(tmp_path)
+    _edit_config(tmp_path, foobar="baz", spam=123)
+    msg = (
+        "Unexpected keyword arguments ['foobar', 'spam'] for class StiefelConfig, these are "
+        "ignored."
+    )
+    loaded = StiefelConfig.from_pretrained(tmp_path)
+    assert len(recwarn) == 1
+    assert recwarn.list[0].message.args[0].startswith(msg)
+    assert not hasattr(loaded, "foobar") and not hasattr(loaded, "spam")
+    assert loaded.to_dict() == config.to_dict()
+    assert isinstance(peft.PeftConfig.from_pretrained(tmp_path), StiefelConfig)
+
+
+def test_adapter_folder_of_a_newer_version_loads(tmp_path):
+    def base():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8))
+
+    model = get_peft_model(base(), StiefelConfig(target_modules=["0"], init_weights=False))
+    x = torch.randn(3, 8)
+    expected = model(x)
+    model.save_pretrained(tmp_path)
+    _edit_config(tmp_path, a_field_of_a_later_version=True)
+    with pytest.warns(UserWarning, match="a_field_of_a_later_version"):
+        loaded = PeftModel.from_pretrained(base(), tmp_path)
+    _close(loaded(x), expected)
+
+
+def test_unknown_keyword_in_python_names_the_allowed_ones():
+    assert StiefelConfig(reflections=8).options == {"reflections": 8}  # the sugar
+    assert StiefelConfig(method="scaled_cayley", negatives=1).options == {"negatives": 1}
+    with pytest.raises(TypeError) as err:
+        StiefelConfig(method="cayley", reflections=8)  # not an option of cayley
+    words = ["unexpected keyword argument 'reflections'", "method='cayley'", "target_modules"]
+    assert all(w in str(err.value) for w in words), str(err.value)
+    with pytest.raises(TypeError, match="'bogus'.*options of method='cwy': reflections"):
+        StiefelConfig(bogus=1)
+
+
+# ---------------------------------------------------------------------------- free values
+@pytest.mark.parametrize("block", [8, 16])
+def test_cayley_blocks_store_as_many_values_as_peft_oft(block):
+    targets = ["q_proj", "v_proj", "up_proj"]
+    ours = get_peft_model(
+        _llama(), StiefelConfig(method="cayley", blocks=32 // block, target_modules=targets)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        oft = get_peft_model(_llama(), OFTConfig(r=0, oft_block_size=block, target_modules=targets))
+    layers = 2 * len(targets)
+    expected = layers * (32 // block) * block * (block - 1) // 2  # b·s(s−1)/2 per layer
+    assert ours.get_nb_trainable_parameters()[0] == expected
+    assert oft.get_nb_trainable_parameters()[0] == expected
+
+
+@pytest.mark.parametrize("method", ["cayley", "exp", "scaled_cayley"])
+def test_free_values_give_the_map_of_the_full_block(method):
+    """Q from the stored values equals the map applied to the full block they come from."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(12, 12)).double()
+    cfg = StiefelConfig(method=method, blocks=3, target_modules=["0"], init_weights=False)
+    rot = get_peft_model(base, cfg).base_model.model[0].stiefel_R["default"]
+    (values,) = rot.originals
+    assert values.shape == (3, 6)
+    full = torch.zeros(3, 4, 4, dtype=torch.float64)
+    rows, cols = torch.triu_indices(4, 4, 1)
+    full[:, rows, cols] = values.detach()
+    full = full + torch.randn(3, 4, 4, dtype=torch.float64).tril()  # entries the map never reads
+    dense = torch.block_diag(*rot.maps[0](full).unbind(0))
+    _close(rot.matrix(), dense, torch.float64, scale=10)
+
+
+def test_folder_with_full_blocks_of_an_older_version_loads(tmp_path):
+    """An older folder (full s×s originals, no map tag) gives the outputs it was saved with."""
+    from safetensors.torch import load_file, save_file
+
+    def base():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 12))
+
+    cfg = StiefelConfig(method="cayley", blocks=3, target_modules=["0", "2"], init_weights=False)
+    model = get_peft_model(base(), cfg)
+    x = torch.randn(4, 12)
+    expected = model(x)
+    model.save_pretrained(tmp_path)
+    file = tmp_path / "adapter_model.safetensors"
+    tensors = load_file(file)
+    old = {}
+    for key, value in tensors.items():
+        if key.endswith(".stiefel_R.map"):
+            continue
+        if ".originals." in key:  # the full block: the values above the diagonal, junk below
+            full = torch.randn(3, 4, 4).tril()
+            rows, cols = torch.triu_indices(4, 4, 1)
+            full[:, rows, cols] = value
+            value = full
+        old[key] = value
+    save_file(old, file, metadata={"format": "pt"})
+    loaded = PeftModel.from_pretrained(base(), tmp_path)
+    _close(loaded(x), expected, scale=10)
