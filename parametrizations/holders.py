@@ -7,25 +7,35 @@ Note [Finding a Parameter's holders]
 A module registers a Parameter as a value of its ``_parameters`` dict, and
 that dict is the value of the module's own ``"_parameters"`` attribute. The
 garbage collector knows every container that refers to an object
-(``gc.get_referrers``): the dicts that hold the Parameter, then the objects
-that hold those dicts. Depending on the Python version an instance's
-attributes are a separate ``__dict__`` (one more step to the module) or are
-visited by the module object itself; both are followed, and each candidate is
-confirmed by identity (``module._parameters is d`` and ``d[key] is param``),
-so a dict that merely contains the Parameter (an optimizer's state, a user's
-own dict) is never taken for a holder. Each search is a pass over the
-objects the collector tracks, once per call, not per step.
+(``gc.get_referrers``, one pass over the objects it tracks): first the dicts
+that hold the Parameter as a value. Most of the time the model is within
+reach of the caller (a local or global variable of a frame on the stack, or a
+submodule of one): the ``_parameters`` dicts of those modules are matched
+against the dicts found, and nothing more is searched. A dict left unmatched
+that could be a ``_parameters`` dict (string keys, tensor values) sends the
+search on: the objects that refer to it (the module itself, or, depending on
+the Python version, the module's ``__dict__`` and then the module). Each
+candidate is confirmed by identity (``module._parameters is d`` and
+``d[key] is param``), so a dict that merely contains the Parameter (a user's
+own dict) is never taken for a holder.
 
-A module that is no longer reachable but not yet collected (one in a
-reference cycle) would still hold the Parameter; ``param`` would then be
-constrained on a dead model, or refused as tied to it. So when a holder is
-found, the collector runs once (``gc.collect()``) and the search is repeated:
-what is left is reachable.
+A module found that way, out of the caller's reach, might be one that is no
+longer reachable at all but not yet collected (in a reference cycle): the
+Parameter would be constrained on a dead model, or refused as tied to it.
+Then the collector runs once (``gc.collect()``) and the search is repeated,
+so what is left is alive. A module reachable from a frame on the stack is
+alive without that.
+
+Each pass is proportional to the number of objects the collector tracks
+(hundreds of thousands once ``transformers`` is imported); it is paid once
+per call, never per step, and ``orthogonalize(model, name)`` pays none.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
+from types import FrameType
 
 import torch
 from torch import nn
@@ -33,14 +43,33 @@ from torch import nn
 __all__ = ["holders", "holder_names"]
 
 
-def _scan(param: torch.Tensor) -> list[tuple[nn.Module, str]]:
-    dicts = [
-        d
-        for d in gc.get_referrers(param)
-        if isinstance(d, dict) and any(v is param for v in d.values())
-    ]
-    if not dicts:
-        return []
+def _in_reach(frame: FrameType | None) -> dict[int, nn.Module]:
+    """Modules reachable from the frames on the stack, by the id of their ``_parameters``."""
+    seen: set[int] = set()
+    out: dict[int, nn.Module] = {}
+    stack: list[nn.Module] = []
+    while frame is not None:
+        for scope in (frame.f_locals, frame.f_globals):
+            stack.extend(v for v in list(scope.values()) if isinstance(v, nn.Module))
+        frame = frame.f_back
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out[id(m.__dict__.get("_parameters"))] = m
+        stack.extend(m.__dict__.get("_modules", {}).values())
+    return out
+
+
+def _could_be_parameters(d: dict) -> bool:
+    return all(
+        isinstance(k, str) and (v is None or isinstance(v, torch.Tensor)) for k, v in d.items()
+    )
+
+
+def _owners(dicts: list[dict]) -> list[nn.Module]:
+    """The modules whose ``_parameters`` is one of ``dicts`` (two or three referrer passes)."""
     wanted = {id(d) for d in dicts}
     modules: dict[int, nn.Module] = {}
     attribute_dicts = []
@@ -55,12 +84,23 @@ def _scan(param: torch.Tensor) -> list[tuple[nn.Module, str]]:
         for r in gc.get_referrers(*attribute_dicts):
             if isinstance(r, nn.Module) and id(r.__dict__) in ids:
                 modules[id(r)] = r
-    return [
-        (m, key)
-        for m in modules.values()
-        for key, p in m.__dict__["_parameters"].items()
-        if p is param
+    return list(modules.values())
+
+
+def _scan(param: torch.Tensor, frame: FrameType | None) -> tuple[list[nn.Module], bool]:
+    """(the modules holding ``param``, whether some were found out of the caller's reach)."""
+    dicts = [
+        d
+        for d in gc.get_referrers(param)
+        if isinstance(d, dict) and any(v is param for v in d.values())
     ]
+    if not dicts:
+        return [], False
+    reach = _in_reach(frame)
+    modules = [reach[id(d)] for d in dicts if id(d) in reach]
+    rest = [d for d in dicts if id(d) not in reach and _could_be_parameters(d)]
+    far = _owners(rest) if rest else []
+    return modules + far, bool(far)
 
 
 def holders(param: torch.Tensor) -> list[tuple[nn.Module, str]]:
@@ -88,10 +128,16 @@ def holders(param: torch.Tensor) -> list[tuple[nn.Module, str]]:
         assert holders(torch.nn.Parameter(torch.zeros(2))) == []
         ```
     """
-    found = _scan(param)
-    if found:
-        gc.collect()  # Note [Finding a Parameter's holders]: only reachable holders
-        found = _scan(param)
+    frame = sys._getframe(1)
+    try:
+        modules, far = _scan(param, frame)
+        if far:  # Note [Finding a Parameter's holders]: only modules that are alive
+            del modules  # held here, a dead holder would survive the collection
+            gc.collect()
+            modules, _ = _scan(param, frame)
+    finally:
+        del frame  # a frame kept in a local is a reference cycle
+    found = [(m, key) for m in modules for key, p in m._parameters.items() if p is param]
     return sorted(found, key=lambda mk: (type(mk[0]).__name__, mk[1]))
 
 
