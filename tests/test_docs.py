@@ -196,6 +196,7 @@ def _importable(name: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     """``mkdocs build --strict`` passes: no broken link, no griffe docstring warning.
 

@@ -566,6 +566,7 @@ def test_quick_benchmarks_on_cuda(bench, tmp_path, capsys):
             assert x.strip() == y.strip() == "nan" or abs(float(x) - float(y)) < 1e-5, (a, b)
 
 
+@pytest.mark.slow
 def test_wheel_holds_no_benchmark(tmp_path):
     """The wheel built from this checkout has the harness and its presets, but no benchmark
     script and no experiment (both run from a checkout)."""

@@ -23,6 +23,7 @@ def _reference(name: str, world: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_ddp_replicas_stay_identical_and_orthogonal(runs, world, name):

@@ -22,6 +22,7 @@ def _results(runs, world):
     return torch.load(runs[world] / f"dtensor_w{world}.pt", weights_only=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("label", LABELS)
 def test_row_sharded_step_equals_plain_step(runs, world, label):
@@ -31,6 +32,7 @@ def test_row_sharded_step_equals_plain_step(runs, world, label):
         assert err < 50 * n * torch.finfo(torch.float64).eps, (label, n, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("label", LABELS)
 def test_row_sharded_step_all_reduces_gram_only(runs, world, label):
@@ -45,6 +47,7 @@ def test_row_sharded_step_all_reduces_gram_only(runs, world, label):
     assert b256 < 256 * M * F64 / (1 if label in GRAMS else 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_wide_gram_by_chunks_of_uneven_row_blocks(runs, world):
     # every rank widens its own rows by chunks (a different count per rank) and the
@@ -54,6 +57,7 @@ def test_wide_gram_by_chunks_of_uneven_row_blocks(runs, world):
     assert err < 10 * 21 * torch.finfo(torch.float64).eps * 21, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", LABELS)
 def test_fewer_local_rows_than_columns(runs, label):
     # St(8, 4) and O(8) row-sharded over 4 ranks: 2 rows per rank, fewer than M
@@ -64,6 +68,7 @@ def test_fewer_local_rows_than_columns(runs, label):
         assert set(counts) <= {"c10d.allreduce_"}, counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["replicate", "batch"])
 def test_replicated_and_batch_sharded_points(runs, kind):
     res = _results(runs, 2)
@@ -73,6 +78,7 @@ def test_replicated_and_batch_sharded_points(runs, kind):
         assert nbytes <= 8, (label, counts, nbytes)  # the agreement flag only
 
 
+@pytest.mark.slow
 def test_rule_without_sharded_kernels_refuses_dtensor_points(runs):
     msg = _results(runs, 2)["refusing"]
     assert "Refusing" in msg and "DTensor" in msg, msg
@@ -80,6 +86,7 @@ def test_rule_without_sharded_kernels_refuses_dtensor_points(runs):
         assert name in msg, msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_exact_msign_refuses_row_sharded_points(runs, world):
     msg = _results(runs, world)["muon-svd"]
@@ -87,6 +94,7 @@ def test_exact_msign_refuses_row_sharded_points(runs, world):
     assert "'polar_express'" in msg and "Replicate()" in msg, msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_muon_on_row_sharded_plain_weights(runs, world):
     # a plain 2-D weight (no manifold) with FSDP2's Shard(0): Muon's msign on the
@@ -98,6 +106,7 @@ def test_muon_on_row_sharded_plain_weights(runs, world):
         assert set(counts) <= {"c10d.allreduce_"}, (shape, counts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["replicate", "batch"])
 def test_exact_msign_on_replicated_and_batch_sharded_points(runs, kind):
     err, nbytes = _results(runs, 2)[("muon-svd", kind)]
@@ -105,6 +114,7 @@ def test_exact_msign_on_replicated_and_batch_sharded_points(runs, kind):
     assert nbytes <= 8, nbytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_unsupported_placement_is_refused(runs, world):
     msg = _results(runs, world)["shard1"]

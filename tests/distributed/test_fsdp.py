@@ -39,6 +39,7 @@ def _assert_orthogonal(state: dict) -> None:
         assert err < 10 * q.shape[1] * torch.finfo(torch.float32).eps, float(err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_fsdp2_training_equals_single_process(runs, ref, world):
     got = torch.load(runs[world] / f"fsdp_w{world}.pt", weights_only=True)
@@ -48,6 +49,7 @@ def test_fsdp2_training_equals_single_process(runs, ref, world):
     _assert_orthogonal(got)
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_loads_into_another_world_size(runs, ref):
     saved = torch.load(runs[2] / "fsdp_w2.pt", weights_only=True)
     loaded = torch.load(runs[4] / "loaded_w4.pt", weights_only=True)
@@ -59,6 +61,7 @@ def test_sharded_checkpoint_loads_into_another_world_size(runs, ref):
     _assert_orthogonal(resumed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_ddp_training_equals_single_process(runs, ref, world):
     reps = [

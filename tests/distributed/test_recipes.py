@@ -17,6 +17,7 @@ def ref():
     return reference()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["parameters", "model"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_fully_shard_keeps_the_manifold_without_a_param_group(runs, ref, world, how):
@@ -25,6 +26,7 @@ def test_fully_shard_keeps_the_manifold_without_a_param_group(runs, ref, world, 
     _assert_orthogonal(got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_meta_init_by_torch_recipe_gives_points_of_the_manifolds(runs, world):
     got = torch.load(runs[world] / f"meta_w{world}.pt", weights_only=True)

@@ -121,6 +121,7 @@ def test_the_recorded_q_is_the_rotation_the_layer_applies(method, options, law):
         torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy",
     [

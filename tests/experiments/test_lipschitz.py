@@ -88,6 +88,7 @@ def test_bound_is_the_product_of_dense_layer_norms(layer):
         assert float(ratio.max()) <= bound * (1 + tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", ["orthoconv", "aoc"])
 def test_bound_is_above_a_power_iteration_estimate_of_the_network(layer):
     """‖J(x)‖₂ by power iteration (a lower bound of the Lipschitz constant) ≤ the bound.

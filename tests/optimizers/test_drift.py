@@ -37,6 +37,7 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[f"{c[0]}-{i}" for i, c in enumerate(CONFIGS)])
 def test_float32_drift_stays_below_1e_5(config, one_thread):
     name, hyper, scale, steps = config

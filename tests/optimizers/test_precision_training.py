@@ -42,6 +42,7 @@ def _landing_bound(lr: float, attraction: float, x: torch.Tensor, g: torch.Tenso
     return lr * float(psi.norm()) ** 2 / (2 * attraction) + 5e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_bfloat16_master_stays_within_float32_drift(config, one_thread):
     name, hyper, scale, travel = config
