@@ -19,7 +19,7 @@ import warnings
 import torch
 
 from .. import optimizers, parametrizations
-from . import config, tasks
+from . import config, cost, tasks
 from .report import write_report
 from .sections import SECTIONS
 from .store import OutputLocked, RunStore
@@ -79,7 +79,7 @@ COMMON = [
     ("--out", dict(type=pathlib.Path, help="results folder (default: results)"), None),
     ("--device", dict(help="cpu or cuda (default: cpu)"), None),
     ("--config", dict(type=pathlib.Path, help="a TOML file of options"), None),
-    ("--threads", dict(type=int, help="torch CPU threads (default: torch's)"), None),
+    ("--threads", dict(type=int, help="torch CPU threads per worker (default: 1)"), None),
     ("--resume", dict(action="store_true", help="continue the runs in --out"), None),
     ("--overwrite", dict(action="store_true", help="replace this subcommand's results"), None),
     (
@@ -111,7 +111,7 @@ TRAINING = [
     ("--batch", dict(type=int, help="task option batch"), None),
     ("--permute", dict(action="store_true", help="task option permute"), None),
     ("--others", dict(help="optimizer of the unconstrained weights"), None),
-    ("--jobs", dict(type=int, help="worker processes (default: 1)"), None),
+    ("--jobs", dict(type=int, help="worker processes (default: one per core)"), None),
 ]  # fmt: skip
 COMPLEXITY = [
     ("--sizes", dict(type=int, nargs="+", help=""), "sizes"),
@@ -180,10 +180,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite together; allowed: one of them")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads {args.threads}; allowed: an integer >= 1")
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads}; allowed: an integer >= 1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or 1)  # Note [Trusted times]: work on one thread
+    try:
+        return _main(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _load_note() -> None:
+    """Say when the machine is busier than its cores before a section that takes times."""
+    m = cost.machine()
+    if m["load"] > m["cores"]:
+        fix = "run with --threads 1" if m["threads"] > 1 else "use fewer --jobs, or a quiet machine"
+        print(f"note: load average {m['load']:g} is above the {m['cores']} cores: times that "
+              f"waited for a core or spread are flagged; {fix}", flush=True)  # fmt: skip
+
+
+def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     quick = args.command == "quick"
     names = list(SECTIONS) if quick else [args.command] if args.command in SECTIONS else []
@@ -197,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         with RunStore(out, resume=args.resume, overwrite=args.overwrite) as store:
             for s in names:
                 print(f"== {s}", flush=True)
+                _load_note()
                 SECTIONS[s](store, opts[s])
             path = write_report(store)
     finally:

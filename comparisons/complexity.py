@@ -18,7 +18,7 @@ from .. import optimizers, parametrizations
 from ..manifolds import Stiefel, kernels
 from ..parametrizations import orthogonalize
 from . import cost
-from .cost import GEOOPT_STEPS, fastest_time, optimizer_steps, peak_bytes, saved_bytes
+from .cost import GEOOPT_STEPS, measure, optimizer_steps, peak_bytes, saved_bytes
 
 __all__ = [
     "map_plan", "step_plan", "map_costs", "optimizer_costs", "left_out_steps", "LEFT_OUT",
@@ -82,6 +82,12 @@ def step_plan(
     return [(label, n, m) for n, m in shapes for label in labels if n <= limits.get(label, n)]
 
 
+def timing(t: str, m: dict) -> dict:
+    """The columns of time ``t`` from `cost.measure`: ``<t>_s`` (the trusted clock's median,
+    Note [Trusted times]), ``<t>_cpu_s``, ``<t>_wall_s``, ``<t>_mad_s``, ``<t>_flag``."""
+    return {f"{t}_{k}" if k != "s" else f"{t}_s": v for k, v in m.items() if k != "fastest_s"}
+
+
 def left_out_steps() -> list[str]:
     """The registered optimizers `optimizer_costs` does not step: those not declared
     ``riemannian=True`` (`stiefel.optimizers.info`; a Euclidean step would leave St)."""
@@ -126,8 +132,8 @@ def map_costs(
 
         # the label names the series: one per method and L/n
         row = dict(label=f"{method} L={frac:g}n", method=method, n=n, L=L, fraction=frac)
-        row.update(forward_s=fastest_time(fwd, repeats))
-        row.update(forward_backward_s=fastest_time(fwd_bwd, repeats))
+        row.update(timing("forward", measure(fwd, repeats, device)))
+        row.update(timing("forward_backward", measure(fwd_bwd, repeats, device)))
         row.update(saved_bytes=saved_bytes(lambda w=w, c=c: (w() * c).sum()))
         row.update(peak_bytes=peak_bytes(fwd_bwd, device))
         model = (method, n, n, L if reflections else None)
@@ -171,10 +177,10 @@ def optimizer_costs(
             opt = optimizers.create(kind, [p], lr=1e-3)
             flops = nbytes = math.nan  # geoopt's steps: no models
         p.grad = g.clone()
-        t = fastest_time(opt.step, repeats)
+        t = timing("step", measure(opt.step, repeats, device))
         peak = peak_bytes(opt.step, device)
         rows.append(
-            {"label": f"{label} M={m}", "optimizer": label, "N": n, "M": m, "step_s": t}
+            {"label": f"{label} M={m}", "optimizer": label, "N": n, "M": m, **t}
             | {"peak_bytes": peak, "flops": flops, "bytes": nbytes}
         )
     return rows

@@ -358,6 +358,8 @@ def resolve(
             preset_options | given if where.startswith("configs/") else preset_options - given
         )
     opts.setdefault("device", "cpu")
+    if "tasks" in schema:  # Note [Trusted times]: a worker of one thread per core
+        opts.setdefault("jobs", os.cpu_count() or 1)
     opts["out"] = pathlib.Path(opts.get("out") or "results")
     if "tasks" in opts:
         # a preset's task option that none of the chosen tasks takes is dropped (e.g.

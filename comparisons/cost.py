@@ -13,6 +13,16 @@ product C = AB is two products of the same size (∂A = ∂C·Bᴴ, ∂B = Aᴴ�
 map built of products costs twice its forward again. Its bytes are charged the
 same 3× (Note [Bytes model] in `stiefel.parametrizations.base`).
 
+Note [Trusted times]
+On a machine other jobs share, a wall time counts the waits for a core. Where
+the work runs on one thread (one torch thread, on the CPU: the harness's
+default) the thread CPU clock (``time.thread_time``) counts only this thread's
+work, so `measure` reports the median of that clock, the wall clock beside it.
+A measurement is flagged (pyperf's rule) when its repeats spread, MAD / median
+> `SPREAD`, or its wall time exceeds its CPU time by > `CONTENTION` × (it waited
+for a core); tables mark flagged cells, fits and roofline multiples refuse
+them. Elsewhere (several threads, a GPU) the wall clock is the only one.
+
 Note [Roofline]
 Nothing runs faster than its FLOPs at the GEMM rate or its bytes at the memory
 bandwidth: the roofline time is max(FLOPs / rate, bytes / bandwidth), its bound
@@ -23,6 +33,9 @@ the bytes the classes' models (map ``bytes``, optimizer ``step_bytes``).
 from __future__ import annotations
 
 import math
+import os
+import platform
+import statistics
 import time
 import weakref
 from collections.abc import Callable
@@ -36,7 +49,8 @@ from .. import optimizers, parametrizations
 __all__ = [
     "timed", "run_times", "fastest_time", "gemm_rate", "stream_bandwidth", "peak_bytes",
     "saved_bytes", "fit_exponent", "roofline", "roofline_multiple", "map_flops", "map_bytes",
-    "optimizer_steps", "GEOOPT_STEPS", "FWD_BWD_FACTOR",
+    "optimizer_steps", "GEOOPT_STEPS", "FWD_BWD_FACTOR", "machine", "measure", "flag",
+    "one_thread", "SPREAD", "CONTENTION",
 ]  # fmt: skip
 
 #: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
@@ -64,23 +78,89 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+#: MAD / median of a measurement's repeats above which it is flagged (Note [Trusted times])
+SPREAD = 0.1
+#: median wall / CPU time above which a one-thread measurement waited for a core
+CONTENTION = 1.5
+
+
+def machine(workers: int = 1) -> dict:
+    """The CPU model, cores, torch threads, ``workers`` and the 1-minute load average."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores, threads, load = os.cpu_count(), torch.get_num_threads(), os.getloadavg()[0]
+    return dict(cpu=cpu, cores=cores, threads=threads, workers=workers, load=round(load, 2))
+
+
+def one_thread(device="cpu") -> bool:
+    """Whether work runs on the calling thread only (CPU, one torch thread)."""
+    return torch.device(device).type == "cpu" and torch.get_num_threads() == 1
+
+
+def flag(cpu: list[float], wall: list[float], thread: bool) -> str | None:
+    """Why repeats of these times are not to be trusted (Note [Trusted times]), or None.
+
+    Example:
+        ```python
+        from stiefel.comparisons.cost import flag
+
+        assert flag([1.0, 1.0, 1.0], [1.1, 1.0, 1.2], thread=True) is None
+        assert flag([1.0, 1.5, 2.0], [1.0, 1.5, 2.0], thread=True).startswith("spread")
+        assert flag([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], thread=True).startswith("wall 2")
+        ```
+    """
+    times = cpu if thread else wall
+    med = statistics.median(times)
+    mad = statistics.median(abs(t - med) for t in times)
+    if med > 0 and mad / med > SPREAD:
+        return f"spread {mad / med:.2f} (MAD / median > {SPREAD:g})"
+    waited = statistics.median(wall) / max(statistics.median(cpu), 1e-12)
+    if thread and waited > CONTENTION:
+        return f"wall {waited:.1f}× CPU (> {CONTENTION:g}×: waited for a core)"
+    return None
+
+
+def measure(
+    fn: Callable[[], object], repeats: int, device="cpu", warmup: int = 2, budget_s: float = 20.0
+) -> dict:
+    """Times of ``fn()`` on the trusted clock (Note [Trusted times]): ``s`` the median,
+    ``cpu_s``/``wall_s`` the clocks' medians, ``mad_s``, ``fastest_s`` and ``flag``."""
+    thread = one_thread(device)
+    pairs = run_times(fn, repeats, warmup, budget_s, clocks=True)
+    cpu, wall = [c for c, _ in pairs], [w for _, w in pairs]
+    times = cpu if thread else wall
+    med = statistics.median(times)
+    mad = statistics.median(abs(t - med) for t in times)
+    return dict(s=med, cpu_s=statistics.median(cpu), wall_s=statistics.median(wall), mad_s=mad) | {
+        "fastest_s": min(times),
+        "flag": flag(cpu, wall, thread),
+    }
+
+
 def run_times(
-    fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0
-) -> list[float]:
+    fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0,
+    clocks: bool = False,
+) -> list:  # fmt: skip
     """Times of up to ``repeats`` calls of ``fn()`` after ``warmup`` untimed ones.
 
     Stops early once ``budget_s`` seconds have been spent (after at least 3
     runs), so that a slow anchor cannot stall a whole measurement; a warm-up
     call over a second ends the warm-up (such a call is not dominated by
-    first-call allocations and caches).
+    first-call allocations and caches). ``clocks``: (thread CPU, wall) pairs.
     """
     for _ in range(warmup):
         if timed(fn) > 1.0:
             break
-    times: list[float] = []
+    times: list = []
     start = time.perf_counter()
     for _ in range(max(repeats, 1)):
-        times.append(timed(fn))
+        c0 = time.thread_time()
+        t = timed(fn)
+        times.append((time.thread_time() - c0, t) if clocks else t)
         if len(times) >= 3 and time.perf_counter() - start > budget_s:
             break
     return times
@@ -111,7 +191,7 @@ def gemm_rate(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 2
     n = max(int(n), 512)
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
-    return 2 * n**3 / fastest_time(lambda: a @ b, repeats, warmup=1)
+    return 2 * n**3 / measure(lambda: a @ b, repeats, device, warmup=1)["fastest_s"]
 
 
 def stream_bandwidth(device="cpu", mib: int = 256, repeats: int = 10) -> float:
@@ -123,7 +203,8 @@ def stream_bandwidth(device="cpu", mib: int = 256, repeats: int = 10) -> float:
     n = max(int(mib), 1) * 2**20 // 4
     b, c = torch.ones(n, device=device), torch.ones(n, device=device)
     a = torch.empty_like(b)
-    return 3 * 4 * n / fastest_time(lambda: torch.add(b, c, alpha=0.5, out=a), repeats, warmup=1)
+    triad = lambda: torch.add(b, c, alpha=0.5, out=a)  # noqa: E731
+    return 3 * 4 * n / measure(triad, repeats, device, warmup=1)["fastest_s"]
 
 
 class _HeldBytes(TorchDispatchMode):

@@ -104,9 +104,9 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     return records, skipped  # type: ignore[return-value]
 
 
-def _worker(imports: list[str]) -> None:
-    """A worker's start: one torch thread, and the modules that register the tasks."""
-    torch.set_num_threads(1)
+def _worker(imports: list[str], threads: int = 1) -> None:
+    """A worker's start: its torch threads, and the modules that register the tasks."""
+    torch.set_num_threads(threads)
     tasks_mod.import_modules(imports)
 
 
@@ -114,10 +114,10 @@ def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:
     """Note [Parallel runs]
 
     Runs are independent and seeded, so ``jobs=k`` spreads them over k worker
-    processes of one torch thread each (small recurrent models use one core
-    badly with more threads); each imports the run's ``imports`` (the modules
-    that register its tasks). Each record is stored as it arrives; the wall
-    times of runs sharing the machine are only comparable with each other.
+    processes of ``--threads`` torch threads each (default 1: small models use
+    one core badly with more, and one thread lets the CPU clock count the work);
+    each imports the run's ``imports`` (the modules that register its tasks).
+    Each record is stored as it arrives.
     """
     import concurrent.futures as cf
     import multiprocessing as mp
@@ -125,7 +125,10 @@ def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:
     ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
     imports = opts.get("imports") or []
     pool = cf.ProcessPoolExecutor(
-        opts["jobs"], mp_context=ctx, initializer=_worker, initargs=(imports,)
+        opts["jobs"],
+        mp_context=ctx,
+        initializer=_worker,
+        initargs=(imports, torch.get_num_threads()),
     )
     try:
         futures = {pool.submit(run, jobs[i], None): i for i in todo}

@@ -131,8 +131,9 @@ def complexity_figure(
 
     With ``model`` (the rows' key of the roofline of time ``y``), each series whose model
     is finite gets a dashed line there in its colour. Slopes are fitted over the sizes >=
-    ``fit_min`` only (none with fewer than two)."""
-    modelled = False
+    ``fit_min`` only (none with fewer than two), never through a flagged point, which is
+    drawn hollow with its MAD as error bar (Note [Trusted times])."""
+    modelled = flagged = False
     fig, ax = plt.subplots(figsize=(8, 4.5))
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -140,12 +141,18 @@ def complexity_figure(
     for i, (name, rs) in enumerate(groups.items()):
         xs = [r[x] for r in rs]
         ys = [r[y] for r in rs]
-        fit = [(a, b) for a, b in zip(xs, ys, strict=True) if a >= fit_min]
-        if len({a for a, _ in fit}) > 1:
+        fit = [(r[x], r[y]) for r in rs if r[x] >= fit_min and not r.get(y[:-2] + "_flag")]
+        if len({a for a, _ in fit}) > 1:  # a slope of unflagged points only
             name = f"{name} (slope {fit_exponent(*zip(*fit, strict=True)):.2f})"
         # the colour cycle has 10 colours: series 11–20 repeat them with another marker
         marker = MARKERS[(i // 10) % len(MARKERS)]
         (line,) = ax.loglog(xs, ys, marker=marker, ls="-", label=name)
+        bad = [r for r in rs if r.get(y[:-2] + "_flag")]  # Note [Trusted times]: hollow, ± MAD
+        if bad:
+            mad = [r.get(y[:-2] + "_mad_s", 0.0) for r in bad]
+            ax.errorbar([r[x] for r in bad], [r[y] for r in bad], yerr=mad, fmt=marker, ms=9,
+                        mfc="white", color=line.get_color(), capsize=3, zorder=3)  # fmt: skip
+            flagged = True
         times = [r.get(model, float("nan")) for r in rs]
         if model and all(np.isfinite(times)):
             # a dash marker too, so the model shows at a single measured size
@@ -153,6 +160,8 @@ def complexity_figure(
             modelled = True
     if modelled:
         ax.plot([], [], "k--", marker="_", ms=12, lw=0.8, label="roofline (FLOPs or bytes)")
+    if flagged:
+        ax.plot([], [], "ko", mfc="white", label="flagged: spread or waited (± MAD)")
     sizes = sorted({r[x] for r in rows})
     ax.xaxis.set_major_locator(FixedLocator(sizes))
     ax.xaxis.set_minor_locator(NullLocator())

@@ -8,7 +8,7 @@ import statistics
 from .store import RunStore
 from .writers import write_text
 
-__all__ = ["summarize_runs", "mean_std", "write_report"]
+__all__ = ["summarize_runs", "mean_std", "write_report", "machine_line"]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -32,6 +32,8 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
             optimum=rs[0]["optimum"],
             max_drift=max((d for r in rs for d in r["drift"] if d is not None), default=None),
             time_s=statistics.fmean(r["time"][-1] for r in rs),
+            cpu_s=statistics.fmean(r["cpu_time"][-1] for r in rs) if "cpu_time" in rs[0] else None,
+            one_thread=all(r.get("threads") == 1 for r in rs),
             diverged=sum(bool(r["diverged"]) for r in rs),
             failed=sum(bool(r.get("failed")) for r in rs),
         )
@@ -42,6 +44,17 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
             row[key], row[key + "_std"] = mean_std([r["metrics"][key] for r in rs])
         out.append(row)
     return out
+
+
+def machine_line(m: dict) -> str:
+    """What a section ran on (`stiefel.comparisons.cost.machine`), said before its tables."""
+    busy = max(m["load"], m.get("load_end") or 0) > m["cores"]
+    return (
+        f"*Machine*: {m['cpu']}, {m['cores']} cores, {m['threads']} torch thread(s) per worker, "
+        f"{m['workers']} worker(s); load average {m['load']:g} at the start, "
+        f"{m.get('load_end')} at the end"
+        + (" (above the cores: times that waited for a core are flagged †).\n" if busy else ".\n")
+    )
 
 
 TITLES = {"drift": "Orthogonality drift", "convergence": "Convergence"}
@@ -73,6 +86,8 @@ def write_report(store: RunStore) -> str:
             )
             continue
         parts.append(f"## {title}\n")
+        if sec.get("machine"):
+            parts.append(machine_line(sec["machine"]))
         for name in sec["outputs"]:
             if name.endswith(".md"):
                 parts.append(store.inside(name).read_text())

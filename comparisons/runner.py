@@ -109,9 +109,10 @@ def run(cfg: RunConfig, progress=None) -> dict:
     record.update(device=cfg.device, task_options=task.describe(), lr=strategy.lr(cfg.lr))
     record.update(optimum=task.optimum, baseline=task.baseline, diverged=False)
     record.update({k: [] for k in ("step", *SERIES)})
-    elapsed = 0.0
+    record["threads"] = torch.get_num_threads()  # the CPU clock counts this thread only
+    elapsed = cpu = 0.0
     for step in range(cfg.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for o in opts:
             o.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
@@ -121,10 +122,10 @@ def run(cfg: RunConfig, progress=None) -> dict:
             o.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        elapsed += time.perf_counter() - t0
+        elapsed, cpu = elapsed + time.perf_counter() - t0, cpu + time.thread_time() - c0
         value = float(loss.detach())
         if step % cfg.record_every == 0 or step == cfg.steps - 1 or not math.isfinite(value):
-            now = (step, value, elapsed, _drift(task, model))
+            now = (step, value, elapsed, _drift(task, model), cpu)
             for k, v in zip(("step", *SERIES), now, strict=True):
                 record[k].append(v)
         if progress is not None:

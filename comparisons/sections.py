@@ -9,10 +9,7 @@ section measures with the plans of `stiefel.comparisons.complexity`.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
-
-import torch
 
 from .. import parametrizations
 from . import complexity as cx
@@ -21,7 +18,7 @@ from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
 from .task import get as get_task
-from .writers import md_table, write_text
+from .writers import fmt, md_table, write_text
 
 __all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
 
@@ -90,14 +87,19 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         elif rows[0]["baseline"] is not None:
             text.append(f"baseline (chance level): {rows[0]['baseline']:.6g}\n\n")
         head = ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
-        head += ["max drift", "time [s]", "failed", *extra]
+        head += ["max drift", "time [s]", "CPU [s]", "failed", *extra]
+        for s in rows:  # Note [Trusted times]: a one-thread run that waited for a core
+            waited = s["one_thread"] and s["cpu_s"] and s["time_s"] > cost.CONTENTION * s["cpu_s"]
+            s["time_flag"] = f"wall {s['time_s'] / s['cpu_s']:.1f}× CPU" if waited else None
         body = [
             [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
-            + [s.get("gap"), s["max_drift"], s["time_s"], f"{s['failed']} of {s['seeds']}"]
+            + [s.get("gap"), s["max_drift"], _t(s, "time"), s["cpu_s"]]
+            + [f"{s['failed']} of {s['seeds']}"]
             + [s[k] for k in extra]
             for s in rows
         ]
         text.append(md_table(head, body))
+        text += _flagged([f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]])
         task_runs = [r for r in runs if r["task"] == task]
         figs += plots.save(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
     write_text(store.path("convergence.md"), "\n".join(text))
@@ -105,17 +107,36 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     return runs
 
 
-def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int) -> list[float | None]:
-    """Fitted log–log exponents of ``keys`` against ``size`` over the sizes >= ``min_size``."""
+def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int, why: list[str]):
+    """Fitted log–log exponents of ``keys`` against ``size`` over the sizes >= ``min_size``;
+    a time with a flagged point there is refused ("refused"), its reason added to ``why``."""
     rows = [r for r in rows if r[size] >= min_size]
     if len({r[size] for r in rows}) < 2:
         return [None for _ in keys]
     out = []
     for k in keys:
         vals = [r[k] for r in rows]
+        bad = [f"{r['label']} {k[:-2]} at {size} = {r[size]}: {r[k[:-2] + '_flag']}" for r in rows
+               if r.get(k[:-2] + "_flag")]  # fmt: skip
         ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in vals)
-        out.append(cost.fit_exponent([r[size] for r in rows], vals) if ok else None)
+        out.append("refused" if bad else cost.fit_exponent([r[size] for r in rows], vals) if ok
+                   else None)  # fmt: skip
+        why += bad
     return out
+
+
+def _t(r: dict, t: str) -> Any:
+    """Time cell ``<t>_s``, marked † when its measurement is flagged (Note [Trusted times])."""
+    return f"{fmt(r[f'{t}_s'])} †" if r.get(f"{t}_flag") else r[f"{t}_s"]
+
+
+def _flagged(why: list[str]) -> list[str]:
+    """The one-line reason under a table for its flagged cells and refused fits."""
+    if not why:
+        return []
+    return [f"\n† flagged (repeats spread, MAD / median > {cost.SPREAD:g}, or wall > "
+            f"{cost.CONTENTION:g} × CPU time): refused by the fits and the × columns. "
+            + "; ".join(dict.fromkeys(why)) + ".\n"]  # fmt: skip
 
 
 def _span(rows: list[dict], size: str, min_size: int) -> str:
@@ -125,7 +146,9 @@ def _span(rows: list[dict], size: str, min_size: int) -> str:
 
 def _within(pairs: list[tuple[float | None, float | None]], tol: float = 0.3) -> str:
     """ "k of K": how many fitted exponents lie within ``tol`` of their model's."""
-    fitted = [(f, m) for f, m in pairs if f is not None and m is not None and math.isfinite(m)]
+    fitted = [
+        (f, m) for f, m in pairs if isinstance(f, float) and m is not None and math.isfinite(m)
+    ]
     if not fitted:
         return "none fitted (sizes too small, or no FLOP model declared)"
     return f"{sum(abs(f - m) <= tol for f, m in fitted)} of {len(fitted)}"
@@ -183,13 +206,14 @@ def complexity_section(store, opts: dict) -> dict:
 
 
 def _intro(rate: float, bandwidth: float, opts: dict, sizes: list[int], shapes: list) -> str:
+    clock = "thread CPU" if cost.one_thread(opts["device"]) else "wall"
     text = (
         f"Measured GEMM rate: {rate / 1e9:.1f} GFLOP/s (the fastest of several products of size "
         f"≥ 512, before and after the rows); memory bandwidth: {bandwidth / 1e9:.1f} GB/s (the "
-        f"fastest of several STREAM triads on 256 MiB arrays); {torch.get_num_threads()} torch "
-        f"thread(s), load average {os.getloadavg()[0]:.1f} when this was written. The roofline "
-        "of a map or step is max(FLOP model / GEMM rate, bytes model / bandwidth). Times are the "
-        f"fastest of {opts['repeats']} runs. Exponents are least-squares slopes of log time "
+        f"fastest of several STREAM triads on 256 MiB arrays). The roofline of a map or step "
+        "is max(FLOP model / GEMM rate, bytes model / bandwidth). Times are the median of "
+        f"{opts['repeats']} runs on the {clock} clock, † where flagged (Note [Trusted times] in "
+        "`stiefel.comparisons.cost`). Exponents are least-squares slopes of log time "
         f"against log size over the sizes ≥ {cx.FIT_MIN_N} (maps) and N ≥ {cx.FIT_MIN_STEP_N} "
         "(steps), column *fitted over*; the model exponent is that of the FLOP model there.\n"
     )
@@ -207,21 +231,20 @@ def _known(v: float) -> float | None:  # None ('–') where there is no model (N
 
 
 def _map_table(maps: list[dict], methods: list[str]) -> list[str]:
-    rows, pairs = [], []
+    rows, pairs, why = [], [], []
     registered = parametrizations.maps()
     for method in methods:
         cls = registered[method]
         for frac in sorted({r["fraction"] for r in maps if r["method"] == method}):
             rs = [r for r in maps if r["method"] == method and r["fraction"] == frac]
             big = max(rs, key=lambda r: r["n"])
-            fit_f, fit_fb, model = _fits(
-                rs, "n", ("forward_s", "forward_backward_s", "flops"), cx.FIT_MIN_N
-            )
+            keys = ("forward_s", "forward_backward_s", "flops")
+            fit_f, fit_fb, model = _fits(rs, "n", keys, cx.FIT_MIN_N, why)
             pairs += [(fit_f, model), (fit_fb, model)]
             rows.append(
                 [method, f"L = {frac:g}·n" if cls.takes_reflections() else "–"]
-                + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"], big["forward_s"]]
-                + [big["forward_backward_s"], big["saved_bytes"] / 2**20]
+                + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"]]
+                + [_t(big, "forward"), _t(big, "forward_backward"), big["saved_bytes"] / 2**20]
                 + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
             )
     head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
@@ -232,22 +255,23 @@ def _map_table(maps: list[dict], methods: list[str]) -> list[str]:
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
+        *_flagged(why),
     ]
 
 
 def _step_table(steps: list[dict]) -> list[str]:
     known = cost.optimizer_steps()
-    rows, pairs = [], []
+    rows, pairs, why = [], [], []
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
         big = max(rs, key=lambda r: r["N"])
-        fit, model = _fits(rs, "N", ("step_s", "flops"), cx.FIT_MIN_STEP_N)
+        fit, model = _fits(rs, "N", ("step_s", "flops"), cx.FIT_MIN_STEP_N, why)
         modelled = math.isfinite(big["flops"])
         pairs.append((fit, model if modelled else None))
         formula = known[label][0].formula if label in known else ""
         rows.append(
             [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
-            + [big["step_s"], big["peak_bytes"] / 2**20]
+            + [_t(big, "step"), big["peak_bytes"] / 2**20]
             + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
         )
     head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "peak [MiB]"]
@@ -256,6 +280,7 @@ def _step_table(steps: list[dict]) -> list[str]:
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
+        *_flagged(why),
     ]
 
 
@@ -281,13 +306,17 @@ def _roofline_table(maps: list[dict], steps: list[dict]) -> list[str]:
         f"{cost.FWD_BWD_FACTOR:g}× the forward's FLOPs and bytes (the backward of each product is "
         "two products of its size); a step has no backward (its gradient is given); – where "
         "no model is declared.\n",
-    ]
+        *_flagged([f"{r['label']} {t}: {r[t + '_flag']}" for r in [*maps, *steps]
+                   for t in ("forward", "forward_backward", "step") if r.get(t + "_flag")]),
+    ]  # fmt: skip
 
 
 def _cols(r: dict, t: str, flops: float, nbytes: float) -> list:
     """The models, time, roofline time, × GEMM, × roofline and bound of time ``<t>_s``."""
-    cols = [r[f"{t}_{k}"] for k in ("roofline_s", "x_gemm", "x_roofline")]
-    return [*map(_known, (flops, nbytes)), r[f"{t}_s"], *map(_known, cols), r[f"{t}_bound"]]
+    cols = [_known(r[f"{t}_{k}"]) for k in ("roofline_s", "x_gemm", "x_roofline")]
+    if r.get(f"{t}_flag"):  # a flagged time has no trusted multiple
+        cols[1:] = ["refused †", "refused †"]
+    return [*map(_known, (flops, nbytes)), _t(r, t), *cols, r[f"{t}_bound"]]
 
 
 SECTIONS = {

@@ -1,26 +1,28 @@
 """Durable results: one folder (``--out``), a manifest, one JSON file per run, a lock, the table.
 
 Note [Durable runs]
-A run's record is written the moment it finishes (atomically: a temporary
-file, then a rename), and the manifest ``manifest.json`` is rewritten after
-it: the options of each section, the versions of python, torch and stiefel,
-start and end times, the state (``running``, ``finished``, ``interrupted``)
-and the list of runs. A process killed at any point leaves whole files only;
-``--resume`` then skips every run whose record exists for the same options
-(each record holds its section's options: with the manifest lost, a record of
-other options is run again, never reused). A lock file ``.lock`` holding the
-writer's pid refuses a second writer: it appears with the pid already in it
-(written to a temporary file, then linked into place), and a pid-less lock (a
-writer of another kind, between creating and writing it) counts as held for
-`LOCK_GRACE_S`; a lock left by a dead process is taken over. Every path
-written, and every path read from ``--out`` (the manifest's run files and
-outputs), must resolve inside ``--out``, so nothing outside it is written,
-deleted or read. Each finished section rewrites the long table ``results.jsonl``
-from the runs the manifest lists (`stiefel.comparisons.table`). A damaged
-record (truncated, not JSON, another shape) is skipped with a warning naming
-its file and line, never failing a finished section; a damaged manifest is kept
-beside as ``manifest.json.damaged`` and a new one started (the records stay, and
-are reused for the same options).
+A run's record is written the moment it finishes (atomically: a temporary file,
+then a rename), and the manifest ``manifest.json`` is rewritten after it: the
+options of each section, the versions of python, torch and stiefel, the machine
+(CPU model, cores, threads, workers, load average at each section's start and
+end: `stiefel.comparisons.cost.machine`), start and end times, the state
+(``running``, ``finished``, ``interrupted``) and the list of runs. A process
+killed at any point leaves whole files only; ``--resume`` then skips every run
+whose record exists for the same options (each record holds its section's
+options: with the manifest lost, a record of other options is run again, never
+reused). A lock file ``.lock`` holding the writer's pid refuses a second
+writer: it appears with the pid already in it (written to a temporary file,
+then linked into place), and a pid-less lock (a writer of another kind, between
+creating and writing it) counts as held for `LOCK_GRACE_S`; a lock left by a
+dead process is taken over. Every path written, and every path read from
+``--out`` (the manifest's run files and outputs), must resolve inside
+``--out``, so nothing outside it is written, deleted or read. Each finished
+section rewrites the long table ``results.jsonl`` from the runs the manifest
+lists (`stiefel.comparisons.table`). A damaged record (truncated, not JSON,
+another shape) is skipped with a warning naming its file and line, never
+failing a finished section; a damaged manifest is kept beside as
+``manifest.json.damaged`` and a new one started (the records stay, and are
+reused for the same options).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 
 from .. import __version__ as version
+from .cost import machine
 from .table import dumps, run_rows
 from .writers import write_json, write_text
 
@@ -261,6 +264,7 @@ class RunStore:
             old = None
         sec = old or {"options": opts, "runs": [], "outputs": [], "skipped": []}
         sec.update(state="running", started=sec.get("started") or _now(), ended=None)
+        sec["machine"] = machine(opts.get("jobs", 1)) | {"load_end": None}
         sections[name] = sec
         self.save_manifest()
         return sec
@@ -303,6 +307,7 @@ class RunStore:
         """Mark section ``name`` finished with the files its report part uses; write the table."""
         sec = self.manifest["sections"][name]
         sec.update(state="finished", ended=_now(), outputs=list(outputs), skipped=list(skipped))
+        sec.setdefault("machine", {})["load_end"] = machine()["load"]
         self.save_manifest()
         rows = []
         for section, sec in self.manifest["sections"].items():

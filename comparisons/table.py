@@ -3,14 +3,14 @@ step, metric, value), written as JSON lines (``results.jsonl``) beside the manif
 
 Note [One long table]
 A training run gives one row per recorded step of each series (``loss``,
-``time``, ``drift``) and one row per final value at its last step
-(``final_loss``, ``gap``, ``failed``, ``lr``, …; nested values such as the
-held-out metrics as ``metrics.test_accuracy``). A complexity part gives one
-row per measured number: ``task`` is the part (``maps``, ``steps``, …),
-``strategy`` the row's label (its first text column: the series of the maps
-and steps, e.g. ``cwy L=0.25n``, the layer of the convolutions), ``step`` its
-size (its first integer column). The report's tables and
-figures show the same stored runs.
+``time`` on the wall clock, ``drift``, ``cpu_time`` on the thread CPU clock)
+and one row per final value at its last step (``final_loss``, ``gap``,
+``failed``, ``lr``, …; nested values such as the held-out metrics as
+``metrics.test_accuracy``). A complexity part gives one row per measured
+number: ``task`` is the part (``maps``, ``steps``, …), ``strategy`` the row's
+label (its first text column: the series of the maps and steps, e.g. ``cwy
+L=0.25n``, the layer of the convolutions), ``step`` its size (its first integer
+column). The report's tables and figures show the same stored runs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["COLUMNS", "SERIES", "run_rows", "dumps", "read"]
 
 COLUMNS = ("section", "task", "strategy", "dtype", "seed", "step", "metric", "value")
 #: the series a training run records at each of its recorded steps
-SERIES = ("loss", "time", "drift")
+SERIES = ("loss", "time", "drift", "cpu_time")
 
 
 def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
@@ -58,6 +58,7 @@ def run_rows(section: str, key: dict, record: dict) -> list[dict]:
     rows = [
         dict(base, step=s, metric=m, value=v)
         for m in SERIES
+        if m in record  # records stored before the CPU clock have no cpu_time
         for s, v in zip(record["step"], record[m], strict=True)
     ]
     last = record["step"][-1] if record["step"] else None

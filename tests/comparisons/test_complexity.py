@@ -156,12 +156,23 @@ def _rows(out, task: str) -> list[dict]:
     return list(rows.values())
 
 
-def test_section_writes_the_columns_to_the_table_and_markdown(tmp_path, monkeypatch):
-    # a fake timer: the k-th timing returns k ms, so forward, forward+backward and steps differ
+def _fake_timer(flagged=()):
+    """A timer whose k-th measurement takes k ms (so forward, forward+backward and steps
+    differ), flagged (± 0.5 ms) at the k in ``flagged``."""
     ticks = itertools.count(1)
-    fake = lambda fn, *a, **k: 1e-3 * next(ticks)  # noqa: E731
-    monkeypatch.setattr(cost, "fastest_time", fake)  # the GEMM rate's and the bandwidth's
-    monkeypatch.setattr(complexity, "fastest_time", fake)
+
+    def measure(fn, *a, **k):
+        t = next(ticks)
+        why = "spread 0.5 (test)" if t in flagged else None
+        return dict(s=1e-3 * t, cpu_s=1e-3 * t, wall_s=1e-3 * t, mad_s=5e-4, fastest_s=1e-3 * t,
+                    flag=why)  # fmt: skip
+
+    return measure
+
+
+def test_section_writes_the_columns_to_the_table_and_markdown(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "measure", _fake_timer())  # the GEMM rate's and the bandwidth's
+    monkeypatch.setattr(complexity, "measure", cost.measure)
     stream = cost.stream_bandwidth
     monkeypatch.setattr(cost, "stream_bandwidth", lambda device: stream(device, mib=1))
     argv = ["complexity", "--out", str(tmp_path), "--sizes", "8", "--fractions", "0.5", "1"]
@@ -225,10 +236,8 @@ def test_section_says_which_optimizers_it_leaves_out(tmp_path, monkeypatch, caps
         # exactly the registered optimizers that the steps table does not measure
         stepped = {info.name for info, _ in cost.optimizer_steps().values()}
         assert set(left) == set(optimizers.available()) - stepped
-        ticks = itertools.count(1)
-        fake = lambda fn, *a, **k: 1e-3 * next(ticks)  # noqa: E731
-        monkeypatch.setattr(cost, "fastest_time", fake)
-        monkeypatch.setattr(complexity, "fastest_time", fake)
+        monkeypatch.setattr(cost, "measure", _fake_timer())
+        monkeypatch.setattr(complexity, "measure", cost.measure)
         argv = ["complexity", "--out", str(tmp_path), "--sizes", "4", "--fractions", "1"]
         cli.main(argv + ["--repeats", "1", "--shapes", "8x2"])
     finally:

@@ -14,6 +14,7 @@ LSTM_ONLY = (
     "(the LSTM baseline)"
 )
 BASE = ["--tasks", "procrustes", "--strategies", "cwy+adam", "--steps", "3", "--n", "4"]
+BASE += ["--jobs", "1"]  # no worker processes to start for runs this small
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from stiefel.comparisons.tasks import Brockett, Copying, Procrustes, make
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["--n", "6", "--m", "3", "--steps", "12", "--record-every", "4", "--seeds", "1"]
+TINY += ["--jobs", "1"]  # no worker processes to start for runs this small
 
 
 def test_strategy_grammar():

@@ -84,6 +84,7 @@ def test_plugins_are_read_from_the_registries(plugins):
 
 def test_plugins_run_in_every_subcommand(plugins, tmp_path):
     tiny = ["--n", "5", "--m", "2", "--steps", "6", "--record-every", "2", "--seeds", "1"]
+    tiny += ["--jobs", "1"]  # registered in this process only: a spawned worker has no plugin
     strategies = [f"{MAP}+adam", f"riemannian+{OPT}", f"{MAP}+{OPT}"]
     out = tmp_path / "d"
     cli.main(["drift", "--out", str(out), "--strategies", *strategies, "--dtype", "float64", *tiny])
