@@ -4,10 +4,23 @@
 skipped otherwise, so a CPU run lists it as skipped). Tests create their tensors
 on ``device``, compute references in float64 on the CPU and compare after
 ``.cpu()``.
+
+The tiers: plain ``pytest`` runs the fast tier (``-m 'not slow'`` in pyproject's
+addopts); a test that takes more than a few seconds carries ``@pytest.mark.slow``
+and runs with ``pytest -m slow``. ``--cpu-durations=N`` lists the N tests that took
+the most CPU time (this process and the child processes it waited for), a measure
+that, unlike ``--durations``' wall clock, does not grow on a loaded machine.
 """
+
+import time
 
 import pytest
 import torch
+
+try:
+    import resource
+except ImportError:  # Windows: this process's CPU time only
+    resource = None
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),
@@ -26,3 +39,50 @@ DEVICES = [
 def device(request) -> str:
     """The device a test's tensors live on: "cpu", or "cuda" when one is visible."""
     return request.param
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="list the N tests that took the most CPU time, children included (0: all)",
+    )
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its waited-for children."""
+    if resource is None:
+        return time.process_time()
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+_CPU_KEY = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """Set-up, call and tear-down of one test, on the CPU clock (with --cpu-durations)."""
+    if item.config.getoption("cpu_durations") is None:
+        yield
+        return
+    start = _cpu_seconds()
+    yield
+    item.config.stash.setdefault(_CPU_KEY, {})[item.nodeid] = _cpu_seconds() - start
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    n = config.getoption("cpu_durations")
+    if n is None:
+        return
+    times = sorted(config.stash.get(_CPU_KEY, {}).items(), key=lambda kv: -kv[1])
+    terminalreporter.section(f"CPU time: {'every' if n == 0 else f'the {n} longest'} test(s)")
+    for nodeid, seconds in times if n == 0 else times[:n]:
+        terminalreporter.write_line(f"{seconds:8.2f}s cpu  {nodeid}")
+    total = sum(s for _, s in times)
+    terminalreporter.write_line(f"{total:8.2f}s cpu  in all, {len(times)} tests")
