@@ -42,6 +42,7 @@ the free values, exactly: the entries dropped are those the map ignores.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,7 @@ from .base import OrthogonalMap
 from .dense import Cayley, Exp, ScaledCayley
 from .factory import build, resolve
 from .point import ManifoldPoint
+from .reflections import _Reflections
 
 __all__ = [
     "rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise", "check_blocks",
@@ -137,9 +139,12 @@ class Rotation(nn.Module):
     def _identity(self, fmap: OrthogonalMap, device) -> torch.Tensor:
         """The map's original of Q = I (its buffers reset with it), free values if ``free``."""
         eye = torch.eye(fmap.n, dtype=self.dtype).expand(fmap.weight_shape).clone()
+        meta = device is not None and torch.device(device).type == "meta"
         with torch.no_grad():
-            if device is not None and torch.device(device).type == "meta":
+            if meta:
                 x = fmap.initial(eye.to("meta"), "identity", None)
+            elif isinstance(fmap, _Reflections) and not self.dtype.is_complex:
+                x = _paired_reflections(fmap, self.dtype).to(device)
             else:
                 x = fmap.inverse(eye.to(device)).to(dtype=self.dtype, device=device).clone()
         return self.free_values(x) if self.free else x
@@ -221,6 +226,40 @@ class Rotation(nn.Module):
             f"method={self.method!r}, features={self.features}, blocks={self.blocks}, "
             f"butterfly={self.butterfly}, dtype={self.dtype}" + (", free" if self.free else "")
         )
+
+
+def _paired_reflections(fmap: _Reflections, dtype: torch.dtype) -> torch.Tensor:
+    r"""V = [(e₁), u₁, u₁, u₂, u₂, …] and d = 1 (d₁ = −1 for odd L): Q = I (Note [Paired start]).
+
+    Note [Paired start]
+    H(u)H(u) = I for every u ≠ 0, so pairs of equal vectors give Q = I while
+    each pair's derivative is not degenerate: moving its two vectors apart
+    rotates in the plane they span, by twice the angle between them (PEFT's
+    HRA start). For odd L the first reflection is H(e₁), undone by d₁ = −1.
+    The vectors are drawn as PEFT draws them, uniform in ±1/√(L/2) (PEFT's
+    ``kaiming_uniform_(a=√5)`` of its (n, L/2) tensor), from torch's global
+    generator on the CPU: the same start, hence the same training, as
+    ``HRAConfig(r=L)`` at the same seed and lr. The scale is not
+    incidental: Q depends on V only through the directions v/‖v‖, so an
+    update δ moves a direction by about ‖δ‖/‖v‖, and Adam's steps (about lr
+    per entry, whatever the scale of v) turn each pair by about lr·√n/‖v‖.
+    Here ‖v‖ ≈ √(n/(1.5·L)), so a step turns by about lr·√(1.5·L), the
+    same for every n; a start 3.5× longer (unit-variance vectors, ‖v‖ ≈ √n,
+    the map's own padding) trains as with a 3.5× smaller lr.
+    """
+    batch, n, L = fmap.batch, fmap.n, fmap.reflections
+    v = torch.zeros(*batch, n, L, dtype=dtype)
+    d = torch.ones(*batch, fmap.m, dtype=dtype)
+    half = L // 2
+    if half:
+        bound = 1.0 / math.sqrt(half)
+        u = torch.empty(*batch, n, half, dtype=dtype).uniform_(-bound, bound)
+        v[..., L % 2 :] = u.repeat_interleave(2, dim=-1)
+    if L % 2:
+        v[..., 0, 0] = 1.0
+        d[..., 0] = -1.0
+    fmap.set_diagonal(d)
+    return v
 
 
 #: maps whose original's free part is a triangle (Note [Only the free values of a skew

@@ -643,3 +643,69 @@ def test_folder_with_full_blocks_of_an_older_version_loads(tmp_path):
     save_file(old, file, metadata={"format": "pt"})
     loaded = PeftModel.from_pretrained(base(), tmp_path)
     _close(loaded(x), expected, scale=10)
+
+
+# ---------------------------------------------------------------------------- the start
+def test_reflections_start_as_peft_hra():
+    """cwy's default start is PEFT HRA's paired start: the same vectors at the same seed."""
+    from peft import HRAConfig
+
+    targets = ["q_proj", "v_proj", "up_proj"]
+    torch.manual_seed(7)
+    ours = get_peft_model(
+        _llama(), StiefelConfig(method="cwy", reflections=8, target_modules=targets)
+    )
+    torch.manual_seed(7)
+    hra = get_peft_model(_llama(), HRAConfig(r=8, target_modules=targets))
+    ids = _tokens()
+    _close(_logits(ours, ids), _logits(_llama(), ids), scale=10)  # Q = I
+    v_ours = [p for n, p in ours.named_parameters() if p.requires_grad]
+    v_hra = [p for n, p in hra.named_parameters() if p.requires_grad]
+    assert len(v_ours) == len(v_hra) == 6
+    for a, b in zip(v_ours, v_hra, strict=True):
+        assert torch.equal(a, b)  # PEFT's kaiming_uniform_ pairs, drawn in the same order
+    for model in (ours, hra):
+        model(input_ids=ids, labels=ids).loss.backward()
+    for a, b in zip(v_ours, v_hra, strict=True):  # the same map: the same gradient
+        _close(a.grad, b.grad, scale=100 * max(1.0, b.grad.abs().max().item()))
+        assert a.grad.abs().max() > 1e-6  # not degenerate
+
+
+@pytest.mark.parametrize("reflections", [1, 3, 8])
+@pytest.mark.parametrize("method", ["cwy", "householder", "tcwy"])
+def test_paired_start_is_the_identity_for_odd_and_even_counts(method, reflections):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 16)).double()
+    cfg = StiefelConfig(method=method, reflections=reflections, blocks=2, target_modules=["0"])
+    rot = get_peft_model(base, cfg).base_model.model[0].stiefel_R["default"]
+    eye = torch.eye(16, dtype=torch.float64)
+    _close(rot.matrix(), eye, torch.float64)
+    (v,) = rot.originals
+    norms = torch.linalg.vector_norm(v, dim=-2)
+    assert bool((norms > 0).all())  # no zero reflection (H(0) undefined)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ours", "peft_config"),
+    [
+        (dict(method="cwy", reflections=8), ("HRAConfig", dict(r=8))),
+        (dict(method="cayley", blocks=4), ("OFTConfig", dict(r=0, oft_block_size=8))),
+    ],
+)
+def test_default_start_trains_as_well_as_peft(ours, peft_config):
+    """The workflow task, 100 AdamW steps at lr 1e-2, the same trainable count as PEFT's."""
+    targets = ["q_proj", "v_proj", "up_proj"]
+    ids = _tokens()
+    torch.manual_seed(3)
+    model = get_peft_model(_llama(), StiefelConfig(target_modules=targets, **ours))
+    name, options = peft_config
+    torch.manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = get_peft_model(_llama(), getattr(peft, name)(target_modules=targets, **options))
+    counts = [m.get_nb_trainable_parameters()[0] for m in (model, reference)]
+    assert counts[0] == counts[1]
+    ours_loss = _train(model, ids, steps=100)[-1]
+    ref_loss = _train(reference, ids, steps=100)[-1]
+    assert ours_loss <= 1.2 * ref_loss, (ours_loss, ref_loss)
