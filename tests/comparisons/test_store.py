@@ -84,6 +84,7 @@ def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
             a.wait()
 
 
+@pytest.mark.slow
 def test_sigint_then_resume(tmp_path):
     out = tmp_path / "out"
     a = _spawn(out, "--seeds", "12", *RUN)
@@ -110,6 +111,7 @@ def test_sigint_then_resume(tmp_path):
     assert report.count("| procrustes | cwy+adam | float64 |") == 12
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_takes_over_the_stale_lock(tmp_path):
     out = tmp_path / "out"
     a = _spawn(out, "--seeds", "4", *RUN)

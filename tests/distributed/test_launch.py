@@ -10,6 +10,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_launch_tries_again_when_the_port_is_taken(tmp_path, monkeypatch):
     import _launch
 
@@ -35,6 +36,7 @@ def test_launch_tries_again_when_the_port_is_taken(tmp_path, monkeypatch):
     assert [(tmp_path / f"hello_rank{r}.txt").read_text() for r in range(2)] == ["3", "3"]
 
 
+@pytest.mark.slow
 def test_launch_raises_a_failing_worker_without_retrying(tmp_path, monkeypatch):
     import _launch
 
@@ -84,6 +86,7 @@ def test_a_busy_process_is_not_a_stall():
         child.wait()
 
 
+@pytest.mark.slow
 def test_a_rank_killed_once_by_a_signal_is_run_again_with_a_warning(tmp_path):
     import _launch
 
@@ -96,6 +99,7 @@ def test_a_rank_killed_once_by_a_signal_is_run_again_with_a_warning(tmp_path):
     assert "Fatal Python error: Aborted" in report and "aborting_worker" in report
 
 
+@pytest.mark.slow
 def test_a_rank_killed_twice_is_raised_with_both_reports(tmp_path):
     import _launch
 
