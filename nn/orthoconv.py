@@ -21,12 +21,14 @@ back onto the opposite side).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..parametrizations.conv import _check_padding
 from ..parametrizations.deferred import initialize
 from .orthokernel import OrthoKernel
 
@@ -61,6 +63,57 @@ def _padding(value: object, k: int, stride: int, dilation: int) -> tuple[int, in
     raise ValueError(
         f"padding={value!r}; allowed: 'same', 'valid', a non-negative int or a pair of them"
     )
+
+
+def _check_circular(
+    cls: str,
+    padding: object,
+    pads: tuple[int, int, int, int],
+    kernel_size: int,
+    stride: int,
+    dilation: int,
+) -> None:
+    """Refuse a circular padding that wraps around (the check of ``conv_kernel=True``).
+
+    Note [Circular padding longer than "same"]
+    The circular layer is orthogonal on the torus with "same" padding; a
+    padding p ≤ "same" (2p ≤ d(k − 1) per axis) restricts its output to a
+    window of distinct positions, so ‖y‖ ≤ ‖x‖ (and the adjoint, the
+    transposed layer, is non-expansive too); a longer one wraps around and
+    reads input positions twice per tap, and the layer is expansive (the
+    dense operator's σ_max is √2 for k = 3, p = (1, 2)). It is the condition of a Stiefel
+    kernel (Note [A Stiefel kernel makes the convolution non-expansive]), so
+    the same check refuses it. With a stride s > 1 the circular layer is
+    orthogonal on a torus the s×s blocks tile (Note [Strided orthogonal
+    convolutions]); a padding other than "same" makes the torus of the
+    transposed layer's output, (n − 1)s + d(k − 1) + 1 − 2p, one the stride
+    does not tile (σ_max 1.49 measured for k = 3, s = 2, p = 1, every n), and
+    the forward layer's one too on some images: refused ("same", "valid" or
+    zero padding serve a stride).
+    """
+    if isinstance(padding, str):
+        return  # "same", "valid": never longer than the input
+    if stride > 1 and any(pads):
+        raise ValueError(
+            f"{cls} with padding_mode='circular', padding={padding!r} and stride={stride}: "
+            "the circular padding then wraps a torus the stride does not tile, and the layer "
+            "is not non-expansive; allowed with a stride > 1: padding='same' or 'valid', or "
+            "padding_mode='zeros' with any padding"
+        )
+    view = SimpleNamespace(
+        padding_mode="circular",
+        padding=(pads[2], pads[0]),
+        kernel_size=(kernel_size, kernel_size),
+        dilation=(dilation, dilation),
+    )
+    try:
+        _check_padding(view)
+    except ValueError as err:
+        raise ValueError(
+            str(err)
+            .replace("conv_kernel=True with", f"{cls} with", 1)
+            .replace("padding=" + repr(view.padding), f"padding={padding!r}", 1)
+        ) from None
 
 
 def _check(
@@ -170,6 +223,8 @@ class _OrthoConvBase(nn.Module):
         names = ("out_channels", "in_channels") if transposed else ("in_channels", "out_channels")
         _check(conv_in, conv_out, kernel_size, stride, groups, dilation, padding_mode, dtype, names)
         pads = _padding(padding, kernel_size, stride, dilation)
+        if padding_mode == "circular":
+            _check_circular(type(self).__name__, padding, pads, kernel_size, stride, dilation)
         super().__init__()
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride, self.groups, self.dilation = (

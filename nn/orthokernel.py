@@ -122,7 +122,8 @@ class OrthoKernel(nn.Module):
     ``reshaped`` (g, max(out, inter·s²), min(…)), as ``kernel_plan`` says.
     Calling the module assembles the kernel (module docstring); without
     gradients (evaluation) it is cached until a factor changes (a parameter or
-    buffer replaced or modified in place).
+    buffer replaced, modified in place or given new memory by ``.data = …``:
+    Note [What the kernel cache is keyed on]).
 
     Args:
         in_channels: input channels of the convolution.
@@ -171,29 +172,51 @@ class OrthoKernel(nn.Module):
             self.wide = rows < cols
             shape = (g, max(rows, cols), min(rows, cols))
             self._factor("reshaped", shape, method, opts, dtype, device)
-        self._cache: tuple[list[tuple[torch.Tensor, int]], torch.Tensor] | None = None
+        self._cache: tuple[list[tuple[Any, ...]], torch.Tensor] | None = None
 
     def _factor(self, name: str, shape, method, options, dtype, device) -> None:
         """Register ``name`` as a constrained (…, n, m) factor: the one call to the map API."""
         self.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
         orthogonalize(self, name, method, **options)
 
-    def _state(self) -> list[tuple[torch.Tensor, int]]:
-        return [(t, t._version) for t in (*self.parameters(), *self.buffers())]
+    def _state(self) -> list[tuple[Any, ...]] | None:
+        r"""What identifies the values of every parameter and buffer (None: not cacheable).
+
+        Note [What the kernel cache is keyed on]
+        A tensor's ``_version`` counts its in-place changes, but ``param.data =
+        t`` (``vector_to_parameters``, some checkpoint loaders) swaps the
+        tensor's memory and keeps the counter. So each tensor is keyed on its
+        identity, its version and where its values live: the address of its
+        first element, its shape and strides. The cache also holds each
+        tensor's storage, so that memory cannot be freed and handed to another
+        tensor at the same address while the key refers to it. Writes through
+        another tensor that shares the memory after a ``.data`` assignment
+        (which autograd's version counter does not see either) are not
+        detected. Tensors whose memory has no address (meta, tensor
+        subclasses such as DTensor) are not cached.
+        """
+        state = []
+        for t in (*self.parameters(), *self.buffers()):
+            if t.device.type == "meta" or type(t) not in (torch.Tensor, nn.Parameter):
+                return None
+            state.append(
+                (t, t._version, t.data_ptr(), tuple(t.shape), t.stride(), t.untyped_storage())
+            )
+        return state
 
     def forward(self) -> torch.Tensor:
         if torch.is_grad_enabled():
             self._cache = None
             return self._assemble()
         state = self._state()
-        if self._cache is not None:
+        if state is not None and self._cache is not None:
             old, kernel = self._cache
             if len(old) == len(state) and all(
-                a is b and u == v for (a, u), (b, v) in zip(old, state, strict=True)
+                a[0] is b[0] and a[1:5] == b[1:5] for a, b in zip(old, state, strict=True)
             ):
                 return kernel
         kernel = self._assemble()
-        self._cache = (state, kernel)
+        self._cache = None if state is None else (state, kernel)
         return kernel
 
     def _assemble(self) -> torch.Tensor:

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from stiefel.nn import OrthoConv2d, OrthoConvTranspose2d
+from stiefel.nn.orthoconv import _adjoint_pad
 from stiefel.nn.orthokernel import compose_kernels, projector_step
 
 DT = torch.float64
@@ -339,3 +340,91 @@ def test_riemannian_factors_stay_exact_under_a_riemannian_optimizer():
         opt.step()
     assert not torch.allclose(layer.weight, before)
     assert (fft_singular_values(layer, 4, 6) - 1).abs().max() <= _tol(DT)
+
+
+@pytest.mark.parametrize("padding", [2, (1, 2), (2, 0)], ids=str)
+@pytest.mark.parametrize("cls", [OrthoConv2d, OrthoConvTranspose2d])
+def test_circular_padding_longer_than_same_is_refused(cls, padding):
+    """A circular padding with 2p > d(k − 1) wraps around: expansive, refused as conv_kernel's.
+
+    The reference is the dense float64 operator: built with zero padding and the
+    wrapped input by hand (what the layer computed before the refusal), its
+    largest singular value is well above 1; a padding up to "same" stays ≤ 1.
+    """
+    torch.manual_seed(0)
+    conv = OrthoConv2d(4, 4, 3, padding="valid", padding_mode="zeros", bias=False, dtype=DT)
+    p = (padding, padding) if isinstance(padding, int) else padding
+
+    def wrapped(x):  # the old layer: circular pad by p, then the kernel without padding
+        return conv(F.pad(x, (p[1], p[1], p[0], p[0]), mode="circular"))
+
+    assert dense_singular_values(wrapped, (4, 5, 5), DT).max() > 1.2
+    with pytest.raises(ValueError, match=rf"^{cls.__name__} with padding_mode='circular' and "):
+        cls(4, 4, 3, padding=padding)
+    with pytest.raises(ValueError, match=r"2·padding ≤ dilation·\(kernel_size − 1\)"):
+        cls(4, 4, 3, padding=padding, dilation=1)
+    cls(4, 4, 3, padding=padding, dilation=4)  # 2p ≤ d(k − 1): allowed
+    cls(4, 4, 3, padding=padding, padding_mode="zeros")  # zeros: any padding
+
+
+@pytest.mark.parametrize("padding", [1, (0, 1), (1, 0)], ids=str)
+def test_circular_padding_up_to_same_is_non_expansive(padding):
+    """Allowed circular paddings (2p ≤ d(k − 1)): σ_max ≤ 1 by the dense float64 operator."""
+    torch.manual_seed(0)
+    for cls in (OrthoConv2d, OrthoConvTranspose2d):
+        layer = cls(4, 4, 3, padding=padding, bias=False, dtype=DT)
+        assert dense_singular_values(layer, (4, 7, 7)).max() <= 1 + _tol(DT)
+
+
+def test_strided_circular_padding_other_than_same_is_refused():
+    """With a stride, a circular int/pair padding wraps a torus the stride does not tile.
+
+    Reference: the dense float64 operator of what the transposed layer computed
+    before (the adjoint of the zero-padded strided convolution, its output
+    wrapped back circularly): σ_max 1.49.
+    """
+    torch.manual_seed(0)
+    conv = OrthoConv2d(4, 4, 3, stride=2, padding="valid", padding_mode="zeros", dtype=DT)
+    conv.bias = None
+
+    def old(x):  # F.conv_transpose2d, then the adjoint of a circular padding by 1
+        y = F.conv_transpose2d(x, conv.weight, stride=2)
+        return _adjoint_pad(y, (1,) * 4, "circular")
+
+    assert dense_singular_values(old, (4, 4, 4), DT).max() > 1.4
+    for cls in (OrthoConv2d, OrthoConvTranspose2d):
+        with pytest.raises(ValueError, match=r"padding=1 and stride=2: .* allowed with a stride"):
+            cls(4, 4, 3, stride=2, padding=1)
+        cls(4, 4, 3, stride=2, padding=1, padding_mode="zeros")
+        cls(4, 4, 3, stride=2, padding="valid")
+
+
+def test_cache_sees_data_assignment():
+    """``param.data = …`` (vector_to_parameters) swaps memory and keeps ``_version``.
+
+    The reference is the same layer computed afresh (with gradients: no cache).
+    The old cache, keyed on identity and version, returned the previous kernel
+    (off by 25 here).
+    """
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    torch.manual_seed(0)
+    layer = OrthoConv2d(4, 4, 3, dtype=DT)
+    other = OrthoConv2d(4, 4, 3, dtype=DT)
+    other.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(2, 4, 6, 6, dtype=DT)
+    with torch.no_grad():
+        before = layer(x)
+        vector_to_parameters(parameters_to_vector(other.parameters()), layer.parameters())
+        after = layer(x)
+    fresh = layer(x)  # with gradients: assembled afresh
+    assert not torch.allclose(before, fresh)
+    assert torch.allclose(
+        after, fresh, rtol=0, atol=100 * torch.finfo(DT).eps * float(fresh.detach().abs().max())
+    )
+    assert torch.allclose(fresh, other(x))
+    with torch.no_grad():  # cached again while nothing changes
+        assert layer.weight is layer.weight
