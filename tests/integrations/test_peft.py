@@ -101,6 +101,7 @@ def test_exact_cayley_option_is_orthogonal_where_neumann_drifts():
     assert (r_series.mT @ r_series - eye).norm() > 1e-2
 
 
+@pytest.mark.slow
 def test_llama_compile_and_restore():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(

@@ -49,6 +49,7 @@ class CountingBackend:
         return gm.forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[f"{c[0]}-{i}" for i, c in enumerate(CONFIGS)])
 def test_compiled_step_equals_eager(config):
     name, hyper = config
