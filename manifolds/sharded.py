@@ -23,15 +23,38 @@ Example:
 from __future__ import annotations
 
 import functools
+import sys
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .geometry import Geometry
 from .kernels.reduce import rows_split
 
-__all__ = ["ShardedGeometry", "SUPPORTED_PLACEMENTS", "check_placements", "any_rank"]
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+__all__ = [
+    "ShardedGeometry",
+    "SUPPORTED_PLACEMENTS",
+    "check_placements",
+    "any_rank",
+    "is_dtensor",
+]
+
+# Note [DTensor without importing it]
+# ``torch.distributed.tensor`` imports sympy and much of torch's compiler stack
+# (over a second of CPU), which a model without DTensors never needs. A tensor can
+# be a DTensor only once that module is imported (it defines the class), so the
+# test looks the module up in ``sys.modules`` instead of importing it.
+
+
+def is_dtensor(t: object) -> bool:
+    """Whether ``t`` is a `torch.distributed.tensor.DTensor` (Note [DTensor without ...])."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
 
 SUPPORTED_PLACEMENTS = (
     "Replicate(); Shard(d) on a batch dimension d < ndim - 2; "
@@ -52,6 +75,8 @@ def check_placements(x: DTensor) -> int | None:
         ValueError: a placement shards the columns (M) or is a partial sum, or
             the rows are sharded on more than one mesh dimension.
     """
+    from torch.distributed.tensor import Replicate, Shard
+
     ndim, rows = x.dim(), []
     for i, pl in enumerate(x.placements):
         if isinstance(pl, Replicate):
@@ -105,6 +130,8 @@ class ShardedGeometry(Geometry):
     """
 
     def __init__(self, inner, like: DTensor):
+        from torch.distributed.tensor import Replicate
+
         row_dim = check_placements(like)
         self.inner = inner
         self.riemannian, self.stiefel = inner.riemannian, inner.stiefel
@@ -119,7 +146,7 @@ class ShardedGeometry(Geometry):
     # ------------------------------------------------------------------ conversions
     def local(self, t):
         """The local shard of a DTensor (the same tensor object for the same DTensor)."""
-        if not isinstance(t, DTensor):
+        if not is_dtensor(t):
             return t
         if self._cache is not None and self._cache[0] is t:
             return self._cache[1]
@@ -128,6 +155,8 @@ class ShardedGeometry(Geometry):
         return loc
 
     def _wrap(self, t: torch.Tensor, shape, placements) -> DTensor:
+        from torch.distributed.tensor import DTensor
+
         stride = torch.empty(shape, device="meta").stride()
         return DTensor.from_local(
             t, self.mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride

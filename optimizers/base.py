@@ -75,13 +75,9 @@ from ..manifolds import METRICS
 from ..manifolds import _checks as checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
-from ..manifolds.kernels.frame import CHECK_EVERY
-from ..manifolds.kernels.reduce import known_absmax
-from . import master, skips, telemetry, terms
+from . import buckets, engine, master, skips, telemetry, terms
 from . import state as saved_state
 from .geometry import Binding, Geometry, bind_parameter, manifold_of
-from .layout import by_rows
-from .transaction import Pending, Snapshot, Transaction, finite, finite_gradient
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 
@@ -91,6 +87,8 @@ check_choice = checks.choice
 
 #: param-group keys torch and its LR schedulers add besides the hyper-parameters
 _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
+#: the keys of how a group is stepped (torch's names), beside each rule's hyper-parameters
+_STEP_KEYS = ("foreach", "capturable")
 
 
 class RiemannianOptimizer(torch.optim.Optimizer):
@@ -99,11 +97,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     A subclass implements
 
     - `update(geo, x, grad, state, group) -> new x`: the rule for one
-      parameter `x` (a detached view) with gradient `grad`, its `state` dict
-      (`state["step"]`, a float tensor, already counts this step) and its
-      `group`; `geo` supplies the manifold operations (Riemannian gradient,
-      retraction `retr(x, -lr * d)` by the group's `retraction` option,
-      transport, component inner product, ...) and is Euclidean for plain tensors;
+      parameter `x` (a detached view; with ``foreach`` a stack of parameters of the
+      same kind, Note [One rule call per bucket]) with gradient `grad`, its
+      `state` dict (`state["step"]`, a float tensor broadcasting against `x`'s
+      matrices, already counts this step) and its `group`; `geo` supplies the
+      manifold operations (Riemannian gradient, retraction `retr(x, -lr * d)` by
+      the group's `retraction` option, transport, component inner product, ...)
+      and is Euclidean for plain tensors;
     - optionally `check_group` to validate hyper-parameters (call super), and
       `check_parameter` / `implied_manifold` (see their docstrings).
 
@@ -113,6 +113,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         params: parameters or param groups.
         defaults: the hyper-parameters and their default values.
         telemetry: record the orthogonality error after every step.
+        foreach: step parameters of the same kind as one batch (torch's name; None:
+            wherever they can be, Note [One rule call per bucket]); False steps each
+            parameter alone, with the same result to rounding.
+        capturable: read nothing on the host during a step (Note [One host read per
+            step]), so that ``opt.step()`` can be captured in a CUDA graph; every
+            parameter on one CUDA device.
 
     Raises:
         ValueError: a bad hyper-parameter, an unknown param-group key, a
@@ -131,18 +137,30 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     accepts_off_manifold: ClassVar[bool] = False
     off_manifold_bound: ClassVar[float] = OFF_MANIFOLD
     writes_state_in_place: ClassVar[bool] = True
+    # whether the rule's Euclidean form (plain tensors) is elementwise, so that plain
+    # tensors of one shape may be stacked into one call (Note [One rule call per bucket])
+    buckets_plain: ClassVar[bool] = False
     # whether the rule reaches the kernels only through its Geometry (or Geometry.apply),
     # so that DTensor manifold points run sharded (stiefel.manifolds.sharded)
     dtensor_points: ClassVar[bool] = True
 
-    def __init__(self, params, defaults: dict, *, telemetry: bool = False):
+    def __init__(
+        self,
+        params,
+        defaults: dict,
+        *,
+        telemetry: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+    ):
         self._bindings: list[list[Binding]] = []
+        self._held: dict[tuple, dict] = {}  # the state views of each bucket (`buckets`)
         self.telemetry = checks.flag("telemetry", telemetry)
         self.orthogonality_history: list[torch.Tensor] = []
         # per parameter: (its name, skips for a non-finite gradient, all skips) of traced
         # steps, read by report_skipped
         self._flags_unread: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
-        defaults = dict(defaults)
+        defaults = {**defaults, "foreach": foreach, "capturable": capturable}
         if any(key in defaults for key in terms.REPAIR_KEYS):
             period = terms.repair_period(defaults)
             defaults.update(dict.fromkeys(terms.REPAIR_KEYS, period))
@@ -176,6 +194,11 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         """
         if "lr" in group:
             checks.number("lr", group["lr"])
+        if group.get("foreach") not in (None, True, False):
+            raise TypeError(
+                f"foreach={group['foreach']!r} is not allowed; allowed: None, True, False"
+            )
+        checks.flag("capturable", group.get("capturable", False))
         man = group.get("manifold")
         if man is not None and not isinstance(man, geoopt.Manifold):
             raise TypeError(
@@ -270,7 +293,14 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             warnings.warn(f"{message} (warned once per optimizer)", RuntimeWarning, stacklevel=4)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One step for every parameter with a gradient; returns ``closure()``'s loss."""
+        """One step for every parameter with a gradient; returns ``closure()``'s loss.
+
+        bind → bucket → rule → commit: each group's parameters are bound to their
+        manifolds, grouped into buckets (Note [One rule call per bucket]), the rule is
+        called once per bucket on a copy of the state (Note [The rule works on a copy
+        of the state]), and the results are written after one host read of all flags
+        (none when traced or capturable, Note [One host read per step]).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -278,64 +308,84 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         traced = torch.compiler.is_compiling()
         with torch.no_grad():
             if not traced:
-                self.report_skipped()  # flags a traced step left
-            periods = [terms.repair_period(group) for group in self.param_groups]
-            txns = []
-            try:
-                for group, bindings in zip(self.param_groups, self._bindings, strict=True):
-                    txns.append(Transaction())
-                    self._bind_marked(group, bindings)
-                    for i, (p, binding) in enumerate(zip(group["params"], bindings, strict=True)):
-                        if p.grad is not None:
-                            txns[-1].add(self._compute(i, p, binding, group, traced))
-            except BaseException:
-                for txn in reversed(txns):
-                    txn.rollback()
-                raise
-            if traced:
-                self._select(txns, periods)
-            else:
-                self._commit(txns, periods)
+                self.report_skipped()  # flags a quiet step left
+            computed = []
+            for index, group in enumerate(self.param_groups):
+                quiet = traced or bool(group["capturable"])
+                self._bind_marked(group, self._bindings[index])  # bind
+                for bucket in self._buckets(index, group, quiet):  # bucket
+                    computed.append(engine.compute(self, bucket, group, quiet))  # rule
+            loud = [c for c in computed if not (traced or c.group["capturable"])]
+            engine.select(self, [c for c in computed if c not in loud])  # commit
+            while loud:  # buckets whose tested points were off: again, from their projections
+                again = engine.commit(self, loud)
+                loud = [single for c in again for single in self._again(c)]
+                computed += loud
+            self._repair(computed, traced)
             if self.telemetry:
                 telemetry.record(self)
         return loss
 
-    def _commit(self, txns: list[Transaction], periods: list) -> None:
-        """Write the steps after one host read of every flag (Note [The step's flags ...])."""
-        everything = Transaction()
-        everything.pending = [pend for txn in txns for pend in txn.pending]
-        skipped = everything.commit(master.store)
-        for pend, grad_ok, _ in skipped:
-            skips.warn(self, pend.where, grad_ok)
-        out = {id(pend) for pend, *_ in skipped}
-        for group, txn, k in zip(self.param_groups, txns, periods, strict=True):
-            counts = [int(pend.state["step"]) for pend in txn.pending if id(pend) not in out]
-            if k is not None and any(c % k == 0 for c in counts):
+    def _buckets(self, index: int, group: dict, quiet: bool) -> list[buckets.Bucket]:
+        """The buckets of a group's parameters that have a gradient (`buckets.plan`)."""
+        # a traced step is one program already: the compiler fuses what a bucket would
+        foreach = group["foreach"] is not False and not torch.compiler.is_compiling()
+        found = buckets.plan(
+            group["params"], self._bindings[index], self.state, foreach, self.buckets_plain, quiet
+        )
+        for bucket in found:
+            if not bucket.single:
+                key = tuple(map(id, bucket.params))
+                bucket.views = self._held.setdefault(key, {})
+        return found
+
+    def _again(self, c: engine.Computed) -> list[engine.Computed]:
+        """A bucket whose tested point was off, projected and computed parameter by parameter.
+
+        Note [Off-manifold points at a step]: the rare path, with a host read per
+        parameter (its distance, for the warning).
+        """
+        geo = c.bucket.binding.bind(c.group)
+        out = []
+        for k, p in enumerate(c.bucket.params):
+            single = buckets.Bucket([p], [c.bucket.indices[k]], c.bucket.binding, c.bucket.count)
+            state = self.state[p]
+            x = single.binding.orient(master.point(p, state))
+            # a bucket of one was found off; in a larger one, which parameter is asked
+            if c.bucket.single or bool(geo.off_manifold(x, bound=self.off_manifold_bound)):
+                err = geo.error(x)
+                self._warn_once(
+                    "off",
+                    f"{type(self).__name__}: {single.where()} is off its manifold (‖XᴴX − I‖_F "
+                    f"= {float(err.max()):.3e}, e.g. after load_state_dict or an in-place edit); "
+                    "it is projected back (polar factor) before the step",
+                )
+                master.store(p, state, single.binding.orient(geo.project(x)))
+            out.append(engine.compute(self, single, c.group, False, tested=True))
+        return out
+
+    def _repair(self, computed: list[engine.Computed], traced: bool) -> None:
+        """``repair_every=k``: re-project a group after an accepted k-th step of any parameter."""
+        for group in self.param_groups:
+            k = terms.repair_period(group)
+            mine = [c for c in computed if c.group is group]
+            if k is None or not mine:
+                continue
+            if traced or group["capturable"]:
+                due = torch.stack([
+                    (c.ok.reshape(-1) & (c.work["step"].reshape(-1) % k == 0).to(c.ok.device)).any()
+                    for c in mine
+                ]).any()  # fmt: skip
+                self._stabilize_where(group, due)
+            elif any(count % k == 0 for c in mine for count in c.accepted):
                 self.stabilize_group(group)
 
-    def _select(self, txns: list[Transaction], periods: list) -> None:
-        """Write the steps by `torch.where`, record their flags (a traced step: no host read)."""
-        for group, txn, k in zip(self.param_groups, txns, periods, strict=True):
-            txn.select(master.store)
-            for pend in txn.pending:
-                skips.record(self, pend)
-            if k is not None and txn.pending:  # due: an accepted step count divisible by k
-                due = torch.stack(
-                    [
-                        torch.as_tensor(pend.ok)
-                        & (pend.state["step"] % k == 0).to(pend.start.device)
-                        for pend in txn.pending
-                    ]
-                ).any()
-                self._stabilize_where(group, due)
-
     def report_skipped(self) -> int:
-        """Warn about the steps skipped by traced (compiled) steps since the last call.
+        """Warn about the steps skipped by quiet (compiled, capturable) steps since the last call.
 
-        An eager `step` warns at once; a step traced by ``torch.compile`` counts
-        its skips per parameter instead (Note [The step's flags are read once,
-        after the step]), read here with one host read (the next eager `step`
-        calls this too).
+        An eager `step` warns at once; a step traced by ``torch.compile`` or made
+        ``capturable`` counts its skips per parameter instead (Note [One host read
+        per step]), read here with one host read (the next eager `step` calls this too).
 
         Returns:
             The number of parameter steps skipped since the last report.
@@ -354,60 +404,6 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             if bindings[i].manifold is None and manifold_of(p) is not None:
                 bindings[i] = bind_parameter(self, i, p, group)
 
-    def _compute(
-        self, i: int, p: torch.Tensor, binding: Binding, group: dict, traced: bool
-    ) -> Pending:
-        """One parameter's new point, not written (Note [Safe step])."""
-        grad = p.grad
-        if grad.is_sparse:
-            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-        where = f"a parameter (index {i} of its group, shape {tuple(p.shape)})"
-        state = self.state[p]
-        geo = binding.bind(group)
-        # a traced step cannot read version counters: it tests every point
-        unchanged = not traced and master.unchanged(p, state)
-        x, grad = map(binding.orient, master.working(p, grad, state))
-        if geo.stiefel:  # Note [Batches stepped by rows]
-            x, grad = by_rows(x), by_rows(grad)
-        steps = state.get("step")
-        start, projected = x, False
-        if not (self.accepts_off_manifold and unchanged):
-            count = None if steps is None or traced else int(steps)  # a CPU tensor
-            off = geo.off_manifold(x, count, unchanged, bound=self.off_manifold_bound)
-            if off is not None and traced:  # Note [The step's flags are read once, ...]
-                x = start = _project_if(off, geo, x)
-            elif off is not None and (not unchanged or count is None or count % CHECK_EVERY == 0):
-                if bool(off):  # the scheduled test, Note [Off-manifold points at a step]
-                    err = float(geo.error(x).max())
-                    self._warn_once(
-                        "off",
-                        f"{type(self).__name__}: {where} is off its manifold (‖XᴴX − I‖_F = "
-                        f"{err:.3e}, e.g. after load_state_dict or an in-place edit); it is "
-                        "projected back (polar factor) before the step",
-                    )
-                    x = start = geo.project(x)
-                    projected = True
-                    geo.off_manifold(x)  # the step reuses the Gram of the projected point
-        snapshot = Snapshot(state, self.writes_state_in_place)
-        state["step"] = (torch.tensor(0.0) if steps is None else steps) + 1
-        grad_ok, absmax = finite_gradient(grad)
-        try:
-            with known_absmax(grad, absmax):
-                new = self.update(geo, x, grad, state, group)
-        except torch.linalg.LinAlgError:  # eager LAPACK refusing a non-finite input
-            new = None
-        except BaseException:  # the transaction restores the others' states
-            snapshot.restore()
-            raise
-        if not traced:
-            snapshot.check(type(self).__name__)
-        ok = False if new is None else finite(new)
-        ok = grad_ok & ok if isinstance(ok, torch.Tensor) else (ok and grad_ok)
-        return Pending(
-            p, state, snapshot, binding.orient(new), binding.orient(start),
-            projected, grad_ok, ok, where,
-        )  # fmt: skip
-
     @torch.no_grad()
     def stabilize_group(self, group: dict) -> None:
         """Project every manifold parameter of `group` onto its manifold (geoopt's name).
@@ -418,7 +414,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
 
     def _stabilize_where(self, group: dict, due: torch.Tensor) -> None:
         """`stabilize_group` where the bool tensor ``due`` says so (a traced step)."""
-        self._project_group(group, lambda geo, x: _project_if(due, geo, x))
+        self._project_group(group, lambda geo, x: engine.project_where(due, geo, x))
 
     def _project_group(self, group: dict, project: Callable) -> None:
         index = next(g for g, other in enumerate(self.param_groups) if other is group)
@@ -435,15 +431,3 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""
         for group in self.param_groups:
             self.stabilize_group(group)
-
-
-def _project_if(flag: torch.Tensor, geo: Geometry, x: torch.Tensor) -> torch.Tensor:
-    """``geo.project(x)`` where the bool tensor ``flag`` is True, else ``x`` (`torch.cond`)."""
-
-    def project(t: torch.Tensor) -> torch.Tensor:
-        return geo.project(t).contiguous()
-
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        return t.clone(memory_format=torch.contiguous_format)
-
-    return torch.cond(flag, project, keep, (x,))

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import geoopt
 import torch
-from torch.distributed.tensor import DTensor
 
 from ..manifolds import _checks
 from ..manifolds.binding import manifold_of
 from ..manifolds.geometry import EuclideanGeometry, FrameGeometry, Geometry, StiefelGeometry
 from ..manifolds.kernels import RETRACTIONS, orthogonality_error
-from ..manifolds.sharded import ShardedGeometry, check_placements
+from ..manifolds.sharded import ShardedGeometry, check_placements, is_dtensor
 
 __all__ = [
     "Geometry",
@@ -128,7 +127,7 @@ class Binding:
         group = {} if group is None else group
         if self.retractions is not None and "retraction" in group:
             _checks.choice("retraction", group["retraction"], self.retractions)
-        self.like = param.detach() if isinstance(param, DTensor) else None
+        self.like = param.detach() if is_dtensor(param) else None
         self._fixed = None
         self._made: dict[tuple, Geometry] = {}
         if manifold is None:

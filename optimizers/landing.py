@@ -57,6 +57,9 @@ class Landing(RiemannianOptimizer):
         safe_step: cap the step at η*(X).
         repair_every: re-project (polar) after every k-th step, or None.
         telemetry: record the orthogonality error per step (keyword-only).
+        foreach: step parameters of the same kind as one batch (keyword-only; None:
+            wherever they can be; False: each alone, the same result to rounding).
+        capturable: no host read in a step, for CUDA graphs (keyword-only).
     """
 
     accepts_off_manifold = True
@@ -65,6 +68,7 @@ class Landing(RiemannianOptimizer):
     off_manifold_bound = math.inf
     feasible = False
     writes_state_in_place = False  # no state but the step count
+    buckets_plain = True  # its Euclidean form is elementwise (gradient descent)
     default_lr = 0.02
     formula = (
         "8NM² (two N×M×M products for XᴴX and XᴴG, two for the field); 10NM² for N ≤ 3M "
@@ -100,11 +104,15 @@ class Landing(RiemannianOptimizer):
         repair_every: int | None = None,
         *,
         telemetry: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
     ):
         defaults = dict(
             lr=lr, attraction=attraction, eps=eps, safe_step=safe_step, repair_every=repair_every
         )
-        super().__init__(params, defaults, telemetry=telemetry)
+        super().__init__(
+            params, defaults, telemetry=telemetry, foreach=foreach, capturable=capturable
+        )
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)

@@ -58,7 +58,16 @@ import torch
 
 from ..manifolds._checks import LOW_PRECISION
 
-__all__ = ["working", "point", "store", "unchanged", "strip", "restore_dtypes", "VERSIONS"]
+__all__ = [
+    "working",
+    "point",
+    "store",
+    "store_all",
+    "unchanged",
+    "strip",
+    "restore_dtypes",
+    "VERSIONS",
+]
 
 #: the state key of the versions recorded after the optimizer's last write
 VERSIONS = "_versions"
@@ -135,9 +144,34 @@ def store(p: torch.Tensor, state: dict, new: torch.Tensor) -> None:
         state[VERSIONS] = _versions(p, state)
 
 
+def store_all(params: list[torch.Tensor], states: list[dict], news: list[torch.Tensor]) -> None:
+    """`store` for the parameters of a bucket: one ``_foreach_copy_`` (two with masters).
+
+    Args:
+        params: the parameters (of one dtype).
+        states: their state dicts.
+        news: their new points, in the dtype `working` returned.
+    """
+    if params[0].dtype in LOW_PRECISION:
+        masters = [s["master"] for s in states]
+        torch._foreach_copy_(masters, news)
+        torch._foreach_copy_(params, masters)  # rounds to p's dtype
+    else:
+        torch._foreach_copy_(params, news)
+    compiling = torch.compiler.is_compiling()
+    for p, state in zip(params, states, strict=True):
+        if compiling:  # no record: the next eager step tests the point
+            state.pop(VERSIONS, None)
+        else:
+            state[VERSIONS] = _versions(p, state)
+
+
 def strip(state: dict) -> dict:
-    """A parameter's state without the version record (for ``state_dict``)."""
-    return {key: value for key, value in state.items() if key != VERSIONS}
+    """A parameter's state without what the host keeps for itself (for ``state_dict``).
+
+    The version record and the host's copy of the step count (keys starting with "_").
+    """
+    return {key: value for key, value in state.items() if not key.startswith("_")}
 
 
 def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: dict) -> None:

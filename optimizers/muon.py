@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from ..manifolds._checks import positive_int
 from ..manifolds.geometry import EuclideanGeometry
@@ -33,7 +32,7 @@ from ..manifolds.kernels.msign import (
     msign_flops,
     spectral_direction,
 )
-from ..manifolds.sharded import ShardedGeometry, check_placements
+from ..manifolds.sharded import ShardedGeometry, check_placements, is_dtensor
 from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
 from .geometry import Geometry
@@ -50,7 +49,7 @@ def _plain_msign(b: torch.Tensor, method: str, steps: int | None) -> torch.Tenso
     through DTensor's propagation, which all-gathers. Other layouts (and ``"svd"``)
     are left to DTensor.
     """
-    if isinstance(b, DTensor) and method != "svd":
+    if is_dtensor(b) and method != "svd":
         try:
             rows = check_placements(b)
         except ValueError:  # e.g. Shard(1): DTensor's own propagation
@@ -113,6 +112,9 @@ class ManifoldMuon(RiemannianOptimizer):
         retraction: ``"cayley"``, ``"qr"`` or ``"polar"``.
         repair_every: re-project (polar) after every k-th step, or None.
         telemetry: record the orthogonality error per step (keyword-only).
+        foreach: step parameters of the same kind as one batch (keyword-only; None:
+            wherever they can be; False: each alone, the same result to rounding).
+        capturable: no host read in a step, for CUDA graphs (keyword-only).
     """
 
     default_lr: ClassVar[float] = 0.02
@@ -139,6 +141,8 @@ class ManifoldMuon(RiemannianOptimizer):
         repair_every: int | None = None,
         *,
         telemetry: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
     ):
         defaults = dict(
             lr=lr,
@@ -151,7 +155,9 @@ class ManifoldMuon(RiemannianOptimizer):
             retraction=retraction,
             repair_every=repair_every,
         )
-        super().__init__(params, defaults, telemetry=telemetry)
+        super().__init__(
+            params, defaults, telemetry=telemetry, foreach=foreach, capturable=capturable
+        )
 
     step_bytes = Passes(reads=4, writes=1)  # Grams of X, G (the dual problem is M×M), update
 

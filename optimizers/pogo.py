@@ -173,6 +173,9 @@ class POGO(RiemannianOptimizer):
         lam: λ in [0, 1] of the correction (½, pogo-torch's default).
         repair_every: re-project (polar) after every k-th step, or None.
         telemetry: record the orthogonality error per step (keyword-only).
+        foreach: step parameters of the same kind as one batch (keyword-only; None:
+            wherever they can be; False: each alone, the same result to rounding).
+        capturable: no host read in a step, for CUDA graphs (keyword-only).
     """
 
     default_lr: ClassVar[float] = 0.01
@@ -203,6 +206,8 @@ class POGO(RiemannianOptimizer):
         repair_every: int | None = None,
         *,
         telemetry: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
     ):
         defaults = dict(
             lr=lr,
@@ -216,7 +221,9 @@ class POGO(RiemannianOptimizer):
             lam=lam,
             repair_every=repair_every,
         )
-        super().__init__(params, defaults, telemetry=telemetry)
+        super().__init__(
+            params, defaults, telemetry=telemetry, foreach=foreach, capturable=capturable
+        )
 
     # ‖G‖, Grams of X, m (X, G, m); MᴴM's diagonal (X, m); update (X, G, m → X, m)
     step_bytes = Passes(reads=8, writes=2)

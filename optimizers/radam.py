@@ -88,6 +88,9 @@ class RAdam(RiemannianOptimizer):
         amsgrad: use the running maximum of v.
         stabilize: geoopt's name for `repair_every` (give one of the two).
         telemetry: record the orthogonality error per step (keyword-only).
+        foreach: step parameters of the same kind as one batch (keyword-only; None:
+            wherever they can be; False: each alone, the same result to rounding).
+        capturable: no host read in a step, for CUDA graphs (keyword-only).
 
     Raises:
         ValueError: a hyper-parameter out of range (named, with its range).
@@ -96,6 +99,7 @@ class RAdam(RiemannianOptimizer):
 
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
+    buckets_plain = True  # its Euclidean form is elementwise (torch's SGD/Adam)
     formula = (
         "cayley: 16NM² + 6M³ + 2NM²/k (the Riemannian gradient's Gram and product, the "
         "step's Xᴴd and dᴴd, two products for the point and two for the moment's image; "
@@ -141,6 +145,8 @@ class RAdam(RiemannianOptimizer):
         stabilize: int | None = None,
         *,
         telemetry: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
     ):
         defaults = dict(
             lr=lr,
@@ -151,7 +157,9 @@ class RAdam(RiemannianOptimizer):
             weight_decay=weight_decay,
             amsgrad=amsgrad,
         )
-        super().__init__(params, defaults, telemetry=telemetry)
+        super().__init__(
+            params, defaults, telemetry=telemetry, foreach=foreach, capturable=capturable
+        )
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)

@@ -84,6 +84,9 @@ class RGD(RiemannianOptimizer):
         nesterov: Nesterov momentum (needs μ > 0 and δ = 0, as in torch).
         stabilize: geoopt's name for `repair_every` (give one of the two).
         telemetry: record the orthogonality error per step (keyword-only).
+        foreach: step parameters of the same kind as one batch (keyword-only; None:
+            wherever they can be; False: each alone, the same result to rounding).
+        capturable: no host read in a step, for CUDA graphs (keyword-only).
 
     Raises:
         ValueError: a hyper-parameter out of range (named, with its range).
@@ -92,6 +95,7 @@ class RGD(RiemannianOptimizer):
 
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
+    buckets_plain = True  # its Euclidean form is elementwise (torch's SGD/Adam)
     formula = (
         "cayley: 10NM² + 6M³ + 2NM²/k either metric (five N×M×M products, a 2M×2M "
         "solve, the float64 XᴴX every k-th step), 20n³/3 + 2n³/k on O(n) (two products, "
@@ -186,6 +190,8 @@ class RGD(RiemannianOptimizer):
         stabilize: int | None = None,
         *,
         telemetry: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
     ):
         defaults = dict(
             lr=lr,
@@ -197,7 +203,9 @@ class RGD(RiemannianOptimizer):
             weight_decay=weight_decay,
             nesterov=nesterov,
         )
-        super().__init__(params, defaults, telemetry=telemetry)
+        super().__init__(
+            params, defaults, telemetry=telemetry, foreach=foreach, capturable=capturable
+        )
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)

@@ -2,8 +2,8 @@ r"""The warnings about skipped steps: at once in an eager step, when read after 
 
 A step whose gradient or result is not finite is skipped (Note [Safe step]) and
 warned about once per optimizer and kind. An eager ``step()`` knows it from its
-one host read and warns at once (`warn`); a step traced by ``torch.compile``
-reads nothing, so it counts the skips per parameter on the device (`record`)
+one host read and warns at once (`warn`); a step traced by ``torch.compile`` (or
+a ``capturable`` one) reads nothing, so it counts the skips per parameter on the device (`record`)
 and `report` warns when they are read (Note [The step's flags are read once,
 after the step] in `stiefel.optimizers.transaction`).
 
@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from .transaction import Pending
-
 __all__ = ["warn", "record", "report"]
 
 
@@ -47,14 +45,26 @@ def warn(opt, where: str, grad_ok: bool) -> None:
         )
 
 
-def record(opt, pend: Pending) -> None:
-    """Count a traced step's skips per parameter in ``opt._flags_unread`` (no host read)."""
-    bad_grad = torch.as_tensor(pend.grad_ok).logical_not().int()
-    bad = torch.as_tensor(pend.ok).logical_not().int()
-    seen = opt._flags_unread.get(id(pend.param))
-    if seen is not None:
-        bad_grad, bad = seen[1] + bad_grad, seen[2] + bad
-    opt._flags_unread[id(pend.param)] = (pend.where, bad_grad, bad)
+def record(
+    opt, wheres: list[str], grad_ok: torch.Tensor, ok: torch.Tensor, params: list[torch.Tensor]
+) -> None:
+    """Count a quiet step's skips per parameter in ``opt._flags_unread`` (no host read).
+
+    Args:
+        opt: the optimizer.
+        wheres: the parameters, named for the warning.
+        grad_ok: their gradients are finite (one flag each, or a 0-dim flag for one).
+        ok: their steps were accepted.
+        params: the parameters.
+    """
+    bad_grad = grad_ok.reshape(-1).logical_not().int()
+    bad = ok.reshape(-1).logical_not().int()
+    for k, (where, p) in enumerate(zip(wheres, params, strict=True)):
+        seen = opt._flags_unread.get(id(p))
+        g, b = bad_grad[k], bad[k]
+        if seen is not None:
+            g, b = seen[1] + g, seen[2] + b
+        opt._flags_unread[id(p)] = (where, g, b)
 
 
 def report(opt) -> int:

@@ -49,170 +49,25 @@ a change the optimizer did not make (its version counter), and every
 Example:
     ```python
     import torch
-    from stiefel.optimizers.transaction import Snapshot
+    from stiefel.optimizers.transaction import finite, finite_rows
 
-    state = {"step": torch.tensor(1.0), "buf": torch.ones(2)}
-    snap = Snapshot(state, in_place=False)
-    state["buf"] = state["buf"] * 2  # replaced, not written: the promise holds
-    snap.check("MyRule")
-    snap.restore()
-    assert torch.equal(state["buf"], torch.ones(2))
+    t = torch.ones(3, 2, 2)
+    t[1, 0, 0] = float("nan")
+    assert not bool(finite(t))
+    assert finite_rows(t).tolist() == [True, False, True]
     ```
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
-from ..manifolds.sharded import any_rank
+from ..manifolds.sharded import any_rank, is_dtensor
 
-__all__ = ["Snapshot", "Pending", "Transaction", "finite", "finite_gradient"]
-
-
-class Snapshot:
-    """A parameter's state before a step, to restore if the step is skipped or rolled back.
-
-    Args:
-        state: the state dict (restored in place by `restore`).
-        in_place: whether the rule may write into the state's tensors (they are
-            cloned then; the master is written only after acceptance, never cloned).
-    """
-
-    def __init__(self, state: dict, in_place: bool):
-        self.state = state
-        if in_place:
-            self.before = {
-                key: value.clone() if isinstance(value, torch.Tensor) and key != "master" else value
-                for key, value in state.items()
-            }
-            self.versions: dict = {}
-        else:
-            self.before = dict(state)
-            self.versions = {
-                key: value._version
-                for key, value in state.items()
-                if isinstance(value, torch.Tensor)
-            }
-
-    def restore(self) -> None:
-        """Put the state back as it was."""
-        self.state.clear()
-        self.state.update(self.before)
-
-    def select(self, ok: torch.Tensor) -> None:
-        """Keep the rule's state where ``ok``, the state before elsewhere, by `torch.where`.
-
-        A key the rule added gets its new value where ``ok`` and zeros elsewhere (the
-        state a skipped first step leaves, Note [The step's flags are read once, after
-        the step]); a key that is not a tensor keeps the rule's value.
-        """
-        for key, value in list(self.state.items()):
-            if not isinstance(value, torch.Tensor) or key == "master":
-                continue
-            old = self.before.get(key)
-            if not isinstance(old, torch.Tensor) or old.shape != value.shape:
-                old = torch.zeros_like(value)
-            self.state[key] = torch.where(ok.to(value.device), value, old.to(value.dtype))
-
-    def check(self, owner: str) -> None:
-        """A rule declaring ``writes_state_in_place = False`` kept it (else: RuntimeError)."""
-        for key, version in self.versions.items():
-            if self.before[key]._version != version:
-                raise RuntimeError(
-                    f"{owner}.update wrote into state[{key!r}] in place but the "
-                    "class declares writes_state_in_place = False; replace the tensor "
-                    "(state[key] = new) or set writes_state_in_place = True, so that a "
-                    "skipped step can restore the state"
-                )
-
-
-@dataclass
-class Pending:
-    """One parameter's computed step, not yet written.
-
-    Attributes:
-        param: the parameter.
-        state: its state dict (as the rule left it).
-        snapshot: its state before the step.
-        new: the rule's result in the parameter's orientation (None: LAPACK refused).
-        start: the point the rule started from (the projected point when ``x`` was
-            off its manifold), written instead of ``new`` when the step is skipped.
-        projected: whether ``start`` differs from the parameter (it must be written).
-        grad_ok: the gradient is finite (a bool tensor, or a bool).
-        ok: the gradient and ``new`` are finite (a bool tensor, or a bool).
-        where: the parameter, named for a warning.
-    """
-
-    param: torch.Tensor
-    state: dict
-    snapshot: Snapshot
-    new: torch.Tensor | None
-    start: torch.Tensor
-    projected: bool
-    grad_ok: torch.Tensor | bool
-    ok: torch.Tensor | bool
-    where: str
-
-
-def _flag(value: torch.Tensor | bool, like: torch.Tensor) -> torch.Tensor:
-    return torch.as_tensor(value, device=like.device).reshape(())
-
-
-class Transaction:
-    """The steps of one ``step()`` call: computed first, written together (Note [Safe step])."""
-
-    def __init__(self) -> None:
-        self.pending: list[Pending] = []
-
-    def add(self, pending: Pending) -> None:
-        self.pending.append(pending)
-
-    def rollback(self) -> None:
-        """Restore every state touched (latest first); nothing was written."""
-        for pend in reversed(self.pending):
-            pend.snapshot.restore()
-        self.pending.clear()
-
-    def flags(self) -> torch.Tensor:
-        """(gradient finite, step finite) of every pending step, stacked: shape (k, 2)."""
-        if not self.pending:
-            return torch.zeros(0, 2, dtype=torch.bool)
-        like = self.pending[0].start
-        rows = [torch.stack([_flag(p.grad_ok, like), _flag(p.ok, like)]) for p in self.pending]
-        return torch.stack(rows)
-
-    def commit(self, write: Callable[[torch.Tensor, dict, torch.Tensor], None]) -> list[tuple]:
-        """Write every step: the result where it is finite, else the state and point before.
-
-        One host read for the whole step (Note [The step's flags are read once, after
-        the step]). Returns ``(pending, grad_ok, ok)`` of every skipped step.
-        """
-        skipped = []
-        for pend, (grad_ok, ok) in zip(self.pending, self.flags().tolist(), strict=True):
-            if ok and pend.new is not None:
-                write(pend.param, pend.state, pend.new)
-                continue
-            pend.snapshot.restore()
-            if pend.projected:
-                write(pend.param, pend.state, pend.start)
-            skipped.append((pend, grad_ok, False))
-        return skipped
-
-    def select(self, write: Callable[[torch.Tensor, dict, torch.Tensor], None]) -> None:
-        """`commit` without a host read: each point and state tensor chosen by `torch.where`.
-
-        For a traced step (Note [The step's flags are read once, after the step]).
-        """
-        for pend in self.pending:
-            ok = pend.ok if isinstance(pend.ok, torch.Tensor) else torch.tensor(pend.ok)
-            pend.snapshot.select(ok)
-            write(pend.param, pend.state, torch.where(ok, pend.new, pend.start))
+__all__ = ["finite", "finite_rows", "finite_gradient"]
 
 
 def finite(t: torch.Tensor) -> torch.Tensor:
@@ -231,7 +86,7 @@ def finite(t: torch.Tensor) -> torch.Tensor:
     of the two is composite too (four operations each); max(−lo, hi) < ∞ is false
     for NaN and for either infinity, in three.
     """
-    if isinstance(t, DTensor):  # every rank must take the same decision
+    if is_dtensor(t):  # every rank must take the same decision
         bad = _finite(t.to_local()).logical_not().reshape(1)
         return any_rank(bad, mesh=t.device_mesh).logical_not().reshape(())
     return _finite(t)
@@ -245,6 +100,18 @@ def _finite(t: torch.Tensor) -> torch.Tensor:
     return absmax_from(lo, hi) < math.inf
 
 
+def finite_rows(t: torch.Tensor) -> torch.Tensor:
+    """`finite` of each row ``t[i]`` (one parameter of a bucket): a bool vector, no host read.
+
+    The extremes of each row, as in Note [Finiteness in one pass].
+    """
+    if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+        return torch.ones(t.shape[0], dtype=torch.bool, device=t.device)
+    flat = (torch.view_as_real(t) if t.is_complex() else t).reshape(t.shape[0], -1)
+    lo, hi = torch.aminmax(flat, dim=1)
+    return absmax_from(lo, hi) < math.inf
+
+
 def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`finite` of a gradient, and max |G| where the same pass gives it (else None).
 
@@ -252,7 +119,7 @@ def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
     its test and its scale]): a single real matrix, not a DTensor, not traced.
     """
     if (
-        isinstance(grad, DTensor)
+        is_dtensor(grad)
         or grad.dim() != 2
         or not grad.is_floating_point()
         or grad.numel() == 0

@@ -18,7 +18,7 @@ import torch
 
 from stiefel import optimizers
 from stiefel.manifolds import Stiefel
-from stiefel.optimizers import RiemannianOptimizer, base, master
+from stiefel.optimizers import RiemannianOptimizer, engine, master
 
 
 def _ours() -> list[str]:
@@ -91,7 +91,7 @@ def test_skipped_step_leaves_state_and_point_unchanged(name, before, monkeypatch
     state0 = _snapshot(opt, params)
     points0 = [p.detach().clone() for p in params]
     with monkeypatch.context() as patch:  # the result of this step "is not finite"
-        patch.setattr(base, "finite", lambda new: False)
+        patch.setattr(engine, "finite", lambda new: torch.tensor(False))
         messages = _step(opt, params, _grads(params, 99))
     assert any("keep their values" in m for m in messages)
     _assert_same_state(state0, _snapshot(opt, params))
@@ -171,6 +171,6 @@ def test_plugin_writing_in_place_is_rolled_back_by_copy(monkeypatch):
     opt = _InPlace([w])
     _step(opt, [w], [torch.ones(3)])
     state0 = _snapshot(opt, [w])
-    monkeypatch.setattr(base, "finite", lambda new: False)
+    monkeypatch.setattr(engine, "finite", lambda new: torch.tensor(False))
     _step(opt, [w], [torch.ones(3)])
     _assert_same_state(state0, _snapshot(opt, [w]))

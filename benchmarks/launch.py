@@ -1,0 +1,368 @@
+r"""What a step over a whole model costs the host: ops, host reads and host time per step.
+
+Run ``python -m benchmarks.launch`` (``--quick`` for a short run, ``--device cuda``
+on a GPU). On a GPU a step over many parameters is bound by kernel launches and
+host reads, not by FLOPs; both are counted here without a GPU, and neither
+depends on the machine's load:
+
+- ``ops``: ATen operations dispatched by one ``opt.step()`` (a
+  `TorchDispatchMode` sees each one; on a GPU each is at least one launch);
+- ``reads``: host reads of a tensor's value in that step (``.item()``,
+  ``float(t)``, ``bool(t)``, ``torch.equal``, ``.tolist()``; on a GPU each one
+  waits for every queued kernel, under ``torch.compile`` each one breaks the graph);
+- ``host``: the CPU time of one step on the calling thread (one torch thread,
+  the median of interleaved rounds), with the wall time beside it.
+
+Parameter sets: 200 × St(8, 4), 200 × St(64, 16), and a transformer-like set of
+48 matrices (12 blocks of 256×768, 256×256, 256×1024 and 1024×256, stepped as
+tall points: St(768, 256), O(256), St(1024, 256) twice). Each optimizer of this
+package (every Riemannian optimizer of the registry, and ``rgd`` with the QR
+retraction) steps them beside torch's Adam (foreach and fused), torch's Muon,
+pogo-torch's POGO and geoopt's RiemannianSGD / RiemannianAdam on the same
+points with the same fixed gradients. ``flat`` is the ratio of a step's ops on
+the separate parameters to its ops on the same matrices stacked, one parameter
+per distinct shape (1: the step costs what the stacked matrices cost).
+
+``--device cuda`` times every step on the GPU (synchronised wall time) and, for
+the optimizers that take ``capturable=True``, one replay of the step captured
+in a CUDA graph.
+
+Example:
+
+```text
+python -m benchmarks.launch --quick
+python -m benchmarks.launch --sets st64x16 --optimizers rgd,pogo
+python -m benchmarks.launch --device cuda --json /tmp/launch_cuda.json
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import geoopt
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from stiefel import optimizers
+from stiefel.manifolds import Orthogonal, Stiefel
+
+from ._timing import device_of, fmt_ratio, fmt_time, header, table, thread_timed, write_json
+
+#: the parameter sets: name → list of (count, N, M) blocks of tall points
+SETS: dict[str, list[tuple[int, int, int]]] = {
+    "st8x4": [(200, 8, 4)],
+    "st64x16": [(200, 64, 16)],
+    "transformer": [(12, 768, 256), (12, 256, 256), (12, 1024, 256), (12, 1024, 256)],
+}
+QUICK_SETS: dict[str, list[tuple[int, int, int]]] = {
+    "st8x4": [(24, 8, 4)],
+    "st64x16": [(24, 64, 16)],
+    "transformer": [(2, 96, 32), (2, 32, 32), (2, 128, 32), (2, 128, 32)],
+}
+LR = 1e-3
+#: the reads of a tensor's value on the host, as dispatched
+READS = {"aten._local_scalar_dense.default", "aten.equal.default", "aten.is_nonzero.default"}
+
+
+class StepCounter(TorchDispatchMode):
+    """Counts the ATen ops and the host reads of a tensor's value while active.
+
+    A read of an optimizer's step counter is not counted: torch keeps ``state["step"]``
+    on the CPU (unless ``capturable``), where reading it waits for no device.
+    """
+
+    def __init__(self, opt: torch.optim.Optimizer | None = None) -> None:
+        super().__init__()
+        self.ops = 0
+        self.reads = 0
+        self.opt = opt
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        if str(func) in READS and not self._counter(args[0]) or _to_host(func, args, kwargs or {}):
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+    def _counter(self, t) -> bool:
+        if self.opt is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return False
+        return any(s.get("step") is t for s in self.opt.state.values())
+
+    def __enter__(self):
+        # ``tolist`` reads the whole tensor without a dispatched op: count it here
+        self._tolist = torch.Tensor.tolist
+        counter = self
+
+        def tolist(t: torch.Tensor):
+            counter.reads += 1
+            return counter._tolist(t)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+
+def _to_host(func, args, kwargs) -> bool:
+    """A copy from a CUDA tensor to the CPU (``.cpu()``, ``.to("cpu")``)."""
+    if str(func) not in ("aten._to_copy.default", "aten.copy_.default") or not args:
+        return False
+    src = args[-1] if str(func) == "aten.copy_.default" else args[0]
+    dst = args[0].device if str(func) == "aten.copy_.default" else kwargs.get("device")
+    return (
+        isinstance(src, torch.Tensor)
+        and src.device.type == "cuda"
+        and dst is not None
+        and torch.device(dst).type == "cpu"
+    )
+
+
+def counts(opt: torch.optim.Optimizer) -> tuple[int, int]:
+    """(ops, host reads) of one ``opt.step()``, after two warm-up steps."""
+    opt.step()
+    opt.step()
+    with StepCounter(opt) as c:
+        opt.step()
+    return c.ops, c.reads
+
+
+def _points(blocks, device, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for count, n, m in blocks:
+        for _ in range(count):
+            out.append(torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=torch.float64))[0])
+    return [x.float().contiguous().to(device) for x in out]
+
+
+def _manifold(n: int, m: int):
+    return Orthogonal(n) if n == m else Stiefel(n, m)
+
+
+def _ours(name: str, **hyper):
+    def make(points, stacked):
+        params = [
+            geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape[-2:])) for x in points
+        ]
+        return params, optimizers.create(name, params, lr=LR, **hyper)
+
+    return make
+
+
+def _plain(factory):
+    def make(points, stacked):
+        params = [torch.nn.Parameter(x.clone()) for x in points]
+        return params, factory(params)
+
+    return make
+
+
+def _pogo_torch(points, stacked):
+    import pogo
+    import pogo.base
+
+    # pogo-torch steps batches only ([*batch, p, q]): a single matrix is a batch of one
+    params = [torch.nn.Parameter(x.clone() if stacked else x[None].clone()) for x in points]
+    return params, pogo.POGO(params, pogo.base.SGD(), lr=LR, rows=False)
+
+
+def _geoopt(cls):
+    def make(points, stacked):
+        params = [
+            geoopt.ManifoldParameter(x.clone(), manifold=geoopt.EuclideanStiefel()) for x in points
+        ]
+        return params, cls(params, lr=LR)
+
+    return make
+
+
+def candidates() -> dict[str, Callable]:
+    """label → factory(points, stacked) -> (params, optimizer); ours first, then the peers."""
+    ours = {}
+    for name in optimizers.available():
+        cls = optimizers.get(name)
+        if isinstance(cls, type) and issubclass(cls, optimizers.RiemannianOptimizer):
+            ours[name] = _ours(name)
+            if name == "rgd":
+                ours["rgd (qr)"] = _ours(name, retraction="qr")
+    peers = {
+        "torch Adam foreach": _plain(lambda ps: torch.optim.Adam(ps, lr=LR, foreach=True)),
+        "torch Adam fused": _plain(lambda ps: torch.optim.Adam(ps, lr=LR, fused=True)),
+        "torch Muon": _plain(lambda ps: torch.optim.Muon(ps, lr=LR)),
+        "pogo-torch": _pogo_torch,
+        "geoopt RSGD (qr)": _geoopt(geoopt.optim.RiemannianSGD),
+        "geoopt RAdam (qr)": _geoopt(geoopt.optim.RiemannianAdam),
+    }
+    return {**ours, **peers}
+
+
+def _stack(points: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The same matrices, one stacked tensor per distinct shape."""
+    by_shape: dict[tuple, list[torch.Tensor]] = {}
+    for x in points:
+        by_shape.setdefault(tuple(x.shape), []).append(x)
+    return [torch.stack(xs) for xs in by_shape.values()]
+
+
+def _stepper(make, points, grads, stacked=False):
+    params, opt = make(points, stacked)
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone().reshape(p.shape)
+    return opt
+
+
+def measure_set(name: str, blocks, device, rounds: int, only: list[str] | None) -> list[dict]:
+    """Ops, reads and host time per step of every candidate on one parameter set."""
+    points = _points(blocks, device)
+    gen = torch.Generator().manual_seed(1)
+    grads = [torch.randn(x.shape, generator=gen).to(device) for x in points]
+    stacked_points, stacked_grads = _stack(points), _stack(grads)
+    rows, steps = [], {}
+    for label, make in candidates().items():
+        if only and label.split(" ")[0] not in only and label not in only:
+            continue
+        try:
+            opt = _stepper(make, points, grads)
+            ops, reads = counts(opt)
+        except Exception as err:  # noqa: BLE001 - a peer that cannot step this set is reported
+            rows.append({"set": name, "optimizer": label, "error": f"{type(err).__name__}: {err}"})
+            continue
+        try:
+            flat = ops / counts(_stepper(make, stacked_points, stacked_grads, stacked=True))[0]
+        except Exception:  # noqa: BLE001 - e.g. torch's Muon steps 2-D parameters only
+            flat = float("nan")
+        steps[label] = opt.step
+        rows.append({"set": name, "optimizer": label, "ops": ops, "reads": reads, "flat": flat})
+    cpu = _interleaved(steps, rounds, thread_timed if device.type == "cpu" else None)
+    wall = _interleaved(steps, rounds, _wall(device))
+    for row in rows:
+        if row["optimizer"] in steps:
+            row["host_s"], row["wall_s"] = cpu[row["optimizer"]], wall[row["optimizer"]]
+    return rows
+
+
+def _wall(device):
+    def clock(fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    return clock
+
+
+def _interleaved(fns: dict[str, Callable], rounds: int, clock) -> dict[str, float]:
+    if clock is None:
+        return dict.fromkeys(fns, float("nan"))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            times[key].append(clock(fn))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def captured(name: str, blocks, device, rounds: int) -> list[dict]:
+    """One replay of each capturable step in a CUDA graph, against its eager step."""
+    points = _points(blocks, device)
+    grads = [torch.randn_like(x) for x in points]
+    rows = []
+    for label in candidates():
+        if label.split(" ")[0] not in optimizers.available():
+            continue
+        hyper = {"retraction": "qr"} if label == "rgd (qr)" else {}
+        params = [geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape)) for x in points]
+        try:
+            opt = optimizers.create(label.split(" ")[0], params, lr=LR, capturable=True, **hyper)
+        except (TypeError, ValueError) as err:
+            rows.append({"set": name, "optimizer": label, "error": str(err)})
+            continue
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                opt.step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            opt.step()
+        t = _interleaved({"eager": opt.step, "graph": graph.replay}, rounds, _wall(device))
+        rows.append({"set": name, "optimizer": label, "eager_s": t["eager"], "graph_s": t["graph"]})
+    return rows
+
+
+def results_table(rows: list[dict[str, Any]], anchor: str = "torch Adam foreach") -> str:
+    """The markdown table of `measure_set`'s rows, host time also as a ratio to ``anchor``."""
+    base = {r["set"]: r.get("host_s") for r in rows if r["optimizer"] == anchor}
+    body = []
+    for r in rows:
+        if "error" in r:
+            body.append([r["set"], r["optimizer"], "—", "—", "—", "—", "—", r["error"][:60]])
+            continue
+        host = r.get("host_s")
+        body.append([
+            r["set"], r["optimizer"], str(r["ops"]), str(r["reads"]), f"{r['flat']:.2f}",
+            fmt_time(host), fmt_time(r.get("wall_s")),
+            fmt_ratio(None if host is None or not base.get(r["set"]) else host / base[r["set"]]),
+        ])  # fmt: skip
+    cols = ["set", "optimizer", "ops/step", "reads/step", "flat", "host/step", "wall/step"]
+    return table([*cols, f"host ÷ {anchor}"], body)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sets, few rounds")
+    parser.add_argument("--sets", default=None, help=f"comma-separated, of {', '.join(SETS)}")
+    parser.add_argument("--optimizers", default=None, help="comma-separated labels to keep")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", default=None, help="write the rows to this file")
+    args = parser.parse_args(argv)
+    device = device_of(args.device, parser)
+    sets = QUICK_SETS if args.quick else SETS
+    chosen = list(sets) if args.sets is None else args.sets.split(",")
+    unknown = sorted(set(chosen) - set(sets))
+    if unknown:
+        parser.error(f"--sets {','.join(unknown)}: unknown; allowed: {', '.join(sets)}")
+    only = None if args.optimizers is None else args.optimizers.split(",")
+    rounds = args.rounds or (3 if args.quick else 15)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # the host time of one thread (Note [Thread CPU time ...])
+    rows = []
+    for name in chosen:
+        rows += measure_set(name, sets[name], device, rounds, only)
+    out = [
+        header("Ops, host reads and host time per optimizer step", device),
+        "",
+        results_table(rows),
+    ]
+    graph_rows = []
+    if device.type == "cuda":
+        for name in chosen:
+            graph_rows += captured(name, sets[name], device, rounds)
+        body = [
+            [r["set"], r["optimizer"], fmt_time(r.get("eager_s")), fmt_time(r.get("graph_s")),
+             fmt_ratio(r["eager_s"] / r["graph_s"]) if "graph_s" in r else r.get("error", "")[:60]]
+            for r in graph_rows
+        ]  # fmt: skip
+        out += ["", table(["set", "optimizer", "eager", "captured", "speed-up"], body)]
+    text = "\n".join(out)
+    print(text)
+    if args.json:
+        write_json(args.json, {"rows": rows, "captured": graph_rows})
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+r"""Buckets: the parameters of a param group that one call of the rule steps together.
+
+Note [One rule call per bucket]
+On a GPU a step over many small parameters is bound by kernel launches and
+host reads, not by FLOPs: a rule called once per parameter dispatches its
+dozens of operations once per parameter. Every kernel of this package takes a
+batch of matrices (leading dimensions), so parameters that the same rule steps
+with the same geometry can be stepped as one batch: parameters with the same
+manifold (class and options), shape, dtype, device and layout, and the same
+state keys and step count. Their points and gradients are stacked into one
+(P, ...) tensor (a parameter that is already a batch joins with its matrices),
+the rule is called once, and the new points are written back by one
+``torch._foreach_copy_``. Each matrix is stepped exactly as alone: the rules
+reduce per matrix (Grams, norms, step sizes of shape (..., 1, 1)), and a
+plain tensor is stacked only for a rule that declares its Euclidean form
+elementwise (``RiemannianOptimizer.buckets_plain``).
+
+The state stays per parameter in torch's format (``opt.state[p]``, what
+``state_dict`` saves): a bucket stacks its parameters' state tensors for the
+rule and hands each parameter the view of its row of the result. At the next
+step, state tensors that are still those views of one stacked tensor are used
+as that tensor (no copy): in a steady run the state is stacked once. The step
+count is stacked as a (P,) vector and handed to the rule as (P, 1, …, 1), so
+that it broadcasts against the per-matrix quantities of the rule.
+
+Example:
+    ```python
+    import torch, geoopt
+    from stiefel.manifolds import Stiefel
+    from stiefel import optimizers
+
+    st = Stiefel(8, 4)
+    ws = [geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st) for _ in range(3)]
+    alone = [geoopt.ManifoldParameter(w.detach().clone(), manifold=st) for w in ws]
+    for a, b in zip(ws, alone):
+        a.grad = b.grad = torch.randn(8, 4, dtype=torch.float64)
+    optimizers.create("radam", ws, lr=0.1, foreach=True).step()  # one call for the three
+    optimizers.create("radam", alone, lr=0.1, foreach=False).step()  # three calls
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ws, alone))
+    ```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import master
+from .geometry import Binding
+
+__all__ = ["Bucket", "plan", "stack_state", "unstack_state", "STEP", "HOST_STEP"]
+
+#: the state key of the step count (torch's name), a float tensor per parameter
+STEP = "step"
+#: the state key of the step count as the host knows it (never saved: `master.strip`)
+HOST_STEP = "_host_step"
+
+
+@dataclass(eq=False)
+class Bucket:
+    """Parameters of one param group stepped by one call of the rule.
+
+    Attributes:
+        params: the parameters (one, or several of the same kind).
+        indices: their indices in the group.
+        binding: the binding of the first (every parameter's is alike).
+        count: their step count as the host knows it (None: never stepped, or unknown).
+    """
+
+    params: list[torch.Tensor]
+    indices: list[int]
+    binding: Binding
+    count: int | None
+    views: dict = field(default_factory=dict)
+
+    @property
+    def single(self) -> bool:
+        return len(self.params) == 1
+
+    def where(self, k: int = 0) -> str:
+        """Parameter ``k`` of the bucket, named for a warning or an error."""
+        p = self.params[k]
+        return f"a parameter (index {self.indices[k]} of its group, shape {tuple(p.shape)})"
+
+
+def host_count(state: dict) -> int | None:
+    """The step count of a parameter as the host knows it (None: no step yet).
+
+    The count is kept beside the state's tensor (``HOST_STEP``) whenever the
+    optimizer writes it; a state that lacks it (a state loaded by hand) is read
+    once.
+    """
+    if STEP not in state:
+        return None
+    known = state.get(HOST_STEP)
+    if known is None:
+        known = state[HOST_STEP] = int(state[STEP])
+    return known
+
+
+def _kind(p: torch.Tensor, binding: Binding, state: dict, plain: bool, quiet: bool) -> tuple | None:
+    """What a parameter must share with the others of its bucket (None: it steps alone)."""
+    if binding.like is not None or type(p.detach()) is not torch.Tensor or p.grad.is_sparse:
+        return None  # a DTensor, a tensor subclass: its own dispatch, stepped alone
+    man = binding.manifold
+    if man is None and not plain:
+        return None
+    if man is not None and not binding.stiefel:
+        return None  # another geoopt manifold: its operations may read the whole tensor
+    keys = tuple(sorted(k for k, v in state.items() if not k.startswith("_") and k != "master"))
+    if any(not isinstance(state[k], torch.Tensor) for k in keys):
+        return None
+    manifold = None if man is None else (type(man), repr(man))
+    return (
+        manifold, binding.transposed, tuple(p.shape), p.stride(), p.dtype, p.device,
+        p.grad.dtype, p.grad.stride(), keys, None if quiet else host_count(state),
+    )  # fmt: skip
+
+
+def plan(
+    params: list[torch.Tensor],
+    bindings: list[Binding],
+    states,
+    foreach: bool,
+    plain: bool,
+    quiet: bool = False,
+) -> list[Bucket]:
+    """The buckets of a param group's parameters that have a gradient, in group order.
+
+    Args:
+        params: the group's parameters.
+        bindings: their bindings.
+        states: the optimizer's state (``opt.state``).
+        foreach: stack parameters of the same kind (False: every parameter alone).
+        plain: whether plain tensors may be stacked (the rule's Euclidean form is
+            elementwise).
+        quiet: no host read (a traced or capturable step): step counts are not known.
+
+    Returns:
+        One bucket per kind of parameter (each parameter alone without ``foreach``).
+    """
+    buckets: list[Bucket] = []
+    by_kind: dict[tuple, Bucket] = {}
+    for i, (p, binding) in enumerate(zip(params, bindings, strict=True)):
+        if p.grad is None:
+            continue
+        state = states[p]
+        kind = _kind(p, binding, state, plain, quiet) if foreach else None
+        bucket = None if kind is None else by_kind.get(kind)
+        if bucket is None:
+            bucket = Bucket([p], [i], binding, None if quiet else host_count(state))
+            buckets.append(bucket)
+            if kind is not None:
+                by_kind[kind] = bucket
+        else:
+            bucket.params.append(p)
+            bucket.indices.append(i)
+    return buckets
+
+
+def stack_state(bucket: Bucket, states: list[dict], x: torch.Tensor, copy: bool) -> dict:
+    """The state a rule steps the bucket with: each key stacked over the parameters.
+
+    Tensors that are the views `unstack_state` handed out at the previous step are
+    used as the tensor they view (Note [One rule call per bucket]), unless ``copy``
+    (a rule that writes into its state: it gets a fresh copy).
+    """
+    work: dict = {}
+    for key in states[0]:
+        if key.startswith("_") or key == "master":
+            continue
+        values = [s[key] for s in states]
+        held = bucket.views.get(key)
+        if (
+            not copy
+            and held is not None
+            and all(v is h for v, h in zip(values, held[1], strict=True))
+        ):
+            base = held[0]
+        else:
+            base = torch.stack(values)
+        work[key] = base
+    if STEP in work:
+        work[STEP] = work[STEP].view(-1, *(1,) * (x.dim() - 1))
+    return work
+
+
+def unstack_state(bucket: Bucket, work: dict, rows: list[int] | None = None) -> list[dict]:
+    """Each parameter's share of the rule's state (views of its row), for ``rows`` (all)."""
+    rows = list(range(len(bucket.params))) if rows is None else rows
+    shares: list[dict] = [{} for _ in rows]
+    bucket.views = {}
+    for key, value in work.items():
+        if not isinstance(value, torch.Tensor):
+            for share in shares:
+                share[key] = value
+            continue
+        base = value.reshape(len(bucket.params)) if key == STEP else value
+        views = base.unbind(0)
+        if len(rows) == len(bucket.params):
+            bucket.views[key] = (base, views)
+        for share, r in zip(shares, rows, strict=True):
+            share[key] = views[r]
+    return shares
+
+
+def publish(state: dict, share: dict, count: int | None) -> None:
+    """Replace a parameter's state by the rule's (its master and version record kept)."""
+    kept = {k: v for k, v in state.items() if k == "master" or k == master.VERSIONS}
+    state.clear()
+    state.update(share)
+    state.update(kept)
+    state[HOST_STEP] = None if count is None else count
