@@ -35,13 +35,19 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from stiefel import orthogonalize
-from stiefel.nn import ConvNERUCell, OrthoConv2d, OrthogonalConv2d, OrthogonalRNN
+from stiefel.nn import (
+    ConvNERUCell,
+    OrthoConv2d,
+    OrthogonalConv2d,
+    OrthogonalRNN,
+    lipschitz_bound,
+)
 
 from ._timing import device_of, header
 
 
 def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int, device):
-    """min and max of ‖y‖/‖x‖ over random x, and ‖layer‖₂ by power iteration on layerᵀlayer.
+    """min and max of ‖y‖/‖x‖ over random x, and ‖layer‖₂ (`stiefel.nn.lipschitz_bound`).
 
     A module is moved to ``device``; the inputs are drawn on the CPU and moved.
     """
@@ -50,14 +56,7 @@ def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int, de
     x = torch.randn(draws, *shape, dtype=torch.float64).to(device)
     with torch.no_grad():
         r = layer(x).flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1)
-    v = torch.randn(1, *shape, dtype=torch.float64).to(device)
-    for _ in range(100):
-        v = v.requires_grad_(True)
-        y = layer(v)
-        (g,) = torch.autograd.grad(y, v, y.detach())
-        v = (g / g.norm()).detach()
-    with torch.no_grad():
-        op = float(layer(v).norm())
+    op = lipschitz_bound(layer, shape, iterations=100, rtol=0, dtype=torch.float64, device=device)
     return float(r.min()), float(r.max()), op
 
 

@@ -21,15 +21,14 @@ that each is a map of c×s×s images that commutes with circular shifts
 
 Note [Exact norm of a circular convolution]
 A linear map A of c-channel s×s images that commutes with every circular
-shift S_t is a multichannel circular convolution: x = Σ_{j,p} x_j(p)·S_p e_j
-(e_j the unit impulse of channel j at position 0), so Ax = Σ_{j,p} x_j(p)·S_p h_j
-with h_j = A e_j. The 2-D DFT, unitary up to the factor s, block-diagonalises
-it: ŷ(ω) = Ĥ(ω) x̂(ω), with Ĥ(ω) the c×c matrix whose column j is the DFT of
-h_j at ω. The singular values of A are those of the s² matrices Ĥ(ω) together
-(Sedghi, Gupta & Long 2019), so ‖A‖₂ = max_ω ‖Ĥ(ω)‖₂: one forward of c
-impulses, an FFT and s² small SVDs, exact up to the rounding of the layer's
-own arithmetic (no power iteration, whose estimate is a lower bound). An
-affine layer's linear part is A x = layer(x) − layer(0).
+shift is a multichannel circular convolution, block-diagonalised by the 2-D
+DFT: its singular values are those of the s² c×c transfer matrices Ĥ(ω),
+whose columns are the DFTs of its impulse responses (Sedghi, Gupta & Long
+2019). `stiefel.nn.singular_values` computes them (Note [Singular values of a
+circular convolution by impulse responses] in `stiefel.nn.spectrum`), so
+‖A‖₂ = max_ω ‖Ĥ(ω)‖₂ is exact up to the rounding of the layer's own
+arithmetic (no power iteration, whose estimate is a lower bound). An affine
+layer's linear part is A x = layer(x) − layer(0).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stiefel.nn import OrthoConv2d, OrthogonalConv2d
+from stiefel.nn import OrthoConv2d, OrthogonalConv2d, singular_values
 from stiefel.parametrizations import orthogonalize
 
 __all__ = ["LAYERS", "DEFAULT_MAPS", "conv_layer", "circular_norm"]
@@ -133,7 +132,8 @@ def _aoc(channels: int, kernel_size: int, dtype: torch.dtype) -> nn.Module:
 def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
     r"""‖A‖₂ of the linear part A of a shift-commuting layer on ``channels``×``size``² images.
 
-    One forward of the c unit impulses and the zero image (one batch: a layer
+    The first of `stiefel.nn.singular_values` (``method="fft"``): one forward of
+    the c unit impulses, a random image and the zero image (one batch: a layer
     whose weight changes at every call, as orthogonium's, is measured at one
     weight), the responses' FFT, and the largest singular value of the s²
     transfer matrices in float64 (Note [Exact norm of a circular convolution]).
@@ -149,7 +149,8 @@ def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
         The largest singular value of the layer's linear part.
 
     Raises:
-        ValueError: the layer does not map (B, c, s, s) to (B, c, s, s).
+        ValueError: the layer does not map (B, c, s, s) to (B, c, s, s), or does not
+            commute with circular shifts.
 
     Example:
         ```python
@@ -164,15 +165,12 @@ def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
     params = next(iter(layer.parameters()), None)
     dtype = params.dtype if params is not None else torch.float32
     device = params.device if params is not None else None
-    c = channels
-    impulses = torch.zeros(c + 1, c, size, size, dtype=dtype, device=device)
-    impulses[torch.arange(c), torch.arange(c), 0, 0] = 1  # the last image stays zero
-    out = layer(impulses)
-    if out.shape != impulses.shape:
+    shape = (1, channels, size, size)
+    out = layer(torch.zeros(shape, dtype=dtype, device=device))
+    if out.shape != shape:
         raise ValueError(
-            f"layer maps {tuple(impulses.shape)} to {tuple(out.shape)}; allowed: a "
-            f"shape-preserving circular convolution ({c} channels, {size}×{size})"
+            f"layer maps {(channels + 1, *shape[1:])} to {(channels + 1, *out.shape[1:])}; "
+            f"allowed: a shape-preserving circular convolution ({channels} channels, "
+            f"{size}×{size})"
         )
-    responses = (out[:c] - out[c]).double()  # (in j, out i, s, s), the bias removed
-    transfer = torch.fft.fft2(responses).permute(2, 3, 1, 0)  # (s, s, out, in)
-    return float(torch.linalg.matrix_norm(transfer, ord=2).max())
+    return float(singular_values(layer, shape[1:], method="fft", dtype=dtype, device=device)[0])

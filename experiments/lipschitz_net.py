@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from experiments.lipschitz_layers import LAYERS, circular_norm, conv_layer
+from stiefel.nn import lipschitz_bound
 from stiefel.parametrizations import orthogonalize
 
 __all__ = ["LipschitzNet", "maxmin", "operator_norm"]
@@ -57,14 +58,15 @@ def operator_norm(
 ) -> float:
     r"""‖A‖₂ of the linear map ``fn`` on inputs of ``shape``, by power iteration on AᵀA.
 
-    Aᵀu is the gradient of ⟨A v, u⟩ with respect to v (autograd), so ``fn``
-    need only be linear and differentiable. Returns ‖A v‖ for the last unit v,
-    a lower bound that converges to ‖A‖₂ at the rate (σ₂/σ₁)^{2·iters}.
+    `stiefel.nn.lipschitz_bound` with ``iters`` steps: Aᵀu is the gradient of
+    ⟨A v, u⟩ with respect to v (autograd), so ``fn`` need only be linear and
+    differentiable. Returns ‖A v‖ for the last unit v, a lower bound that
+    converges to ‖A‖₂ at the rate (σ₂/σ₁)^{2·iters}.
 
     Args:
         fn: the linear map.
         shape: the shape of its input.
-        iters: power iterations.
+        iters: power iterations (≥ 1).
         generator: random generator of the start.
         dtype: dtype of the start.
         device: device of the start (that of ``fn``'s weights; default the CPU). The
@@ -83,17 +85,15 @@ def operator_norm(
         assert abs(operator_norm(lambda v: a @ v, (3,)) - 3.0) < 1e-4
         ```
     """
-    v = torch.randn(shape, generator=generator, dtype=dtype).to(device)
-    v = v / v.norm()
-    sigma = 0.0
-    for _ in range(iters):
-        v = v.detach().requires_grad_(True)
-        u = fn(v)
-        sigma = float(u.detach().norm())
-        (w,) = torch.autograd.grad(u, v, u.detach())
-        v = w / w.norm()
-    with torch.no_grad():
-        return float(fn(v).norm()) if iters else sigma
+    return lipschitz_bound(
+        lambda v: fn(v[0]),
+        shape,
+        iterations=iters,
+        rtol=0,
+        generator=generator,
+        dtype=dtype,
+        device=device,
+    )
 
 
 class LipschitzNet(nn.Module):

@@ -1,6 +1,7 @@
 r"""Layers built on the maps: orthogonal/unitary recurrent cells, modReLU, ConvNERU,
 the FFT orthogonal convolution, the explicit-kernel orthogonal convolutions
-(BCOP/AOC from exact maps), and the real embedding of U(n) in O(2n).
+(BCOP/AOC from exact maps), the real embedding of U(n) in O(2n), and the
+operator norms of layers (`singular_values`, `lipschitz_bound`).
 
 Example:
     ```python
@@ -16,6 +17,7 @@ from .conv import ConvNERUCell, OrthogonalConv2d
 from .embedding import complex_from_real, real_embedding
 from .orthoconv import OrthoConv2d, OrthoConvTranspose2d
 from .recurrent import ModReLU, OrthogonalRNN, OrthogonalRNNCell, henaff_init
+from .spectrum import lipschitz_bound, singular_values
 
 __all__ = [
     "ModReLU",
@@ -28,4 +30,6 @@ __all__ = [
     "OrthoConvTranspose2d",
     "real_embedding",
     "complex_from_real",
+    "singular_values",
+    "lipschitz_bound",
 ]
