@@ -254,6 +254,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         merged = {**self.defaults, **group}
         self.check_group(merged)
+        if merged["capturable"]:
+            _check_capturable([*(p for g in self.param_groups for p in g["params"]), *params])
         bindings = [bind_parameter(self, i, p, merged) for i, p in enumerate(params)]
         if "retraction" in merged and all(b.retractions is None for b in bindings):
             checks.choice("retraction", merged["retraction"], RETRACTIONS)
@@ -431,3 +433,14 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""
         for group in self.param_groups:
             self.stabilize_group(group)
+
+
+def _check_capturable(params: list[torch.Tensor]) -> None:
+    """ValueError unless every parameter is on one CUDA device (``capturable=True``)."""
+    devices = sorted({str(p.device) for p in params})
+    if len(devices) > 1 or any(not d.startswith("cuda") for d in devices):
+        raise ValueError(
+            f"capturable=True needs every parameter on one CUDA device (a CUDA graph replays "
+            f"on one device); the parameters are on {', '.join(devices)}; allowed: "
+            "capturable=False, or the parameters moved to one CUDA device"
+        )

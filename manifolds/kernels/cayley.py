@@ -28,6 +28,7 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
+from .reads import host_reads_allowed
 from .reduce import gram, row_group
 from .scaling import host_max, normalize, weights
 from .skew_cayley import cayley_delta
@@ -138,7 +139,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
 
     short = gamma >= 0.25
     bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
-    if not torch.compiler.is_compiling():  # max ‖K‖_F over the short steps, −1: none
+    if host_reads_allowed():  # max ‖K‖_F over the short steps, −1: none
         bound = host_max(torch.where(short, half_beta.abs(), -1.0))
     if bound is not None and bound < 0:
         y = explicit(lambda t: t)

@@ -45,6 +45,7 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
+from .reads import host_reads_allowed
 from .reduce import by_columns, gram
 from .scaling import host_scalars, scaled_gram, scaled_step
 
@@ -248,7 +249,7 @@ def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     ok = ok & (terms <= _CANCEL_MAX * _trace(aa))
     fast = in_place()
     a = _argument(x, c, s, over_s=fast)  # X·C − S
-    if fast and not torch.compiler.is_compiling() and bool(ok.all()):
+    if fast and host_reads_allowed() and bool(ok.all()):
         return _right_solve(a, r, over_a=True)
     return replace_refused(_right_solve(a, r), ok, lambda sel: _householder(sel(a)))
 
@@ -308,7 +309,7 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
         else:
             ok = _trace(bb) < bound * gamma**2
             # Note [Traced steps compute both paths] in .frame
-            if torch.compiler.is_compiling() or not bool(ok.all()):
+            if not host_reads_allowed() or not bool(ok.all()):
                 ok = ok | _conditioned(bb, info)
             else:
                 ok = True

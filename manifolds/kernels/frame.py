@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from .basic import eye_like, product_like
+from .reads import host_reads_allowed
 from .reduce import by_columns, gram, row_group, wide_gram
 
 __all__ = [
@@ -266,7 +267,7 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         inside = torch.linalg.matrix_norm(e, keepdim=True) < E_MAX
         e = e.mul_(inside) if in_place() else e * inside
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
-        need = torch.compiler.is_compiling() or bool(long.any())
+        need = not host_reads_allowed() or bool(long.any())
         ed = (e @ d) * long if need else None  # E·D where ‖D‖_F > ½
         f = d.sub_(e, alpha=0.5) if in_place() else torch.sub(d, e, alpha=0.5)  # D − ½E
         if ed is not None:
@@ -341,7 +342,7 @@ def replace_refused(
     """
     if ok is True:
         return y
-    if torch.compiler.is_compiling():  # Note [Traced steps compute both paths]
+    if not host_reads_allowed():  # Note [Traced steps compute both paths]
         return torch.where(ok, y, exact(lambda t: t).to(y.dtype))
     if bool(ok.all()):
         return y

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from .reads import host_reads_allowed
 from .reduce import gram, row_group, rows_absmax
 
 __all__ = [
@@ -98,7 +99,7 @@ def host_bound(t: torch.Tensor) -> bool:
         t.device.type == "cpu"
         and not torch.is_grad_enabled()
         and row_group() is None
-        and not torch.compiler.is_compiling()
+        and host_reads_allowed()
     )
 
 

@@ -1,0 +1,32 @@
+r"""When a kernel may read a tensor's value on the host: the one test every kernel asks.
+
+Note [Kernels read nothing while traced or captured]
+A few kernels read a number on the host to take a shorter path (a batch whose
+matrices all passed a test skips the fallback, a step size known small skips
+a pass). Such a read is a graph break under ``torch.compile`` and is refused
+while a CUDA stream is captured into a graph (``torch.cuda.graphs``, an
+optimizer's ``capturable`` step): there the kernels take their path without a
+read (both paths chosen by ``torch.where``, Note [Traced steps compute both
+paths]). Both conditions are states of torch itself, asked here at the call,
+so that no flag has to be carried from the optimizer into the kernels.
+
+Example:
+    ```python
+    from stiefel.manifolds.kernels.reads import host_reads_allowed
+
+    assert host_reads_allowed()  # eager, no graph being captured
+    ```
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["host_reads_allowed"]
+
+
+def host_reads_allowed() -> bool:
+    """False while ``torch.compile`` traces or a CUDA graph is being captured."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
