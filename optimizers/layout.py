@@ -6,9 +6,8 @@ every gradient and copy that keeps that layout, and a wide batch stepped as its
 transpose) reaches the products of a step as the transposes of row-major
 matrices, so each N×M·M×M product runs as an M×M·M×N one and each Gram with
 its operands swapped. On the CPU, MKL's batched products of these small shapes
-are slower in that form (docs/results.md, "Layouts" for single products and
-"Page faults in the batched table, and batches stepped by rows" for whole
-steps). A step makes five to eight such products, and two copies cost less than
+are slower in that form (docs/performance.md, "Batched regime (many small
+matrices)"). A step makes five to eight such products, and two copies cost less than
 they lose. So a batch (three or more dimensions) of tall matrices (N > M) on
 the CPU, stored by columns, is stepped on a row-major copy of its point and
 gradient (points with orthonormal columns only: an elementwise rule on a plain

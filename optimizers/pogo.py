@@ -104,8 +104,7 @@ def pogo_step(
     # Its diagonal is taken from M's columns instead (`gram_minus_identity`,
     # Note [The Gram's diagonal from offset squares]): one N×M pass more, and the
     # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
-    # off-diagonal rounding (docs/results.md, "POGO's correction from the exact
-    # diagonal").
+    # off-diagonal rounding (docs/performance.md, "Batched regime (many small matrices)").
     e = gram_minus_identity(mid)
     inside = (torch.linalg.matrix_norm(e) < BASIN)[..., None, None]
     # outside the basin MᴴM − I, and with it the corrected point, is NaN
