@@ -22,6 +22,7 @@ def reached(record: dict) -> float:
     return min(sum(losses[i : i + k]) / k for i in range(len(losses) - k + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["cwy+rmsprop(lr=1e-4)", "riemannian+rgd(lr=0.001)"])
 def test_bf16_autocast_reaches_the_float32_loss_within_10_percent(strategy):
     """Mean over three seeds: one float32 run alone moves by ~10 % with the thread count

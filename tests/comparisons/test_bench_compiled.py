@@ -54,6 +54,7 @@ def test_bad_device_is_refused(compiled, capsys):
     assert "--device 'tpu'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_batched_steps_are_compiled_to_the_eager_result(compiled, tmp_path):
     # --batch B steps B matrices at once; the compiled point after two steps equals
     # the eager one to rounding, for every matrix of the batch

@@ -297,6 +297,7 @@ def test_report_without_results_says_so(tmp_path):
         cli.main(["report", "--out", str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_parallel_jobs_give_the_serial_numbers(tmp_path):
     """``jobs=2`` runs in worker processes and returns the serial runs, in order."""
     from stiefel.comparisons.config import resolve
