@@ -33,6 +33,20 @@ class SignPhaseDiagonal:
         else:
             self.register_buffer(self.diagonal_buffer, d)  # type: ignore[attr-defined]
 
+    def check_state(self) -> str | None:
+        """Real signs must be ±1 (a unit-modulus diagonal); complex phases are any finite θ."""
+        why = super().check_state()  # type: ignore[misc]
+        if why is not None or self.is_complex:  # type: ignore[attr-defined]
+            return why
+        d = getattr(self, self.diagonal_buffer)
+        bad = int((d.detach().abs() != 1).sum())
+        if bad:
+            return (
+                f"buffer {self.diagonal_buffer!r} has {bad} of {d.numel()} entries other than "
+                "±1 (the diagonal must be unimodular)"
+            )
+        return None
+
     def diagonal(self) -> torch.Tensor:
         """d: the signs (real) or e^{iθ} (complex), shape (…, m)."""
         if self.is_complex:  # type: ignore[attr-defined]

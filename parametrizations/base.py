@@ -351,6 +351,38 @@ class OrthogonalMap(nn.Module):
         """Why ``original`` (finite) cannot be used, or None; maps with a singular case override."""
         return None
 
+    def check_state(self) -> str | None:
+        """Why the map's own tensors (its buffers) cannot be used, or None.
+
+        Maps whose buffers must hold particular values (signs ±1, a base point
+        on the manifold) override this; it runs at the first-use check and
+        when a state dict is loaded (Note [Free parameters are checked at first
+        use]).
+        """
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # the map's buffers as they were, to put back if the checkpoint's are refused
+        before = {k: (b, b.detach().clone()) for k, b in self._buffers.items() if b is not None}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        buffers = [b for b in self._buffers.values() if b is not None]
+        if any(b.device.type == "meta" for b in buffers):
+            return
+        why = self.check_state()
+        if why is None:
+            return
+        with torch.no_grad():
+            for k, (old, value) in before.items():
+                if self._buffers[k] is old:
+                    old.copy_(value)
+                else:  # load_state_dict(assign=True) replaced it
+                    self._buffers[k] = old
+        raise ValueError(
+            f"{self.label} ({self.method!r} map): the state dict's {why}; the map's buffers "
+            "are left as they were. Load a checkpoint saved from this map, or call "
+            "stiefel.parametrizations.initialize(model) or the module's reset_parameters()"
+        )
+
     def verify(self, original: torch.Tensor) -> None:
         r"""Refuse free parameters that were never initialised (first use after a change).
 
@@ -361,8 +393,11 @@ class OrthogonalMap(nn.Module):
         give a NaN or an arbitrary matrix silently. So the first forward after
         the map is built, moved or converted (``_apply``: ``to``, ``to_empty``,
         ``half``…) or loaded (``load_state_dict``) checks that the original and
-        the map's tensors are finite and that the map accepts the original
-        (`check_original`), and raises naming the weight and the fix otherwise.
+        the map's tensors are finite, that its buffers hold values it can use
+        (`check_state`: signs ±1, a base point on the manifold) and that the
+        map accepts the original (`check_original`), and raises naming the
+        weight and the fix otherwise. ``load_state_dict`` runs `check_state`
+        on the loaded buffers at once and puts the old ones back when it fails.
         Later forwards skip the check: no host synchronisation per step. The
         check is skipped while tracing with ``torch.compile`` (it would break
         the graph) and for values that cannot be read (meta, ``vmap``).
@@ -376,7 +411,8 @@ class OrthogonalMap(nn.Module):
         tensors += [(f"the map's {k}", t) for k, t in self.named_buffers()]
         floating = [(k, t) for k, t in tensors if t.is_floating_point() or t.is_complex()]
         bad = [k for k, t in floating if not bool(torch.isfinite(t).all())]
-        why = f"{', '.join(bad)} not finite" if bad else self.check_original(original.detach())
+        why = f"{', '.join(bad)} not finite" if bad else self.check_state()
+        why = why if why is not None else self.check_original(original.detach())
         if why is not None:
             raise ValueError(
                 f"{self.label} ({self.method!r} map) cannot be computed: {why} (never "
@@ -449,9 +485,7 @@ class OrthogonalMap(nn.Module):
         if q.device.type == "meta":
             return q
         _checks.finite(name, value)
-        err = float(orthogonality_error(high(q.detach())).max()) if q.numel() else 0.0
-        eps = torch.finfo(represented_dtype(value.detach())).eps
-        tol = max(100 * self.n * eps, math.sqrt(eps))
+        err, tol = self.point_error(q)
         if not err <= tol:
             raise ValueError(
                 f"{name} is not on {self.manifold!r}: ‖QᴴQ − I‖_F = {err:.3e} > {tol:.3e}; "
@@ -460,6 +494,13 @@ class OrthogonalMap(nn.Module):
         if err > 100 * self.n * torch.finfo(torch.float64).eps:
             q = polar(high(q.detach())).to(work_dtype(q.dtype))
         return q
+
+    def point_error(self, q: torch.Tensor) -> tuple[float, float]:
+        """‖QᴴQ − I‖_F (the largest of a batch) and the tolerance of a point (Note [Tolerance
+        of right inverses]): max(100·n·ε, √ε), ε of the precision ``q`` is represented in."""
+        err = float(orthogonality_error(high(q.detach())).max()) if q.numel() else 0.0
+        eps = torch.finfo(represented_dtype(q.detach())).eps
+        return err, max(100 * self.n * eps, math.sqrt(eps))
 
     def _haar(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         # drawn (on the CPU, for the same numbers on every device) in the precision of

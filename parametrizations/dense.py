@@ -10,6 +10,8 @@ orthogonal or unitary matrix, so they cost O(N³) whatever M is (prefer
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..manifolds._checks import int_in_range
@@ -58,6 +60,46 @@ class _Based(OrthogonalMap):
             self.base.copy_(p.to(self.base.dtype))
         return torch.zeros(*self.batch, self.n, self.n, dtype=q.dtype, device=q.device)
 
+    def _base_error(self) -> tuple[float, float]:
+        r"""‖BᴴB − I‖_F and the tolerance of a base point (finite B).
+
+        Note [Which base points are accepted]
+        A base rounded to a lower precision (``module.bfloat16()``, a bfloat16
+        checkpoint loaded into a float32 module) is repaired (Note [The base
+        point is repaired after a round trip]); anything else off the manifold
+        (uninitialised memory, a state dict of random numbers) is refused. So
+        B is judged as a point of the coarsest precision that holds it exactly
+        (bfloat16 and float16 included, Note [Tolerance of right inverses]),
+        and never beyond ‖BᴴB − I‖_F = 0.5, inside the region where the
+        repair's Newton–Schulz steps converge (bfloat16 rounding gives 0.075
+        at n = 1024).
+        """
+        b = self.base
+        err, tol = self.point_error(b)
+        if not b.is_complex():
+            for low in (torch.bfloat16, torch.float16):
+                if b.dtype != low and torch.equal(b.to(low).to(b.dtype), b):
+                    eps = torch.finfo(low).eps
+                    tol = max(tol, 100 * self.n * eps, math.sqrt(eps))
+                    break
+        return err, min(tol, 0.5)
+
+    def check_state(self) -> str | None:
+        """The base must be a point (within the tolerance of a right inverse) to be usable."""
+        why = super().check_state()
+        b = self.base
+        if why is not None or b.device.type == "meta":
+            return why
+        if not bool(torch.isfinite(b).all()):
+            return "buffer 'base' is not finite"
+        err, tol = self._base_error()
+        if not err <= tol:
+            return (
+                f"buffer 'base' is not a point (‖BᴴB − I‖_F = {err:.3e} > {tol:.3e}; it must "
+                "have orthonormal columns)"
+            )
+        return None
+
     def changed_outside(self) -> None:
         r"""Put the base back on the manifold after a conversion or a load.
 
@@ -88,6 +130,8 @@ class _Based(OrthogonalMap):
             err = float(torch.linalg.matrix_norm(gram - torch.eye(gram.shape[-1]).to(gram)).max())
             if err <= 10 * self.n * torch.finfo(b.dtype).eps:
                 return  # already a point of B's precision (a load keeps it bit for bit)
+            if not err <= self._base_error()[1]:
+                return  # not a rounded point: refused by the first-use check (check_state)
             for _ in range(4):
                 x = 1.5 * x - 0.5 * (x @ (x.mH @ x))
             b.copy_(x.to(b.dtype))
