@@ -185,19 +185,23 @@ def project_where(flag: torch.Tensor, geo, x: torch.Tensor) -> torch.Tensor:
     return torch.cond(flag, project, keep, (x,))
 
 
-def _write(opt, c: Computed, rows: list[int]) -> None:
-    """Write the accepted ``rows`` of a bucket: points (one foreach copy) and states."""
+def _write(opt, c: Computed, rows: list[int], new=None, work=None) -> None:
+    """Write the accepted ``rows`` of a bucket: points (one foreach copy) and states.
+
+    ``new`` and ``work`` replace the rule's result and state (`select`'s choices).
+    """
     bucket = c.bucket
-    new = bucket.binding.orient(c.new)
+    work = c.work if work is None else work
+    new = bucket.binding.orient(c.new if new is None else new)
     params = [bucket.params[r] for r in rows]
     states = [opt.state[p] for p in params]
     if bucket.single:
         master.store(params[0], states[0], new)
-        shares = [c.work]
+        shares = [work]
     else:
         news = new.unbind(0)
         master.store_all(params, states, [news[r] for r in rows])
-        shares = unstack_state(bucket, c.work, rows)
+        shares = unstack_state(bucket, work, rows)
     count = 1 if bucket.count is None else bucket.count + 1
     for state, share in zip(states, shares, strict=True):
         publish(state, share, count)
@@ -255,17 +259,20 @@ def select(opt, computed: list[Computed]) -> None:
         bucket = c.bucket
         if c.new is None:
             continue
-        c.new = torch.where(_rows(c.ok, c.start, bucket.single), c.new, c.start)
-        for key, value in list(c.work.items()):
+        # new names, not fields of ``c`` written over: a traced step reads locals
+        new = torch.where(_rows(c.ok, c.start, bucket.single), c.new, c.start)
+        work = {}
+        for key, value in c.work.items():
             if not isinstance(value, torch.Tensor):
+                work[key] = value
                 continue
             old = c.before.get(key)
             if not isinstance(old, torch.Tensor) or old.shape != value.shape:
                 old = torch.zeros_like(value)
             keep = _rows(c.ok, value, bucket.single).to(value.device)
-            c.work[key] = torch.where(keep, value, old.to(value.device, value.dtype))
+            work[key] = torch.where(keep, value, old.to(value.device, value.dtype))
         rows = list(range(len(bucket.params)))
-        _write(opt, c, rows)
+        _write(opt, c, rows, new, work)
         for state in (opt.state[p] for p in bucket.params):
             state.pop("_host_step", None)  # the host does not know which were skipped
         skips.record(opt, [bucket.where(r) for r in rows], c.grad_ok, c.ok, bucket.params)
