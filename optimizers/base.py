@@ -77,7 +77,7 @@ from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
 from . import buckets, engine, master, skips, telemetry, terms
 from . import state as saved_state
-from .geometry import Binding, Geometry, bind_parameter, manifold_of
+from .geometry import Binding, Geometry, bind_parameter, check_kind, manifold_of
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 
@@ -316,7 +316,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 quiet = traced or bool(group["capturable"])
                 self._bind_marked(group, self._bindings[index])  # bind
                 for bucket in self._buckets(index, group, quiet):  # bucket
-                    computed.append(engine.compute(self, bucket, group, quiet))  # rule
+                    computed.append(self._rule(bucket, group, quiet))  # rule
             loud = [c for c in computed if not (traced or c.group["capturable"])]
             engine.select(self, [c for c in computed if c not in loud])  # commit
             while loud:  # buckets whose tested points were off: again, from their projections
@@ -327,6 +327,24 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             if self.telemetry:
                 telemetry.record(self)
         return loss
+
+    def _rule(self, bucket: buckets.Bucket, group: dict, quiet: bool) -> engine.Computed:
+        """`engine.compute`; a rule's RuntimeError names the parameters and their state."""
+        try:
+            return engine.compute(self, bucket, group, quiet)
+        except RuntimeError as err:
+            shapes = "; ".join(
+                f"{bucket.where(k)}: "
+                + (", ".join(
+                    f"{key} {tuple(v.shape)}" for key, v in self.state[p].items()
+                    if isinstance(v, torch.Tensor) and not key.startswith("_")
+                ) or "no state")
+                for k, p in enumerate(bucket.params)
+            )  # fmt: skip
+            raise RuntimeError(
+                f"{type(self).__name__}: the step of {shapes} failed: {err} (a state of "
+                "another shape, e.g. from a state_dict edited by hand, is a common cause)"
+            ) from err
 
     def _buckets(self, index: int, group: dict, quiet: bool) -> list[buckets.Bucket]:
         """The buckets of a group's parameters that have a gradient (`buckets.plan`)."""
@@ -400,11 +418,16 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         Machinery that rebuilt it (``fully_shard``, ``to_empty``, ...) had dropped its
         manifold when this optimizer was built from a bare parameter list; the forward
         pre-hook of its module marked it again before this step (Note [The manifold
-        lives on the module] in `stiefel.manifolds.binding`).
+        lives on the module] in `stiefel.manifolds.binding`). A bound parameter whose
+        dtype kind is no longer its manifold's (``module.to(torch.complex64)``) is
+        refused before anything is written (TypeError).
         """
         for i, p in enumerate(group["params"]):
             if bindings[i].manifold is None and manifold_of(p) is not None:
                 bindings[i] = bind_parameter(self, i, p, group)
+            elif bindings[i].manifold is not None and p.grad is not None:
+                where = f"parameter {i} of its group (shape {tuple(p.shape)})"
+                check_kind(where, p, bindings[i].manifold, type(self).__name__)
 
     @torch.no_grad()
     def stabilize_group(self, group: dict) -> None:

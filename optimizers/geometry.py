@@ -46,6 +46,7 @@ __all__ = [
     "GeooptGeometry",
     "Binding",
     "bind_parameter",
+    "check_kind",
     "geometry_for",
     "manifold_of",
 ]
@@ -214,6 +215,34 @@ def _dtensor_optimizers() -> list[str]:
     return names
 
 
+def check_kind(where: str, p: torch.Tensor, man, owner: str) -> None:
+    """TypeError when ``p``'s dtype kind (real, complex) is not its manifold's.
+
+    Checked when a parameter is bound and again at every step: machinery that
+    converts a module (``module.to(torch.complex64)``) changes the dtype of a
+    parameter the optimizer bound as real.
+
+    Args:
+        where: the parameter, named for the message.
+        p: the parameter.
+        man: its manifold (one without a ``complex`` flag is not checked).
+        owner: the optimizer's class name.
+    """
+    cplx = getattr(man, "complex", None)
+    if not isinstance(cplx, bool) or p.is_complex() == cplx:
+        return
+    kind, other = ("complex", "real") if p.is_complex() else ("real", "complex")
+    raise TypeError(
+        f"{where} has dtype {p.dtype} but its manifold {man!r} is {other}; {owner} cannot "
+        f"step a {kind} tensor on a {other} manifold: use a "
+        + (
+            "complex manifold (e.g. Stiefel(n, m, complex=True), Unitary(n)) or a real tensor"
+            if p.is_complex()
+            else "real manifold (Stiefel(n, m), Orthogonal(n)) or a complex tensor"
+        )
+    )
+
+
 def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
     """Parameter ``i`` of a new group of optimizer ``opt``, bound to its manifold and checked.
 
@@ -236,13 +265,7 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
         man = group.get("manifold")
     if man is None:
         man, transposed = opt.implied_manifold(p) or (None, False)
-    cplx = getattr(man, "complex", None)
-    if isinstance(cplx, bool) and p.is_complex() and not cplx:
-        raise TypeError(
-            f"parameter {i} of the new param group has dtype {p.dtype} but its manifold "
-            f"{man!r} is real; {owner} cannot step a complex tensor on a real manifold: use a "
-            "complex manifold (e.g. Stiefel(n, m, complex=True), Unitary(n)) or a real tensor"
-        )
+    check_kind(f"parameter {i} of the new param group", p, man, owner)
     binding = Binding(man, p, group, transposed)  # ValueError: retraction, DTensor layout
     if binding.like is not None and not opt.dtensor_points:
         raise ValueError(
