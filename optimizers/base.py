@@ -263,6 +263,17 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         super().add_param_group(group)
         self._bindings.append(bindings)
 
+    @classmethod
+    def dtensor_rules(cls) -> list[str]:
+        """The loaded optimizer classes whose rules step DTensor manifold points."""
+        found, todo = [], [RiemannianOptimizer]
+        while todo:
+            sub = todo.pop()
+            todo += sub.__subclasses__()
+            if sub is not RiemannianOptimizer and sub.dtensor_points:
+                found.append(sub.__name__)
+        return sorted(set(found))
+
     def manifold_parameters(self) -> list[torch.Tensor]:
         """Parameters whose geometry is Stiefel-like, in param-group order."""
         return [

@@ -202,19 +202,6 @@ def _distance(man, x: torch.Tensor) -> str:
     return f"‖x − projx(x)‖ = {dist:.3e}"
 
 
-def _dtensor_optimizers() -> list[str]:
-    """Registered optimizers whose rules run on DTensor manifold points (from the registry)."""
-    from . import registry  # the registry imports the optimizers, which import this module
-    from .base import RiemannianOptimizer
-
-    names = []
-    for name in registry.available():
-        obj = registry.get(name)
-        if isinstance(obj, type) and issubclass(obj, RiemannianOptimizer) and obj.dtensor_points:
-            names.append(name)
-    return names
-
-
 def check_kind(where: str, p: torch.Tensor, man, owner: str) -> None:
     """TypeError when ``p``'s dtype kind (real, complex) is not its manifold's.
 
@@ -272,7 +259,7 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
             f"parameter {i} of the new param group is a DTensor "
             f"(placements {tuple(binding.like.placements)}); {owner} calls kernels that do "
             "not run on shards. Optimizers that accept DTensor manifold points: "
-            f"{', '.join(_dtensor_optimizers())}"
+            f"{', '.join(opt.dtensor_rules())}"
         )
     geo = binding.bind(group)
     if man is not None and not opt.accepts_off_manifold:
