@@ -18,24 +18,41 @@ _LOW = _checks.LOW_PRECISION
 
 
 def _in_float32(fn):
-    """Run a method on float16/bfloat16 tensors in float32; return the input dtype.
+    """Run a method on float16/bfloat16 tensors in float32; return the dtype of ``x``.
 
     Note [Low precision in float32]
     A Gram matrix or a factorization in bfloat16 is off by ~1e-2 (8 bits of
     mantissa), more than the whole tolerance of a stored bfloat16 point; the
     work is done in float32 and only the result is rounded to the input dtype.
+
+    Note [Mixed precision follows the point]
+    A float32 master weight with a bfloat16 gradient (autocast) is the usual
+    mixed call: the result belongs to the point, so it has ``x``'s dtype (the
+    first tensor argument), as torch's type promotion gives it in geoopt for
+    every x at least as wide as the vector. When an argument is low precision,
+    every real argument is computed in the working dtype (x's, or float32 when
+    x itself is low precision) and the result is returned in x's dtype; without
+    a low-precision argument, dtypes must match as before.
     """
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        low = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
-        if low is None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        # a complex (or integer) x is left to the checks, which name the dtypes given
+        if not any(a.dtype in _LOW for a in tensors) or not tensors[0].is_floating_point():
             return fn(self, *args, **kwargs)
-        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
-        out = fn(self, *up, **kwargs)
+        out_dtype = tensors[0].dtype
+        work = torch.float32 if out_dtype in _LOW else out_dtype
+
+        def up(a):
+            if not isinstance(a, torch.Tensor) or not a.dtype.is_floating_point:
+                return a
+            return a.to(work)
+
+        out = fn(self, *[up(a) for a in args], **kwargs)
         if isinstance(out, tuple):
-            return tuple(o.to(low) for o in out)
-        return out.to(low)
+            return tuple(o.to(out_dtype) for o in out)
+        return out.to(out_dtype)
 
     return wrapper
 

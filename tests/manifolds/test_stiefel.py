@@ -256,3 +256,57 @@ def test_bad_values_and_names():
         man.egrad2rgrad(x, u, metric="flat")
     with pytest.raises(TypeError, match="must match"):
         man.retr(x, u.float())
+
+
+_MIXED = [
+    ("proju", lambda m, x, u: m.proju(x, u)),
+    ("egrad2rgrad", lambda m, x, u: m.egrad2rgrad(x, u)),
+    ("egrad2rgrad canonical", lambda m, x, u: m.egrad2rgrad(x, u, metric="canonical")),
+    ("retr cayley", lambda m, x, u: m.retr(x, u)),
+    ("retr qr", lambda m, x, u: m.retr(x, u, method="qr")),
+    ("expmap", lambda m, x, u: m.expmap(x, u)),
+    ("transp", lambda m, x, u: m.transp(x, m.retr(x, u), u)),
+    ("retr_transp", lambda m, x, u: m.retr_transp(x, u, u)),
+    ("inner", lambda m, x, u: m.inner(x, u)),
+]
+
+
+@pytest.mark.parametrize("name,op", _MIXED, ids=[n for n, _ in _MIXED])
+@pytest.mark.parametrize(
+    "x_dtype,u_dtype",
+    [
+        (torch.float32, torch.bfloat16),
+        (torch.float32, torch.float16),
+        (torch.float64, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_mixed_precision_follows_the_point(name, op, x_dtype, u_dtype):
+    # Note [Mixed precision follows the point]: a float32 weight with a bfloat16
+    # gradient gets a float32 result, as torch's promotion gives it in geoopt; the
+    # reference is the same call in float64 on the very values given (u as rounded)
+    man = Stiefel(12, 3)
+    x = man.random(dtype=x_dtype, generator=_gen()).detach()
+    x64 = x.double()
+    u = 0.3 * man.proju(x64, torch.randn(12, 3, dtype=torch.float64, generator=_gen(1)))
+    u = u.to(u_dtype)
+    got = op(man, x, u)
+    want = op(man, x64, u.double())
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    work = torch.float32 if x_dtype in (torch.float16, torch.bfloat16) else x_dtype
+    tol = 10 * man.n * torch.finfo(x_dtype).eps + 10 * man.n * torch.finfo(work).eps
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == x_dtype, (name, g.dtype)
+        assert float((g.double() - w).abs().max()) <= tol * (1 + float(w.abs().max()))
+
+
+def test_mixed_precision_keeps_the_field_and_exact_dtype_checks():
+    man = Stiefel(6, 2)
+    x = man.random(dtype=torch.float64)
+    # two wide dtypes that differ are still refused (no low-precision argument)
+    with pytest.raises(TypeError, match="must match"):
+        man.proju(x, x.float())
+    # a real low-precision vector on a complex manifold names its own dtype
+    un = Unitary(2)
+    with pytest.raises(TypeError, match=r"u is real \(torch.bfloat16\)"):
+        un.retr(un.random(), torch.zeros(2, 2, dtype=torch.bfloat16))
