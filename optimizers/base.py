@@ -114,8 +114,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         defaults: the hyper-parameters and their default values.
         telemetry: record the orthogonality error after every step.
         foreach: step parameters of the same kind as one batch (torch's name; None:
-            wherever they can be, Note [One rule call per bucket]); False steps each
-            parameter alone, with the same result to rounding.
+            where it pays, Note [One rule call per bucket]; True: wherever they can
+            be); False steps each parameter alone, with the same result to rounding.
         capturable: read nothing on the host during a step (Note [One host read per
             step]), so that ``opt.step()`` can be captured in a CUDA graph; every
             parameter on one CUDA device.
@@ -360,7 +360,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     def _buckets(self, index: int, group: dict, quiet: bool) -> list[buckets.Bucket]:
         """The buckets of a group's parameters that have a gradient (`buckets.plan`)."""
         # a traced step is one program already: the compiler fuses what a bucket would
-        foreach = group["foreach"] is not False and not torch.compiler.is_compiling()
+        foreach = False if torch.compiler.is_compiling() else group["foreach"]
         found = buckets.plan(
             group["params"], self._bindings[index], self.state, foreach, self.buckets_plain, quiet
         )

@@ -15,6 +15,15 @@ reduce per matrix (Grams, norms, step sizes of shape (..., 1, 1)), and a
 plain tensor is stacked only for a rule that declares its Euclidean form
 elementwise (``RiemannianOptimizer.buckets_plain``).
 
+Stacking is not free: the points and gradients are copied into the stack and
+the new points out of it, three passes over the data that a rule call per
+parameter does not make. A rule call costs a fixed time per operation it
+dispatches (on a GPU a kernel launch each), so the stack pays for small
+parameters and on a GPU, and costs up to a fifth of a bandwidth-bound step on
+large ones on the CPU. ``foreach=None`` (the default) therefore stacks every
+parameter on a CUDA device and, elsewhere, parameters of at most `SMALL`
+entries; ``foreach=True`` stacks every parameter that can be.
+
 The state stays per parameter in torch's format (``opt.state[p]``, what
 ``state_dict`` saves): a bucket stacks its parameters' state tensors for the
 rule and hands each parameter the view of its row of the result. At the next
@@ -49,8 +58,10 @@ import torch
 from . import master
 from .geometry import Binding
 
-__all__ = ["Bucket", "plan", "stack_state", "unstack_state", "STEP", "HOST_STEP"]
+__all__ = ["Bucket", "plan", "stack_state", "unstack_state", "STEP", "HOST_STEP", "SMALL"]
 
+#: with ``foreach=None``, the largest parameter (entries) stacked off a CUDA device
+SMALL = 1 << 16
 #: the state key of the step count (torch's name), a float tensor per parameter
 STEP = "step"
 #: the state key of the step count as the host knows it (never saved: `master.strip`)
@@ -99,8 +110,12 @@ def host_count(state: dict) -> int | None:
     return known
 
 
-def _kind(p: torch.Tensor, binding: Binding, state: dict, plain: bool, quiet: bool) -> tuple | None:
+def _kind(
+    p: torch.Tensor, binding: Binding, state: dict, foreach: bool | None, plain: bool, quiet: bool
+) -> tuple | None:
     """What a parameter must share with the others of its bucket (None: it steps alone)."""
+    if foreach is None and p.device.type != "cuda" and p.numel() > SMALL:
+        return None  # Note [One rule call per bucket]: the stack does not pay here
     if binding.like is not None or type(p.detach()) is not torch.Tensor or p.grad.is_sparse:
         return None  # a DTensor, a tensor subclass: its own dispatch, stepped alone
     man = binding.manifold
@@ -122,7 +137,7 @@ def plan(
     params: list[torch.Tensor],
     bindings: list[Binding],
     states,
-    foreach: bool,
+    foreach: bool | None,
     plain: bool,
     quiet: bool = False,
 ) -> list[Bucket]:
@@ -132,7 +147,8 @@ def plan(
         params: the group's parameters.
         bindings: their bindings.
         states: the optimizer's state (``opt.state``).
-        foreach: stack parameters of the same kind (False: every parameter alone).
+        foreach: stack parameters of the same kind (None: those that pay, Note [One
+            rule call per bucket]; False: every parameter alone).
         plain: whether plain tensors may be stacked (the rule's Euclidean form is
             elementwise).
         quiet: no host read (a traced or capturable step): step counts are not known.
@@ -146,7 +162,7 @@ def plan(
         if p.grad is None:
             continue
         state = states[p]
-        kind = _kind(p, binding, state, plain, quiet) if foreach else None
+        kind = None if foreach is False else _kind(p, binding, state, foreach, plain, quiet)
         bucket = None if kind is None else by_kind.get(kind)
         if bucket is None:
             bucket = Bucket([p], [i], binding, None if quiet else host_count(state))

@@ -113,7 +113,7 @@ class ManifoldMuon(RiemannianOptimizer):
         repair_every: re-project (polar) after every k-th step, or None.
         telemetry: record the orthogonality error per step (keyword-only).
         foreach: step parameters of the same kind as one batch (keyword-only; None:
-            wherever they can be; False: each alone, the same result to rounding).
+            where it pays; False: each alone, the same result to rounding).
         capturable: no host read in a step, for CUDA graphs (keyword-only).
     """
 

@@ -89,7 +89,7 @@ class RAdam(RiemannianOptimizer):
         stabilize: geoopt's name for `repair_every` (give one of the two).
         telemetry: record the orthogonality error per step (keyword-only).
         foreach: step parameters of the same kind as one batch (keyword-only; None:
-            wherever they can be; False: each alone, the same result to rounding).
+            where it pays; False: each alone, the same result to rounding).
         capturable: no host read in a step, for CUDA graphs (keyword-only).
 
     Raises:
