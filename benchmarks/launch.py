@@ -17,7 +17,9 @@ Parameter sets: 200 × St(8, 4), 200 × St(64, 16), and a transformer-like set o
 48 matrices (12 blocks of 256×768, 256×256, 256×1024 and 1024×256, stepped as
 tall points: St(768, 256), O(256), St(1024, 256) twice). Each optimizer of this
 package (every Riemannian optimizer of the registry, and ``rgd`` with the QR
-retraction) steps them beside torch's Adam (foreach and fused), torch's Muon,
+retraction), with ``foreach=True`` (what ``foreach=None`` does on a GPU; on the
+CPU it leaves parameters over 65,536 entries unstacked, Note [One rule call per
+bucket]), steps them beside torch's Adam (foreach and fused), torch's Muon,
 pogo-torch's POGO and geoopt's RiemannianSGD / RiemannianAdam on the same
 points with the same fixed gradients. ``flat`` is the ratio of a step's ops on
 the separate parameters to its ops on the same matrices stacked, one parameter
@@ -151,7 +153,7 @@ def _ours(name: str, **hyper):
         params = [
             geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape[-2:])) for x in points
         ]
-        return params, optimizers.create(name, params, lr=LR, **hyper)
+        return params, optimizers.create(name, params, lr=LR, foreach=True, **hyper)
 
     return make
 
