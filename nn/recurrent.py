@@ -32,10 +32,24 @@ class ModReLU(nn.Module):
     layers start from h₀ away from zero; |z| is smoothed with ε = 1e-5 as in
     uRNN/scuRNN.
 
+    Note [modReLU at zero]
+    σ(z) = z·s(z) with s(z) = relu(|z| + b)/|z|. With ``eps=0`` the quotient is
+    0/0 at z = 0 (and the gradient of |z| there is 0·∞), which gave NaN in the
+    value and the gradient. There s is replaced by its limit: 0 for b < 0
+    (σ ≡ 0 near 0), 1 for b = 0 (σ(z) = z) and, for b > 0, the 1 of the
+    continuous part of σ(z) = z + b·sgn(z) (torch's convention that sgn has a
+    zero derivative). So σ(0) = 0, ∂σ/∂z(0) = 1[b ≥ 0] and ∂σ/∂b(0) = 0, all finite;
+    the division itself reads a safe |z| = 1 there, so no NaN reaches the
+    backward pass. With ε > 0 nothing divides by zero and the formula is used as is.
+
     Args:
         n: number of features (one bias each).
         nonpositive_bias: use min(b, 0) as the bias (bounded derivative).
-        eps: the smoothing ε of |z|.
+        eps: the smoothing ε ≥ 0 of |z|.
+
+    Raises:
+        ValueError: a negative or non-finite ``eps``.
+        TypeError: ``eps`` not a real number, ``nonpositive_bias`` not a bool.
 
     Example:
         ```python
@@ -45,12 +59,14 @@ class ModReLU(nn.Module):
         act = ModReLU(4)
         z = torch.randn(2, 4, dtype=torch.complex64)
         assert act(z).shape == (2, 4)
+        assert torch.isfinite(ModReLU(4, eps=0.0)(torch.zeros(1, 4))).all()
         ```
     """
 
     def __init__(self, n: int, nonpositive_bias: bool = False, eps: float = 1e-5):
         super().__init__()
         _checks.flag("nonpositive_bias", nonpositive_bias)
+        eps = _checks.number("eps", eps, low=0.0)
         self.bias = nn.Parameter(torch.full((n,), -0.01 if nonpositive_bias else 0.0))
         self.nonpositive_bias = nonpositive_bias
         self.eps = eps
@@ -58,8 +74,20 @@ class ModReLU(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """σ(z), elementwise over the last dimension (of size n)."""
         b = -torch.relu(-self.bias) if self.nonpositive_bias else self.bias
-        mod = torch.sqrt(z.real**2 + z.imag**2 + self.eps) if z.is_complex() else z.abs()
-        scale = torch.relu(mod + b) / (mod + (0 if z.is_complex() else self.eps))
+        zero = None
+        if self.eps == 0:  # Note [modReLU at zero]
+            zero = z == 0
+            z_safe = torch.where(zero, torch.ones_like(z), z)
+        else:
+            z_safe = z
+        if z.is_complex():
+            mod = torch.sqrt(z_safe.real**2 + z_safe.imag**2 + self.eps)
+            scale = torch.relu(mod + b) / mod
+        else:
+            mod = z_safe.abs()
+            scale = torch.relu(mod + b) / (mod + self.eps)
+        if zero is not None:
+            scale = torch.where(zero, (b >= 0).to(scale.dtype), scale)
         return z * scale
 
 

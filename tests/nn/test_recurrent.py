@@ -45,6 +45,74 @@ def test_modrelu_nonpositive_bias_guard():
     assert torch.isfinite(z.grad).all()
 
 
+def _modrelu(bias, eps=0.0):
+    act = ModReLU(len(bias), eps=eps).double()
+    with torch.no_grad():
+        act.bias.copy_(torch.tensor(bias, dtype=torch.float64))
+    return act
+
+
+_BIASES = [-0.3, 0.0, 0.4]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_modrelu_with_eps_zero_is_finite_at_zero_and_matches_the_limit(dtype):
+    # Note [modReLU at zero]: the limit formula sgn(z)·relu(|z| + b) with sgn(0) = 0
+    act = _modrelu(_BIASES)
+    z = torch.zeros(2, 3, dtype=dtype, requires_grad=True)
+    out = act(z)
+    assert torch.isfinite(torch.view_as_real(out) if out.is_complex() else out).all()
+    assert float(out.abs().max()) == 0.0
+    out.real.sum().backward()
+    assert torch.isfinite(torch.view_as_real(z.grad) if dtype.is_complex else z.grad).all()
+    assert torch.isfinite(act.bias.grad).all()
+    # ∂σ/∂z(0) = 1[b ≥ 0] (the b > 0 entry: the continuous part of z + b·sgn(z))
+    want = torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64).expand(2, 3)
+    assert torch.equal(z.grad.real, want)
+    # σ(0) = 0 for every b, so ∂σ/∂b(0) = 0
+    assert torch.equal(act.bias.grad, torch.zeros(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_modrelu_with_eps_zero_matches_the_formula_and_gradcheck_away_from_zero(dtype):
+    act = _modrelu(_BIASES)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4, 3, dtype=dtype, generator=g)
+    z = z / z.abs() * (0.6 + torch.rand(4, 3, dtype=torch.float64, generator=g))  # |z| ≥ 0.6
+    ref = torch.sgn(z) * torch.relu(z.abs() + act.bias.detach())
+    assert torch.allclose(act(z), ref, rtol=0, atol=10 * torch.finfo(torch.float64).eps)
+    bias = act.bias.detach().clone().requires_grad_(True)
+
+    def f(z, b):
+        return torch.func.functional_call(act, {"bias": b}, (z,))
+
+    assert torch.autograd.gradcheck(f, (z.clone().requires_grad_(True), bias))
+
+
+@pytest.mark.parametrize("bias", [-0.3, 0.0])
+def test_modrelu_with_eps_zero_gradient_at_zero_matches_finite_differences(bias):
+    # where σ is differentiable at 0 (b ≤ 0): central differences along 1 and i
+    act = _modrelu([bias])
+    h = 1e-6
+    for dtype, steps in ((torch.float64, (1.0,)), (torch.complex128, (1.0, 1j))):
+        for step in steps:
+            dz = torch.tensor([[step]], dtype=dtype)
+            zero = torch.zeros(1, 1, dtype=dtype, requires_grad=True)
+            fd = (act(h * dz) - act(-h * dz)).detach() / (2 * h)  # directional derivative
+            (act(zero) * dz.conj()).real.sum().backward()
+            # for σ(z) = z·s with s real: the directional derivative is s·dz, the
+            # gradient of Re⟨σ, dz⟩ is s·dz as well (s = 0 for b < 0, 1 for b = 0)
+            assert torch.allclose(zero.grad, fd, atol=1e-9), (dtype, step, zero.grad, fd)
+
+
+@pytest.mark.parametrize("eps", [-1e-5, -1, float("nan"), float("inf")])
+def test_modrelu_refuses_a_negative_or_non_finite_eps(eps):
+    with pytest.raises(ValueError, match=r"eps=.* is out of range; allowed: \[0.0, inf\)"):
+        ModReLU(3, eps=eps)
+    with pytest.raises(TypeError, match="eps must be a real number"):
+        ModReLU(3, eps="0")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_complex_cell_is_unitary_and_matches_a_dense_loop(dtype):
     torch.manual_seed(0)
