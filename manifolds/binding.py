@@ -27,6 +27,30 @@ class only; same object and storage), so geoopt's optimizers see it too. Any
 other tensor (a DTensor Parameter, FSDP2's unsharded Parameter, a tensor
 subclass) cannot change class and gets the ``manifold`` attribute, which this
 package's optimizers honour on every tensor.
+
+Note [A substituted tensor is used as given]
+``torch.func.functional_call(module, {"weight": W}, x)`` (and ``vmap`` over
+``torch.func.stack_module_state``) puts the caller's tensor at the name for one
+call, by a plain ``module._parameters[name] = W``: the pre-hook would take it
+for a rebuilt Parameter, project it in place (the caller's ``W`` overwritten,
+the output computed with another matrix) and, under ``vmap``, read a batched
+tensor's values (torch's data-dependent control-flow error). Every recipe that
+rebuilds a weight for good (``to_empty``, ``module.to``,
+``load_state_dict(assign=True)``, ``fully_shard``) puts an ``nn.Parameter``
+there; a substitution puts whatever the caller gave, almost always a plain
+tensor. So a tensor at a recorded name that is not an ``nn.Parameter`` is the
+caller's: it is used as given, never checked, marked or written. (An
+``nn.Parameter`` without the mark cannot be told from a rebuilt one: it is
+marked, checked and projected as one.)
+
+Note [A weight under another parametrization]
+``torch.nn.utils.parametrize.register_parametrization(module, "weight", f)`` on
+a Riemannian weight moves its Parameter to
+``module.parametrizations.weight.original``; the record stays on ``module``
+under ``"weight"``. `slot` finds the Parameter in either place, so the
+pre-hook, the optimizers and the module's ``reset_parameters`` re-mark, check
+and reset the original there too (after ``to_empty`` it is a new, unmarked
+Parameter of uninitialised memory).
 """
 
 from __future__ import annotations
@@ -40,11 +64,24 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-__all__ = ["attach", "restore", "admit", "manifold_of", "mark", "records", "is_dtensor"]
+__all__ = [
+    "attach",
+    "restore",
+    "admit",
+    "manifold_of",
+    "mark",
+    "records",
+    "slot",
+    "is_dtensor",
+]
 
 _ATTR = "_stiefel_manifolds"
 _GUARD: list = []  # the handle of the global optimizer step pre-hook, once registered
-_SEEN: weakref.WeakSet = weakref.WeakSet()  # optimizers already looked at by the guard
+# optimizer -> what the guard last looked at (Note [The guard sees every param group]),
+# or _DONE once it warned or found the optimizer Riemannian
+_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DONE = object()
+_MARKS = [0]  # how many times a tensor was marked (a new mark: the guard looks again)
 
 
 def manifold_of(t: torch.Tensor) -> geoopt.Manifold | None:
@@ -60,11 +97,28 @@ def mark(t: torch.Tensor, manifold: geoopt.Manifold) -> None:
     if type(t) is nn.Parameter:
         t.__class__ = geoopt.ManifoldParameter
     t.manifold = manifold
+    _MARKS[0] += 1
 
 
 def records(module: nn.Module) -> dict[str, tuple[geoopt.Manifold, str]]:
     """``{name: (manifold, label)}`` recorded on ``module`` (empty when none)."""
     return module.__dict__.get(_ATTR, {})
+
+
+def slot(module: nn.Module, name: str) -> tuple[nn.Module, str] | None:
+    """(the module, its key) where the Parameter recorded as ``module.<name>`` sits now.
+
+    ``module._parameters[name]``, or the ``original`` of a parametrization
+    registered on top of it (Note [A weight under another parametrization]);
+    None when neither holds it.
+    """
+    if name in module._parameters:
+        return module, name
+    plists = module.__dict__.get("_modules", {}).get("parametrizations")
+    plist = plists._modules.get(name) if plists is not None else None
+    if plist is not None and "original" in plist._parameters:
+        return plist, "original"
+    return None
 
 
 def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) -> None:
@@ -92,12 +146,27 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     first step (a Euclidean step on a point of St(N, M)): the model is silently
     wrong. Riemannian optimizers say so by a true ``riemannian`` class attribute
     (this package's) or by geoopt's optimizer mixin.
+
+    Note [The guard sees every param group]
+    Looking only at an optimizer's first step misses a manifold weight added
+    later (``add_param_group``, an append to a group's ``params``) or marked
+    later (``orthogonalize(..., method="riemannian")`` on a weight the optimizer
+    already steps, a rebuilt Parameter marked again). So the guard runs at every
+    step and looks at the parameters again only when what it saw changed: the
+    number of groups and of parameters in each, and the count of marks made so
+    far (`mark`). A step that changes none of them costs one tuple of group
+    sizes.
     """
-    if opt in _SEEN:
+    seen = _SEEN.get(opt)
+    if seen is _DONE:
         return
-    _SEEN.add(opt)
     if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
+        _SEEN[opt] = _DONE
         return
+    key = (_MARKS[0], tuple(len(group["params"]) for group in opt.param_groups))
+    if seen == key:
+        return
+    _SEEN[opt] = key
     for group in opt.param_groups:
         for p in group["params"]:
             if manifold_of(p) is not None:
@@ -109,6 +178,7 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
                     "parametrization method (orthogonalize(..., method='cwy')) instead.",
                     stacklevel=3,
                 )
+                _SEEN[opt] = _DONE
                 return
 
 
@@ -203,6 +273,11 @@ def admit(t: torch.Tensor, manifold: geoopt.Manifold, label: str, why: str) -> N
 def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
     """Mark every Parameter of ``module`` recorded by `attach` that lost its manifold.
 
+    The Parameter is found where it sits now (`slot`: at its name, or the
+    original of a parametrization registered on top of it); a tensor there
+    that is not an ``nn.Parameter`` was substituted by the caller and is left
+    alone (Note [A substituted tensor is used as given]).
+
     Args:
         module: a module with records (others give an empty list).
         check: check and project the values of a rebuilt Parameter.
@@ -212,10 +287,14 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
     """
     found = []
     for name, (manifold, label) in records(module).items():
-        p = module._parameters.get(name)
-        if p is None:
+        where = slot(module, name)
+        if where is None:
             continue
-        sharded = _fsdp_sharded(module, name)
+        holder, key = where
+        p = holder._parameters[key]
+        if p is None or not isinstance(p, nn.Parameter):
+            continue
+        sharded = _fsdp_sharded(holder, key)
         if sharded is None or sharded is p:
             if manifold_of(p) is not manifold:
                 if check:
@@ -236,12 +315,17 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
 
 
 class KeepManifold:
-    """Forward pre-hook: re-marks the module's rebuilt manifold Parameters (picklable)."""
+    """Forward pre-hook: re-marks the module's rebuilt manifold Parameters (picklable).
+
+    A substituted tensor (``torch.func.functional_call``, ``vmap``) is used as
+    given (Note [A substituted tensor is used as given]).
+    """
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         for name, (manifold, label) in records(module).items():
-            p = module._parameters.get(name)
-            if p is None:
+            where = slot(module, name)
+            p = where[0]._parameters[where[1]] if where is not None else None
+            if p is None or not isinstance(p, nn.Parameter):
                 continue
             if p.is_complex() and not getattr(manifold, "complex", True):
                 raise TypeError(_complex_message(label, manifold, p.dtype, "module.to(dtype)"))

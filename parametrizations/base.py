@@ -31,6 +31,7 @@ from torch import nn
 from ..manifolds import Orthogonal, Stiefel, Unitary, _checks
 from ..manifolds._checks import represented_dtype
 from ..manifolds._registry import Registry
+from ..manifolds.binding import is_dtensor
 from ..manifolds.kernels import haar, orthogonality_error, polar
 from ._inverse import Unreachable
 from ._polar import nearest_point, torus
@@ -305,6 +306,8 @@ class OrthogonalMap(nn.Module):
 
     # ------------------------------------------------------------------ parametrize interface
     def forward(self, original: torch.Tensor) -> torch.Tensor:
+        if is_dtensor(original):
+            self._refuse_shard(original)
         self.verify(original)
         if original.is_complex() != self.is_complex:
             raise TypeError(
@@ -329,6 +332,35 @@ class OrthogonalMap(nn.Module):
                 return q.to(original.dtype)
             q = self.matrix(original)
         return q.mT if self.transposed else q
+
+    def _refuse_shard(self, original: torch.Tensor) -> None:
+        r"""Refuse a sharded original when the map holds local tensors.
+
+        Note [A sharded weight is read after unshard()]
+        After FSDP2's ``fully_shard`` the original is a DTensor shard outside
+        the forward (inside it, FSDP2 puts the gathered Parameter there). A
+        map that holds tensors of its own (signs, a base point, a scaling)
+        cannot mix them with a shard (torch's "mixed torch.Tensor and DTensor"),
+        and gathering the original here would hide a collective in an
+        attribute read: reading ``model.layer.weight`` on one rank (logging,
+        a check) would wait for the other ranks forever. So reading the weight
+        there is refused with the fix: ``unshard()`` on the ``fully_shard``
+        module that holds it (every rank), then read, then ``reshard()``. A map
+        with no tensors of its own (the identity of ``"riemannian"`` kernels)
+        computes on the shard as before.
+        """
+        tensors = [*self.named_parameters(), *self.named_buffers()]
+        local = [k for k, t in tensors if not is_dtensor(t)]
+        if not local:
+            return
+        raise ValueError(
+            f"{self.label} ({self.method!r} map) is sharded by fully_shard: its free parameter "
+            f"is a DTensor shard (placements {tuple(original.placements)}) and the map's "
+            f"{', '.join(local)} are local tensors, so the weight is formed only from the "
+            "gathered parameter: call unshard() first on the fully_shard module that holds it, "
+            "on every rank (module.unshard(); w = module.weight; module.reshard()), or read "
+            "it inside the forward"
+        )
 
     def right_inverse(self, value: torch.Tensor) -> torch.Tensor:
         r"""Parameters mapping back to ``value``, a manifold point (any shape the weight has).

@@ -15,7 +15,7 @@ from torch.nn.utils import parametrize
 from ..manifolds import Stiefel, _checks, binding
 from .base import DTYPES, INITS, RIEMANNIAN, OrthogonalMap
 from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
-from .deferred import hook_reset_parameters
+from .deferred import hook_reset_parameters, hook_riemannian_reset
 from .factory import Method, build, resolve
 from .gates import StackedGates, gate_count
 from .holders import holder_names, holders
@@ -221,11 +221,13 @@ def _make_riemannian(module, name, w, fmap, init, generator) -> None:
             )
         binding.attach(module, name, fmap.manifold, fmap.label)
         binding.admit(w, fmap.manifold, fmap.label, "orthogonalize")
+        hook_riemannian_reset(module, name, init)
         return
     if w.device.type != "meta":
         with torch.no_grad():
             w.copy_(fmap.initial(w, init, generator).to(w.dtype))
     binding.attach(module, name, fmap.manifold, fmap.label)
+    hook_riemannian_reset(module, name, init)  # Note [A Riemannian weight is a point when ...]
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -515,6 +517,8 @@ def _orthogonalize_parameter(param: nn.Parameter, method: object, options: dict[
     _orthogonalize_module(module, key, method, options)
     if len(found) > 1:  # riemannian: every holder keeps the manifold
         manifold, tag = binding.records(module)[key]
+        init = module.__dict__["reset_parameters"].inits[key]
         for other, other_key in found[1:]:
             binding.attach(other, other_key, manifold, tag)
+            hook_riemannian_reset(other, other_key, init)
     return param

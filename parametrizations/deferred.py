@@ -32,12 +32,18 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..manifolds import Stiefel, _checks, binding
-from .base import INITS
+from .base import INITS, RIEMANNIAN
 from .factory import build
 from .finetuning import Rotation
 from .point import ManifoldPoint
 
-__all__ = ["initialize", "hook_reset_parameters", "reset_constrained"]
+__all__ = [
+    "initialize",
+    "hook_reset_parameters",
+    "hook_riemannian_reset",
+    "reset_constrained",
+    "ResetParameters",
+]
 
 
 def _constrained(module: nn.Module) -> list[tuple[str, torch.Tensor, nn.Module]]:
@@ -121,8 +127,100 @@ def _gathered_weights(module: nn.Module) -> Iterator[None]:
         yield
 
 
+def _own_reset(module: nn.Module):
+    """The module's own ``reset_parameters`` (without this package's hooks), or None."""
+    hook = module.__dict__.get("reset_parameters")
+    if isinstance(hook, ResetParameters) and hook.own is not None:
+        return hook.own
+    for cls in type(module).__mro__:
+        own = vars(cls).get("reset_parameters")
+        if own is not None and own is not _RESET:
+            return own.__get__(module, type(module))
+    return None
+
+
+def _riemannian(module: nn.Module) -> dict[str, tuple[torch.Tensor, geoopt.Manifold, str]]:
+    """{name: (Parameter where it sits now, manifold, label)} of the module's Riemannian weights.
+
+    Note [The manifold lives on the module] and Note [A weight under another
+    parametrization] in `stiefel.manifolds.binding`; names whose tensor is gone
+    or substituted (not an ``nn.Parameter``) are left out.
+    """
+    out = {}
+    for name, (manifold, label) in binding.records(module).items():
+        where = binding.slot(module, name)
+        p = where[0]._parameters[where[1]] if where is not None else None
+        if isinstance(p, nn.Parameter):
+            out[name] = (p, manifold, label)
+    return out
+
+
+@torch.no_grad()
+def _reset_riemannian(
+    module: nn.Module, name: str, p: torch.Tensor, manifold, label: str, own_wrote: bool
+) -> None:
+    """A point of ``manifold`` in the Riemannian weight ``p``, marked (Note [A Riemannian
+    weight is a point when reset_parameters returns])."""
+    if p.device.type != "meta":
+        hook = module.__dict__.get("reset_parameters")
+        init = hook.inits.get(name) if isinstance(hook, ResetParameters) else None
+        if own_wrote and init in (None, "nearest"):
+            # the nearest point of the module's own fresh weight (refused if unusable)
+            binding.admit(p, manifold, label, "after the module's own reset_parameters()")
+        else:
+            point = build(RIEMANNIAN, tuple(p.shape), p.dtype, p.device)
+            point.label, point.init = label, init
+            _write(point, p, None, None)
+    binding.mark(p, manifold)
+
+
+class ResetParameters:
+    """``module.reset_parameters`` of a module with a Riemannian weight (picklable).
+
+    Note [A Riemannian weight is a point when reset_parameters returns]
+    A map's original is reset by the hook on the class torch's ``parametrize``
+    made for the module (Note [Deferred initialisation by reset_parameters]). A
+    ``method="riemannian"`` weight has no such class: the module keeps its own
+    (``nn.Linear``), shared by every other module of that class. So the hook is
+    an instance attribute (``module.__dict__["reset_parameters"]``, which a
+    method of the class does not shadow; copied by ``deepcopy`` and pickling,
+    kept by ``fully_shard``'s class swap) and runs the same `_reset_parameters`:
+    the maps' originals, the module's own reset, then each Riemannian weight:
+    the nearest point of what the module's own reset wrote into it (as the
+    first forward would project it) when ``init`` was None or ``"nearest"``,
+    else a fresh point of that ``init`` ("nearest": a Haar point) — also when
+    the module has no reset of its own, or a parametrization on top of the
+    weight made the own reset write into a computed tensor. So a checkpoint
+    saved, or a weight read, between the reset and the first forward is a
+    point. The weight is marked again (``to_empty`` rebuilt it).
+    """
+
+    def __init__(self, module: nn.Module, own=None) -> None:
+        self.module = module
+        #: an instance attribute ``reset_parameters`` the module had before (its own reset)
+        self.own = own
+        #: ``{name: init}`` given to ``orthogonalize`` for each Riemannian weight
+        self.inits: dict[str, str | None] = {}
+
+    def __call__(self) -> None:
+        _reset_parameters(self.module)
+
+
+def hook_riemannian_reset(module: nn.Module, name: str, init: str | None) -> None:
+    """Make ``module.reset_parameters()`` leave ``module.<name>`` a point of its manifold.
+
+    Note [A Riemannian weight is a point when reset_parameters returns].
+    """
+    hook = module.__dict__.get("reset_parameters")
+    if not isinstance(hook, ResetParameters):
+        hook = ResetParameters(module, own=hook)
+        module.__dict__["reset_parameters"] = hook
+    hook.inits[name] = init
+
+
 def _reset_parameters(self: nn.Module) -> None:
-    """Constrained weights first (a fresh point), then the module's own reset.
+    """Constrained weights first (a fresh point), then the module's own reset, then its
+    Riemannian weights (Note [A Riemannian weight is a point when reset_parameters returns]).
 
     A map whose output is a view of its original (the identity `ManifoldPoint`
     reshaped, ``gates=True`` with ``"riemannian"``) lets the module's own reset
@@ -130,17 +228,22 @@ def _reset_parameters(self: nn.Module) -> None:
     originals (their ``_version`` moved) get a fresh point again.
     """
     reset_constrained(self)
-    # the class that holds this function (FSDP2's fully_shard subclasses it again)
-    holder = next(c for c in type(self).__mro__ if vars(c).get("reset_parameters") is _RESET)
-    own = getattr(super(holder, self), "reset_parameters", None)
-    if own is None:
-        return
-    before = [(o, o._version) for _, o, _ in _constrained(self)]
-    with _gathered_weights(self):
-        own()
-    for (_, original, param), (_, version) in zip(_constrained(self), before, strict=True):
-        if original._version != version and original.device.type != "meta":
-            _write(param, original, None, None)
+    own = _own_reset(self)
+    points = _riemannian(self)
+    before = {name: (p, p._version) for name, (p, _, _) in points.items()}
+    if own is not None:
+        versions = [(o, o._version) for _, o, _ in _constrained(self)]
+        with _gathered_weights(self):
+            own()
+        for (_, original, param), (_, version) in zip(_constrained(self), versions, strict=True):
+            if original._version != version and original.device.type != "meta":
+                _write(param, original, None, None)
+    for name, (p, manifold, label) in _riemannian(self).items():
+        old, version = before.get(name, (None, None))
+        # the module's own reset wrote into the Parameter itself (not through a
+        # parametrization on top of it, which writes into a computed tensor)
+        own_wrote = own is not None and p is old and p._version != version
+        _reset_riemannian(self, name, p, manifold, label, own_wrote)
 
 
 _RESET = _reset_parameters
