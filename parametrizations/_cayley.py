@@ -115,6 +115,15 @@ def _solve_with(
     return _solve(factors[0], x, adjoint)
 
 
+def _bmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """a @ b into the scratch ``out``; a new tensor under torch.func, whose batching
+    rules take no ``out=`` (vmap of the backward: jacrev)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    if wrapped(a) or wrapped(b):
+        return torch.bmm(a, b)
+    return torch.bmm(a, b, out=out)
+
+
 def _factor(f: torch.Tensor) -> torch.Tensor:
     """Block LU of a (b, n, n) tensor in place (layout in the module's Note)."""
     n = f.shape[-1]
@@ -125,7 +134,7 @@ def _factor(f: torch.Tensor) -> torch.Tensor:
         if j1 < n:
             col = f[:, j1:, j0:j1]
             scaled = work[: col.numel()].view(col.shape)
-            col.copy_(torch.bmm(col, d, out=scaled))  # L's block column S₂₁D⁻¹
+            col.copy_(_bmm(col, d, scaled))  # L's block column S₂₁D⁻¹
             f[:, j1:, j1:].baddbmm_(col, f[:, j0:j1, j1:], alpha=-1)  # the Schur complement
     return f
 
@@ -138,7 +147,7 @@ def _solve(f: torch.Tensor, x: torch.Tensor, adjoint: bool = False) -> torch.Ten
     def inverse_times(j0: int, j1: int) -> torch.Tensor:  # x_j ← D_j⁻¹x_j (or D_j⁻ᴴx_j)
         xj, dinv = x[:, j0:j1], f[:, j0:j1, j0:j1]
         out = work[: xj.numel()].view(xj.shape)
-        return xj.copy_(torch.bmm(dinv.mH if adjoint else dinv, xj, out=out))
+        return xj.copy_(_bmm(dinv.mH if adjoint else dinv, xj, out))
 
     if not adjoint:  # M⁻¹ = U⁻¹L⁻¹, each block column applied once (right-looking)
         for j0, j1 in blocks:
@@ -159,7 +168,7 @@ def _solve(f: torch.Tensor, x: torch.Tensor, adjoint: bool = False) -> torch.Ten
     return x
 
 
-class _UnpivotedCayley(torch.autograd.Function):
+class _UnpivotedCayleySolve(torch.autograd.Function):
     r"""Q·B = 2X − B with X = (I + A)⁻¹B; backward Ā = −2WXᴴ, B̄ = 2W − G, W = (I + A)⁻ᴴG.
 
     From dX = −M⁻¹(dA)X: ⟨G, dQ⟩ = ⟨G, −2M⁻¹(dA)X⟩ = ⟨−2M⁻ᴴGXᴴ, dA⟩, and
@@ -168,20 +177,45 @@ class _UnpivotedCayley(torch.autograd.Function):
     2X = Q + B again.
     """
 
+    # torch.func's form (Note [Saved intermediates as outputs]): the factors are
+    # outputs marked non-differentiable, saved in setup_context. Under vmap the
+    # mapped dimension joins the batch the elimination already runs over; the
+    # backward, under vmap in jacrev, updates only its own (batched) right-hand side.
+
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def vmap(info, in_dims, a: torch.Tensor, b: torch.Tensor):  # type: ignore[override]
+        def front(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+            return t.expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
+
+        q, *factors = _UnpivotedCayleySolve.apply(front(a, in_dims[0]), front(b, in_dims[1]))
+        # each factor is per matrix of the joined batch: (B·k, …) read as (B, k, …)
+        factors = [f.view(info.batch_size, -1, *f.shape[1:]) for f in factors]
+        return (q, *factors), (0,) * (1 + len(factors))
+
+    @staticmethod
+    def forward(a: torch.Tensor, b: torch.Tensor):  # type: ignore[override]
         n, m = b.shape[-2:]
         f = a.reshape(-1, n, n).clone(memory_format=torch.contiguous_format)
         f.diagonal(dim1=-2, dim2=-1).add_(1)
         factors = _factors(f)
         flat = b.reshape(-1, n, m)
         q = _solve_with(factors, torch.mul(flat, 2)).sub_(flat)
-        ctx.save_for_backward(q, flat, *factors)
-        return q.view(b.shape)
+        return (q.view(b.shape), *factors)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        _, b = inputs
+        q, *factors = output
+        ctx.mark_non_differentiable(*factors)
+        ctx.set_materialize_grads(False)
+        n, m = b.shape[-2:]
+        ctx.save_for_backward(q.reshape(-1, n, m), b.reshape(-1, n, m), *factors)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
+        if g is None:
+            return None, None
         q, b, *factors = ctx.saved_tensors
         w = _solve_with(
             tuple(factors), g.reshape(q.shape).clone(memory_format=torch.contiguous_format), True
@@ -193,6 +227,14 @@ class _UnpivotedCayley(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gb = (2 * w).sub_(g.reshape(q.shape)).view(g.shape)
         return ga, gb
+
+
+class _UnpivotedCayley:
+    """Q·B by `_UnpivotedCayleySolve`, its output alone (the factors are for the backward)."""
+
+    @staticmethod
+    def apply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _UnpivotedCayleySolve.apply(a, b)[0]
 
 
 def cayley_solve(a: torch.Tensor, b: torch.Tensor, norm: float | None) -> torch.Tensor:

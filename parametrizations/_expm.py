@@ -148,6 +148,12 @@ class _LU:
     def __init__(self, v: torch.Tensor, u: torch.Tensor):
         self.lu, self.piv = torch.linalg.lu_factor(v - u)
 
+    @classmethod
+    def from_factors(cls, lu: torch.Tensor, piv: torch.Tensor) -> _LU:
+        solver = cls.__new__(cls)
+        solver.lu, solver.piv = lu, piv
+        return solver
+
     def solve(self, y: torch.Tensor) -> torch.Tensor:
         return torch.linalg.lu_solve(self.lu, self.piv, y)
 
@@ -163,6 +169,12 @@ class _SkewCholesky:
         self.p = v + u
         # G is positive definite with κ₂ ≤ 1.351: no host read of the factor's info
         self.l = torch.linalg.cholesky_ex(self.p.mH @ self.p)[0]
+
+    @classmethod
+    def from_factors(cls, p: torch.Tensor, l: torch.Tensor) -> _SkewCholesky:  # noqa: E741
+        solver = cls.__new__(cls)
+        solver.p, solver.l = p, l
+        return solver
 
     def solve(self, y: torch.Tensor) -> torch.Tensor:
         return self.p @ torch.cholesky_solve(y, self.l)
@@ -192,8 +204,7 @@ def _series(c: tuple[float, ...], terms: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _forward(a: torch.Tensor, skew_norm: float | None = None):
-    m, s, cholesky = _plan(a, skew_norm)
+def _forward(a: torch.Tensor, m: int, s: int, cholesky: bool):
     b = _B[m]
     x = a / 2**s if s else a
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
@@ -258,16 +269,54 @@ def _adjoint_frechet(g: torch.Tensor, saved) -> torch.Tensor:
 
 
 class _Expm(torch.autograd.Function):
+    """exp(A) with the adjoint-Fréchet backward, in torch.func's form.
+
+    Note [Saved intermediates as outputs]
+    torch.func (grad, vjp, jacrev, vmap) runs an autograd.Function whose forward
+    takes no ctx, with a ``setup_context`` that saves tensors only through
+    ``save_for_backward``; a tensor kept as a ctx attribute would belong to
+    another transform level. So the plan (degree, squarings, solver; a host read)
+    is made before the Function, as non-tensor inputs, the forward returns every
+    intermediate the backward reads as outputs marked non-differentiable, and
+    ``setup_context`` saves them and rebuilds the backward's structure from the
+    plan. Forward and backward are batched tensor code, so vmap's rule is
+    generated.
+    """
+
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, a: torch.Tensor, skew_norm: float | None) -> torch.Tensor:  # type: ignore[override]
-        out, saved = _forward(a, skew_norm)
-        ctx.saved = saved
-        return out
+    def forward(a: torch.Tensor, m: int, s: int, cholesky: bool):  # type: ignore[override]
+        out, (_, _, _, evens, w, horner, solver, powers) = _forward(a, m, s, cholesky)
+        held = (solver.p, solver.l) if cholesky else (solver.lu, solver.piv)
+        # X = A/2ˢ is A itself when s = 0 and the last power is the output: neither is
+        # returned again (an output must be a new tensor, and only once)
+        return (out, *evens, w, *horner, *held, *powers[:-1])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        a, m, s, cholesky = inputs
+        ctx.plan = (m, s, cholesky)
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(a, *output)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return _adjoint_frechet(g, ctx.saved), None
+    def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
+        if g is None:
+            return None, None, None, None
+        m, s, cholesky = ctx.plan
+        a, out, *rest = ctx.saved_tensors
+        count = 3 if m == 13 else (m - 1) // 2
+        evens, rest = rest[:count], rest[count:]
+        w, rest = rest[0], rest[1:]
+        horner, rest = (tuple(rest[:2]), rest[2:]) if m == 13 else ((), rest)
+        held, powers = rest[:2], [*rest[2:], out]
+        solver = (_SkewCholesky if cholesky else _LU).from_factors(*held)
+        x = a / 2**s if s else a  # as `_forward` scales it
+        saved = (m, s, x, evens, w, horner, solver, powers)
+        return _adjoint_frechet(g, saved), None, None, None
 
 
 def expm(a: torch.Tensor, *, skew_norm: float | None = None) -> torch.Tensor:
@@ -291,6 +340,12 @@ def expm(a: torch.Tensor, *, skew_norm: float | None = None) -> torch.Tensor:
     """
     if a.dim() < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"expm needs square matrices (..., n, n), got shape {tuple(a.shape)}")
+    try:
+        plan = _plan(a, skew_norm)
+    except RuntimeError as err:  # torch.func.vmap reads no value back: torch's own kernel
+        if "vmap" not in str(err):
+            raise
+        return torch.linalg.matrix_exp(a)
     if not a.requires_grad or not torch.is_grad_enabled():
-        return _forward(a, skew_norm)[0]
-    return _Expm.apply(a, skew_norm)
+        return _forward(a, *plan)[0]
+    return _Expm.apply(a, *plan)[0]

@@ -120,6 +120,9 @@ def _divided_differences(kind: str, lam: torch.Tensor) -> torch.Tensor:
 
 
 class _SkewSpectral(torch.autograd.Function):
+    # batched tensor code both ways: vmap's rule (torch.func.vmap, jacrev) is generated
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(a: torch.Tensor, kind: str) -> torch.Tensor:  # type: ignore[override]
         lam, v = _eigh_skew(a)

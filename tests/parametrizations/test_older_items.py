@@ -1,0 +1,123 @@
+"""Older open items: torch.func through the maps' Functions, tied heads in `rotate`,
+``init="nearest"`` at extreme scales, and what a refused exp/cayley base says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from stiefel.parametrizations import orthogonalize
+from stiefel.parametrizations._cayley import BLOCK, cayley_solve, unpivoted
+from stiefel.parametrizations._expm import expm
+from stiefel.parametrizations._spectral import skew_spectral
+
+
+def _skew(n, scale, seed, dtype=torch.float64, batch=()):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(*batch, n, n, dtype=torch.float64, generator=gen)
+    if dtype.is_complex:
+        a = a + 1j * torch.randn(*batch, n, n, dtype=torch.float64, generator=gen)
+    a = (a - a.mH).to(dtype)
+    return scale * a / float(a.abs().sum(-1).max())  # ‖A‖₁ = scale
+
+
+# ---------------------------------------------------------------- torch.func through the maps
+# Each Function (Padé expm, the unpivoted Cayley solve, the eigh path) against torch's own
+# differentiable kernels under the same transform: torch.linalg.matrix_exp and
+# torch.linalg.solve are the independent references.
+
+
+def _cayley_ref(a, b):
+    eye = torch.eye(a.shape[-1], dtype=a.dtype)
+    return torch.linalg.solve(eye + a, (eye - a) @ b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 20.0])  # Padé degrees 3 to 13, 0 to 3 squarings
+def test_expm_under_torch_func_grad_jacrev_and_vmap(dtype, scale):
+    a = _skew(5, scale, 0, dtype)
+    w = _skew(5, 1.0, 1, dtype)
+
+    def loss(fn):
+        return lambda x: (fn(x) * w.conj()).real.sum()
+
+    want = torch.func.grad(loss(torch.linalg.matrix_exp))(a)
+    got = torch.func.grad(loss(expm))(a)
+    tol = 100 * torch.finfo(torch.float64).eps * max(1.0, scale)
+    assert torch.allclose(got, want, rtol=0, atol=tol)
+    leaf = a.clone().requires_grad_(True)  # the ordinary autograd gradient
+    loss(expm)(leaf).backward()
+    assert torch.allclose(got, leaf.grad, rtol=0, atol=tol)
+    if not dtype.is_complex:  # jacrev of a complex output needs a real one
+        jac = torch.func.jacrev(lambda x: expm(x)[:2])(a)
+        ref = torch.func.jacrev(lambda x: torch.linalg.matrix_exp(x)[:2])(a)
+        assert torch.allclose(jac, ref, rtol=0, atol=tol)
+    batch = torch.stack([a, 0.5 * a])
+    assert torch.allclose(torch.func.vmap(expm)(batch), torch.linalg.matrix_exp(batch), atol=tol)
+    assert torch.autograd.gradcheck(expm, (a.clone().requires_grad_(True),))
+
+
+@pytest.mark.parametrize("kind", ["exp", "cayley"])
+def test_the_eigh_path_under_torch_func(kind):
+    a = _skew(5, 300.0, 2)  # ‖A‖₁ far above the eigh threshold: the path the maps take there
+    w = _skew(5, 1.0, 3)
+    eye = torch.eye(5, dtype=torch.float64)
+
+    def ref(x):
+        s = 0.5 * (x - x.mT)
+        return torch.linalg.matrix_exp(s) if kind == "exp" else torch.linalg.solve(eye + s, eye - s)
+
+    got = torch.func.jacrev(lambda x: skew_spectral(x, kind)[0])(a)
+    want = torch.func.jacrev(lambda x: ref(x)[0])(a)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * 300)
+    batch = torch.stack([a, 0.5 * a])
+    loss = lambda x: (skew_spectral(x, kind) * w).sum()  # noqa: E731
+    want_b = torch.stack([(ref(x) * w).sum() for x in batch])
+    assert torch.allclose(torch.func.vmap(loss)(batch), want_b, atol=1e-10)
+
+
+def test_unpivoted_cayley_solve_under_torch_func():
+    n = BLOCK + 3  # the elimination without pivoting (two blocks, the second ragged)
+    a = _skew(n, 2.0, 4)
+    norm = float(a.abs().sum(-1).max())
+    assert unpivoted(n, norm)
+    gen = torch.Generator().manual_seed(5)
+    b = torch.randn(n, 2, dtype=torch.float64, generator=gen)
+    w = torch.randn(n, 2, dtype=torch.float64, generator=gen)
+    got = torch.func.grad(lambda x: (cayley_solve(x, b, norm) * w).sum())(a)
+    want = torch.func.grad(lambda x: (_cayley_ref(x, b) * w).sum())(a)
+    assert torch.allclose(got, want, rtol=0, atol=1e-11)
+    jac = torch.func.jacrev(lambda x: cayley_solve(x, b, norm)[:2, 0])(a)
+    ref = torch.func.jacrev(lambda x: _cayley_ref(x, b)[:2, 0])(a)
+    assert torch.allclose(jac, ref, rtol=0, atol=1e-11)
+    batch = torch.stack([a, 0.5 * a])
+    got_b = torch.func.vmap(lambda x: cayley_solve(x, b, norm))(batch)
+    assert torch.allclose(got_b, _cayley_ref(batch, b), rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("method", ["exp", "cayley", "scaled_cayley"])
+def test_torch_func_grad_through_a_map_equals_autograd(method):
+    lin = orthogonalize(nn.Linear(6, 4, bias=False).double(), method=method)
+    x = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    params = {k: v.detach().clone() for k, v in lin.named_parameters()}
+
+    def loss(p):
+        return (torch.func.functional_call(lin, p, (x,)) ** 2).sum()
+
+    got = torch.func.grad(loss)(params)
+    (loss_eager := (lin(x) ** 2).sum()).backward()
+    assert loss_eager.isfinite()
+    for name, p in lin.named_parameters():
+        assert torch.allclose(got[name], p.grad, rtol=0, atol=1e-12), name
+    # and the Jacobian against central differences of the very same call
+    (name,) = params
+    jac = torch.func.jacrev(loss)(params)[name]
+    h, fd = 1e-6, torch.zeros_like(jac)
+    for i in range(jac.numel()):
+        e = torch.zeros(jac.numel(), dtype=torch.float64)
+        e[i] = h
+        plus = {name: params[name] + e.view_as(jac)}
+        minus = {name: params[name] - e.view_as(jac)}
+        fd.view(-1)[i] = (loss(plus) - loss(minus)) / (2 * h)
+    assert torch.allclose(jac, fd, rtol=0, atol=1e-7)
