@@ -164,10 +164,14 @@ def _reset_riemannian(
     if p.device.type != "meta":
         hook = module.__dict__.get("reset_parameters")
         init = hook.inits.get(name) if isinstance(hook, ResetParameters) else None
+        projected = False
         if own_wrote and init in (None, "nearest"):
-            # the nearest point of the module's own fresh weight (refused if unusable)
-            binding.admit(p, manifold, label, "after the module's own reset_parameters()")
-        else:
+            try:  # the nearest point of the module's own fresh weight
+                binding.admit(p, manifold, label, "after the module's own reset_parameters()")
+                projected = True
+            except ValueError:  # non-finite or rank-deficient (zeros): no nearest point
+                pass
+        if not projected:
             point = build(RIEMANNIAN, tuple(p.shape), p.dtype, p.device)
             point.label, point.init = label, init
             _write(point, p, None, None)
@@ -189,8 +193,10 @@ class ResetParameters:
     the nearest point of what the module's own reset wrote into it (as the
     first forward would project it) when ``init`` was None or ``"nearest"``,
     else a fresh point of that ``init`` ("nearest": a Haar point) — also when
-    the module has no reset of its own, or a parametrization on top of the
-    weight made the own reset write into a computed tensor. So a checkpoint
+    the module has no reset of its own, when what it wrote has no nearest
+    point (zeros, or every rank of a CPU mesh seeded alike writing the same
+    rows), or when a parametrization on top of the weight made the own reset
+    write into a computed tensor. So a checkpoint
     saved, or a weight read, between the reset and the first forward is a
     point. The weight is marked again (``to_empty`` rebuilt it).
     """

@@ -89,6 +89,19 @@ def test_reset_parameters_of_a_module_without_its_own_reset_writes_a_point():
     assert err64(m.weight) < tol(m.weight)
 
 
+class Zeros(Bare):
+    """A module whose own reset writes zeros, which have no nearest point."""
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.weight)
+
+
+def test_reset_parameters_draws_a_point_where_the_own_reset_has_no_nearest_one():
+    m = orthogonalize(Zeros(), method="riemannian")
+    m.reset_parameters()
+    assert err64(m.weight) < tol(m.weight)
+
+
 def test_the_reset_travels_with_deepcopy_and_pickling_and_resets_the_copy_only():
     layer = orthogonalize(nn.Linear(4, 12, dtype=F64), method="riemannian")
     before = layer.weight.detach().clone()
