@@ -60,6 +60,8 @@ from .geometry import Binding
 
 __all__ = ["Bucket", "plan", "stack_state", "unstack_state", "STEP", "HOST_STEP", "SMALL"]
 
+#: the dispatch of plain tensors (Parameter's, geoopt's ManifoldParameter's)
+_PLAIN = torch.Tensor.__torch_dispatch__
 #: with ``foreach=None``, the largest parameter (entries) stacked off a CUDA device
 SMALL = 1 << 16
 #: the state key of the step count (torch's name), a float tensor per parameter
@@ -116,8 +118,9 @@ def _kind(
     """What a parameter must share with the others of its bucket (None: it steps alone)."""
     if foreach is None and p.device.type != "cuda" and p.numel() > SMALL:
         return None  # Note [One rule call per bucket]: the stack does not pay here
-    if binding.like is not None or type(p.detach()) is not torch.Tensor or p.grad.is_sparse:
-        return None  # a DTensor, a tensor subclass: its own dispatch, stepped alone
+    # a DTensor, a tensor subclass with a dispatch of its own: stepped alone
+    if binding.like is not None or type(p).__torch_dispatch__ is not _PLAIN or p.grad.is_sparse:
+        return None
     man = binding.manifold
     if man is None and not plain:
         return None
