@@ -41,7 +41,6 @@ the free values, exactly: the entries dropped are those the map ignores.
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +52,7 @@ from ..manifolds import _checks
 from .base import OrthogonalMap
 from .dense import Cayley, Exp, ScaledCayley
 from .factory import build, resolve
+from .holders import holder_names, holders
 from .point import ManifoldPoint
 from .reflections import _Reflections
 
@@ -370,7 +370,8 @@ def rotate(
     Raises:
         TypeError: not a module, a transposed convolution, unknown options.
         ValueError: no weight, bad ``side``/``blocks``/``butterfly``, a method
-            that cannot serve the blocks, a module already rotated.
+            that cannot serve the blocks, a module already rotated, a weight tied
+            to another module that still trains (Note [Rotating a tied weight]).
 
     Example:
         ```python
@@ -392,6 +393,20 @@ def rotate(
     resolve(method)  # unknown names raise, listing the registry
     features = int(w.shape[1] if side == "input" else w.shape[0])
     check_blocks(features, blocks, butterfly, side)
+    # Note [Rotating a tied weight]
+    # W is frozen by setting requires_grad=False on the Parameter; when another module
+    # holds the same Parameter (an output layer tied to the embedding) that would stop
+    # its training too, silently, and `merge` (which restores the flag) refuses a tied
+    # weight. So a tied W that still trains is refused, naming the other holders; one
+    # already frozen (a whole base model frozen first, as PEFT does) changes nothing there.
+    tied = _tied_to(module, w) if w.requires_grad else []
+    if tied:
+        raise ValueError(
+            f"rotate would freeze {type(module).__name__}.weight, which is tied: the same "
+            f"Parameter is {holder_names(tied)}, and requires_grad=False would stop its "
+            "training there too; freeze the shared weight first (it then stays frozen in both), or "
+            "untie it (module.weight = nn.Parameter(module.weight.detach().clone())) and rotate"
+        )
     dtype = _q_dtype(w)
     rot = Rotation(features, method, blocks, butterfly, dtype, w.device, dict(options))
     # everything validated and built: now modify the module
@@ -488,26 +503,14 @@ def rotation(module: nn.Module) -> torch.Tensor:
     return _rotation_of(module).matrix()
 
 
-def _other_holders(module: nn.Module, w: torch.Tensor) -> list[str]:
-    """Modules other than ``module`` holding ``w`` as a parameter (a tied weight).
+def _tied_to(module: nn.Module, w: torch.Tensor) -> list[tuple[nn.Module, str]]:
+    """The holders of ``w`` other than ``module`` (a tied weight), as `holders` finds them.
 
-    Found through the garbage collector's referrers of ``w`` (the
-    ``_parameters`` dicts holding it, the ``__dict__`` holding those, their
-    modules): a submodule cannot
-    see the model it is tied in, and `merge` runs once, so the scan is cheap.
+    A submodule cannot see the model it is tied in: the garbage collector's
+    referrers of ``w`` can (Note [Finding a Parameter's holders]); `rotate` and
+    `merge` run once, so the scan is cheap.
     """
-    out = []
-    for params in gc.get_referrers(w):
-        if not isinstance(params, dict) or params is module._parameters:
-            continue
-        for attrs in gc.get_referrers(params):  # a module's __dict__ holding the dict
-            if isinstance(attrs, dict) and attrs.get("_parameters") is params:
-                out += [
-                    type(m).__name__
-                    for m in gc.get_referrers(attrs)
-                    if isinstance(m, nn.Module) and m.__dict__ is attrs
-                ]
-    return out
+    return [(m, key) for m, key in holders(w) if m is not module]
 
 
 def merge(module: nn.Module) -> nn.Module:
@@ -526,11 +529,11 @@ def merge(module: nn.Module) -> nn.Module:
     """
     rot = _rotation_of(module)
     w = module.weight
-    others = _other_holders(module, w)
+    others = _tied_to(module, w)
     if others:
         raise ValueError(
             f"merge would write W·Q into a tied weight: {type(module).__name__}.weight is also "
-            f"the weight of {', '.join(others)}, which would change silently; keep the "
+            f"{holder_names(others)}, which would change silently; keep the "
             "rotation (it applies to this module only), or untie first "
             "(module.weight = nn.Parameter(module.weight.detach().clone())) and merge"
         )

@@ -11,6 +11,7 @@ from stiefel.parametrizations import orthogonalize
 from stiefel.parametrizations._cayley import BLOCK, cayley_solve, unpivoted
 from stiefel.parametrizations._expm import expm
 from stiefel.parametrizations._spectral import skew_spectral
+from stiefel.parametrizations.finetuning import merge, rotate, rotation
 
 
 def _skew(n, scale, seed, dtype=torch.float64, batch=()):
@@ -121,3 +122,61 @@ def test_torch_func_grad_through_a_map_equals_autograd(method):
         minus = {name: params[name] - e.view_as(jac)}
         fd.view(-1)[i] = (loss(plus) - loss(minus)) / (2 * h)
     assert torch.allclose(jac, fd, rtol=0, atol=1e-7)
+
+
+# ---------------------------------------------------------------- rotate on a tied head
+
+
+class _TiedLM(nn.Module):
+    """A tiny language model whose output layer is tied to its embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, dtype=torch.float64)
+        self.head = nn.Linear(4, 10, bias=False, dtype=torch.float64)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+def test_rotate_refuses_a_tied_head_that_trains_and_changes_nothing():
+    torch.manual_seed(0)
+    model = _TiedLM()
+    ids = torch.tensor([[1, 2, 3]])
+    before = model(ids).detach()
+    with pytest.raises(ValueError, match=r"Linear.weight, which is tied.*Embedding\.weight"):
+        rotate(model.head, method="cayley")
+    # nothing changed: the embedding still trains, no rotation, no hook
+    assert model.emb.weight.requires_grad and model.head.weight is model.emb.weight
+    assert not hasattr(model.head, "rotation")
+    assert not model.head._forward_pre_hooks
+    assert torch.equal(model(ids), before)
+    model(ids).sum().backward()
+    assert model.emb.weight.grad is not None
+
+
+def test_rotate_on_a_frozen_tied_head_and_on_an_untied_one():
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 2, 3]])
+    # frozen first (the whole base, as PEFT does): the tie freezes nothing more
+    model = _TiedLM().requires_grad_(False)
+    rotate(model.head, method="cayley")
+    w = model.emb.weight.detach().clone()
+    with torch.no_grad():
+        for p in model.head.rotation.parameters():
+            p.normal_()
+    q = rotation(model.head).detach()
+    x = model.emb(ids)
+    # reference: the dense float64 product x (W Q)ᵀ with Q from its own matrix
+    assert torch.allclose(model(ids), x @ (w @ q).T, atol=1e-12)
+    assert torch.equal(model.emb.weight, w) and not model.emb.weight.requires_grad
+    with pytest.raises(ValueError, match=r"tied weight.*Embedding\.weight"):
+        merge(model.head)
+    # untied first: rotate proceeds and the embedding keeps training
+    model = _TiedLM()
+    model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+    rotate(model.head, method="cayley")
+    assert model.emb.weight.requires_grad and not model.head.weight.requires_grad
+    model(ids).sum().backward()
+    assert model.emb.weight.grad is not None and model.head.weight.grad is None
