@@ -1,9 +1,7 @@
 """Command line of the comparison harness: ``python -m stiefel.comparisons`` / ``stiefel-compare``.
 
-Argument parsing only: options are merged and checked in
-`stiefel.comparisons.config`, runs are stored by
-`stiefel.comparisons.store`, sections live in
-`stiefel.comparisons.sections`.
+Argument parsing only: options are checked in `stiefel.comparisons.config`, runs stored by
+`stiefel.comparisons.store`, sections live in `stiefel.comparisons.sections`.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ __all__ = ["main", "run"]
 DESCRIPTION = """\
 Compare orthogonality strategies: a map (or riemannian) plus an optimizer, e.g. cwy+adam.
 
-subcommands: drift, convergence, complexity, report, and quick (a small run of
-all three plus the report, a few minutes on 2 cores). Options come, later
+subcommands: drift, convergence, complexity, report, and quick (a smoke run of
+all three plus the report; its duration is measured in docs/results.md). Options come, later
 winning, from the defaults, a TOML file (--config: top-level keys, then the
 table named after the subcommand, [quick] under quick), then the flags.
 Results go to --out: one JSON per run as it finishes, manifest.json, the long
@@ -82,12 +80,8 @@ COMMON = [
     ("--threads", dict(type=int, help="torch CPU threads per worker (default: 1)"), None),
     ("--resume", dict(action="store_true", help="continue the runs in --out"), None),
     ("--overwrite", dict(action="store_true", help="replace this subcommand's results"), None),
-    (
-        "--import",
-        dict(dest="imports", action="append", metavar="MODULE", help="import MODULE first "
-             "(repeatable): it registers tasks, e.g. experiments.lipschitz from a checkout"),
-        None,
-    ),
+    ("--import", dict(dest="imports", action="append", metavar="MODULE", help="import MODULE "
+     "first (repeatable): it registers tasks, e.g. experiments.lipschitz from a checkout"), None),
     ("--trust-config", dict(action="store_true", help="let --config import any module "
                             "(default: only the checkout's experiments.*)"), None),
 ]  # fmt: skip
@@ -99,16 +93,11 @@ TRAINING = [
     ("--steps", dict(type=int, help=""), "steps"),
     ("--record-every", dict(type=int, help=""), "record_every"),
     ("--lr", dict(type=float, help="lr of strategies that name none (default: declared)"), None),
-    (
-        "--task-option",
-        dict(dest="task_options", type=_task_option, action="append", metavar="KEY=VALUE",
-             help="a task option (repeatable), for the tasks that take it; see the list below"),
-        None,
-    ),
-    ("--n", dict(type=int, help="task option n (matrix / hidden size)"), None),
-    ("--m", dict(type=int, help="task option m (columns)"), None),
-    ("--T", dict(type=int, help="task option T (sequence length)"), None),
-    ("--batch", dict(type=int, help="task option batch"), None),
+    ("--task-option", dict(dest="task_options", type=_task_option, action="append", metavar=
+     "KEY=VALUE", help="a task option (repeatable), for the tasks that take it; see below"), None),
+    *[(f"--{k}", dict(type=int, help=f"task option {k}{what}"), None) for k, what in
+      (("n", " (matrix / hidden size)"), ("m", " (columns)"), ("T", " (sequence length)"),
+       ("batch", ""))],
     ("--permute", dict(action="store_true", help="task option permute"), None),
     ("--others", dict(help="optimizer of the unconstrained weights"), None),
     ("--jobs", dict(type=int, help="worker processes (default: one per core)"), None),
@@ -211,6 +200,8 @@ def _main(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with RunStore(out, resume=args.resume, overwrite=args.overwrite) as store:
+            if names:  # the report titles a smoke run as such
+                store.manifest["preset"] = "quick" if quick else None
             for s in names:
                 print(f"== {s}", flush=True)
                 _load_note()

@@ -1,9 +1,8 @@
 """The complexity plans: time and memory of every map and optimizer step against size.
 
-The tables (`stiefel.comparisons.sections`) follow the CWY paper's Table 1 (maps)
-and Table 2 (one step on St(N, M)), with measured columns (`stiefel.comparisons.cost`)
-and the roofline of the FLOP and bytes models (Note [Roofline]). Other measurements
-(``experiments/``: convolution layers, the recurrent step) join through `register_part`.
+The tables (`stiefel.comparisons.sections`) follow the CWY paper's Tables 1 (maps) and 2
+(one step on St(N, M)), with measured columns (`stiefel.comparisons.cost`) and the roofline
+(Note [Roofline]); other measurements (``experiments/``) join through `register_part`.
 """
 
 from __future__ import annotations
@@ -96,11 +95,12 @@ def left_out_steps() -> list[str]:
 
 def map_costs(
     methods: list[str], sizes: list[int], fractions: list[float], repeats: int, device="cpu",
-    limits: Limits = None,
+    limits: Limits = None, progress=None,
 ) -> list[dict]:  # fmt: skip
     """Forward and forward+backward of every map's matrix, against n and L = fraction·n.
 
-    A method named in ``limits`` is measured only up to its size there.
+    A method named in ``limits`` is measured only up to its size there; ``progress``
+    (`stiefel.comparisons.writers.Progress`) hears of each finished row.
     """
     rows = []
     gen = torch.Generator().manual_seed(0)
@@ -130,8 +130,9 @@ def map_costs(
         def fwd_bwd(w=w, c=c):
             (w() * c).sum().backward()
 
-        # the label names the series: one per method and L/n
-        row = dict(label=f"{method} L={frac:g}n", method=method, n=n, L=L, fraction=frac)
+        # the label names the series: one per method and, where it takes reflections, L/n
+        label = f"{method} L={frac:g}n" if reflections else method
+        row = dict(label=label, method=method, n=n, L=L, fraction=frac)
         row.update(timing("forward", measure(fwd, repeats, device)))
         row.update(timing("forward_backward", measure(fwd_bwd, repeats, device)))
         row.update(saved_bytes=saved_bytes(lambda w=w, c=c: (w() * c).sum()))
@@ -139,17 +140,18 @@ def map_costs(
         model = (method, n, n, L if reflections else None)
         row.update(flops=cost.map_flops(*model), bytes=cost.map_bytes(*model, x0.element_size()))
         rows.append(row)
+        _ = progress and progress.finished(f"{label} at n = {n}", 1)
     return rows
 
 
 def optimizer_costs(
     shapes: list[tuple[int, int]], repeats: int, device="cpu", limits: Limits = None,
-    only: list[str] | None = None,
+    only: list[str] | None = None, progress=None,
 ) -> list[dict]:  # fmt: skip
     """One step of every Riemannian optimizer (and geoopt's) on St(N, M), float32.
 
     An optimizer named in ``limits`` is measured only up to its N there; ``only``
-    selects the optimizers (`step_plan`).
+    selects the optimizers (`step_plan`); ``progress`` as in `map_costs`.
     """
     steps = optimizer_steps()
     rows = []
@@ -183,6 +185,7 @@ def optimizer_costs(
             {"label": f"{label} M={m}", "optimizer": label, "N": n, "M": m, **t}
             | {"peak_bytes": peak, "flops": flops, "bytes": nbytes}
         )
+        _ = progress and progress.finished(f"{label} on St({n}, {m})", 1)
     return rows
 
 

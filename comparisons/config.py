@@ -11,6 +11,7 @@ the option and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import pathlib
@@ -23,8 +24,13 @@ from . import task as tasks_mod
 from .cost import GEOOPT_STEPS, optimizer_steps
 from .precision import PRECISIONS
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 __all__ = ["SECTIONS", "TASK_SHORTCUTS", "preset", "resolve", "parse_shape", "load_toml"]
-__all__ += ["task_options_for"]
+__all__ += ["task_options_for", "task_lr"]
 
 SECTIONS = ("drift", "convergence", "complexity")
 #: flags kept as shortcuts for task options of the same name (applied to the tasks that take them)
@@ -36,19 +42,12 @@ PRESETS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 EXPERIMENTS = PRESETS.parent / "experiments"
 
 
-# ----------------------------------------------------------------------------- validators
 def _int(lo: int) -> Callable[[str, Any], Any]:
-    def check(name: str, v: Any) -> Any:
-        return _checks.int_at_least(name, v, lo)
-
-    return check
+    return lambda name, v: _checks.int_at_least(name, v, lo)
 
 
 def _number(**bounds: Any) -> Callable[[str, Any], Any]:
-    def check(name: str, v: Any) -> Any:
-        return _checks.number(name, v, low_open=True, **bounds)
-
-    return check
+    return lambda name, v: _checks.number(name, v, low_open=True, **bounds)
 
 
 def _str(name: str, v: Any) -> Any:
@@ -60,11 +59,8 @@ def _str(name: str, v: Any) -> Any:
 def _list(item: Callable[[str, Any], Any], nonempty: bool = True) -> Callable[[str, Any], Any]:
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, (list, tuple)):
-            raise TypeError(
-                f"{name}={v!r} ({type(v).__name__}); allowed: a list, e.g. [{v!r}]"
-                if isinstance(v, str)
-                else f"{name}={v!r} ({type(v).__name__}); allowed: a list"
-            )
+            e_g = f", e.g. [{v!r}]" if isinstance(v, str) else ""
+            raise TypeError(f"{name}={v!r} ({type(v).__name__}); allowed: a list{e_g}")
         if nonempty and not v:
             raise ValueError(f"{name}=[]; allowed: a non-empty list")
         return [item(f"{name}[{i}]", x) for i, x in enumerate(v)]
@@ -203,10 +199,6 @@ def load_toml(path: pathlib.Path | None) -> dict:
     """The TOML file at ``path`` ({} for None), its tables and keys checked."""
     if path is None:
         return {}
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--config {path}: no such file")
@@ -221,18 +213,25 @@ def load_toml(path: pathlib.Path | None) -> dict:
             if not isinstance(value, dict):
                 raise TypeError(f"--config {path}: [{key}] must be a table, got {value!r}")
             known = every if key == "quick" else set(SCHEMA[key])
-            for k in value:
-                if k not in known:
-                    raise ValueError(
-                        f"--config {path}: unknown option {k!r} in [{key}]; "
-                        f"available: {', '.join(sorted(known))}"
-                    )
+            for k in set(value) - known:
+                raise ValueError(f"--config {path}: unknown option {k!r} in [{key}]; "
+                                 f"available: {', '.join(sorted(known))}")  # fmt: skip
         elif key not in every:
-            raise ValueError(
-                f"--config {path}: unknown option or table {key!r}; options: "
-                f"{', '.join(sorted(every))}; tables: {', '.join(tables)}"
-            )
+            listing = f"options: {', '.join(sorted(every))}; tables: {', '.join(tables)}"
+            raise ValueError(f"--config {path}: unknown option or table {key!r}; {listing}")
     return cfg
+
+
+@functools.cache
+def _learning_rates() -> dict[str, dict[str, float]]:
+    path = PRESETS / "learning_rates.toml"  # a wheel without it: the declared lrs
+    return tomllib.loads(path.read_text()) if path.exists() else {}
+
+
+def task_lr(task: str, optimizer: str) -> float | None:
+    """The lr of ``optimizer`` on ``task`` that a short sweep chose, or None: a strategy's
+    default before the declared one (``configs/learning_rates.toml``, its sweep's command)."""
+    return _learning_rates().get(task, {}).get(optimizer)
 
 
 def task_options_for(task: str, opts: dict[str, Any]) -> dict[str, Any]:

@@ -13,20 +13,18 @@ from typing import Any
 import torch
 
 from . import task as tasks_mod
-from .config import task_options_for
+from .config import task_lr, task_options_for
 from .runner import RunConfig, parse_strategy, run, unsupported
 from .store import RunStore, run_key
 from .strategies import parse
+from .writers import Progress
 
 __all__ = ["plan", "run_grid"]
 
 
 def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
-    """The runs of ``opts`` and the combinations that cannot run (with the reason).
-
-    Raises:
-        ValueError: an unknown name, a bad task option, or a task no strategy can run on.
-    """
+    """The runs of ``opts`` and the combinations that cannot run (with the reason); ValueError
+    for an unknown name, a bad task option, or a task no strategy can run on."""
     strategies = [parse_strategy(s) for s in opts["strategies"]]
     parse("none+" + opts["others"])  # the optimizer of the other weights parses
     jobs, skipped = [], []
@@ -58,10 +56,9 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
                     text = cls.extra_methods[s.method]  # a task-built model is real
                     skipped.append(f"{s.name} on {task} [{dtype}]: {text} is real")
                     continue
-                jobs += [
-                    RunConfig(task, s.name, seed, dtype=dtype, task_options=topts, **shared)
-                    for seed in range(opts["seeds"])
-                ]
+                kw = shared | {"lr": task_lr(task, s.optimizer)} if shared["lr"] is None else shared
+                jobs += [RunConfig(task, s.name, seed, dtype=dtype, task_options=topts, **kw)
+                         for seed in range(opts["seeds"])]  # fmt: skip
     return jobs, skipped
 
 
@@ -69,12 +66,8 @@ def _key(job: RunConfig) -> str:
     return run_key(task=job.task, strategy=job.strategy, dtype=job.dtype, seed=job.seed)
 
 
-def _progress(total: int, desc: str):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional: no bar then
-        return None
-    return tqdm(total=total, desc=desc, leave=False)
+def _name(j: RunConfig) -> str:
+    return f"{j.task} {j.strategy} {j.dtype} seed {j.seed}"
 
 
 def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[dict], list[str]]:
@@ -87,20 +80,17 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     todo = [i for i, r in enumerate(records) if r is None]
     if len(todo) < len(jobs):
         print(f"{section}: {len(jobs) - len(todo)} of {len(jobs)} runs already done", flush=True)
-    bar = _progress(sum(jobs[i].steps for i in todo), section)
+    bar = Progress(sum(jobs[i].steps for i in todo), section)  # steps: runs differ in length
     try:
         if opts.get("jobs", 1) > 1 and len(todo) > 1:
             _run_parallel(store, section, jobs, todo, records, opts, bar)
         else:
             for i in todo:
-                j = jobs[i]
-                if bar is not None:
-                    bar.set_postfix_str(f"{j.task} {j.strategy} {j.dtype} seed {j.seed}")
-                records[i] = run(j, bar)
+                records[i] = run(jobs[i], bar)
                 store.save_run(section, _key(jobs[i]), records[i])
+                bar.finished(_name(jobs[i]), jobs[i].steps - records[i]["step"][-1] - 1)  # diverged
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return records, skipped  # type: ignore[return-value]
 
 
@@ -123,22 +113,15 @@ def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
-    imports = opts.get("imports") or []
-    pool = cf.ProcessPoolExecutor(
-        opts["jobs"],
-        mp_context=ctx,
-        initializer=_worker,
-        initargs=(imports, torch.get_num_threads()),
-    )
+    start = (opts.get("imports") or [], torch.get_num_threads())
+    pool = cf.ProcessPoolExecutor(opts["jobs"], mp_context=ctx, initializer=_worker, initargs=start)
     try:
         futures = {pool.submit(run, jobs[i], None): i for i in todo}
         for fut in cf.as_completed(futures):
             i = futures[fut]
             records[i] = fut.result()
             store.save_run(section, _key(jobs[i]), records[i])
-            if bar is not None:
-                bar.update(jobs[i].steps)
-                bar.set_postfix_str(f"{jobs[i].task} {jobs[i].strategy} seed {jobs[i].seed} done")
+            bar.finished(_name(jobs[i]), jobs[i].steps)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise

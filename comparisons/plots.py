@@ -1,9 +1,8 @@
 """matplotlib figures of the harness (Agg backend, no screen needed).
 
-Legends sit outside the axes, one title per figure, ticks at the measured
-sizes, axis labels in words; complexity plots carry the roofline (Note
-[Roofline] in `stiefel.comparisons.cost`) as dashed reference lines; losses are
-floored at the resolution of the run's dtype.
+Legends outside the axes, one title per figure, ticks at the measured sizes, axis labels in
+words; complexity plots carry the roofline (Note [Roofline] in `stiefel.comparisons.cost`)
+as dashed lines; losses are floored at the resolution of the run's dtype.
 """
 
 from __future__ import annotations
@@ -30,7 +29,15 @@ LABELS = {
 }
 
 
-MARKERS = ("o", "s", "^", "D")
+#: tab20's ten dark shades, then its ten light ones, and seven markers: the first 20
+#: series get 20 colours, and a colour never comes back with the same marker
+COLOURS = [plt.get_cmap("tab20")(i) for i in (*range(0, 20, 2), *range(1, 20, 2))]
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def style(i: int) -> dict:
+    """The colour and marker of series ``i`` (distinct for up to 20 series)."""
+    return dict(color=COLOURS[i % len(COLOURS)], marker=MARKERS[i % len(MARKERS)])
 
 
 def save(store, fig, stem: str) -> list[str]:
@@ -53,26 +60,17 @@ _DTYPE_STYLES = ("-", "--", ":", "-.")
 
 
 def drift_figure(runs: list[dict]):
-    """One colour per strategy, one line style per dtype (so 8 strategies × 2 dtypes
-    never repeat a colour within a style), markers past the tenth strategy."""
+    """One colour and marker per strategy (`style`), one line style per dtype."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     strategies = list(dict.fromkeys(r["strategy"] for r in runs))
     dtypes = list(dict.fromkeys(r["dtype"] for r in runs))
     for r in runs:
         steps = [s for s, d in zip(r["step"], r["drift"], strict=True) if d is not None]
         vals = [max(d, 1e-18) for d in r["drift"] if d is not None]
         if vals:
-            i = strategies.index(r["strategy"])
-            ax.semilogy(
-                steps,
-                vals,
-                color=colours[i % len(colours)],
-                ls=_DTYPE_STYLES[dtypes.index(r["dtype"]) % len(_DTYPE_STYLES)],
-                marker=None if i < len(colours) else MARKERS[(i // len(colours)) % len(MARKERS)],
-                markevery=max(1, len(steps) // 10),
-                label=f"{r['strategy']} [{r['dtype']}]",
-            )
+            kw = style(strategies.index(r["strategy"])) | dict(markevery=max(1, len(steps) // 10))
+            ls = _DTYPE_STYLES[dtypes.index(r["dtype"]) % len(_DTYPE_STYLES)]
+            ax.semilogy(steps, vals, ls=ls, label=f"{r['strategy']} [{r['dtype']}]", **kw)
     ax.set_xlabel("step")
     ax.set_ylabel(r"orthogonality error $\|X^H X - I\|_F$")
     ax.set_title("Orthogonality drift")
@@ -81,7 +79,9 @@ def drift_figure(runs: list[dict]):
     return fig
 
 
-def convergence_figure(runs: list[dict], task: str):
+def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozenset()):
+    """Loss (or gap) against step and wall time per ``strategy [dtype]``; one in ``flagged`` (it
+    waited for a core) is dashed against wall time, ends hollow, its bar back to its CPU time."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     groups: dict[str, list[dict]] = {}
     for r in runs:
@@ -91,7 +91,7 @@ def convergence_figure(runs: list[dict], task: str):
     # log scale whenever the plotted values are positive (a gap to the optimum,
     # cross-entropy, MSE): far below a baseline is only visible on a log axis
     logy = optimum is not None or all(min(r["loss"], default=1.0) > 0 for r in runs)
-    for name, rs in groups.items():
+    for i, (name, rs) in enumerate(groups.items()):
         n = min(len(r["loss"]) for r in rs)
         steps = np.array(rs[0]["step"][:n])
         loss = np.array([r["loss"][:n] for r in rs])
@@ -107,9 +107,17 @@ def convergence_figure(runs: list[dict], task: str):
         else:
             m, sd = loss.mean(0), loss.std(0)
             lo, hi = m - sd, m + sd
+        kw = style(i) | dict(markevery=max(1, n // 8), ms=4)
         for ax, x in ((a1, steps), (a2, times)):
-            ax.plot(x, m, label=name)
-            ax.fill_between(x, lo, hi, alpha=0.2)
+            waited = ax is a2 and name in flagged
+            ax.plot(x, m, label=name, ls="--" if waited else "-", **kw)
+            ax.fill_between(x, lo, hi, alpha=0.2, color=kw["color"])
+        if name in flagged:
+            cpu = np.mean([r["cpu_time"][n - 1] for r in rs])
+            a2.errorbar([times[-1]], [m[-1]], xerr=[[times[-1] - cpu], [0]], fmt=kw["marker"],
+                        ms=9, mfc="white", color=kw["color"], capsize=3, zorder=3)  # fmt: skip
+    if flagged:
+        a2.plot([], [], "k--o", mfc="white", label="waited for a core (bar: back to CPU time)")
     for ax, xl in ((a1, "step"), (a2, "wall time [s]")):
         ax.set_xlabel(xl)
         ax.set_ylabel("loss − optimum" if optimum is not None else "loss")
@@ -144,9 +152,8 @@ def complexity_figure(
         fit = [(r[x], r[y]) for r in rs if r[x] >= fit_min and not r.get(y[:-2] + "_flag")]
         if len({a for a, _ in fit}) > 1:  # a slope of unflagged points only
             name = f"{name} (slope {fit_exponent(*zip(*fit, strict=True)):.2f})"
-        # the colour cycle has 10 colours: series 11–20 repeat them with another marker
-        marker = MARKERS[(i // 10) % len(MARKERS)]
-        (line,) = ax.loglog(xs, ys, marker=marker, ls="-", label=name)
+        marker = style(i)["marker"]
+        (line,) = ax.loglog(xs, ys, ls="-", label=name, **style(i))
         bad = [r for r in rs if r.get(y[:-2] + "_flag")]  # Note [Trusted times]: hollow, ± MAD
         if bad:
             mad = [r.get(y[:-2] + "_mad_s", 0.0) for r in bad]

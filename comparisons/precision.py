@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PRECISIONS", "precision"]
+__all__ = ["PRECISIONS", "precision", "rounding"]
 
 PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
     "float32": (torch.float32, None),
@@ -39,3 +39,19 @@ def precision(name: str) -> tuple[torch.dtype, torch.dtype | None]:
     if name not in PRECISIONS:
         raise ValueError(f"dtype={name!r} is not supported; allowed: {', '.join(PRECISIONS)}")
     return PRECISIONS[name]
+
+
+def rounding(name: str, scale: float, task: object = None) -> float:
+    """10·n·eps·max(1, |scale|), the rounding of a loss of size ``scale`` in precision ``name``
+    on a task of size n (its ``n``, else 1): a gap below the optimum within it is 0.
+
+    Example:
+        ```python
+        import torch
+        from stiefel.comparisons.precision import rounding
+
+        assert rounding("float64", 3.0) == 30 * torch.finfo(torch.float64).eps
+        ```
+    """
+    eps = torch.finfo(precision(name)[0]).eps
+    return 10 * getattr(task, "n", 1) * eps * max(1.0, abs(scale))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from . import cost
 from .store import RunStore
 from .writers import write_text
 
@@ -34,12 +35,14 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
             time_s=statistics.fmean(r["time"][-1] for r in rs),
             cpu_s=statistics.fmean(r["cpu_time"][-1] for r in rs) if "cpu_time" in rs[0] else None,
             one_thread=all(r.get("threads") == 1 for r in rs),
-            diverged=sum(bool(r["diverged"]) for r in rs),
-            failed=sum(bool(r.get("failed")) for r in rs),
+            diverged=sum(r.get("failed") == "diverged" or bool(r["diverged"]) for r in rs),
         )
+        row["unconverged"] = sum(bool(r.get("failed")) for r in rs) - row["diverged"]
+        waited = row["cpu_s"] and cost.flag([row["cpu_s"]], [row["time_s"]], row["one_thread"])
+        row["time_flag"] = waited or None  # Note [Trusted times]: a run that waited for a core
         if rs[0]["optimum"] is not None:  # each seed draws its own problem and optimum
             row["optimum"], _ = mean_std([r["optimum"] for r in rs])
-            row["gap"], row["gap_std"] = mean_std([r["final_loss"] - r["optimum"] for r in rs])
+            row["gap"], row["gap_std"] = mean_std([r["gap"] for r in rs])
         for key in rs[0]["metrics"]:
             row[key], row[key + "_std"] = mean_std([r["metrics"][key] for r in rs])
         out.append(row)
@@ -58,6 +61,13 @@ def machine_line(m: dict) -> str:
 
 
 TITLES = {"drift": "Orthogonality drift", "convergence": "Convergence"}
+#: the full runs behind a smoke run's sections (each file's first lines give its command)
+FULL = dict(drift=["drift"], convergence=["digits", "copying", "adding"], complexity=["complexity"])
+SMOKE = ("A smoke run: tiny sizes, a few hundred steps and two seeds, times on whatever else the "
+         "machine ran. It shows that every section runs end to end and that the matrix problems "
+         "reach their optima; it cannot rank strategies, show how well the classifiers and "
+         "recurrent models learn, or how costs grow with size. For those, run the full configs: "
+         "{}.\n")  # fmt: skip
 
 
 def write_report(store: RunStore) -> str:
@@ -77,6 +87,11 @@ def write_report(store: RunStore) -> str:
         "# stiefel comparison report\n",
         f"python {v.get('python')}, torch {v.get('torch')}, stiefel {v.get('stiefel')}.\n",
     ]
+    if store.manifest.get("preset") == "quick":
+        runs = [f"`python -m stiefel.comparisons {k} --config configs/{c}.toml` ([configs/{c}.toml]"
+                f"(../configs/{c}.toml))" for k in sections for c in FULL.get(k, [])]  # fmt: skip
+        parts[0] = "# stiefel comparison report: `quick`, a smoke preset\n"
+        parts.insert(1, SMOKE.format("; ".join(runs)))
     for key, sec in sections.items():
         title = TITLES.get(key, key.capitalize())
         if sec["state"] != "finished":

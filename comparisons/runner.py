@@ -12,7 +12,7 @@ from torch import nn
 from .. import optimizers, parametrizations
 from ..manifolds import kernels
 from . import task as tasks_mod
-from .precision import precision
+from .precision import precision, rounding
 from .strategies import Strategy, parse
 from .table import SERIES
 
@@ -20,21 +20,15 @@ __all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
 
 
 def parse_strategy(text: str) -> Strategy:
-    """Parse a strategy name, checking it against the registered maps and optimizers.
-
-    The method may also be one a registered task builds itself (`Task.extra_methods`:
-    ``lstm``, ``convlstm``, the PEFT adapters, ...).
-    """
+    """Parse a strategy name, checking it against the registered maps and optimizers and the
+    methods registered tasks build themselves (`Task.extra_methods`)."""
     methods = [*parametrizations.available(), *tasks_mod.extra_methods()]
     return parse(text, methods=methods, optimizers=optimizers.available())
 
 
 def unsupported(strategy: Strategy, task: type[tasks_mod.Task]) -> str | None:
-    """Why ``strategy`` cannot run on ``task`` (a class), or None when it can.
-
-    A method that only tasks build (not a registered map) runs on the tasks that
-    declare it in `Task.extra_methods`.
-    """
+    """Why ``strategy`` cannot run on ``task`` (a class), or None: a method only tasks build
+    runs on the tasks that declare it (`Task.extra_methods`)."""
     builders = tasks_mod.extra_methods().get(strategy.method)
     own = strategy.method not in parametrizations.available()
     if builders and own and task.name not in builders:
@@ -55,7 +49,7 @@ class RunConfig:
     record_every: int = 10
     task_options: dict = field(default_factory=dict)
     others: str = "adam(lr=1e-3)"  # optimizer of the unconstrained weights (sequence tasks)
-    lr: float | None = None  # learning rate of strategies that name none (--lr)
+    lr: float | None = None  # of a strategy that names none (--lr, else configs/learning_rates)
 
 
 def _create(strategy: Strategy, name: str, params, lr: float, options: dict):
@@ -68,14 +62,9 @@ def _create(strategy: Strategy, name: str, params, lr: float, options: dict):
 def build_optimizers(
     task: tasks_mod.Task, model: nn.Module, strategy: Strategy, others: str, lr: float | None = None
 ) -> list[torch.optim.Optimizer]:
-    """The strategy's optimizer for the constrained matrix, ``others`` for the rest.
-
-    The scaled Cayley paper trains the skew matrix, the scaling D and the other
-    weights with different optimizers and learning rates; this is that split.
-    A model the task builds itself (`Task.extra_methods`: the LSTM baseline,
-    ConvLSTM, a PEFT adapter) has every trainable weight trained by the
-    strategy's optimizer.
-    """
+    """The strategy's optimizer for the constrained matrix, ``others`` for the rest (the
+    scaled Cayley paper's split); a model the task builds itself (`Task.extra_methods`) has
+    every trainable weight trained by the strategy's optimizer."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt_kw = {k: v for k, v in strategy.optimizer_options.items() if k != "lr"}
     if strategy.method in task.extra_methods:
@@ -135,21 +124,24 @@ def run(cfg: RunConfig, progress=None) -> dict:
             break
     record["final_loss"] = record["loss"][-1]
     record["metrics"] = task.evaluate(model)
-    if task.optimum is not None:
-        record["gap"] = record["final_loss"] - task.optimum
+    if task.optimum is not None:  # a negative gap within rounding is 0
+        gap, tol = record["final_loss"] - task.optimum, rounding(cfg.dtype, task.optimum, task)
+        record["gap"] = 0.0 if -tol <= gap < 0 else gap
     record["failed"] = failure(record, task)
     return record
 
 
 def failure(record: dict, task: tasks_mod.Task) -> str | None:
-    """Why a run failed, or None: it diverged, or did no better than chance.
-
-    A loss above the task's baseline at the end (the loss of a chance-level
-    answer) or a held-out metric at or below its chance level counts as failed.
-    """
+    """Why a run failed, or None: ``"diverged"`` (a loss not finite), or why it did not converge:
+    its final gap to a known optimum is above `Task.converged_fraction` of its first; with no
+    optimum its final loss is above the baseline (chance level) or a held-out metric at chance."""
     if record["diverged"] or not math.isfinite(record["final_loss"]):
         return "diverged"
-    if task.baseline is not None and task.optimum is None and record["final_loss"] > task.baseline:
+    if task.optimum is not None:
+        gap, start = record["final_loss"] - task.optimum, record["loss"][0] - task.optimum
+        if gap > task.converged_fraction * start:
+            return f"gap {gap:.3g} above {task.converged_fraction:g} of its first, {start:.3g}"
+    elif task.baseline is not None and record["final_loss"] > task.baseline:
         return f"final loss {record['final_loss']:.3g} above the baseline {task.baseline:.3g}"
     for key, level in task.chance.items():
         value = record["metrics"].get(key)

@@ -1,9 +1,7 @@
 """The three measured sections of the harness: drift, convergence, complexity.
 
-Each takes the checked options of its subcommand and an open `stiefel.comparisons.store.RunStore`,
-stores every run as it finishes, then writes ``<section>.md`` and its figures (PNG and SVG) from
-the stored runs and lists them in the manifest; the store writes the long table. The complexity
-section measures with the plans of `stiefel.comparisons.complexity`.
+Each takes its checked options and an open `stiefel.comparisons.store.RunStore`, stores every
+run as it finishes, then writes ``<section>.md`` and its figures from the stored runs.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
 from .task import get as get_task
-from .writers import fmt, md_table, write_text
+from .writers import Progress, fmt, md_table, write_text
 
 __all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
 
@@ -33,13 +31,18 @@ def _setup_text(opts: dict, runs: list[dict]) -> str:
     for task in opts["tasks"]:
         r = next((r for r in runs if r["task"] == task), None)
         if r is not None:
-            sizes = ", ".join(f"{k}={v}" for k, v in r["task_options"].items())
-            lines.append(f"- {task}: {sizes}")
-    lrs = {r["strategy"]: r["lr"] for r in runs}
-    lines.append("- learning rates: " + ", ".join(f"{s}: {lr:g}" for s, lr in lrs.items()))
+            lrs = {x["strategy"]: x["lr"] for x in runs if x["task"] == task}
+            lines.append(f"- {task}: {_size(r)}; learning rates: "
+                         + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()))  # fmt: skip
+    lines.append("- a strategy that names no lr takes `--lr`, else its optimizer's lr on the task "
+                 "in `configs/learning_rates.toml`, else the declared one")  # fmt: skip
     if any(get_task(t).kind == "sequence" for t in {r["task"] for r in runs}):
         lines.append(f"- other weights of the recurrent models: {opts['others']}")
     return "\n".join(lines) + "\n\n"
+
+
+def _size(r: dict) -> str:  # a task's options: its size
+    return ", ".join(f"{k}={v}" for k, v in r["task_options"].items())
 
 
 def drift_section(store: RunStore, opts: dict) -> list[dict]:
@@ -52,14 +55,10 @@ def drift_section(store: RunStore, opts: dict) -> list[dict]:
         if r["drift"][-1] is not None
     ]
     figs = plots.save(store, plots.drift_figure(runs), "drift")
-    text = (
-        f"{opts['steps']} steps per run on {', '.join(opts['tasks'])}; the drift of the "
-        "constrained matrix after each recorded step.\n\n"
-        + _setup_text(opts, runs)
-        + _skipped_text(skipped)
-        + md_table(head, body)
-    )
-    write_text(store.path("drift.md"), text)
+    text = (f"{opts['steps']} steps and {opts['seeds']} seed(s) per run on "
+            f"{', '.join(opts['tasks'])} (sizes below); the drift of the constrained matrix "
+            "after each recorded step.\n\n" + _setup_text(opts, runs))  # fmt: skip
+    write_text(store.path("drift.md"), text + _skipped_text(skipped) + md_table(head, body))
     store.end_section("drift", ["drift.md", *figs], skipped)
     return runs
 
@@ -68,9 +67,11 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "convergence", opts)
     summary = summarize_runs(runs)
     text = [
-        f"{opts['steps']} steps, {opts['seeds']} seeds, mean ± std over seeds. A run *failed* "
-        "when it diverged or ended no better than chance (loss above the baseline, or a "
-        "held-out accuracy at chance).\n",
+        f"{opts['steps']} steps, {opts['seeds']} seed(s), mean ± std over seeds. A run *diverged* "
+        "when its loss became not finite; it *did not converge* when its final gap to a known "
+        "optimum is above a declared fraction of its first (`Task.converged_fraction`), or, "
+        "with no optimum, its final loss is above the baseline or a held-out accuracy at "
+        "chance. A gap below the optimum within rounding (10·n·eps·|optimum|) is 0.\n",
         _setup_text(opts, runs) + _skipped_text(skipped),
     ]
     figs = []
@@ -79,32 +80,47 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         if not rows:
             continue
         extra = [k for k in get_task(task).table_metrics if k in rows[0]]
-        text.append(f"### {task}\n")
-        if rows[0]["optimum"] is not None:
-            text.append(
-                f"mean optimum over seeds (each seed draws a problem): {rows[0]['optimum']:.6g}\n\n"
-            )
-        elif rows[0]["baseline"] is not None:
-            text.append(f"baseline (chance level): {rows[0]['baseline']:.6g}\n\n")
+        r0, opt, frac = rows[0], rows[0]["optimum"], get_task(task).converged_fraction
+        what = (f"mean optimum over seeds (each draws a problem) {opt:.6g}; not converged: gap "
+                f"above {frac:g} of the first" if opt is not None else "baseline (chance "
+                f"level) {r0['baseline']:.6g}" if r0["baseline"] else "no optimum")  # fmt: skip
+        size = _size(next(r for r in runs if r["task"] == task))
+        text.append(f"### {task}\n\n*{size}; {r0['seeds']} seed(s) × {opts['steps']} steps; "
+                    f"{what}*\n")  # fmt: skip
         head = ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
-        head += ["max drift", "time [s]", "CPU [s]", "failed", *extra]
-        for s in rows:  # Note [Trusted times]: a one-thread run that waited for a core
-            waited = s["one_thread"] and s["cpu_s"] and s["time_s"] > cost.CONTENTION * s["cpu_s"]
-            s["time_flag"] = f"wall {s['time_s'] / s['cpu_s']:.1f}× CPU" if waited else None
+        head += ["max drift", "time [s]", "CPU [s]", "diverged / not finite", "did not converge"]
         body = [
             [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
             + [s.get("gap"), s["max_drift"], _t(s, "time"), s["cpu_s"]]
-            + [f"{s['failed']} of {s['seeds']}"]
+            + [f"{s['diverged']} of {s['seeds']}", f"{s['unconverged']} of {s['seeds']}"]
             + [s[k] for k in extra]
             for s in rows
         ]
-        text.append(md_table(head, body))
-        text += _flagged([f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]])
+        text.append(md_table(head + extra, body) + _near_best(rows))
+        waited = [f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]]
+        text += _flagged(waited, "the wall time counts waits: compare the CPU column")
         task_runs = [r for r in runs if r["task"] == task]
-        figs += plots.save(store, plots.convergence_figure(task_runs, task), f"convergence_{task}")
+        flagged = {f"{s['strategy']} [{s['dtype']}]" for s in rows if s["time_flag"]}
+        fig = plots.convergence_figure(task_runs, task, flagged)
+        figs += plots.save(store, fig, f"convergence_{task}")
     write_text(store.path("convergence.md"), "\n".join(text))
     store.end_section("convergence", ["convergence.md", *figs], skipped)
     return runs
+
+
+def _near_best(rows: list[dict]) -> str:
+    """Which strategies end within 10 % of the best final gap (Note [Per-task learning rates]
+    in ``configs/learning_rates.toml``); a gap below the optimum beyond rounding is named."""
+    one = len({s["dtype"] for s in rows}) == 1
+    gaps = [(s["strategy"] + ("" if one else f" [{s['dtype']}]"), s["gap"]) for s in rows
+            if math.isfinite(s.get("gap", math.nan))]  # fmt: skip
+    ok, below = [kg for kg in gaps if kg[1] >= 0], [f"{k} ({fmt(g)})" for k, g in gaps if g < 0]
+    if len(ok) < 2:
+        return ""
+    best, low = min(ok, key=lambda kg: kg[1])
+    far = ", ".join(f"{k} ({fmt(g)})" for k, g in ok if g > 1.1 * low) or "none"
+    off = f"; below the optimum (off the manifold): {', '.join(below)}" if below else ""
+    return f"\nBest final gap: {best} ({fmt(low)}); not within 10 % of it: {far}{off}.\n"
 
 
 def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int, why: list[str]):
@@ -130,13 +146,13 @@ def _t(r: dict, t: str) -> Any:
     return f"{fmt(r[f'{t}_s'])} †" if r.get(f"{t}_flag") else r[f"{t}_s"]
 
 
-def _flagged(why: list[str]) -> list[str]:
-    """The one-line reason under a table for its flagged cells and refused fits."""
+def _flagged(why: list[str], then: str = "refused by the fits and the × columns") -> list[str]:
+    """The one-line reason under a table for its flagged cells (and what ``then`` follows)."""
     if not why:
         return []
+    why = "; ".join(dict.fromkeys(why))
     return [f"\n† flagged (repeats spread, MAD / median > {cost.SPREAD:g}, or wall > "
-            f"{cost.CONTENTION:g} × CPU time): refused by the fits and the × columns. "
-            + "; ".join(dict.fromkeys(why)) + ".\n"]  # fmt: skip
+            f"{cost.CONTENTION:g} × CPU time): {then}. {why}.\n"]  # fmt: skip
 
 
 def _span(rows: list[dict], size: str, min_size: int) -> str:
@@ -175,16 +191,19 @@ def complexity_section(store, opts: dict) -> dict:
     gemm = lambda: cost.gemm_rate(min(max(sizes), 2048), device=device)  # noqa: E731
     rate = _measure(store, "gemm", gemm)
     bandwidth = _measure(store, "bandwidth", lambda: cost.stream_bandwidth(device))
-    run = (repeats, device, limits)
-    maps = _measure(store, "maps", lambda: cx.map_costs(methods, sizes, fractions, *run))
-    only = opts.get("optimizers")
-    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, *run, only))
+    run, only = (repeats, device, limits), opts.get("optimizers")
+    plan = [*cx.map_plan(methods, sizes, fractions, limits), *cx.step_plan(shapes, limits, only)]
+    bar = Progress(len(plan), "complexity")
+    maps = _measure(store, "maps", lambda: cx.map_costs(methods, sizes, fractions, *run, bar))
+    steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, *run, only, bar))
+    bar.close()
     parts = {name: _measure(store, name, lambda m=m: m(opts)) for name, (m, _) in cx.PARTS.items()}
     # a row is its fastest run: divide by the fastest rate, before or after them (rates drift)
     rate = max(rate, _measure(store, "gemm_after", gemm))
     maps, steps = cx.with_multiples(maps, steps, rate, bandwidth)
     text = [_intro(rate, bandwidth, opts, sizes, shapes)]
-    text += _map_table(maps, methods) + _step_table(steps) + _roofline_table(maps, steps)
+    text += _map_table(maps, methods, repeats) + _step_table(steps, repeats)
+    text += _roofline_table(maps, steps)
     if cx.left_out_steps():
         left_out = f"left out: {', '.join(cx.left_out_steps())} ({cx.LEFT_OUT})"
         print(f"complexity: {left_out}", flush=True)
@@ -230,7 +249,7 @@ def _known(v: float) -> float | None:  # None ('–') where there is no model (N
     return v if math.isfinite(v) else None
 
 
-def _map_table(maps: list[dict], methods: list[str]) -> list[str]:
+def _map_table(maps: list[dict], methods: list[str], repeats: int) -> list[str]:
     rows, pairs, why = [], [], []
     registered = parametrizations.maps()
     for method in methods:
@@ -252,6 +271,7 @@ def _map_table(maps: list[dict], methods: list[str]) -> list[str]:
     head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
     return [
         "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
+        f"*n = {', '.join(map(str, sorted({r['n'] for r in maps})))}; median of {repeats} runs*\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
@@ -259,9 +279,10 @@ def _map_table(maps: list[dict], methods: list[str]) -> list[str]:
     ]
 
 
-def _step_table(steps: list[dict]) -> list[str]:
+def _step_table(steps: list[dict], repeats: int) -> list[str]:
     known = cost.optimizer_steps()
     rows, pairs, why = [], [], []
+    shapes = dict.fromkeys(f"{r['N']}×{r['M']}" for r in steps)
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
         big = max(rs, key=lambda r: r["N"])
@@ -278,6 +299,7 @@ def _step_table(steps: list[dict]) -> list[str]:
     head += ["exponent in N", "model exponent", "fitted over N"]
     return [
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
+        f"*N × M = {', '.join(shapes)}; median of {repeats} runs*\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
         *_flagged(why),

@@ -115,7 +115,6 @@ class RunStore:
         self.manifest: dict[str, Any] = {}
         self._locked = False
 
-    # ------------------------------------------------------------------ open / close
     def __enter__(self) -> RunStore:
         self.open()
         return self
@@ -217,7 +216,6 @@ class RunStore:
             (self.root / LOCK).unlink(missing_ok=True)
             self._locked = False
 
-    # ------------------------------------------------------------------ paths
     def path(self, rel: str) -> pathlib.Path:
         """``out/rel`` to write, refused when it (or a folder on the way) leads outside ``out``."""
         (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -237,7 +235,6 @@ class RunStore:
     def save_manifest(self) -> None:
         write_json(self.path(MANIFEST), self.manifest)
 
-    # ------------------------------------------------------------------ sections and runs
     def begin_section(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
         """Start (or resume) section ``name``; ValueError when that would mix results."""
         opts = normalize(options)
@@ -245,19 +242,14 @@ class RunStore:
         old = sections.get(name)
         if old is not None and not self.overwrite:
             if not self.resume:
-                raise ValueError(
-                    f"--out {self.out} already holds {name} results ({old['state']}, "
-                    f"{len(old['runs'])} runs): pass --resume to continue them, --overwrite "
-                    "to replace them, or choose another --out"
-                )
-            diff = sorted(
-                k for k in {*opts, *old["options"]} if opts.get(k) != old["options"].get(k)
-            )
-            if diff:
-                raise ValueError(
-                    f"--resume: the {name} options differ from those in {self.out / MANIFEST} "
-                    f"for {', '.join(diff)}; resume with the same options or use another --out"
-                )
+                held = f"{name} results ({old['state']}, {len(old['runs'])} runs)"
+                fix = "--resume to continue them, --overwrite to replace them, or another --out"
+                raise ValueError(f"--out {self.out} already holds {held}: pass {fix}")
+            was = old["options"]
+            if diff := sorted(k for k in {*opts, *was} if opts.get(k) != was.get(k)):
+                where, fix = f"{self.out / MANIFEST}'s for {', '.join(diff)}", "use the same or"
+                raise ValueError(f"--resume: the {name} options differ from {where}; {fix} "
+                                 "another --out")  # fmt: skip
         if old is not None and (self.overwrite or not self.resume):
             for path in [self.inside(run["file"]) for run in old["runs"]]:  # all checked first
                 path.unlink(missing_ok=True)

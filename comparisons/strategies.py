@@ -1,14 +1,7 @@
 """Strategies: a map (or ``riemannian``) plus an optimizer, named like ``cwy+adam``.
 
-Grammar:
-
-```text
-
-    strategy  := part "+" part
-    part      := NAME [ "(" key "=" value { "," key "=" value } ")" ]
-```
-
-The first part is a parametrization method of `stiefel.parametrizations`
+Grammar: ``strategy := part "+" part``, ``part := NAME [ "(" key "=" value { "," key "="
+value } ")" ]``. The first part is a parametrization method of `stiefel.parametrizations`
 (``riemannian`` leaves the weight a manifold parameter) or a model a task
 builds itself (``Task.extra_methods``: ``lstm`` on the sequence tasks,
 ``convlstm`` on ``moving_digits``, ``lora`` on ``finetune``, ...); the second
@@ -25,8 +18,9 @@ Example:
     assert s.optimizer_options == {"metric": "canonical", "retraction": "cayley"}
     ```
 
-A strategy that names no ``lr`` gets the ``--lr`` of the run, else the
-optimizer's declared default learning rate (`stiefel.optimizers.info`).
+A strategy that names no ``lr`` gets the ``--lr`` of the run, else the optimizer's lr on
+the task (`stiefel.comparisons.config.task_lr`), else its declared default learning rate
+(`stiefel.optimizers.info`).
 """
 
 from __future__ import annotations

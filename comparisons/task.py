@@ -73,14 +73,14 @@ class Task:
     kind = "matrix"
     optimum: float | None = None
     baseline: float | None = None
+    #: a run whose final gap to a known optimum is above this fraction of its first did not
+    #: converge (`stiefel.comparisons.runner.failure`)
+    converged_fraction = 0.1
     #: held-out metrics at chance level, e.g. {"test_accuracy": 0.1}
     chance: dict[str, float] = {}
-    #: models this task builds itself besides the registered maps, name → what it is:
-    #: baselines (``lstm`` on the sequence tasks, ``convlstm`` on ``moving_digits``)
-    #: and other libraries' layers (the PEFT adapters of ``finetune``). Strategies may
-    #: name them; they run only on the tasks that declare them, the strategy's
-    #: optimizer trains every trainable weight of such a model, and they are real
-    #: (a complex dtype skips them)
+    #: models this task builds itself besides the maps, name → what it is (``lstm``, the PEFT
+    #: adapters of ``finetune``): they run only on the tasks that declare them, the strategy's
+    #: optimizer trains all their weights, and they are real (a complex dtype skips them)
     extra_methods: dict[str, str] = {}
     #: metrics of `evaluate` shown as columns of the convergence table
     table_metrics: tuple[str, ...] = ("test_accuracy",)

@@ -1,4 +1,4 @@
-"""One writer per format: text, JSON, markdown tables and PNG/SVG figures.
+"""One writer per format: text, JSON, markdown tables, PNG/SVG figures and progress on stderr.
 
 Every file is written atomically (a temporary file in the same folder, then
 ``os.replace``), so an interrupted run never leaves half a file, and a
@@ -7,15 +7,18 @@ symbolic link at the destination is replaced, never written through.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
 import os
 import pathlib
+import sys
 import tempfile
+import time
 from typing import Any
 
-__all__ = ["write_text", "write_json", "md_table", "fmt", "save_figure"]
+__all__ = ["write_text", "write_json", "md_table", "fmt", "save_figure", "Progress"]
 
 
 def write_text(path: str | pathlib.Path, text: str | bytes) -> pathlib.Path:
@@ -82,3 +85,31 @@ def save_figure(fig, out: pathlib.Path, stem: str) -> list[str]:
         names.append(f"{stem}.{ext}")
     plt.close(fig)
     return names
+
+
+class Progress:
+    """Progress of a long section on stderr: a tqdm bar with ETA on a terminal, elsewhere (a log,
+    a pipe, no tqdm) one line per finished unit with its ETA (time so far × left / done)."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.done, self.t0 = total, desc, 0, time.perf_counter()
+        tqdm = importlib.util.find_spec("tqdm") and importlib.import_module("tqdm").tqdm
+        tty = tqdm and sys.stderr.isatty()  # tqdm (the compare extra's) writes to stderr
+        self.bar = tqdm(total=total, desc=desc, leave=False) if tty else None
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more units done: the bar moves."""
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def finished(self, what: str, n: int = 0) -> None:
+        """``what`` finished (and ``n`` more units): the bar's note, or a line with the ETA."""
+        self.update(n)
+        eta = (time.perf_counter() - self.t0) * (self.total - self.done) / max(self.done, 1)
+        line = f"{self.desc}: {self.done}/{self.total}, {what} done, ETA {eta:.0f} s"
+        _ = self.bar.set_postfix_str(f"{what} done") if self.bar else print(line, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

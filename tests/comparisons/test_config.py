@@ -161,7 +161,7 @@ def test_lr_flag_sets_strategies_that_name_none(tmp_path):
     argv = ["drift", "--out", str(tmp_path), "--strategies", "cwy+adam", "cwy+adam(lr=0.5)"]
     cli.main([*argv, "--lr", "0.25", "--steps", "2", "--n", "4", "--m", "2", "--seeds", "1"])
     md = (tmp_path / "drift.md").read_text()
-    assert "cwy+adam: 0.25, cwy+adam(lr=0.5): 0.5" in md
+    assert "learning rates: cwy+adam 0.25, cwy+adam(lr=0.5) 0.5" in md
 
 
 def test_every_shipped_config_resolves(monkeypatch):
@@ -169,7 +169,7 @@ def test_every_shipped_config_resolves(monkeypatch):
 
     root = pathlib.Path(__file__).resolve().parents[2] / "configs"
     monkeypatch.syspath_prepend(str(root.parent))  # their imports: experiments/ of the checkout
-    files = sorted(root.glob("*.toml"))
+    files = [p for p in sorted(root.glob("*.toml")) if p.name != "learning_rates.toml"]  # data
     assert files
     for path in files:
         for section in config.SCHEMA:

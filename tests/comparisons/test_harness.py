@@ -350,4 +350,8 @@ def test_a_run_no_better_than_chance_counts_as_failed():
     assert failure({**rec, "diverged": True}, digits) == "diverged"
     assert failure({**rec, "final_loss": float("nan")}, digits) == "diverged"
     procrustes = make("procrustes", torch.float64, torch.device("cpu"), 0, n=4)
-    assert failure({**rec, "final_loss": 1e9, "metrics": {}}, procrustes) is None  # no baseline
+    opt, start = procrustes.optimum, procrustes.optimum + 10.0  # a first gap of 10
+    rec = {**rec, "loss": [start], "metrics": {}}
+    assert failure({**rec, "final_loss": opt + 0.99}, procrustes) is None  # closed > 90 %
+    assert failure({**rec, "final_loss": opt + 1.01}, procrustes).startswith("gap 1.01 above 0.1")
+    assert failure({**rec, "final_loss": 1e9}, procrustes).startswith("gap")  # no baseline needed
