@@ -191,13 +191,36 @@ def _orthonormal(x: torch.Tensor, probes: int = 8) -> bool:
     return bool(torch.isfinite(err).all()) and float(err.max()) <= tol
 
 
+def _power_of_two_scaled(a: torch.Tensor) -> torch.Tensor:
+    """A·2⁻ᵉ per matrix, with e such that its largest |entry| lands in [½, 1).
+
+    Note [Nearest point of a scaled matrix]
+    The polar factor is invariant under positive scaling, polar(cA) = polar(A), but
+    its kernels are not: the norm estimates form AᴴA (entries ~1e19 overflow float32,
+    ~1e-19 underflow it) and the SVD refuses the infinities that follow. Each matrix
+    is therefore scaled first by a power of two, exact (every rounding of the
+    iteration scales with it, so an ordinary A gives the same bits), into entries of
+    magnitude below 1. The factor 2⁻ᵉ is applied in two halves, each a normal
+    number even where 2⁻ᵉ itself is not (a subnormal A). A zero or non-finite
+    matrix is left as it is, for the kernels' own handling.
+    """
+    amax = a.detach().abs().amax(dim=(-2, -1), keepdim=True)
+    usable = torch.isfinite(amax) & (amax > 0)
+    _, e = torch.frexp(torch.where(usable, amax, torch.ones_like(amax)))
+    half = torch.div(e, 2, rounding_mode="floor")
+    real = amax.dtype
+    return a * torch.exp2(-half.to(real)) * torch.exp2((half - e).to(real))
+
+
 def nearest_point(a: torch.Tensor) -> torch.Tensor:
     """The polar factor of tall A (…, n, m), n ≥ m: Newton in A's precision, SVD as fallback.
 
-    Note [Nearest point by the scaled Newton iteration].
+    Note [Nearest point by the scaled Newton iteration], Note [Nearest point of a
+    scaled matrix].
     """
     if a.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
         return polar(a)
+    a = _power_of_two_scaled(a)
     r, q = a, None
     if a.shape[-2] > a.shape[-1]:
         q, r = torch.linalg.qr(a)

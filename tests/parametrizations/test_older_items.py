@@ -180,3 +180,48 @@ def test_rotate_on_a_frozen_tied_head_and_on_an_untied_one():
     assert model.emb.weight.requires_grad and not model.head.weight.requires_grad
     model(ids).sum().backward()
     assert model.emb.weight.grad is not None and model.head.weight.grad is None
+
+
+# ---------------------------------------------------------------- init="nearest" at extreme scales
+
+
+def _polar64(w):
+    """The reference: U Vᴴ of the float64 SVD of the very values stored."""
+    hi = torch.complex128 if w.is_complex() else torch.float64
+    u, _, vh = torch.linalg.svd(w.detach().to(hi), full_matrices=False)
+    return u @ vh
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30, 1e-20, 1e-30, 1e-40])  # 1e-40: subnormal
+@pytest.mark.parametrize("method", ["cayley", "exp", "riemannian"])
+def test_init_nearest_is_the_polar_factor_at_extreme_scales(method, scale):
+    lin = nn.Linear(4, 6, bias=False)  # a tall 6×4 weight: every method serves it
+    with torch.no_grad():
+        w = torch.randn(6, 4, generator=torch.Generator().manual_seed(7))
+        lin.weight.copy_(w * scale)
+    ref = _polar64(lin.weight)  # of the float32 values stored, in float64
+    orthogonalize(lin, method=method, init="nearest")
+    tol = 100 * 6 * torch.finfo(torch.float32).eps  # κ(W)·n·eps with κ(W) of a few units
+    assert float((lin.weight.detach().double() - ref).abs().max()) <= tol
+
+
+@pytest.mark.parametrize(
+    "dtype,scales",
+    [
+        (torch.float32, [1e19, 1.0, 1e-19]),
+        (torch.complex64, [1e19, 1.0, 1e-19]),
+        (torch.float64, [1e160, 1.0, 1e-160]),  # the Gram of 1e160 overflows float64
+    ],
+)
+def test_nearest_point_of_scaled_batches(dtype, scales):
+    from stiefel.parametrizations._polar import nearest_point
+
+    gen = torch.Generator().manual_seed(8)
+    a = torch.randn(3, 7, 4, dtype=dtype, generator=gen)
+    # the reference: the float64 SVD's polar factor of the unscaled matrices (polar(cA) =
+    # polar(A) for c > 0); each matrix of the batch gets its own scale
+    ref = _polar64(a)
+    scaled = a * torch.tensor(scales, dtype=torch.float64).to(a.real.dtype).view(3, 1, 1)
+    got = nearest_point(scaled)
+    tol = 100 * 7 * torch.finfo(dtype).eps
+    assert float((got.to(ref.dtype) - ref).abs().max()) <= tol
