@@ -225,3 +225,48 @@ def test_nearest_point_of_scaled_batches(dtype, scales):
     got = nearest_point(scaled)
     tol = 100 * 7 * torch.finfo(dtype).eps
     assert float((got.to(ref.dtype) - ref).abs().max()) <= tol
+
+
+# ---------------------------------------------------------------- what a refused base says
+# The exp/cayley base must be a point (`_Based.check_state`): a finite base off the
+# manifold is refused as "not a point … orthonormal columns", in every path that reads
+# it (load, a conversion that repairs rounded bases, first use), never as "not finite".
+
+
+def _with_base(method, base_of, path):
+    lin = orthogonalize(nn.Linear(5, 5), method=method)
+    fmap = lin.parametrizations.weight[0]
+    bad = base_of(fmap.base)
+    if path == "load":
+        sd = lin.state_dict()
+        sd["parametrizations.weight.0.base"] = bad
+        lin.load_state_dict(sd)
+        return lin
+    with torch.no_grad():
+        fmap.base.copy_(bad)
+    if path == "convert":
+        lin.double()  # the repair of a rounded base runs here, and must leave this one alone
+    return lin.weight
+
+
+@pytest.mark.parametrize("path", ["load", "convert", "use"])
+@pytest.mark.parametrize("method", ["exp", "cayley"])
+def test_a_finite_base_off_the_manifold_is_refused_as_not_a_point(method, path):
+    gen = torch.Generator().manual_seed(9)
+    for scale in (3.0, 1e30):  # far off; and huge, where a repair would overflow
+        with pytest.raises(ValueError) as caught:
+            _with_base(method, lambda b, s=scale: s * torch.randn(b.shape, generator=gen), path)
+        msg = str(caught.value)
+        assert "buffer 'base' is not a point" in msg and "orthonormal columns" in msg, msg
+        assert "not finite" not in msg, msg
+
+
+@pytest.mark.parametrize("method", ["exp", "cayley"])
+def test_a_non_finite_base_is_refused_as_not_finite(method):
+    def nan_base(b):
+        out = b.clone()
+        out[0, 0] = float("nan")
+        return out
+
+    with pytest.raises(ValueError, match="not finite"):
+        _with_base(method, nan_base, "use")
