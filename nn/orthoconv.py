@@ -102,18 +102,11 @@ def _check_circular(
         )
     view = SimpleNamespace(
         padding_mode="circular",
-        padding=(pads[2], pads[0]),
+        padding=(pads[2], pads[0]),  # (h, w), as the message shows it
         kernel_size=(kernel_size, kernel_size),
         dilation=(dilation, dilation),
     )
-    try:
-        _check_padding(view)
-    except ValueError as err:
-        raise ValueError(
-            str(err)
-            .replace("conv_kernel=True with", f"{cls} with", 1)
-            .replace("padding=" + repr(view.padding), f"padding={padding!r}", 1)
-        ) from None
+    _check_padding(view, what=cls)
 
 
 def _check(

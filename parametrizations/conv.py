@@ -109,11 +109,18 @@ class ConvKernel(nn.Module):
         return f"taps={self.taps}, manifold={self.manifold!r}"
 
 
-def _check_padding(module: nn.Module) -> None:
-    """Refuse paddings that break the non-expansive bound (Note [A Stiefel kernel …])."""
+def _check_padding(module: nn.Module, what: str = "conv_kernel=True") -> None:
+    """Refuse paddings that break the non-expansive bound (Note [A Stiefel kernel …]).
+
+    Args:
+        module: the convolution, or anything with its ``padding_mode``, ``padding``,
+            ``kernel_size`` and ``dilation`` (per spatial axis).
+        what: what the messages begin with: the option or layer that needs the bound
+            (``"conv_kernel=True"``, or the class name of an orthogonal layer).
+    """
     if module.padding_mode not in PADDING_MODES:
         raise ValueError(
-            f"conv_kernel=True with padding_mode={module.padding_mode!r}; allowed: "
+            f"{what} with padding_mode={module.padding_mode!r}; allowed: "
             f"{', '.join(PADDING_MODES)} (Note [A Stiefel kernel makes the convolution "
             "non-expansive])"
         )
@@ -122,7 +129,7 @@ def _check_padding(module: nn.Module) -> None:
     for pad, k, dil in zip(module.padding, module.kernel_size, module.dilation, strict=True):
         if 2 * pad > dil * (k - 1):
             raise ValueError(
-                f"conv_kernel=True with padding_mode='circular' and padding={module.padding} "
+                f"{what} with padding_mode='circular' and padding={module.padding} "
                 f"(kernel_size={module.kernel_size}, dilation={module.dilation}): the padding "
                 "wraps around and reads input positions twice, so the convolution is not "
                 "non-expansive; allowed: 2·padding ≤ dilation·(kernel_size − 1) in every "

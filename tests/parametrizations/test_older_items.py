@@ -270,3 +270,29 @@ def test_a_non_finite_base_is_refused_as_not_finite(method):
 
     with pytest.raises(ValueError, match="not finite"):
         _with_base(method, nan_base, "use")
+
+
+# ---------------------------------------------------------------- one padding check, two callers
+
+
+def test_check_padding_names_its_caller():
+    from types import SimpleNamespace
+
+    from stiefel.nn import OrthoConvTranspose2d
+    from stiefel.parametrizations.conv import _check_padding
+
+    def conv(mode, padding):
+        return SimpleNamespace(
+            padding_mode=mode, padding=padding, kernel_size=(3, 3), dilation=(1, 1)
+        )
+
+    with pytest.raises(ValueError, match=r"^conv_kernel=True with padding_mode='circular' and"):
+        _check_padding(conv("circular", (2, 1)))
+    with pytest.raises(ValueError, match=r"^MyLayer with padding_mode='circular' and padding=\(2"):
+        _check_padding(conv("circular", (2, 1)), what="MyLayer")
+    with pytest.raises(ValueError, match=r"^MyLayer with padding_mode='reflect'; allowed"):
+        _check_padding(conv("reflect", (1, 1)), what="MyLayer")
+    _check_padding(conv("circular", (1, 1)), what="MyLayer")  # "same" for k = 3: allowed
+    # the layers pass their class name; the message names the (h, w) padding
+    with pytest.raises(ValueError, match=r"^OrthoConvTranspose2d with .* padding=\(1, 2\) "):
+        OrthoConvTranspose2d(4, 4, 3, padding=[1, 2])
