@@ -120,7 +120,9 @@ def test_map_large_skew_part_takes_the_eigh_path_compiled(name):
 
 # ------------------------------------------------------------------------- optimizers
 def _marks(name):
-    return [pytest.mark.xfail(reason=GEOOPT_WRONG, strict=True)] if "geoopt" in name else []
+    marks = [pytest.mark.xfail(reason=GEOOPT_WRONG, strict=True)] if "geoopt" in name else []
+    # tracing manifold_muon's inner iteration takes seconds per case: the slow tier
+    return marks + [pytest.mark.slow] if name == "manifold_muon" else marks
 
 
 OPT_CASES = [
