@@ -9,7 +9,7 @@ from . import integrations, manifolds, nn, optimizers, parametrizations
 from .manifolds import Orthogonal, Stiefel, Unitary
 from .parametrizations import merge, orthogonalize, rotate, rotation
 
-__version__ = "0.3.0.dev0"
+__version__ = "0.4.0.dev0"
 
 __all__ = [
     "orthogonalize",
