@@ -135,6 +135,9 @@ def test_tied_weights_are_refused_when_the_root_is_given():
 def test_merge_refuses_a_tied_weight():
     model = Tied()
     before = model.emb.weight.detach().clone()
+    with pytest.raises(ValueError, match="rotate would freeze.*tied.*Embedding"):
+        stiefel.rotate(model.head, method="cwy")  # the tie still trains: refused first
+    model.emb.weight.requires_grad_(False)  # a frozen base, as PEFT freezes one
     stiefel.rotate(model.head, method="cwy")
     with pytest.raises(ValueError, match="tied.*Embedding"):
         stiefel.merge(model.head)
