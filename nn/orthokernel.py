@@ -106,24 +106,6 @@ def _chain_coefficients(size: int, steps: int) -> list[list[list[complex]]]:
     return rows
 
 
-@functools.lru_cache(maxsize=32)
-def _inverse_dft(size: int) -> list[list[float]]:
-    """(2·size², size²): rows (f, 0) Re and (f, 1) −Im of e^{2πi(q·h + p·w)/size}/size².
-
-    f = (q, p) is the frequency, the column (h, w) the tap.
-    """
-    rows = []
-    for q in range(size):
-        for p in range(size):
-            e = [
-                cmath.exp(2j * math.pi * (q * h + p * w) / size) / size**2
-                for h in range(size)
-                for w in range(size)
-            ]
-            rows += [[v.real for v in e], [-v.imag for v in e]]
-    return rows
-
-
 def projector_chain(isometry: torch.Tensor, projectors: torch.Tensor) -> torch.Tensor:
     r"""Every projector step applied to the 1×1 kernel H at once: the stride-1 BCOP kernel.
 
@@ -162,8 +144,7 @@ def projector_chain(isometry: torch.Tensor, projectors: torch.Tensor) -> torch.T
     M = (Π zᵢ)(H + 𝒱 (I − SN)⁻¹ S 𝒱ᵀH): one unit lower-triangular solve of order
     L·r per frequency, batched over the k×k frequencies, and the taps are the
     inverse DFT of M (each axis has degree k − 1 < k, so k frequencies per axis
-    recover them without aliasing; the real part of the inverse DFT is one real
-    product). Forward substitution on I − SN is the
+    recover them without aliasing). Forward substitution on I − SN is the
     step-by-step product of the factors, column block by block, so the
     rounding is that of applying the steps in turn.
     """
@@ -180,10 +161,11 @@ def projector_chain(isometry: torch.Tensor, projectors: torch.Tensor) -> torch.T
     y = torch.linalg.solve_triangular(
         lower, rhs.view(g, size * size, width, m), upper=False, unitriangular=True
     )
-    # the inverse DFT's real part as one real product over (frequency, re/im), then 𝒱 once
-    idft = torch.tensor(_inverse_dft(size), dtype=isometry.dtype, device=isometry.device)
-    y = torch.view_as_real(y).permute(0, 2, 3, 1, 4).reshape(g, width * m, -1) @ idft
-    taps = (basis @ y.view(g, width, m * size * size)).view(g, c, m, size, size)
+    # 𝒱 y as one real product: 𝒱 is real, y's real and imaginary parts are columns
+    y = torch.view_as_real(y).transpose(1, 2).reshape(g, width, -1)
+    transfer = torch.view_as_complex((basis @ y).view(g, c, size, size, m, 2))
+    taps = torch.fft.ifft2(transfer, dim=(2, 3)).real.permute(0, 1, 4, 2, 3)
+    # the (Π z)H term is H at the last tap of both axes (every step shifted it)
     return taps + F.pad(isometry[..., None, None], (size - 1, 0, size - 1, 0))
 
 
