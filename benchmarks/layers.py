@@ -21,13 +21,6 @@ current threads. ``--device cuda`` (or ``cuda:k``) runs everything on that GPU:
 inputs and modules are drawn on the CPU as with ``--device cpu`` and moved.
 Before the timing, the FFT layer is checked against a dense-per-frequency Cayley
 reference (full spectrum, (I + A)⁻¹(I − A) solved at each frequency).
-
-Part 3 counts the ATen ops (`benchmarks.launch.StepCounter`, a dispatch mode;
-on a GPU each op that computes is a launch; the count does not depend on the
-machine's load) of one forward+backward of ``nn.Conv2d`` and ``OrthoConv2d``
-(c = 64, 32×32, batch 16, k = 3 and 5), of ``OrthoConv2d``'s kernel construction
-alone, and of its projector steps: all at once (``projector_chain``, what the
-layer runs) against one ``projector_step`` per factor (the reference).
 """
 
 from __future__ import annotations
@@ -49,10 +42,8 @@ from stiefel.nn import (
     OrthogonalRNN,
     lipschitz_bound,
 )
-from stiefel.nn.orthokernel import projector_chain, projector_step
 
 from ._timing import device_of, header
-from .launch import StepCounter
 
 
 def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int, device):
@@ -264,49 +255,6 @@ def timing(
     return {k: timed[k] if k in timed else absent[k] for k in layers}
 
 
-def _ops(fn: Callable[[], object]) -> int:
-    """ATen ops of one call of ``fn`` (after one warm-up call)."""
-    fn()
-    with StepCounter() as counter:
-        fn()
-    return counter.ops
-
-
-def op_counts(c: int, n: int, batch: int, kernel_sizes=(3, 5)) -> list[tuple[str, int]]:
-    """(what, ATen ops of one forward+backward) for the layers and the kernel construction."""
-    torch.manual_seed(0)
-    x = torch.randn(batch, c, n, n, requires_grad=True)
-    rows = []
-    for k in kernel_sizes:
-        free = nn.Conv2d(c, c, k, padding=k // 2, padding_mode="circular", bias=False)
-        ortho = OrthoConv2d(c, c, k, bias=False)
-        kern = ortho.kernel
-        h = kern.isometry.detach().requires_grad_()
-        v = kern.projectors.detach().requires_grad_()
-
-        def steps(h=h, v=v, k=k) -> None:
-            kernel = h[..., None, None]
-            for j in range(k - 1):
-                kernel = projector_step(kernel, v[:, 2 * j], -1)
-                kernel = projector_step(kernel, v[:, 2 * j + 1], -2)
-            kernel.sum().backward()
-
-        rows += [
-            (f"k = {k}: nn.Conv2d layer", _ops(lambda m=free: m(x).sum().backward())),
-            (f"k = {k}: OrthoConv2d layer (cwy)", _ops(lambda m=ortho: m(x).sum().backward())),
-            (
-                f"k = {k}: OrthoConv2d kernel construction",
-                _ops(lambda m=kern: m().sum().backward()),
-            ),
-            (
-                f"k = {k}: projector steps, all at once (projector_chain)",
-                _ops(lambda h=h, v=v: projector_chain(h, v).sum().backward()),
-            ),
-            (f"k = {k}: projector steps, one projector_step per factor", _ops(steps)),
-        ]
-    return rows
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
@@ -362,12 +310,6 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {setting} | {name} | {row} | — |")
             else:
                 print(f"| {setting} | {name} | {row[0] * 1e3:.2f} ms | {row[1]:.2f} |")
-    c, n = (8, 8) if args.quick else (64, 32)
-    print(f"\n## ATen ops of one forward+backward (c = {c}, {n}×{n}, batch {args.batch})\n")
-    print("| what | ops |")
-    print("|---|---|")
-    for name, count in op_counts(c, n, args.batch):
-        print(f"| {name} | {count} |")
 
 
 if __name__ == "__main__":
