@@ -26,9 +26,6 @@ the kernel K (taps t) as K'[t] = P K[t] + (I − P) K[t − e]: two thin product
 V(VᵀK), never a c×c projector. The taps of a composition of cross-correlations
 are the full convolution of the tap arrays, so the kernel grows by one tap per
 step: k − 1 steps per axis give k×k, for odd and even k alike.
-The layer applies all the steps at once (`projector_chain`: a fixed number
-of batched operations, Note [The projector chain in one solve]);
-`projector_step` is the step by itself.
 
 Note [Strided orthogonal convolutions]
 With stride s the layer is R_s ∘ B, with B the stride-1 BCOP kernel of size
@@ -46,9 +43,6 @@ miss some positions, so it is orthogonal only as a co-isometry, out ≤ in·k².
 
 from __future__ import annotations
 
-import cmath
-import functools
-import math
 from typing import Any
 
 import torch
@@ -58,7 +52,7 @@ from torch import nn
 from ..parametrizations import orthogonalize
 from ..parametrizations.base import work_dtype
 
-__all__ = ["OrthoKernel", "projector_step", "projector_chain", "compose_kernels", "kernel_plan"]
+__all__ = ["OrthoKernel", "projector_step", "compose_kernels", "kernel_plan"]
 
 
 def projector_step(kernel: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
@@ -78,95 +72,6 @@ def projector_step(kernel: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Ten
     n = kernel.shape[dim]
     middle = t.narrow(dim, 1, n - 1) + d.narrow(dim, 0, n - 1)
     return torch.cat([t.narrow(dim, 0, 1), middle, d.narrow(dim, n - 1, 1)], dim)
-
-
-@functools.lru_cache(maxsize=32)
-def _chain_coefficients(size: int, steps: int) -> list[list[list[complex]]]:
-    """The frequency-only terms of `projector_chain` (no parameter enters them), as numbers.
-
-    Returns:
-        (size², steps, steps + 1) numbers: at the frequency (q, p) (row q·size + p) and
-        step j, −sⱼ where step i < j (else 0) in column i, and sⱼ·Π zᵢ in the last column;
-        sⱼ = z̄ⱼ − 1, zⱼ = e^{−2πi p/size} for a width step (j even), e^{−2πi q/size} for
-        a height step (j odd).
-    """
-    omega = cmath.exp(-2j * math.pi / size)
-    rows = []
-    for q in range(size):
-        for p in range(size):
-            z = [omega ** (p if j % 2 == 0 else q) for j in range(steps)]
-            s = [zj.conjugate() - 1 for zj in z]
-            scale = math.prod(z)
-            rows.append(
-                [
-                    [-s[j] if i < j else 0j for i in range(steps)] + [s[j] * scale]
-                    for j in range(steps)
-                ]
-            )
-    return rows
-
-
-def projector_chain(isometry: torch.Tensor, projectors: torch.Tensor) -> torch.Tensor:
-    r"""Every projector step applied to the 1×1 kernel H at once: the stride-1 BCOP kernel.
-
-    The same kernel as `projector_step` applied in turn (width with
-    ``projectors[:, 2j]``, then height with ``projectors[:, 2j + 1]``), built by
-    a fixed number of batched operations whatever the number of steps
-    (Note [The projector chain in one solve]).
-
-    Args:
-        isometry: H of shape (g, c, m) with orthonormal columns.
-        projectors: V of shape (g, 2(k − 1), c, r) with orthonormal columns.
-
-    Returns:
-        The kernel of shape (g, c, m, k, k).
-
-    Example:
-        ```python
-        import torch
-        from stiefel.nn.orthokernel import projector_chain, projector_step
-
-        h = torch.linalg.qr(torch.randn(1, 6, 4, dtype=torch.float64)).Q
-        v = torch.linalg.qr(torch.randn(1, 4, 6, 3, dtype=torch.float64)).Q
-        k = h[..., None, None]
-        for j in range(2):
-            k = projector_step(projector_step(k, v[:, 2 * j], -1), v[:, 2 * j + 1], -2)
-        assert torch.allclose(projector_chain(h, v), k)
-        ```
-
-    Note [The projector chain in one solve]
-    In the frequency domain (z = e^{−2πi f/k} per axis) step i multiplies the
-    transfer matrix by Bᵢ = Pᵢ + (I − Pᵢ)zᵢ = zᵢ(I + sᵢVᵢVᵢᵀ), sᵢ = z̄ᵢ − 1
-    (|zᵢ| = 1). With 𝒱 = [V₀ … V_{L−1}] the product of the L factors I + sᵢVᵢVᵢᵀ
-    (V₀'s first) is I + 𝒱T𝒱ᵀ, T = (I − SN)⁻¹S, S = diag(sᵢ I) and N the strictly
-    block-lower part of the Gram matrix 𝒱ᵀ𝒱 (induction: appending step j adds
-    the block row sⱼ(eⱼ + Σ_{i<j} VⱼᵀVᵢ Tᵢ)). So the transfer matrix is
-    M = (Π zᵢ)(H + 𝒱 (I − SN)⁻¹ S 𝒱ᵀH): one unit lower-triangular solve of order
-    L·r per frequency, batched over the k×k frequencies, and the taps are the
-    inverse DFT of M (each axis has degree k − 1 < k, so k frequencies per axis
-    recover them without aliasing). Forward substitution on I − SN is the
-    step-by-step product of the factors, column block by block, so the
-    rounding is that of applying the steps in turn.
-    """
-    g, steps, c, rank = projectors.shape
-    m, size, width = isometry.shape[-1], steps // 2 + 1, steps * rank
-    complex_dtype = torch.promote_types(isometry.dtype, torch.complex64)
-    coef = torch.tensor(
-        _chain_coefficients(size, steps), dtype=complex_dtype, device=isometry.device
-    )  # (k², L, L + 1)
-    basis = projectors.transpose(1, 2).reshape(g, c, width)  # 𝒱
-    gram = (basis.mT @ basis).view(g, 1, steps, rank, steps, rank)
-    lower = (coef[:, :, None, :steps, None] * gram).view(g, size * size, width, width)  # −SN
-    rhs = coef[:, :, steps:, None] * (basis.mT @ isometry).view(g, 1, steps, rank, m)  # (Π z)S𝒱ᵀH
-    y = torch.linalg.solve_triangular(
-        lower, rhs.view(g, size * size, width, m), upper=False, unitriangular=True
-    )
-    # 𝒱 y as one real product: 𝒱 is real, y's real and imaginary parts are columns
-    y = torch.view_as_real(y).transpose(1, 2).reshape(g, width, -1)
-    transfer = torch.view_as_complex((basis @ y).view(g, c, size, size, m, 2))
-    taps = torch.fft.ifft2(transfer, dim=(2, 3)).real.permute(0, 1, 4, 2, 3)
-    # the (Π z)H term is H at the last tap of both axes (every step shifted it)
-    return taps + F.pad(isometry[..., None, None], (size - 1, 0, size - 1, 0))
 
 
 def compose_kernels(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -324,11 +229,12 @@ class OrthoKernel(nn.Module):
         work = work_dtype(dtype)
         kernel = None
         if bcop is not None:
-            isometry = self.isometry.to(work)
+            kernel = self.isometry.to(work)[..., None, None]  # (g, c, m, 1, 1)
             if bcop[2] > 1:
-                kernel = projector_chain(isometry, self.projectors.to(work))
-            else:
-                kernel = isometry[..., None, None]  # (g, c, m, 1, 1)
+                vs = self.projectors.to(work)
+                for j in range(bcop[2] - 1):
+                    kernel = projector_step(kernel, vs[:, 2 * j], -1)
+                    kernel = projector_step(kernel, vs[:, 2 * j + 1], -2)
             if self.plan["transpose"]:
                 kernel = kernel.transpose(1, 2)
         if reshaped is not None:
