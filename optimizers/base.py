@@ -265,14 +265,16 @@ class RiemannianOptimizer(torch.optim.Optimizer):
 
     @classmethod
     def dtensor_rules(cls) -> list[str]:
-        """The loaded optimizer classes whose rules step DTensor manifold points."""
-        found, todo = [], [RiemannianOptimizer]
-        while todo:
-            sub = todo.pop()
-            todo += sub.__subclasses__()
-            if sub is not RiemannianOptimizer and sub.dtensor_points:
-                found.append(sub.__name__)
-        return sorted(set(found))
+        """The registered optimizers whose rules step DTensor manifold points."""
+        from . import registry  # at the call: the registry imports this module
+
+        return [
+            name
+            for name in registry.available()
+            if isinstance(obj := registry.get(name), type)
+            and issubclass(obj, RiemannianOptimizer)
+            and obj.dtensor_points
+        ]
 
     def manifold_parameters(self) -> list[torch.Tensor]:
         """Parameters whose geometry is Stiefel-like, in param-group order."""

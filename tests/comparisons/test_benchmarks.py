@@ -579,7 +579,11 @@ def test_wheel_holds_no_benchmark(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "stiefel/comparisons/cli.py" in names and "stiefel/comparisons/cost.py" in names
     presets = sorted(n for n in names if n.startswith("stiefel/configs/"))
-    assert presets == ["stiefel/configs/defaults.toml", "stiefel/configs/quick.toml"]
+    assert presets == [
+        "stiefel/configs/defaults.toml",
+        "stiefel/configs/learning_rates.toml",
+        "stiefel/configs/quick.toml",
+    ]
     assert not [n for n in names if "experiments/" in n]
     bad = [n for n in names if "benchmarks/" in n or "/bench/" in n or "bench" in n.split("/")[-1]]
     assert bad == [], bad
