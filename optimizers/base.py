@@ -64,6 +64,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -305,7 +307,9 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         warned = self.__dict__.setdefault("_warned", set())
         if key not in warned:
             warned.add(key)
-            warnings.warn(f"{message} (warned once per optimizer)", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"{message} (warned once per optimizer)", RuntimeWarning, stacklevel=_caller()
+            )
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One step for every parameter with a gradient; returns ``closure()``'s loss.
@@ -469,6 +473,18 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""
         for group in self.param_groups:
             self.stabilize_group(group)
+
+
+#: the folders whose frames a warning skips: this package's and torch's (its step wrapper)
+_SKIPPED = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+def _caller() -> int:
+    """The ``stacklevel`` of the first frame outside this package and torch (the user's)."""
+    level, frame = 2, sys._getframe(2)  # the frame that called the warning's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _check_capturable(params: list[torch.Tensor]) -> None:
