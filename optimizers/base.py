@@ -334,13 +334,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 self._bind_marked(group, self._bindings[index])  # bind
                 for bucket in self._buckets(index, group, quiet):  # bucket
                     computed.append(self._rule(bucket, group, quiet))  # rule
-            loud = [c for c in computed if not (traced or c.group["capturable"])]
+            loud = [c for c in computed if not c.quiet]
             engine.select(self, [c for c in computed if c not in loud])  # commit
             while loud:  # buckets whose tested points were off: again, from their projections
                 again = engine.commit(self, loud)
                 loud = [single for c in again for single in self._again(c)]
                 computed += loud
-            self._repair(computed, traced)
+            self._repair(computed)
             if self.telemetry:
                 telemetry.record(self)
         return loss
@@ -353,8 +353,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             shapes = "; ".join(
                 f"{bucket.where(k)}: "
                 + (", ".join(
-                    f"{key} {tuple(v.shape)}" for key, v in self.state[p].items()
-                    if isinstance(v, torch.Tensor) and not key.startswith("_")
+                    f"{key} {tuple(v.shape)}" for key in buckets.rule_keys(self.state[p])
+                    if isinstance(v := self.state[p][key], torch.Tensor)
                 ) or "no state")
                 for k, p in enumerate(bucket.params)
             )  # fmt: skip
@@ -364,7 +364,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             ) from err
 
     def _buckets(self, index: int, group: dict, quiet: bool) -> list[buckets.Bucket]:
-        """The buckets of a group's parameters that have a gradient (`buckets.plan`)."""
+        """The buckets of a group's parameters that have a gradient (`buckets.plan`).
+
+        A bucket of the same parameters as at an earlier step gets the state views that
+        step left (``self._held``, one entry per set of parameters ever stepped together,
+        kept in place: a traced step guards on this dict), so that its state is not
+        stacked again.
+        """
         # a traced step is one program already: the compiler fuses what a bucket would
         foreach = False if torch.compiler.is_compiling() else group["foreach"]
         found = buckets.plan(
@@ -401,16 +407,16 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             out.append(engine.compute(self, single, c.group, False, tested=True))
         return out
 
-    def _repair(self, computed: list[engine.Computed], traced: bool) -> None:
+    def _repair(self, computed: list[engine.Computed]) -> None:
         """``repair_every=k``: re-project a group after an accepted k-th step of any parameter."""
         for group in self.param_groups:
             k = terms.repair_period(group)
             mine = [c for c in computed if c.group is group]
             if k is None or not mine:
                 continue
-            if traced or group["capturable"]:
+            if mine[0].quiet:
                 due = torch.stack([
-                    (c.ok.reshape(-1) & (c.work["step"].reshape(-1) % k == 0).to(c.ok.device)).any()
+                    (c.ok.reshape(-1) & _due(c.work[buckets.STEP], k).to(c.ok.device)).any()
                     for c in mine
                 ]).any()  # fmt: skip
                 self._stabilize_where(group, due)
@@ -485,6 +491,11 @@ def _caller() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _due(steps: torch.Tensor, k: int) -> torch.Tensor:
+    """Whether each step count is a multiple of ``k`` (flat)."""
+    return steps.reshape(-1) % k == 0
 
 
 def _check_capturable(params: list[torch.Tensor]) -> None:

@@ -58,7 +58,17 @@ import torch
 from . import master
 from .geometry import Binding
 
-__all__ = ["Bucket", "plan", "stack_state", "unstack_state", "STEP", "HOST_STEP", "SMALL"]
+__all__ = [
+    "Bucket",
+    "plan",
+    "stack_state",
+    "unstack_state",
+    "publish",
+    "rule_keys",
+    "STEP",
+    "HOST_STEP",
+    "SMALL",
+]
 
 #: the dispatch of plain tensors (Parameter's, geoopt's ManifoldParameter's)
 _PLAIN = torch.Tensor.__torch_dispatch__
@@ -97,6 +107,11 @@ class Bucket:
         return f"a parameter (index {self.indices[k]} of its group, shape {tuple(p.shape)})"
 
 
+def rule_keys(state: dict) -> list[str]:
+    """The keys of a parameter's state that its rule owns (not the master, not the host's)."""
+    return [k for k in state if not k.startswith("_") and k != "master"]
+
+
 def host_count(state: dict) -> int | None:
     """The step count of a parameter as the host knows it (None: no step yet).
 
@@ -126,7 +141,7 @@ def _kind(
         return None
     if man is not None and not binding.stiefel:
         return None  # another geoopt manifold: its operations may read the whole tensor
-    keys = tuple(sorted(k for k, v in state.items() if not k.startswith("_") and k != "master"))
+    keys = tuple(sorted(rule_keys(state)))
     if any(not isinstance(state[k], torch.Tensor) for k in keys):
         return None
     manifold = None if man is None else (type(man), repr(man))
@@ -186,9 +201,7 @@ def stack_state(bucket: Bucket, states: list[dict], x: torch.Tensor, copy: bool)
     (a rule that writes into its state: it gets a fresh copy).
     """
     work: dict = {}
-    for key in states[0]:
-        if key.startswith("_") or key == "master":
-            continue
+    for key in rule_keys(states[0]):
         values = [s[key] for s in states]
         held = bucket.views.get(key)
         if (
@@ -209,7 +222,7 @@ def unstack_state(bucket: Bucket, work: dict, rows: list[int] | None = None) -> 
     """Each parameter's share of the rule's state (views of its row), for ``rows`` (all)."""
     rows = list(range(len(bucket.params))) if rows is None else rows
     shares: list[dict] = [{} for _ in rows]
-    bucket.views = {}
+    bucket.views.clear()  # in place: the optimizer holds this dict for the next step
     for key, value in work.items():
         if not isinstance(value, torch.Tensor):
             for share in shares:
@@ -225,9 +238,12 @@ def unstack_state(bucket: Bucket, work: dict, rows: list[int] | None = None) -> 
 
 
 def publish(state: dict, share: dict, count: int | None) -> None:
-    """Replace a parameter's state by the rule's (its master and version record kept)."""
+    """Replace a parameter's state by the rule's (its master and version record kept).
+
+    ``count`` is the step count the host knows (None: unknown, read when next needed).
+    """
     kept = {k: v for k, v in state.items() if k == "master" or k == master.VERSIONS}
     state.clear()
     state.update(share)
     state.update(kept)
-    state[HOST_STEP] = None if count is None else count
+    state[HOST_STEP] = count

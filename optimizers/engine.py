@@ -36,7 +36,7 @@ import torch
 from ..manifolds.kernels.frame import CHECK_EVERY
 from ..manifolds.kernels.reduce import known_absmax
 from . import master, skips
-from .buckets import STEP, Bucket, publish, stack_state, unstack_state
+from .buckets import STEP, Bucket, publish, rule_keys, stack_state, unstack_state
 from .layout import by_rows
 from .transaction import finite, finite_gradient, finite_rows
 
@@ -57,6 +57,7 @@ class Computed:
         grad_ok: the gradients are finite (one flag per parameter, or a 0-dim one).
         ok: the gradients and the results are finite.
         off: a tested point is off its manifold (an unread 0-dim flag), or None.
+        quiet: computed for a step that reads nothing (traced or capturable).
         accepted: the step counts of the parameters whose steps were written (eager).
     """
 
@@ -69,6 +70,7 @@ class Computed:
     grad_ok: torch.Tensor
     ok: torch.Tensor
     off: torch.Tensor | None
+    quiet: bool
     accepted: list[int] = field(default_factory=list)
 
 
@@ -80,7 +82,7 @@ def _working_state(opt, bucket: Bucket, states: list[dict], x: torch.Tensor) -> 
         if STEP in work:
             work[STEP] = work[STEP].to(x.device)  # broadcast against the rule's (P, …) numbers
         return work
-    work = {k: v for k, v in states[0].items() if not k.startswith("_") and k != "master"}
+    work = {k: states[0][k] for k in rule_keys(states[0])}
     if copy:
         work = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in work.items()}
     return work
@@ -111,7 +113,7 @@ def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False)
     if geo.stiefel:  # Note [Batches stepped by rows]
         x, grad = by_rows(x), by_rows(grad)
     work = _working_state(opt, bucket, states, x)
-    count = None if quiet else bucket.count
+    count = bucket.count  # None in a quiet step (`buckets.plan`)
     unchanged = not quiet and all(
         master.unchanged(p, s) for p, s in zip(bucket.params, states, strict=True)
     )
@@ -152,7 +154,7 @@ def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False)
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
-    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off)
+    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, quiet)
 
 
 def _check_promise(opt, before: dict, versions: dict) -> None:
@@ -188,7 +190,8 @@ def project_where(flag: torch.Tensor, geo, x: torch.Tensor) -> torch.Tensor:
 def _write(opt, c: Computed, rows: list[int], new=None, work=None) -> None:
     """Write the accepted ``rows`` of a bucket: points (one foreach copy) and states.
 
-    ``new`` and ``work`` replace the rule's result and state (`select`'s choices).
+    ``new`` and ``work`` replace the rule's result and state (`select`'s choices, after
+    which the host does not know which steps were skipped: no count is kept).
     """
     bucket = c.bucket
     work = c.work if work is None else work
@@ -202,10 +205,11 @@ def _write(opt, c: Computed, rows: list[int], new=None, work=None) -> None:
         news = new.unbind(0)
         master.store_all(params, states, [news[r] for r in rows])
         shares = unstack_state(bucket, work, rows)
-    count = 1 if bucket.count is None else bucket.count + 1
+    count = None if c.quiet else 1 if bucket.count is None else bucket.count + 1
     for state, share in zip(states, shares, strict=True):
         publish(state, share, count)
-    c.accepted += [count] * len(rows)
+    if count is not None:
+        c.accepted += [count] * len(rows)
 
 
 def commit(opt, computed: list[Computed]) -> list[Computed]:
@@ -239,11 +243,11 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
         if off:
             again.append(c)
             continue
-        rows = [r for r in range(size) if ok[r]] if c.new is not None else []
+        rows = [r for r in range(size) if ok[r]]  # all False where LAPACK refused (new None)
         if rows:
             _write(opt, c, rows)
         for r in range(size):
-            if not (ok[r] and c.new is not None):
+            if not ok[r]:
                 skips.warn(opt, c.bucket.where(r), grad_ok[r])
     return again
 
@@ -273,8 +277,6 @@ def select(opt, computed: list[Computed]) -> None:
             work[key] = torch.where(keep, value, old.to(value.device, value.dtype))
         rows = list(range(len(bucket.params)))
         _write(opt, c, rows, new, work)
-        for state in (opt.state[p] for p in bucket.params):
-            state.pop("_host_step", None)  # the host does not know which were skipped
         skips.record(opt, [bucket.where(r) for r in rows], c.grad_ok, c.ok, bucket.params)
 
 
