@@ -301,3 +301,23 @@ def test_compiled_step_of_a_24_parameter_model_has_no_graph_break():
         ref.step()
     for p, q in zip(params, ref.param_groups[0]["params"], strict=True):
         assert (p.detach() - q.detach()).abs().max() < 1e-5
+
+
+def test_a_steady_bucket_stacks_its_points_and_gradients_but_not_its_state(monkeypatch):
+    # Note [One rule call per bucket]: the views a step hands out are the next step's state
+    params = _model([((9, 3), False)] * 2, seed=7)[:6]
+    opt = optimizers.create("radam", params, lr=0.05)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    opt.step()
+    stacks = []
+    stack = torch.stack
+    monkeypatch.setattr(
+        torch, "stack", lambda ts, *a, **k: stacks.append(len(ts)) or stack(ts, *a, **k)
+    )
+    opt.step()
+    # stacks over the 6 parameters: the points and the gradients; the four state keys are views
+    assert [n for n in stacks if n == len(params)] == [6, 6]
+    base = opt.state[params[0]]["exp_avg"]._base
+    assert base is not None and all(opt.state[p]["exp_avg"]._base is base for p in params)
