@@ -113,14 +113,16 @@ def flag(cpu: list[float], wall: list[float], thread: bool) -> str | None:
         assert flag([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], thread=True).startswith("wall 2")
         ```
     """
+    # a wait is said first: the CPU times of a call that mostly waited are tiny and
+    # spread by noise, and "spread" would hide why
+    waited = statistics.median(wall) / max(statistics.median(cpu), 1e-12)
+    if thread and waited > CONTENTION:
+        return f"wall {waited:.1f}× CPU (> {CONTENTION:g}×: waited for a core)"
     times = cpu if thread else wall
     med = statistics.median(times)
     mad = statistics.median(abs(t - med) for t in times)
     if med > 0 and mad / med > SPREAD:
         return f"spread {mad / med:.2f} (MAD / median > {SPREAD:g})"
-    waited = statistics.median(wall) / max(statistics.median(cpu), 1e-12)
-    if thread and waited > CONTENTION:
-        return f"wall {waited:.1f}× CPU (> {CONTENTION:g}×: waited for a core)"
     return None
 
 
