@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import optimizers, parametrizations
-from ..manifolds import _checks
+from .._core import checks as _checks
 from . import task as tasks_mod
 from .cost import GEOOPT_STEPS, optimizer_steps
 from .precision import PRECISIONS

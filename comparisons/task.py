@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..manifolds import _checks
-from ..manifolds._registry import REQUIRED, Registry
+from .._core import checks as _checks
+from .._core.registry import REQUIRED, Registry
 
 __all__ = [
     "Task", "register", "available", "get", "options", "make", "check_options", "import_modules",

@@ -40,6 +40,7 @@ from torch import nn
 
 from experiments import real_dtype
 from experiments.transformer import BLOCK_LINEARS, TinyEncoder
+from stiefel._core import checks as _checks
 from stiefel.comparisons.cost import fastest_time, peak_bytes
 from stiefel.comparisons.task import (
     Classification,
@@ -48,7 +49,6 @@ from stiefel.comparisons.task import (
     positive_int,
     register,
 )
-from stiefel.manifolds import _checks
 from stiefel.parametrizations import Rotation, available, rotate
 
 __all__ = ["Finetune", "ADAPTERS", "SHIFTS"]

@@ -27,8 +27,8 @@ from types import MappingProxyType
 
 import torch
 
+from .._core.checks import choice
 from . import kernels
-from ._checks import choice
 from .kernels.scaling import host_bound, host_max
 
 __all__ = [

@@ -8,7 +8,8 @@ import math
 import geoopt
 import torch
 
-from . import _checks, kernels
+from .._core import checks as _checks
+from . import kernels
 from .geometry import EGRAD2RGRAD, INNER, METRICS, StiefelGeometry
 
 __all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]

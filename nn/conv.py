@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..manifolds import _checks
+from .._core import checks as _checks
 from ..parametrizations import kernels, orthogonalize
 from ..parametrizations._spectral import SPECTRAL_PER_ROW, SPECTRAL_THRESHOLD
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..manifolds import _checks
+from .._core import checks as _checks
 from ..parametrizations import OrthogonalMap, orthogonalize
 
 __all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]

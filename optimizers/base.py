@@ -2,7 +2,7 @@ r"""The plugin base class `RiemannianOptimizer`.
 
 A Riemannian optimizer is a per-parameter update rule written against a
 `Geometry`; the base class does the rest, each part in a module of its own:
-param groups and their checks (here, with `stiefel.manifolds._checks`), the
+param groups and their checks (here, with `stiefel._core.checks`), the
 binding of parameters to their manifold's geometry (`.geometry`), the float32
 master of a low-precision parameter and the record of who wrote a point last
 (`.master`), the transactional safe step (`.transaction`), and the terms
@@ -73,8 +73,8 @@ from typing import Any, ClassVar
 import geoopt
 import torch
 
+from .._core import checks
 from ..manifolds import METRICS
-from ..manifolds import _checks as checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from ..manifolds.kernels import RETRACTIONS
 from . import buckets, engine, master, skips, telemetry, terms

@@ -32,7 +32,7 @@ from __future__ import annotations
 import geoopt
 import torch
 
-from ..manifolds import _checks
+from .._core import checks as _checks
 from ..manifolds.binding import manifold_of
 from ..manifolds.geometry import EuclideanGeometry, FrameGeometry, Geometry, StiefelGeometry
 from ..manifolds.kernels import RETRACTIONS, orthogonality_error

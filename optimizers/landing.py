@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from ..manifolds._checks import flag
+from .._core.checks import flag
 from ..manifolds.kernels import landing_direction, landing_safe_step, landing_update
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import torch
 
-from ..manifolds._checks import LOW_PRECISION
+from .._core.checks import LOW_PRECISION
 
 __all__ = [
     "working",

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from ..manifolds._checks import positive_int
+from .._core.checks import positive_int
 from ..manifolds.geometry import EuclideanGeometry
 from ..manifolds.kernels.frame import correction_flops
 from ..manifolds.kernels.msign import (

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ..manifolds._checks import flag
+from .._core.checks import flag
 from ..manifolds.kernels.frame import correction_flops
 from ..manifolds.kernels.reduce import rows_absmax
 from ..manifolds.kernels.scaling import host_bound, host_max

@@ -44,7 +44,7 @@ from typing import Any
 import geoopt
 import torch
 
-from ..manifolds._registry import Registry
+from .._core.registry import Registry
 from ..manifolds.binding import restore
 from .base import RiemannianOptimizer
 

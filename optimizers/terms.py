@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..manifolds import _checks
+from .._core import checks as _checks
 from ..manifolds.geometry import FrameGeometry
 
 __all__ = [

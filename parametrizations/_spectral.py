@@ -43,7 +43,7 @@ import math
 
 import torch
 
-from ..manifolds import _checks
+from .._core import checks as _checks
 
 __all__ = ["SPECTRAL_THRESHOLD", "one_norm", "spectral_needed", "spectral_for", "skew_spectral"]
 

@@ -28,9 +28,10 @@ from typing import ClassVar, TypeVar
 import torch
 from torch import nn
 
-from ..manifolds import Orthogonal, Stiefel, Unitary, _checks
-from ..manifolds._checks import represented_dtype
-from ..manifolds._registry import Registry
+from .._core import checks as _checks
+from .._core.checks import represented_dtype
+from .._core.registry import Registry
+from ..manifolds import Orthogonal, Stiefel, Unitary
 from ..manifolds.binding import is_dtensor
 from ..manifolds.kernels import haar, orthogonality_error, polar
 from ._inverse import Unreachable

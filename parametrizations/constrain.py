@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..manifolds import Stiefel, _checks, binding
+from .._core import checks as _checks
+from ..manifolds import Stiefel, binding
 from .base import DTYPES, INITS, RIEMANNIAN, OrthogonalMap
 from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
 from .deferred import hook_reset_parameters, hook_riemannian_reset

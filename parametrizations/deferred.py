@@ -31,7 +31,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..manifolds import Stiefel, _checks, binding
+from .._core import checks as _checks
+from ..manifolds import Stiefel, binding
 from .base import INITS, RIEMANNIAN
 from .factory import build
 from .finetuning import Rotation

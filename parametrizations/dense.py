@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..manifolds._checks import int_in_range
+from .._core.checks import int_in_range
 from . import kernels
 from ._diagonal import SignPhaseDiagonal
 from ._inverse import Unreachable, cayley_scaling, complete

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..manifolds import _checks
+from .._core import checks as _checks
 from .base import OrthogonalMap
 from .dense import Cayley, Exp, ScaledCayley
 from .factory import build, resolve

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..manifolds import _checks
-from ..manifolds._checks import int_in_range
+from .._core import checks as _checks
+from .._core.checks import int_in_range
 from . import kernels
 from ._diagonal import SignPhaseDiagonal
 from ._householder import default_block

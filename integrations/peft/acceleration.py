@@ -46,7 +46,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ...manifolds import _checks
+from ..._core import checks as _checks
 from ...parametrizations import kernels
 from ._support import require
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from peft.config import PeftConfig
 
-from ...manifolds import _checks
+from ..._core import checks as _checks
 from ...parametrizations import maps
 from ._support import peft_type
 

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import LOW_PRECISION, choice, positive_int
+from ..._core.checks import LOW_PRECISION, choice, positive_int
 from .basic import inner_euclidean, product_on, sub_product, sym
 from .polynomial_sign import ENGINES, engine_flops, exact_scale, iterate
 from .reduce import gram, row_group

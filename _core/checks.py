@@ -6,7 +6,7 @@ the wrong type) naming the argument, the value given and what is allowed.
 
 Example:
     ```python
-    from stiefel.manifolds import _checks
+    from stiefel._core import checks as _checks
 
     assert _checks.positive_int("k", 3) == 3
     assert _checks.number("lr", 0.1, low_open=True) == 0.1

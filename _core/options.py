@@ -1,41 +1,35 @@
-r"""The options of a registered thing, read from its signature, and their text forms.
+r"""The options of a registered thing, read from its signature.
 
 What a map, an optimizer or a harness task accepts is the keyword arguments of
 its ``__init__`` (or of its factory), so it is declared once, where it is
 used. `signature_options` reads them; `option_types` says which types an
-option takes (its annotation, else its default's); `convert` reads one from
-the text of a command line or a config file, `conforms` checks a value.
-`stiefel.manifolds._registry.Registry` applies them to every registry.
+option takes (its annotation, else its default's); `conforms` checks a value.
+`stiefel._core.registry.Registry` applies them to every registry.
 
 Example:
     ```python
-    from stiefel.manifolds._options import convert, option_types, signature_options
+    from stiefel._core.options import conforms, option_types, signature_options
 
     def make(params, lr: float, mode: bool | str = "auto", *, steps: int | None = None):
         return params
 
     params, is_open = signature_options(make, fixed=("params",))
     assert list(params) == ["lr", "mode", "steps"] and not is_open
-    assert convert("1e-3", option_types(params["lr"])) == 1e-3
-    assert convert("off", option_types(params["mode"])) is False
-    assert convert("None", option_types(params["steps"])) is None
+    assert conforms(1e-3, option_types(params["lr"]))
+    assert conforms(False, option_types(params["mode"]))
+    assert not conforms("3", option_types(params["steps"]))
     ```
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 import types
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["REQUIRED", "signature_options", "option_types", "convert", "conforms", "describe"]
-
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0")
-_NONE = ("none", "null")
+__all__ = ["REQUIRED", "signature_options", "option_types", "conforms", "describe"]
 
 
 class _Required:
@@ -113,39 +107,6 @@ def signature_options(
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             return out, False
     return out, True
-
-
-def convert(text: str, types_: tuple[type, ...] | None) -> Any:
-    """``text`` as the first of ``types_`` it reads as (None: a Python literal, else the text)."""
-    s = text.strip()
-    if types_ is None:
-        try:
-            return ast.literal_eval(s)
-        except (ValueError, SyntaxError):
-            return s
-    rank = {type(None): 0, int: 1, float: 2, bool: 3, str: 5}  # containers: 4
-    for t in sorted(types_, key=lambda t: rank.get(t, 4)):
-        if t is type(None) and s.lower() in _NONE:
-            return None
-        if t is bool and s.lower() in _TRUE + _FALSE:
-            return s.lower() in _TRUE
-        if t in (int, float):
-            try:
-                return t(s)
-            except ValueError:
-                continue
-        if t is str:
-            return s
-        if t not in (type(None), bool, int, float):
-            try:
-                value = ast.literal_eval(s)
-            except (ValueError, SyntaxError):
-                continue
-            if isinstance(value, list) and t is tuple:
-                value = tuple(value)
-            if isinstance(value, t):
-                return value
-    raise ValueError(describe(types_))
 
 
 def conforms(value: Any, types_: tuple[type, ...] | None) -> bool:

@@ -9,17 +9,16 @@ for each question every registry faces:
   first query (never at import), and each entry point is loaded on first use
   of its name (`get`, `items`, `options`); a registered name always wins;
 - **options**: what a registered thing accepts is read from its signature
-  (`options`, by `stiefel.manifolds._options`), strings from a command line or
-  a config file are converted by the annotated or default type
-  (`parse_options`), and an unknown option is refused listing the accepted
-  ones (`check_options`).
+  (`options`, by `stiefel._core.options`), and an unknown option, or a value
+  of a type the option does not take, is refused listing what is accepted
+  (`check_options`).
 
-`manifolds` is the package every other one imports, so the class lives here
-and imports nothing from the rest of `stiefel`.
+`_core` is the package every other one imports, so the class lives here and
+imports nothing from the rest of `stiefel`.
 
 Example:
     ```python
-    from stiefel.manifolds._registry import Registry
+    from stiefel._core.registry import Registry
 
     tasks = Registry("task", reserved={"all": "it selects every task"})
 
@@ -30,8 +29,11 @@ Example:
     assert tasks.available() == ["spiral"]
     assert tasks.options("spiral") == {"dtype": tasks.REQUIRED, "turns": 3, "noise": 0.1,
                                        "tag": None}
-    opts = tasks.parse_options("spiral", {"turns": "5", "noise": "1e-2", "tag": "None"})
-    assert opts == {"turns": 5, "noise": 0.01, "tag": None}
+    tasks.check_options("spiral", {"turns": 5, "noise": 1e-2})
+    try:
+        tasks.check_options("spiral", {"turn": 5})
+    except ValueError as exc:  # names the unknown option and the accepted ones
+        assert "turn" in str(exc)
     ```
 """
 
@@ -43,7 +45,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from ._options import REQUIRED, conforms, convert, describe, option_types, signature_options
+from .options import REQUIRED, conforms, describe, option_types, signature_options
 
 __all__ = ["Registry", "RegistryError", "REQUIRED", "signature_options"]
 
@@ -107,7 +109,7 @@ class Registry(Generic[T]):
     Example:
         ```python
         import pytest
-        from stiefel.manifolds._registry import RegistryError, Registry
+        from stiefel._core.registry import RegistryError, Registry
 
         shapes = Registry("shape", argument="shape", sort=True, typed=True)
         shapes.register("ring")(lambda n, radius=1.0: ("ring", n, radius))
@@ -343,36 +345,6 @@ class Registry(Generic[T]):
                         f"{self.kind} {self.argument}={name!r}: option {k}={value!r} "
                         f"({type(value).__name__}); allowed: {describe(option_types(params[k]))}"
                     )
-
-    def parse_options(self, name: str, given: Mapping[str, Any]) -> dict[str, Any]:
-        """``given`` with its str values converted to the options' types, then checked.
-
-        A string (from ``--option k=v`` or a config file) becomes the first
-        type of the option's annotation it reads as (None, int, float, bool
-        from true/false/yes/no/on/off/1/0, a literal tuple, list or dict, then
-        str); an option with no annotation takes its default's type, and one
-        with neither is read as a Python literal, else kept as text. Other
-        values pass unchanged to `check_options`.
-
-        Raises:
-            RegistryError: unknown option, or text that reads as none of its types.
-        """
-        params, _ = self._signature(name)
-        self.check_options(name, {k: None for k in given if k not in params})
-        out: dict[str, Any] = {}
-        for k, value in given.items():
-            if isinstance(value, str):
-                allowed = option_types(params[k]) if k in params else None
-                try:
-                    value = convert(value, allowed)
-                except ValueError:
-                    raise RegistryError(
-                        f"{self.kind} {self.argument}={name!r}: option {k}={value!r}; "
-                        f"allowed: {describe(allowed)}"
-                    ) from None
-            out[k] = value
-        self.check_options(name, out)
-        return out
 
     # ------------------------------------------------------------------ state (for tests)
     def snapshot(self) -> tuple:
