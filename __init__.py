@@ -5,7 +5,7 @@ optimizer can train and as manifolds for Riemannian optimizers, with a
 harness that compares the two.
 """
 
-from . import integrations, manifolds, nn, optimizers, parametrizations
+from . import integrations, kernels, manifolds, nn, optimizers, parametrizations
 from .manifolds import Orthogonal, Stiefel, Unitary
 from .parametrizations import merge, orthogonalize, rotate, rotation
 
@@ -21,6 +21,7 @@ __all__ = [
     "optimizers",
     "nn",
     "integrations",
+    "kernels",
     "Stiefel",
     "Orthogonal",
     "Unitary",
