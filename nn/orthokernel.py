@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..parametrizations import orthogonalize
-from ..parametrizations.base import work_dtype
+from ..parametrizations._precision import work_dtype
 
 __all__ = ["OrthoKernel", "projector_step", "compose_kernels", "kernel_plan"]
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from .base import DTYPES, RIEMANNIAN, OrthogonalMap, available, get, maps, work_dtype
+from ._precision import DTYPES, work_dtype
+from .base import RIEMANNIAN, OrthogonalMap, available, get, maps
 from .function import FunctionMap
 from .point import ManifoldPoint
 

@@ -8,7 +8,7 @@ import torch
 
 from . import kernels
 from ._inverse import Unreachable, complete
-from .base import high
+from ._precision import high
 from .dense import _Based
 
 __all__ = ["FunctionMap"]
