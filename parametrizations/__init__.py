@@ -39,10 +39,11 @@ from .reflections import CWY, TCWY, Householder
 from .dense import Cayley, Exp, ScaledCayley
 
 # isort: on
+from .adapter import Rotation
 from .constrain import OrthogonalMatrix, orthogonalize
 from .deferred import initialize
 from .factory import build
-from .finetuning import Rotation, merge, rotate, rotation
+from .finetuning import merge, rotate, rotation
 from .function import FunctionMap
 from .point import ManifoldPoint
 

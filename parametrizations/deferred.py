@@ -33,9 +33,9 @@ from torch.nn.utils import parametrize
 
 from .._core import checks as _checks
 from ..manifolds import Stiefel, binding
+from .adapter import Rotation
 from .base import INITS, RIEMANNIAN
 from .factory import build
-from .finetuning import Rotation
 from .point import ManifoldPoint
 
 __all__ = [

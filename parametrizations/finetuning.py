@@ -19,29 +19,12 @@ rotated. "As if its weight were Q·W" means exactly this: W is replaced by
 Q·W and every other tensor of the module, the bias included, is kept; it is
 also what `merge` writes.
 
-Note [Butterfly factors as index gathers]
-BOFT's Q = F_{k−1}⋯F_0 with F_i = P_i·diag(B_i1, …, B_ib)·P_iᵀ, P_i the
-butterfly permutation of level i (chunks of s/2 features inside groups of
-s·2^i, evens then odds; level 0 is the identity). Rows x ↦ x F_iᵀ are
-x[…, π_i⁻¹] (x P_i), b independent s×s products, then […, π_i] (· P_iᵀ):
-two gathers, O(n) each, never an n×n permutation matrix.
-
-Note [Only the free values of a skew block are stored]
-The ``exp``, ``cayley`` and ``scaled_cayley`` maps read only the strict upper
-triangle of their (s, s) original (and, complex, the imaginary part of its
-diagonal): A = X₊ − X₊ᴴ (`kernels.skew_from_raw`). A `Rotation` built with
-``free=True`` stores just those values, s(s−1)/2 per real block (PEFT's OFT
-stores as many for the same Q; s(s+1)/2 per complex block, the diagonal's
-real part unused), and scatters them into a zero (s, s) original before the
-map runs. The map, its checks and its gradient are unchanged; the entries
-it never read are no longer parameters (nor trained, nor decayed, nor saved).
-`full_original` converts a stored full original (an older checkpoint) into
-the free values, exactly: the entries dropped are those the map ignores.
+Q itself, its factors and their start at the identity, is a `Rotation`
+(`stiefel.parametrizations.adapter`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -49,234 +32,16 @@ import torch
 from torch import nn
 
 from .._core import checks as _checks
-from .base import OrthogonalMap
-from .dense import Cayley, Exp, ScaledCayley
-from .factory import build, resolve
+from .adapter import Rotation
+from .factory import resolve
 from .holders import holder_names, holders
-from .point import ManifoldPoint
-from .reflections import _Reflections
 
-__all__ = [
-    "rotate", "merge", "rotation", "Rotation", "butterfly_permutation", "blockwise", "check_blocks",
-]  # fmt: skip
+__all__ = ["rotate", "merge", "rotation", "check_blocks"]
 
 SIDES = ("input", "output")
 ATTRIBUTE = "rotation"
 
 
-# --------------------------------------------------------------------------- kernels
-def butterfly_permutation(n: int, block: int, level: int) -> torch.Tensor:
-    """π of the level-``level`` butterfly on n features for blocks of size ``block``.
-
-    P[k, π[k]] = 1 is BOFT's permutation matrix: inside each group of
-    ``block·2^level`` features, the chunks of ``block/2`` are reordered evens
-    first, then odds (Note [Butterfly factors as index gathers]).
-    """
-    if level == 0:
-        return torch.arange(n)
-    group, chunk = block * 2**level, block // 2
-    chunks = torch.arange(group).view(group // chunk, chunk)
-    order = torch.cat([chunks[0::2], chunks[1::2]]).reshape(-1)
-    return (torch.arange(0, n, group).unsqueeze(1) + order).reshape(-1)
-
-
-def blockwise(x: torch.Tensor, blocks: int, fn: Callable[[torch.Tensor], torch.Tensor]):
-    """Apply ``fn`` to the feature blocks of x (…, b·s) laid out as one batch (b, N, s)."""
-    lead = x.shape[:-1]
-    z = x.reshape(-1, blocks, x.shape[-1] // blocks).transpose(0, 1)
-    return fn(z).transpose(0, 1).reshape(*lead, -1)
-
-
-class Rotation(nn.Module):
-    r"""The learned Q of a rotated module: k factors, each b orthogonal s×s blocks.
-
-    Q = F_{k−1}⋯F_0 (Note [Butterfly factors as index gathers]); with
-    ``butterfly=0`` one block-diagonal factor. Each factor's blocks are one
-    map made by `build` (shape (b, s, s), or (s, s) for one block) with its
-    free parameter in ``originals``; for ``"riemannian"`` the map is the
-    identity `ManifoldPoint` and the original is the blocks themselves, a
-    ``geoopt.ManifoldParameter`` on O(s)/U(s). ``reset_parameters()`` puts Q
-    back to the identity (torch's deferred-initialisation recipe, Note
-    [Deferred initialisation by reset_parameters]).
-    """
-
-    def __init__(
-        self,
-        features: int,
-        method: Any,
-        blocks: int,
-        butterfly: int,
-        dtype: torch.dtype,
-        device: torch.device | None,
-        options: dict[str, Any],
-        free: bool = False,
-    ):
-        super().__init__()
-        _checks.flag("free", free)
-        self.features, self.blocks, self.butterfly = features, blocks, butterfly
-        self.method, self.dtype = resolve(method)[0], dtype
-        size = features // blocks
-        shape = (size, size) if blocks == 1 else (blocks, size, size)
-        factors = max(butterfly, 1)
-        self.maps = nn.ModuleList()
-        self.originals = nn.ParameterList()
-        for _ in range(factors):
-            fmap = build(method, shape, dtype, device, options)
-            fmap.label = "a rotation factor"
-            self.maps.append(fmap)
-        #: the originals hold only the free values of skew blocks (Note [Only the free
-        #: values of a skew block are stored])
-        self.free = free and isinstance(self.maps[0], SKEW_MAPS)
-        for fmap in self.maps:
-            self.originals.append(nn.Parameter(self._identity(fmap, device)))
-            if isinstance(fmap, ManifoldPoint):  # riemannian: the blocks are the parameter
-                fmap.claim(self.originals[-1])
-        for level in range(factors if butterfly else 0):
-            perm = butterfly_permutation(features, size, level)
-            self.register_buffer(f"perm{level}", perm.to(device), persistent=False)
-            self.register_buffer(f"inv{level}", torch.argsort(perm).to(device), persistent=False)
-
-    def _identity(self, fmap: OrthogonalMap, device) -> torch.Tensor:
-        """The map's original of Q = I (its buffers reset with it), free values if ``free``."""
-        eye = torch.eye(fmap.n, dtype=self.dtype).expand(fmap.weight_shape).clone()
-        meta = device is not None and torch.device(device).type == "meta"
-        with torch.no_grad():
-            if meta:
-                x = fmap.initial(eye.to("meta"), "identity", None)
-            elif isinstance(fmap, _Reflections) and not self.dtype.is_complex:
-                x = _paired_reflections(fmap, self.dtype).to(device)
-            else:
-                x = fmap.inverse(eye.to(device)).to(dtype=self.dtype, device=device).clone()
-        return self.free_values(x) if self.free else x
-
-    def _triangle(self, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows and columns of an (s, s) block's stored entries (complex: the diagonal too)."""
-        offset = 0 if self.dtype.is_complex else 1
-        return tuple(torch.triu_indices(size, size, offset, device=device))  # type: ignore[return-value]
-
-    def free_values(self, full: torch.Tensor) -> torch.Tensor:
-        """The stored values (…, P) of full originals (…, s, s): their strict upper triangle.
-
-        Note [Only the free values of a skew block are stored]; the inverse of `full_original`.
-        """
-        rows, cols = self._triangle(full.shape[-1], full.device)
-        return full[..., rows, cols]
-
-    def full_original(self, values: torch.Tensor) -> torch.Tensor:
-        """The (…, s, s) original the map reads: zero off the stored triangle (differentiable)."""
-        size = self.features // self.blocks
-        rows, cols = self._triangle(size, values.device)
-        full = values.new_zeros(*values.shape[:-1], size, size)
-        return _scatter(full, rows, cols, values)
-
-    def _original(self, i: int) -> torch.Tensor:
-        """The i-th factor's original as its map reads it."""
-        original = self.originals[i]
-        return self.full_original(original) if self.free else original
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Q = I again: every factor's original (and map buffers) of the identity."""
-        for fmap, original in zip(self.maps, self.originals, strict=True):
-            if original.device.type != "meta":
-                original.copy_(self._identity(fmap, original.device))
-                if isinstance(fmap, ManifoldPoint):  # to_empty rebuilt a plain Parameter
-                    fmap.claim(original)
-
-    def _blocks(self, i: int) -> torch.Tensor:
-        q = self.maps[i](self._original(i))  # square blocks: the map's output is Q's blocks
-        return q if self.blocks > 1 else q.unsqueeze(0)
-
-    def operator(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        r"""x ↦ ``F.linear(x, Q)`` = x Qᵀ for x of shape (…, features), Q never formed.
-
-        The maps' per-weight work (e.g. CWY's U and S) is done here, once per call.
-        """
-        ops = []
-        for i in range(max(self.butterfly, 1)):
-            fmap, original = self.maps[i], self._original(i)
-            fmap.verify(original)  # Note [Free parameters are checked at first use]
-            ops.append(fmap.prepare_operator(original))
-
-        def apply(x: torch.Tensor) -> torch.Tensor:
-            for i, op in enumerate(ops):
-                if self.butterfly:
-                    x = x[..., getattr(self, f"inv{i}")]
-                x = blockwise(x, self.blocks, op)
-                if self.butterfly:
-                    x = x[..., getattr(self, f"perm{i}")]
-            return x
-
-        return apply
-
-    def matrix(self) -> torch.Tensor:
-        """The dense Q (features × features): for inspection and `merge`."""
-        q = None
-        for i in range(max(self.butterfly, 1)):
-            f = torch.block_diag(*self._blocks(i).unbind(0))
-            if self.butterfly:
-                perm = getattr(self, f"perm{i}")
-                f = f[perm][:, perm]
-            q = f if q is None else f @ q
-        assert q is not None
-        return q
-
-    def extra_repr(self) -> str:
-        return (
-            f"method={self.method!r}, features={self.features}, blocks={self.blocks}, "
-            f"butterfly={self.butterfly}, dtype={self.dtype}" + (", free" if self.free else "")
-        )
-
-
-def _paired_reflections(fmap: _Reflections, dtype: torch.dtype) -> torch.Tensor:
-    r"""V = [(e₁), u₁, u₁, u₂, u₂, …] and d = 1 (d₁ = −1 for odd L): Q = I (Note [Paired start]).
-
-    Note [Paired start]
-    H(u)H(u) = I for every u ≠ 0, so pairs of equal vectors give Q = I while
-    each pair's derivative is not degenerate: moving its two vectors apart
-    rotates in the plane they span, by twice the angle between them (PEFT's
-    HRA start). For odd L the first reflection is H(e₁), undone by d₁ = −1.
-    The vectors are drawn as PEFT draws them, uniform in ±1/√(L/2) (PEFT's
-    ``kaiming_uniform_(a=√5)`` of its (n, L/2) tensor), from torch's global
-    generator on the CPU: the same start, hence the same training, as
-    ``HRAConfig(r=L)`` at the same seed and lr. The scale is not
-    incidental: Q depends on V only through the directions v/‖v‖, so an
-    update δ moves a direction by about ‖δ‖/‖v‖, and Adam's steps (about lr
-    per entry, whatever the scale of v) turn each pair by about lr·√n/‖v‖.
-    Here ‖v‖ ≈ √(n/(1.5·L)), so a step turns by about lr·√(1.5·L), the
-    same for every n; a start 3.5× longer (unit-variance vectors, ‖v‖ ≈ √n,
-    the map's own padding) trains as with a 3.5× smaller lr.
-    """
-    batch, n, L = fmap.batch, fmap.n, fmap.reflections
-    v = torch.zeros(*batch, n, L, dtype=dtype)
-    d = torch.ones(*batch, fmap.m, dtype=dtype)
-    half = L // 2
-    if half:
-        bound = 1.0 / math.sqrt(half)
-        u = torch.empty(*batch, n, half, dtype=dtype).uniform_(-bound, bound)
-        v[..., L % 2 :] = u.repeat_interleave(2, dim=-1)
-    if L % 2:
-        v[..., 0, 0] = 1.0
-        d[..., 0] = -1.0
-    fmap.set_diagonal(d)
-    return v
-
-
-#: maps whose original's free part is a triangle (Note [Only the free values of a skew
-#: block are stored])
-SKEW_MAPS = (Exp, Cayley, ScaledCayley)
-
-
-def _scatter(
-    full: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
-) -> torch.Tensor:
-    """``full`` with ``values`` at [..., rows, cols] (out of place: the gradient reaches values)."""
-    flat = full.flatten(-2)
-    index = (rows * full.shape[-1] + cols).expand(*values.shape[:-1], -1)
-    return flat.scatter(-1, index, values).view(full.shape)
-
-
-# --------------------------------------------------------------------------- helpers
 def _feature_dim(module: nn.Module) -> int:
     return 1 if isinstance(module, nn.modules.conv._ConvNd) else -1
 
@@ -329,7 +94,6 @@ def _check_module(module: object) -> torch.Tensor:
     return w
 
 
-# --------------------------------------------------------------------------- public API
 def rotate(
     module: nn.Module,
     method: str = "cwy",
