@@ -1,12 +1,15 @@
-r"""The plugin base class `RiemannianOptimizer`.
+r"""The plugin base class `RiemannianOptimizer`: its rule's interface and the step.
 
 A Riemannian optimizer is a per-parameter update rule written against a
 `Geometry`; the base class does the rest, each part in a module of its own:
-param groups and their checks (here, with `stiefel._core.checks`), the
-binding of parameters to their manifold's geometry (`.geometry`), the float32
-master of a low-precision parameter and the record of who wrote a point last
-(`.master`), the transactional safe step (`.transaction`), and the terms
-several rules share (`.terms`: weight decay, momentum, stabilize).
+param groups, their checks and the binding of parameters to their manifold's
+geometry when they are added (`.groups`, `.geometry`), and the step here:
+bind → bucket → rule → commit, with the buckets of parameters stepped together
+(`.buckets`), the rule's call on a copy of the state and the commit of its result
+(`.engine`), the float32 master of a low-precision parameter (`.master`, used only
+for such a parameter), the warnings about skipped steps (`.skips`, read only when
+a step was skipped) and the terms several rules share (`.terms`: weight decay,
+momentum, stabilize).
 
 Class attributes, read by `stiefel.optimizers.info` (the harness and the
 conformance tests use them; every one has a default): `default_lr` (1e-3),
@@ -14,8 +17,8 @@ conformance tests use them; every one has a default): `default_lr` (1e-3),
 stay near the manifold), `step_flops(n, m, **hyper)` (or None), `formula`,
 `paper_formula(**hyper)` (or None), `variants` (`({},)`). Behaviour:
 
-- `accepts_off_manifold` (False): a manifold parameter off its manifold is
-  accepted at construction;
+- `accepts_off_manifold` (False) and `dtensor_points` (True): which parameters
+  are accepted (`stiefel.optimizers.groups`);
 - `off_manifold_bound` (0.5): at `step()`, a point further than this from the
   manifold (‖XᴴX − I‖_F; past 1 also a rank-deficient one) is projected back
   with a warning (Note [Off-manifold points at a step]);
@@ -70,16 +73,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import geoopt
 import torch
 
 from .._core import checks
-from ..manifolds import METRICS
 from ..manifolds.geometry import OFF_MANIFOLD
-from ..manifolds.kernels import RETRACTIONS
 from . import buckets, engine, master, skips, telemetry, terms
-from . import state as saved_state
-from .geometry import Binding, Geometry, bind_parameter, check_kind, manifold_of
+from .geometry import OPTIONS, Geometry, bind_parameter, check_kind, manifold_of
+from .groups import ParamGroups
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 
@@ -87,13 +87,11 @@ __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 check_number = checks.number
 check_choice = checks.choice
 
-#: param-group keys torch and its LR schedulers add besides the hyper-parameters
-_GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
 #: the keys of how a group is stepped (torch's names), beside each rule's hyper-parameters
 _STEP_KEYS = ("foreach", "capturable")
 
 
-class RiemannianOptimizer(torch.optim.Optimizer):
+class RiemannianOptimizer(ParamGroups):
     r"""Base of every built-in optimizer and the interface a plugin may implement.
 
     A subclass implements
@@ -107,7 +105,7 @@ class RiemannianOptimizer(torch.optim.Optimizer):
       the group's `retraction` option, transport, component inner product, ...)
       and is Euclidean for plain tensors;
     - optionally `check_group` to validate hyper-parameters (call super), and
-      `check_parameter` / `implied_manifold` (see their docstrings).
+      `check_parameter` / `implied_manifold` (`stiefel.optimizers.groups.ParamGroups`).
 
     Class attributes and behaviour: see the module docstring.
 
@@ -136,15 +134,11 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     formula: ClassVar[str] = ""
     paper_formula: ClassVar[Callable[..., str] | None] = None
     variants: ClassVar[tuple[dict, ...]] = ({},)
-    accepts_off_manifold: ClassVar[bool] = False
     off_manifold_bound: ClassVar[float] = OFF_MANIFOLD
     writes_state_in_place: ClassVar[bool] = True
     # whether the rule's Euclidean form (plain tensors) is elementwise, so that plain
     # tensors of one shape may be stacked into one call (Note [One rule call per bucket])
     buckets_plain: ClassVar[bool] = False
-    # whether the rule reaches the kernels only through its Geometry (or Geometry.apply),
-    # so that DTensor manifold points run sharded (stiefel.manifolds.sharded)
-    dtensor_points: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -155,19 +149,13 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         foreach: bool | None = None,
         capturable: bool = False,
     ):
-        self._bindings: list[list[Binding]] = []
         self._held: dict[tuple, dict] = {}  # the state views of each bucket (`buckets`)
         self.telemetry = checks.flag("telemetry", telemetry)
         self.orthogonality_history: list[torch.Tensor] = []
         # per parameter: (its name, skips for a non-finite gradient, all skips) of traced
         # steps, read by report_skipped
         self._flags_unread: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
-        defaults = {**defaults, "foreach": foreach, "capturable": capturable}
-        if any(key in defaults for key in terms.REPAIR_KEYS):
-            period = terms.repair_period(defaults)
-            defaults.update(dict.fromkeys(terms.REPAIR_KEYS, period))
-        self.check_group(dict(defaults), defaults=True)
-        super().__init__(params, defaults)
+        super().__init__(params, {**defaults, "foreach": foreach, "capturable": capturable})
 
     # ------------------------------------------------------------------ plugin interface
     def update(
@@ -186,121 +174,6 @@ class RiemannianOptimizer(torch.optim.Optimizer):
             The new point.
         """
         raise NotImplementedError
-
-    def check_group(self, group: dict, defaults: bool = False) -> None:
-        """Validate a param group's hyper-parameters (ValueError/TypeError naming them).
-
-        Args:
-            group: the group (merged with the defaults).
-            defaults: True when `group` is the constructor's defaults.
-        """
-        if "lr" in group:
-            checks.number("lr", group["lr"])
-        if group.get("foreach") not in (None, True, False):
-            raise TypeError(
-                f"foreach={group['foreach']!r} is not allowed; allowed: None, True, False"
-            )
-        checks.flag("capturable", group.get("capturable", False))
-        man = group.get("manifold")
-        if man is not None and not isinstance(man, geoopt.Manifold):
-            raise TypeError(
-                f"manifold={man!r} is not allowed; allowed: None or a geoopt.Manifold "
-                "(e.g. stiefel.Stiefel(n, m)), the manifold of the group's plain parameters"
-            )
-        if group.get("metric") is not None:
-            checks.choice("metric", group["metric"], METRICS)
-        if "retraction" in group and not isinstance(group["retraction"], str):
-            checks.choice("retraction", group["retraction"], RETRACTIONS)
-        terms.repair_period(group)
-
-    def check_parameter(self, i: int, p: torch.Tensor, geo: Geometry, group: dict) -> None:
-        """Refuse parameter `i` of a new group before anything is added (default: accept).
-
-        Args:
-            i: its index in the group.
-            p: the parameter.
-            geo: its geometry under the group's options.
-            group: the group, merged with the defaults.
-        """
-
-    def implied_manifold(self, p: torch.Tensor) -> tuple[geoopt.Manifold, bool] | None:
-        """The manifold this optimizer gives a plain parameter, and whether it is transposed.
-
-        Default None: plain parameters get the Euclidean update.
-        """
-        return None
-
-    # ------------------------------------------------------------------ groups
-    def add_param_group(self, param_group: dict) -> None:
-        """Add a param group after checking its keys, values and parameters.
-
-        Args:
-            param_group: `{"params": ..., <hyper-parameter>: value, ...}`.
-
-        Raises:
-            ValueError: an unknown key, a bad value or a parameter off its manifold;
-                the optimizer is left unchanged.
-            TypeError: a parameter whose dtype its manifold cannot hold.
-        """
-        group = dict(param_group)
-        unknown = sorted(set(group) - set(self.defaults) - _GROUP_KEYS)
-        if unknown:
-            allowed = sorted({*self.defaults, "params"})
-            raise ValueError(
-                f"param group key(s) {', '.join(map(repr, unknown))} not understood by "
-                f"{type(self).__name__}; allowed: {', '.join(allowed)}"
-            )
-        if any(key in group for key in terms.REPAIR_KEYS):  # geoopt's name, kept beside ours
-            group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        merged = {**self.defaults, **group}
-        self.check_group(merged)
-        if merged["capturable"]:
-            _check_capturable([*(p for g in self.param_groups for p in g["params"]), *params])
-        bindings = [bind_parameter(self, i, p, merged) for i, p in enumerate(params)]
-        if "retraction" in merged and all(b.retractions is None for b in bindings):
-            checks.choice("retraction", merged["retraction"], RETRACTIONS)
-        group["params"] = params
-        super().add_param_group(group)
-        self._bindings.append(bindings)
-
-    @classmethod
-    def dtensor_rules(cls) -> list[str]:
-        """The registered optimizers whose rules step DTensor manifold points."""
-        from . import registry  # at the call: the registry imports this module
-
-        return [
-            name
-            for name in registry.available()
-            if isinstance(obj := registry.get(name), type)
-            and issubclass(obj, RiemannianOptimizer)
-            and obj.dtensor_points
-        ]
-
-    def manifold_parameters(self) -> list[torch.Tensor]:
-        """Parameters whose geometry is Stiefel-like, in param-group order."""
-        return [
-            p
-            for group, bindings in zip(self.param_groups, self._bindings, strict=True)
-            for p, b in zip(group["params"], bindings, strict=True)
-            if b.stiefel
-        ]
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """torch's state dict, with each group's parameter shapes (`param_shapes`)."""
-        return saved_state.pack(self, super().state_dict())
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state saved by `state_dict` (or by an older version) after checking shapes.
-
-        Raises:
-            ValueError: a parameter's shape differs from the saved one (named by
-                group, index and both shapes); nothing is loaded then.
-        """
-        super().load_state_dict(saved_state.unpack(self, state_dict))
-        saved_state.after_load(self, state_dict)
 
     # ------------------------------------------------------------------ stepping
     def _warn_once(self, key: str, message: str) -> None:
@@ -326,12 +199,12 @@ class RiemannianOptimizer(torch.optim.Optimizer):
                 loss = closure()
         traced = torch.compiler.is_compiling()
         with torch.no_grad():
-            if not traced:
+            if not traced and self._flags_unread:
                 self.report_skipped()  # flags a quiet step left
             computed = []
             for index, group in enumerate(self.param_groups):
                 quiet = traced or bool(group["capturable"])
-                self._bind_marked(group, self._bindings[index])  # bind
+                self._bind(index, group)  # bind
                 for bucket in self._buckets(index, group, quiet):  # bucket
                     computed.append(self._rule(bucket, group, quiet))  # rule
             loud = [c for c in computed if not c.quiet]
@@ -410,6 +283,8 @@ class RiemannianOptimizer(torch.optim.Optimizer):
     def _repair(self, computed: list[engine.Computed]) -> None:
         """``repair_every=k``: re-project a group after an accepted k-th step of any parameter."""
         for group in self.param_groups:
+            if all(group.get(key) is None for key in terms.REPAIR_KEYS):
+                continue  # the default: never re-project
             k = terms.repair_period(group)
             mine = [c for c in computed if c.group is group]
             if k is None or not mine:
@@ -435,22 +310,35 @@ class RiemannianOptimizer(torch.optim.Optimizer):
         """
         return skips.report(self)
 
-    def _bind_marked(self, group: dict, bindings: list[Binding]) -> None:
-        """Bind again a parameter bound as Euclidean that carries a manifold now.
+    def _bind(self, index: int, group: dict) -> None:
+        """Bind what changed since the last step; nothing when nothing did.
 
-        Machinery that rebuilt it (``fully_shard``, ``to_empty``, ...) had dropped its
+        A parameter bound as Euclidean that carries a manifold now is bound again:
+        machinery that rebuilt it (``fully_shard``, ``to_empty``, ...) had dropped its
         manifold when this optimizer was built from a bare parameter list; the forward
         pre-hook of its module marked it again before this step (Note [The manifold
         lives on the module] in `stiefel.manifolds.binding`). A bound parameter whose
-        dtype kind is no longer its manifold's (``module.to(torch.complex64)``) is
-        refused before anything is written (TypeError).
+        dtype kind changed since it was bound (``module.to(torch.complex64)``) is
+        refused before anything is written (TypeError) when its manifold's is the
+        other. The geometries are made again when the group's options changed (a
+        state loaded, an option set by hand): each binding holds the geometry of its
+        group's options (``Binding.geo``).
         """
+        bindings = self._bindings[index]
         for i, p in enumerate(group["params"]):
-            if bindings[i].manifold is None and manifold_of(p) is not None:
-                bindings[i] = bind_parameter(self, i, p, group)
-            elif bindings[i].manifold is not None and p.grad is not None:
+            bound = bindings[i]
+            if bound.manifold is None:
+                if getattr(p, "manifold", None) is not None and manifold_of(p) is not None:
+                    bindings[i] = bind_parameter(self, i, p, group)
+                    self._bound[index] = None
+            elif p.grad is not None and p.is_complex() != bound.complex:
                 where = f"parameter {i} of its group (shape {tuple(p.shape)})"
-                check_kind(where, p, bindings[i].manifold, type(self).__name__)
+                check_kind(where, p, bound.manifold, type(self).__name__)
+        options = tuple(map(group.get, OPTIONS))
+        if options != self._bound[index]:
+            for bound in bindings:
+                bound.geo = bound.bind(group)
+            self._bound[index] = options
 
     @torch.no_grad()
     def stabilize_group(self, group: dict) -> None:
@@ -496,14 +384,3 @@ def _caller() -> int:
 def _due(steps: torch.Tensor, k: int) -> torch.Tensor:
     """Whether each step count is a multiple of ``k`` (flat)."""
     return steps.reshape(-1) % k == 0
-
-
-def _check_capturable(params: list[torch.Tensor]) -> None:
-    """ValueError unless every parameter is on one CUDA device (``capturable=True``)."""
-    devices = sorted({str(p.device) for p in params})
-    if len(devices) > 1 or any(not d.startswith("cuda") for d in devices):
-        raise ValueError(
-            f"capturable=True needs every parameter on one CUDA device (a CUDA graph replays "
-            f"on one device); the parameters are on {', '.join(devices)}; allowed: "
-            "capturable=False, or the parameters moved to one CUDA device"
-        )

@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import master
 from .geometry import Binding
 
 __all__ = [
@@ -65,8 +64,12 @@ __all__ = [
     "unstack_state",
     "publish",
     "rule_keys",
+    "write",
+    "unchanged",
+    "record_versions",
     "STEP",
     "HOST_STEP",
+    "VERSIONS",
     "SMALL",
 ]
 
@@ -78,6 +81,8 @@ SMALL = 1 << 16
 STEP = "step"
 #: the state key of the step count as the host knows it (never saved: `master.strip`)
 HOST_STEP = "_host_step"
+#: the state key of the versions recorded after the optimizer's last write (never saved)
+VERSIONS = "_versions"
 
 
 @dataclass(eq=False)
@@ -144,9 +149,8 @@ def _kind(
     keys = tuple(sorted(rule_keys(state)))
     if any(not isinstance(state[k], torch.Tensor) for k in keys):
         return None
-    manifold = None if man is None else (type(man), repr(man))
     return (
-        manifold, binding.transposed, tuple(p.shape), p.stride(), p.dtype, p.device,
+        binding.kind, binding.transposed, tuple(p.shape), p.stride(), p.dtype, p.device,
         p.grad.dtype, p.grad.stride(), keys, None if quiet else host_count(state),
     )  # fmt: skip
 
@@ -242,8 +246,63 @@ def publish(state: dict, share: dict, count: int | None) -> None:
 
     ``count`` is the step count the host knows (None: unknown, read when next needed).
     """
-    kept = {k: v for k, v in state.items() if k == "master" or k == master.VERSIONS}
+    kept = {k: v for k, v in state.items() if k == "master" or k == VERSIONS}
     state.clear()
     state.update(share)
     state.update(kept)
     state[HOST_STEP] = count
+
+
+def write(params: list[torch.Tensor], states: list[dict], news: list[torch.Tensor]) -> None:
+    """Write new points into the parameters (one ``_foreach_copy_``) and record their versions.
+
+    Not for a float16/bfloat16 parameter with a float32 master (`master.store_all`).
+
+    Args:
+        params: the parameters.
+        states: their state dicts.
+        news: their new points.
+    """
+    if len(params) == 1:  # a DTensor or another subclass: its own copy_
+        params[0].copy_(news[0])
+    else:
+        torch._foreach_copy_(params, news)
+    record_versions(params, states)
+
+
+def _versions(p: torch.Tensor, state: dict) -> tuple:
+    held = state.get("master")
+    return (getattr(p, "_version", None), None if held is None else held._version)
+
+
+def unchanged(p: torch.Tensor, state: dict) -> bool:
+    """Whether p (and its master) are as this optimizer's last write left them.
+
+    Note [Points as the optimizer left them]
+    torch's version counter of a tensor counts its in-place changes
+    (``nn.Module.load_state_dict``'s ``copy_``, an initializer, an edit under
+    ``no_grad``). After each write the optimizer records the versions of p and
+    of its master in p's state (``state["_versions"]``, never saved: `master.strip`);
+    p is "as the optimizer left it" when they still match. A geometry may then
+    skip its off-manifold test (and the wide Gram of the point, Note [The
+    drift correction every k-th step]). ``.data`` has a counter
+    of its own: a change through it is caught at the next scheduled test. A
+    loaded optimizer has no record, so it tests every point at its next step
+    (which points get corrected depends on the saved step count only, so a
+    resumed run repeats the original one bit for bit). A step traced by
+    ``torch.compile`` cannot read version counters: it records none (the next
+    eager step tests the point) and chooses between the master and p by
+    ``torch.where`` on the same equality test, without a host read.
+    """
+    held = state.get(VERSIONS)
+    return held is not None and held[0] is not None and held == _versions(p, state)
+
+
+def record_versions(params: list[torch.Tensor], states: list[dict]) -> None:
+    """Record the versions of points just written (none in a traced step: no counters)."""
+    compiling = torch.compiler.is_compiling()
+    for p, state in zip(params, states, strict=True):
+        if compiling:  # no record: the next eager step tests the point
+            state.pop(VERSIONS, None)
+        else:
+            state[VERSIONS] = _versions(p, state)

@@ -45,11 +45,16 @@ __all__ = [
     "FrameGeometry",
     "GeooptGeometry",
     "Binding",
+    "OPTIONS",
     "bind_parameter",
     "check_kind",
     "geometry_for",
     "manifold_of",
 ]
+
+
+#: the param-group keys a parameter's geometry depends on
+OPTIONS = ("metric", "retraction")
 
 
 def default_metric(manifold) -> str:
@@ -116,6 +121,13 @@ class Binding:
         transposed: the rule steps the parameter's transpose (a wide plain matrix an
             optimizer treats as a Stiefel point, `RiemannianOptimizer.implied_manifold`).
 
+    Attributes:
+        kind: the manifold's class and options (None: a plain tensor), what parameters
+            stepped together must share (`stiefel.optimizers.buckets`).
+        complex: whether the parameter was complex when bound (None: no parameter).
+        geo: the geometry under the options of the step's group, set by the step when
+            they change (`RiemannianOptimizer.step`), so that a step does not bind again.
+
     Raises:
         ValueError: a retraction the manifold does not offer, an unsupported DTensor layout.
     """
@@ -136,17 +148,20 @@ class Binding:
         elif self.retractions is None and not callable(getattr(manifold, "geometry", None)):
             self._fixed = GeooptGeometry(manifold)
         self.stiefel = self._inner(group).stiefel
+        self.kind = None if manifold is None else (type(manifold), repr(manifold))
+        self.complex = None if param is None else param.is_complex()
         if self.like is not None:
             if self.stiefel:
                 check_placements(self.like)  # an unsupported layout fails at construction
             else:
                 self.like = None  # DTensor propagation through the manifold's own operations
+        self.geo = self.bind(group)
 
     def _inner(self, group: dict) -> Geometry:
         if self._fixed is not None:
             return self._fixed
-        metric = group.get("metric")
-        retraction = group.get("retraction") or self.retractions[0]
+        metric, retraction = map(group.get, OPTIONS)
+        retraction = retraction or self.retractions[0]
         # one geometry per option pair, made outside any traced step (a traced step reads
         # this dict only: building a geometry reads the retraction tables)
         key = (metric, retraction)

@@ -10,21 +10,8 @@ rounding of the master in the parameter. The moments live in the master's
 dtype too. The optimizer's step reads the point with `working` and writes the
 result with `store`.
 
-Note [Points as the optimizer left them]
-torch's version counter of a tensor counts its in-place changes
-(``nn.Module.load_state_dict``'s ``copy_``, an initializer, an edit under
-``no_grad``). After each write the optimizer records the versions of p and
-of its master in p's state (``state["_versions"]``, never saved: `strip`);
-p is "as the optimizer left it" when they still match. A geometry may then
-skip its off-manifold test (and the wide Gram of the point, Note [The
-drift correction every k-th step]). ``.data`` has a counter
-of its own: a change through it is caught at the next scheduled test. A
-loaded optimizer has no record, so it tests every point at its next step
-(which points get corrected depends on the saved step count only, so a
-resumed run repeats the original one bit for bit). A step traced by
-``torch.compile`` cannot read version counters: it records none (the next
-eager step tests the point) and chooses between the master and p by
-``torch.where`` on the same equality test, without a host read.
+Who wrote a point last is recorded by `stiefel.optimizers.buckets.record_versions`
+(Note [Points as the optimizer left them]).
 
 Note [The master follows its parameter]
 When p was changed from outside (its version is not the recorded one: a
@@ -57,31 +44,9 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import LOW_PRECISION
+from .buckets import record_versions, unchanged, write
 
-__all__ = [
-    "working",
-    "point",
-    "store",
-    "store_all",
-    "unchanged",
-    "strip",
-    "restore_dtypes",
-    "VERSIONS",
-]
-
-#: the state key of the versions recorded after the optimizer's last write
-VERSIONS = "_versions"
-
-
-def _versions(p: torch.Tensor, state: dict) -> tuple:
-    master = state.get("master")
-    return (getattr(p, "_version", None), None if master is None else master._version)
-
-
-def unchanged(p: torch.Tensor, state: dict) -> bool:
-    """Whether p (and its master) are as this optimizer's last write left them."""
-    record = state.get(VERSIONS)
-    return record is not None and record[0] is not None and record == _versions(p, state)
+__all__ = ["working", "point", "store", "store_all", "unchanged", "strip", "restore_dtypes"]
 
 
 def point(p: torch.Tensor, state: dict) -> torch.Tensor:
@@ -132,16 +97,13 @@ def store(p: torch.Tensor, state: dict, new: torch.Tensor) -> None:
         new: the new point, in the dtype `working` returned.
     """
     master = state.get("master")
-    if master is not None and p.dtype in LOW_PRECISION:
-        if new is not master:
-            master.copy_(new)
-        p.copy_(master)  # rounds to p's dtype
-    else:
-        p.copy_(new)
-    if torch.compiler.is_compiling():  # no record: the next eager step tests the point
-        state.pop(VERSIONS, None)
-    else:
-        state[VERSIONS] = _versions(p, state)
+    if master is None or p.dtype not in LOW_PRECISION:
+        write([p], [state], [new])
+        return
+    if new is not master:
+        master.copy_(new)
+    p.copy_(master)  # rounds to p's dtype
+    record_versions([p], [state])
 
 
 def store_all(params: list[torch.Tensor], states: list[dict], news: list[torch.Tensor]) -> None:
@@ -152,18 +114,13 @@ def store_all(params: list[torch.Tensor], states: list[dict], news: list[torch.T
         states: their state dicts.
         news: their new points, in the dtype `working` returned.
     """
-    if params[0].dtype in LOW_PRECISION:
-        masters = [s["master"] for s in states]
-        torch._foreach_copy_(masters, news)
-        torch._foreach_copy_(params, masters)  # rounds to p's dtype
-    else:
-        torch._foreach_copy_(params, news)
-    compiling = torch.compiler.is_compiling()
-    for p, state in zip(params, states, strict=True):
-        if compiling:  # no record: the next eager step tests the point
-            state.pop(VERSIONS, None)
-        else:
-            state[VERSIONS] = _versions(p, state)
+    if params[0].dtype not in LOW_PRECISION:
+        write(params, states, news)
+        return
+    masters = [s["master"] for s in states]
+    torch._foreach_copy_(masters, news)
+    torch._foreach_copy_(params, masters)  # rounds to p's dtype
+    record_versions(params, states)
 
 
 def strip(state: dict) -> dict:

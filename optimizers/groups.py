@@ -1,0 +1,200 @@
+r"""The param groups of a Riemannian optimizer: their checks, the binding of their parameters.
+
+`ParamGroups` is the half of `RiemannianOptimizer` that runs when parameters are
+added, not at a step: each param group's keys and hyper-parameters are checked
+(`check_group`, with `stiefel._core.checks`), each parameter is bound to its
+manifold's geometry once (`stiefel.optimizers.geometry.bind_parameter`: the
+manifold it carries, its group's ``manifold=``, or the one the optimizer implies;
+checked on its manifold and of the right dtype kind), and `state_dict` records the
+parameters' shapes (`stiefel.optimizers.state`). Nothing is added when a check
+fails. The step itself is `RiemannianOptimizer.step` (`stiefel.optimizers.base`).
+
+Behaviour a subclass declares here:
+
+- `accepts_off_manifold` (False): a manifold parameter off its manifold is
+  accepted at construction;
+- `dtensor_points` (True): the rule reaches the kernels only through its
+  `Geometry`, so DTensor manifold points run sharded (`stiefel.manifolds.sharded`).
+
+Example:
+    ```python
+    import pytest, torch
+    from stiefel import optimizers
+
+    opt = optimizers.create("rgd", [torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+    with pytest.raises(ValueError, match="betas"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "betas": 0.9})
+    assert len(opt.param_groups) == 1  # nothing added
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import geoopt
+import torch
+
+from .._core import checks
+from ..manifolds import METRICS
+from ..manifolds.kernels import RETRACTIONS
+from . import state as saved_state
+from . import terms
+from .geometry import Binding, Geometry, bind_parameter
+
+__all__ = ["ParamGroups"]
+
+#: param-group keys torch and its LR schedulers add besides the hyper-parameters
+_GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
+
+
+class ParamGroups(torch.optim.Optimizer):
+    """Param groups checked and bound as they are added (the base of `RiemannianOptimizer`).
+
+    A subclass may override `check_group` (call super), `check_parameter` and
+    `implied_manifold`.
+
+    Args:
+        params: parameters or param groups.
+        defaults: the hyper-parameters and their default values (``foreach`` and
+            ``capturable`` included).
+    """
+
+    accepts_off_manifold: ClassVar[bool] = False
+    dtensor_points: ClassVar[bool] = True
+
+    def __init__(self, params, defaults: dict):
+        self._bindings: list[list[Binding]] = []
+        # per group, the options its parameters' geometries were made for (None: not yet,
+        # made at the next step; `RiemannianOptimizer._bind`)
+        self._bound: list[tuple | None] = []
+        if any(key in defaults for key in terms.REPAIR_KEYS):
+            period = terms.repair_period(defaults)
+            defaults.update(dict.fromkeys(terms.REPAIR_KEYS, period))
+        self.check_group(dict(defaults), defaults=True)
+        super().__init__(params, defaults)
+
+    def check_group(self, group: dict, defaults: bool = False) -> None:
+        """Validate a param group's hyper-parameters (ValueError/TypeError naming them).
+
+        Args:
+            group: the group (merged with the defaults).
+            defaults: True when `group` is the constructor's defaults.
+        """
+        if "lr" in group:
+            checks.number("lr", group["lr"])
+        if group.get("foreach") not in (None, True, False):
+            raise TypeError(
+                f"foreach={group['foreach']!r} is not allowed; allowed: None, True, False"
+            )
+        checks.flag("capturable", group.get("capturable", False))
+        man = group.get("manifold")
+        if man is not None and not isinstance(man, geoopt.Manifold):
+            raise TypeError(
+                f"manifold={man!r} is not allowed; allowed: None or a geoopt.Manifold "
+                "(e.g. stiefel.Stiefel(n, m)), the manifold of the group's plain parameters"
+            )
+        if group.get("metric") is not None:
+            checks.choice("metric", group["metric"], METRICS)
+        if "retraction" in group and not isinstance(group["retraction"], str):
+            checks.choice("retraction", group["retraction"], RETRACTIONS)
+        terms.repair_period(group)
+
+    def check_parameter(self, i: int, p: torch.Tensor, geo: Geometry, group: dict) -> None:
+        """Refuse parameter `i` of a new group before anything is added (default: accept).
+
+        Args:
+            i: its index in the group.
+            p: the parameter.
+            geo: its geometry under the group's options.
+            group: the group, merged with the defaults.
+        """
+
+    def implied_manifold(self, p: torch.Tensor) -> tuple[geoopt.Manifold, bool] | None:
+        """The manifold this optimizer gives a plain parameter, and whether it is transposed.
+
+        Default None: plain parameters get the Euclidean update.
+        """
+        return None
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a param group after checking its keys, values and parameters.
+
+        Args:
+            param_group: `{"params": ..., <hyper-parameter>: value, ...}`.
+
+        Raises:
+            ValueError: an unknown key, a bad value or a parameter off its manifold;
+                the optimizer is left unchanged.
+            TypeError: a parameter whose dtype its manifold cannot hold.
+        """
+        group = dict(param_group)
+        unknown = sorted(set(group) - set(self.defaults) - _GROUP_KEYS)
+        if unknown:
+            allowed = sorted({*self.defaults, "params"})
+            raise ValueError(
+                f"param group key(s) {', '.join(map(repr, unknown))} not understood by "
+                f"{type(self).__name__}; allowed: {', '.join(allowed)}"
+            )
+        if any(key in group for key in terms.REPAIR_KEYS):  # geoopt's name, kept beside ours
+            group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
+        params = group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        merged = {**self.defaults, **group}
+        self.check_group(merged)
+        if merged["capturable"]:
+            _check_capturable([*(p for g in self.param_groups for p in g["params"]), *params])
+        bindings = [bind_parameter(self, i, p, merged) for i, p in enumerate(params)]
+        if "retraction" in merged and all(b.retractions is None for b in bindings):
+            checks.choice("retraction", merged["retraction"], RETRACTIONS)
+        group["params"] = params
+        super().add_param_group(group)
+        self._bindings.append(bindings)
+        self._bound.append(None)
+
+    @classmethod
+    def dtensor_rules(cls) -> list[str]:
+        """The registered optimizers whose rules step DTensor manifold points."""
+        from . import registry  # at the call: the registry imports the optimizers
+
+        return [
+            name
+            for name in registry.available()
+            if isinstance(obj := registry.get(name), type)
+            and issubclass(obj, ParamGroups)
+            and obj.dtensor_points
+        ]
+
+    def manifold_parameters(self) -> list[torch.Tensor]:
+        """Parameters whose geometry is Stiefel-like, in param-group order."""
+        return [
+            p
+            for group, bindings in zip(self.param_groups, self._bindings, strict=True)
+            for p, b in zip(group["params"], bindings, strict=True)
+            if b.stiefel
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict, with each group's parameter shapes (`param_shapes`)."""
+        return saved_state.pack(self, super().state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by `state_dict` (or by an older version) after checking shapes.
+
+        Raises:
+            ValueError: a parameter's shape differs from the saved one (named by
+                group, index and both shapes); nothing is loaded then.
+        """
+        super().load_state_dict(saved_state.unpack(self, state_dict))
+        saved_state.after_load(self, state_dict)
+
+
+def _check_capturable(params: list[torch.Tensor]) -> None:
+    """ValueError unless every parameter is on one CUDA device (``capturable=True``)."""
+    devices = sorted({str(p.device) for p in params})
+    if len(devices) > 1 or any(not d.startswith("cuda") for d in devices):
+        raise ValueError(
+            f"capturable=True needs every parameter on one CUDA device (a CUDA graph replays "
+            f"on one device); the parameters are on {', '.join(devices)}; allowed: "
+            "capturable=False, or the parameters moved to one CUDA device"
+        )
