@@ -17,7 +17,7 @@ from .. import optimizers, parametrizations
 from ..manifolds import Stiefel, kernels
 from ..parametrizations import orthogonalize
 from . import cost
-from .cost import GEOOPT_STEPS, measure, optimizer_steps, peak_bytes, saved_bytes
+from .cost import GEOOPT_STEPS, measure_many, optimizer_steps, peak_bytes, saved_bytes
 
 __all__ = [
     "map_plan", "step_plan", "map_costs", "optimizer_costs", "left_out_steps", "LEFT_OUT",
@@ -83,7 +83,8 @@ def step_plan(
 
 def timing(t: str, m: dict) -> dict:
     """The columns of time ``t`` from `cost.measure`: ``<t>_s`` (the trusted clock's median,
-    Note [Trusted times]), ``<t>_cpu_s``, ``<t>_wall_s``, ``<t>_mad_s``, ``<t>_flag``."""
+    Note [Trusted times]), ``<t>_cpu_s``, ``<t>_wall_s``, ``<t>_mad_s``, ``<t>_flag``,
+    ``<t>_calls`` (per timed block, Note [Timed blocks])."""
     return {f"{t}_{k}" if k != "s" else f"{t}_s": v for k, v in m.items() if k != "fastest_s"}
 
 
@@ -99,48 +100,47 @@ def map_costs(
 ) -> list[dict]:  # fmt: skip
     """Forward and forward+backward of every map's matrix, against n and L = fraction·n.
 
-    A method named in ``limits`` is measured only up to its size there; ``progress``
-    (`stiefel.comparisons.writers.Progress`) hears of each finished row.
+    The maps at one n are timed together (`cost.measure_many`: their ratios come from
+    interleaved rounds). A method named in ``limits`` is measured only up to its size
+    there; ``progress`` (`stiefel.comparisons.writers.Progress`) hears of each finished row.
     """
-    rows = []
+    rows, plan = [], map_plan(methods, sizes, fractions, limits)
     gen = torch.Generator().manual_seed(0)
-    for method, frac, n in map_plan(methods, sizes, fractions, limits):
-        reflections = _reflections(method)
-        L = max(1, int(round(frac * n)))
-        x0 = kernels.haar(n, n, generator=gen).to(device)
-        # Note [Random reflectors for timing]: the time of a reflection map does
-        # not depend on its vectors, and init="nearest" would first run the O(n³)
-        # sequential inverse (minutes at n = 4096).
-        opts = {"reflections": L, "init": "random"} if reflections else {}
-        w = orthogonalize(x0, method=method, **opts)
-        if not reflections:
-            # Note [Exp timing at a typical norm]: dense maps re-base at registration,
-            # so A = 0 there and torch.matrix_exp takes its degree-1 shortcut (one
-            # product instead of ~12). Time every map at ‖A‖₂ ≈ 2, a rotation by
-            # angles up to ~2 radians, as after training.
-            with torch.no_grad():
-                for p in w.parameters():
-                    p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) / math.sqrt(n))
-        c = torch.randn(n, n, generator=gen).to(device)
-
-        def fwd(w=w):
-            with torch.no_grad():
-                return w()
-
-        def fwd_bwd(w=w, c=c):
-            (w() * c).sum().backward()
-
-        # the label names the series: one per method and, where it takes reflections, L/n
-        label = f"{method} L={frac:g}n" if reflections else method
-        row = dict(label=label, method=method, n=n, L=L, fraction=frac)
-        row.update(timing("forward", measure(fwd, repeats, device)))
-        row.update(timing("forward_backward", measure(fwd_bwd, repeats, device)))
-        row.update(saved_bytes=saved_bytes(lambda w=w, c=c: (w() * c).sum()))
-        row.update(peak_bytes=peak_bytes(fwd_bwd, device))
-        model = (method, n, n, L if reflections else None)
-        row.update(flops=cost.map_flops(*model), bytes=cost.map_bytes(*model, x0.element_size()))
-        rows.append(row)
-        _ = progress and progress.finished(f"{label} at n = {n}", 1)
+    for size in dict.fromkeys(n for _, _, n in plan):
+        c, calls, group = torch.randn(size, size, generator=gen).to(device), {}, []
+        for method, frac, n in [p for p in plan if p[2] == size]:
+            reflections = _reflections(method)
+            L = max(1, int(round(frac * n)))
+            x0 = kernels.haar(n, n, generator=gen).to(device)
+            # Note [Random reflectors for timing]: the time of a reflection map does
+            # not depend on its vectors, and init="nearest" would first run the O(n³)
+            # sequential inverse (minutes at n = 4096).
+            opts = {"reflections": L, "init": "random"} if reflections else {}
+            w = orthogonalize(x0, method=method, **opts)
+            if not reflections:
+                # Note [Exp timing at a typical norm]: dense maps re-base at registration,
+                # so A = 0 there and torch.matrix_exp takes its degree-1 shortcut (one
+                # product instead of ~12). Time every map at ‖A‖₂ ≈ 2, a rotation by
+                # angles up to ~2 radians, as after training.
+                with torch.no_grad():
+                    for p in w.parameters():
+                        p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) / math.sqrt(n))
+            # the label names the series: one per method and, where it takes reflections, L/n
+            label = f"{method} L={frac:g}n" if reflections else method
+            model = (method, n, n, L if reflections else None)
+            row = dict(label=label, method=method, n=n, L=L, fraction=frac)
+            row.update(flops=cost.map_flops(*model), bytes=cost.map_bytes(*model, x0.itemsize))
+            calls[label, "forward"] = torch.no_grad()(w)
+            calls[label, "forward_backward"] = lambda w=w, c=c: (w() * c).sum().backward()
+            group.append((row, w))
+        times = measure_many(calls, repeats, device)
+        for row, w in group:
+            for t in ("forward", "forward_backward"):
+                row.update(timing(t, times[row["label"], t]))
+            row.update(saved_bytes=saved_bytes(lambda w=w, c=c: (w() * c).sum()))
+            row.update(peak_bytes=peak_bytes(calls[row["label"], "forward_backward"], device))
+            rows.append(row)
+            _ = progress and progress.finished(f"{row['label']} at n = {size}", 1)
     return rows
 
 
@@ -150,42 +150,43 @@ def optimizer_costs(
 ) -> list[dict]:  # fmt: skip
     """One step of every Riemannian optimizer (and geoopt's) on St(N, M), float32.
 
+    The steps on one shape are timed together (`cost.measure_many`, as in `map_costs`).
     An optimizer named in ``limits`` is measured only up to its N there; ``only``
     selects the optimizers (`step_plan`); ``progress`` as in `map_costs`.
     """
     steps = optimizer_steps()
-    rows = []
+    rows, plan = [], step_plan(shapes, limits, only)
     gen = torch.Generator().manual_seed(0)
     geoopt_setups = {
         GEOOPT_STEPS[0]: ("geoopt_rsgd", geoopt.CanonicalStiefel()),
         GEOOPT_STEPS[1]: ("geoopt_rsgd", geoopt.EuclideanStiefel()),
         GEOOPT_STEPS[2]: ("geoopt_radam", geoopt.CanonicalStiefel()),
     }
-    shape = x0 = g = None  # the plan is grouped by shape: one point and gradient at a time
-    for label, n, m in step_plan(shapes, limits, only):
-        if shape != (n, m):
-            shape = (n, m)
-            x0 = Stiefel(n, m).random(generator=gen).to(device)
-            g = torch.randn(n, m, generator=gen).to(device)
-        if label in steps:
-            info, variant = steps[label]
-            p = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(n, m))
-            opt = optimizers.create(info.name, [p], lr=1e-3, **variant)
-            flops = info.flops(n, m, **variant)
-            nbytes = info.bytes(n, m, x0.element_size(), **variant)
-        else:
-            kind, manifold = geoopt_setups[label]
-            p = geoopt.ManifoldParameter(x0.clone(), manifold=manifold)
-            opt = optimizers.create(kind, [p], lr=1e-3)
-            flops = nbytes = math.nan  # geoopt's steps: no models
-        p.grad = g.clone()
-        t = timing("step", measure(opt.step, repeats, device))
-        peak = peak_bytes(opt.step, device)
-        rows.append(
-            {"label": f"{label} M={m}", "optimizer": label, "N": n, "M": m, **t}
-            | {"peak_bytes": peak, "flops": flops, "bytes": nbytes}
-        )
-        _ = progress and progress.finished(f"{label} on St({n}, {m})", 1)
+    for shape in dict.fromkeys((n, m) for _, n, m in plan):  # one point and gradient a shape
+        n, m = shape
+        x0 = Stiefel(n, m).random(generator=gen).to(device)
+        g = torch.randn(n, m, generator=gen).to(device)
+        group = {}
+        for label in [label for label, *s in plan if tuple(s) == shape]:
+            if label in steps:
+                info, variant = steps[label]
+                p = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(n, m))
+                opt = optimizers.create(info.name, [p], lr=1e-3, **variant)
+                flops = info.flops(n, m, **variant)
+                nbytes = info.bytes(n, m, x0.element_size(), **variant)
+            else:
+                kind, manifold = geoopt_setups[label]
+                p = geoopt.ManifoldParameter(x0.clone(), manifold=manifold)
+                opt = optimizers.create(kind, [p], lr=1e-3)
+                flops = nbytes = math.nan  # geoopt's steps: no models
+            p.grad = g.clone()
+            group[label] = (opt.step, {"flops": flops, "bytes": nbytes})
+        times = measure_many({k: step for k, (step, _) in group.items()}, repeats, device)
+        for label, (step, models) in group.items():
+            row = {"label": f"{label} M={m}", "optimizer": label, "N": n, "M": m, **models}
+            row["peak_bytes"] = peak_bytes(step, device)
+            rows.append(row | timing("step", times[label]))
+            _ = progress and progress.finished(f"{label} on St({n}, {m})", 1)
     return rows
 
 

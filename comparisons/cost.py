@@ -23,6 +23,19 @@ A measurement is flagged (pyperf's rule) when its repeats spread, MAD / median
 for a core); tables mark flagged cells, fits and roofline multiples refuse
 them. Elsewhere (several threads, a GPU) the wall clock is the only one.
 
+Note [Timed blocks]
+A call of a millisecond is at the mercy of the clock's granularity, of one
+context switch and of the caches another process left: one repeat is a block
+of calls lasting at least `BLOCK_S` on the trusted clock (the count doubled
+from one until it does, as ``timeit``'s autorange and ``torch.utils.benchmark``'s
+``blocked_autorange``), its time per call. The calls compared with each other
+(every map at one size, every step on one shape) are measured by
+`measure_many` in rounds, one block of each per round in an order rotated by
+one each round: a change of the machine's speed during the measurement, other
+jobs starting or ending, falls on all of them alike and the ratios between
+their medians keep; measured one after another, a slow spell would fall on
+whichever ran then.
+
 Note [Roofline]
 Nothing runs faster than its FLOPs at the GEMM rate or its bytes at the memory
 bandwidth: the roofline time is max(FLOPs / rate, bytes / bandwidth), its bound
@@ -38,7 +51,8 @@ import platform
 import statistics
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -49,8 +63,8 @@ from .. import optimizers, parametrizations
 __all__ = [
     "timed", "run_times", "fastest_time", "gemm_rate", "stream_bandwidth", "peak_bytes",
     "saved_bytes", "fit_exponent", "roofline", "roofline_multiple", "map_flops", "map_bytes",
-    "optimizer_steps", "GEOOPT_STEPS", "FWD_BWD_FACTOR", "machine", "measure", "flag",
-    "one_thread", "SPREAD", "CONTENTION",
+    "optimizer_steps", "GEOOPT_STEPS", "FWD_BWD_FACTOR", "machine", "measure", "measure_many",
+    "flag", "one_thread", "SPREAD", "CONTENTION", "BLOCK_S",
 ]  # fmt: skip
 
 #: geoopt's steps measured beside ours (the canonical ones form and solve an N×N system)
@@ -69,19 +83,32 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _block(fn: Callable[[], object], calls: int = 1) -> tuple[float, float]:
+    """(thread CPU, wall) seconds per call of ``calls`` calls of ``fn()`` (CUDA work included)."""
+    _sync()
+    c0, w0 = time.thread_time(), time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync()
+    return (time.thread_time() - c0) / calls, (time.perf_counter() - w0) / calls
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Wall time of one call ``fn()`` in seconds (CUDA work included)."""
-    _sync()
-    t0 = time.perf_counter()
-    fn()
-    _sync()
-    return time.perf_counter() - t0
+    return _block(fn)[1]
+
+
+def _median_mad(times: list[float]) -> tuple[float, float]:
+    med = statistics.median(times)
+    return med, statistics.median(abs(t - med) for t in times)
 
 
 #: MAD / median of a measurement's repeats above which it is flagged (Note [Trusted times])
 SPREAD = 0.1
 #: median wall / CPU time above which a one-thread measurement waited for a core
 CONTENTION = 1.5
+#: seconds a timed block of calls lasts at least on the trusted clock (Note [Timed blocks])
+BLOCK_S = 0.02
 
 
 def machine(workers: int = 1) -> dict:
@@ -118,54 +145,91 @@ def flag(cpu: list[float], wall: list[float], thread: bool) -> str | None:
     waited = statistics.median(wall) / max(statistics.median(cpu), 1e-12)
     if thread and waited > CONTENTION:
         return f"wall {waited:.1f}× CPU (> {CONTENTION:g}×: waited for a core)"
-    times = cpu if thread else wall
-    med = statistics.median(times)
-    mad = statistics.median(abs(t - med) for t in times)
+    med, mad = _median_mad(cpu if thread else wall)
     if med > 0 and mad / med > SPREAD:
         return f"spread {mad / med:.2f} (MAD / median > {SPREAD:g})"
     return None
 
 
-def measure(
-    fn: Callable[[], object], repeats: int, device="cpu", warmup: int = 2, budget_s: float = 20.0
-) -> dict:
-    """Times of ``fn()`` on the trusted clock (Note [Trusted times]): ``s`` the median,
-    ``cpu_s``/``wall_s`` the clocks' medians, ``mad_s``, ``fastest_s`` and ``flag``."""
-    thread = one_thread(device)
-    pairs = run_times(fn, repeats, warmup, budget_s, clocks=True)
-    cpu, wall = [c for c, _ in pairs], [w for _, w in pairs]
-    times = cpu if thread else wall
-    med = statistics.median(times)
-    mad = statistics.median(abs(t - med) for t in times)
-    return dict(s=med, cpu_s=statistics.median(cpu), wall_s=statistics.median(wall), mad_s=mad) | {
-        "fastest_s": min(times),
-        "flag": flag(cpu, wall, thread),
-    }
-
-
-def run_times(
-    fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0,
-    clocks: bool = False,
-) -> list:  # fmt: skip
-    """Times of up to ``repeats`` calls of ``fn()`` after ``warmup`` untimed ones.
-
-    Stops early once ``budget_s`` seconds have been spent (after at least 3
-    runs), so that a slow anchor cannot stall a whole measurement; a warm-up
-    call over a second ends the warm-up (such a call is not dominated by
-    first-call allocations and caches). ``clocks``: (thread CPU, wall) pairs.
-    """
+def _warm(fn: Callable[[], object], warmup: int) -> None:
+    """``warmup`` untimed calls; one over a second ends the warm-up (such a call is not
+    dominated by first-call allocations and caches)."""
     for _ in range(warmup):
         if timed(fn) > 1.0:
             break
-    times: list = []
+
+
+def _block_calls(fn: Callable[[], object], thread: bool, min_s: float | None = None) -> int:
+    """Calls per timed block (Note [Timed blocks]): doubled from one until a block lasts
+    ``min_s`` (`BLOCK_S`) on the trusted clock, or 10 × that on the wall clock (a call
+    that mostly waits)."""
+    calls, min_s = 1, min_s or BLOCK_S
+    while calls < 1 << 20:
+        cpu, wall = _block(fn, calls)
+        if (cpu if thread else wall) * calls >= min_s or wall * calls >= 10 * min_s:
+            break
+        calls *= 2
+    return calls
+
+
+def _rounds(fns: Mapping, calls: Mapping, repeats: int, budget_s: float) -> dict[Any, list]:
+    """(CPU, wall) per call of a block of each of ``fns`` per round, rotated by one each
+    round; after at least 3 rounds, none begins once ``budget_s`` × len(fns) s are spent."""
+    names, times = list(fns), {k: [] for k in fns}
     start = time.perf_counter()
-    for _ in range(max(repeats, 1)):
-        c0 = time.thread_time()
-        t = timed(fn)
-        times.append((time.thread_time() - c0, t) if clocks else t)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
+    for r in range(max(repeats, 1)):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            times[k].append(_block(fns[k], calls[k]))
+        if r >= 2 and time.perf_counter() - start > budget_s * len(names):
             break
     return times
+
+
+def measure_many(
+    fns: Mapping[Any, Callable[[], object]], repeats: int, device="cpu", warmup: int = 2,
+    budget_s: float = 20.0,
+) -> dict[Any, dict]:  # fmt: skip
+    """`measure` of each of ``fns``, interleaved (Note [Timed blocks]): ``repeats`` rounds
+    of one block of each.
+
+    Example:
+        ```python
+        from stiefel.comparisons.cost import measure_many
+
+        t = measure_many({"a": lambda: sum(range(1000)), "b": lambda: sum(range(4000))}, 3)
+        assert t["a"]["s"] < t["b"]["s"] and t["a"]["calls"] >= t["b"]["calls"]
+        ```
+    """
+    thread, out, calls = one_thread(device), {}, {}
+    for k, fn in fns.items():
+        _warm(fn, warmup)
+        calls[k] = _block_calls(fn, thread)
+    for k, pairs in _rounds(fns, calls, repeats, budget_s).items():
+        cpu, wall = [c for c, _ in pairs], [w for _, w in pairs]
+        med, mad = _median_mad(cpu if thread else wall)
+        out[k] = dict(s=med, cpu_s=statistics.median(cpu), wall_s=statistics.median(wall))
+        out[k] |= dict(mad_s=mad, fastest_s=min(cpu if thread else wall), calls=calls[k])
+        out[k]["flag"] = flag(cpu, wall, thread)
+    return out
+
+
+def measure(
+    fn: Callable[[], object], repeats: int, device="cpu", warmup: int = 2, budget_s: float = 20.0
+) -> dict:
+    """Times of ``fn()`` per call on the trusted clock (Note [Trusted times]) over ``repeats``
+    blocks of calls (Note [Timed blocks]): ``s`` the median, ``cpu_s``/``wall_s`` the clocks'
+    medians, ``mad_s``, ``fastest_s``, ``flag`` and ``calls`` (per block)."""
+    return measure_many({0: fn}, repeats, device, warmup, budget_s)[0]
+
+
+def run_times(
+    fn: Callable[[], object], repeats: int, warmup: int = 2, budget_s: float = 20.0
+) -> list[float]:
+    """Wall times of up to ``repeats`` single calls of ``fn()`` after ``warmup`` untimed
+    ones (`_warm`); none begins after 3 once ``budget_s`` seconds are spent, so that a slow
+    anchor cannot stall a whole measurement."""
+    _warm(fn, warmup)
+    return [w for _, w in _rounds({0: fn}, {0: 1}, repeats, budget_s)[0]]
 
 
 def fastest_time(

@@ -170,9 +170,16 @@ def _fake_timer(flagged=()):
     return measure
 
 
+def _fake_timers(monkeypatch, flagged=()):
+    """`_fake_timer` as `cost.measure` (the GEMM rate's, the bandwidth's) and, call by
+    call in the order given, as the interleaved `measure_many` of the maps and steps."""
+    monkeypatch.setattr(cost, "measure", _fake_timer(flagged))
+    many = lambda fns, *a, **k: {key: cost.measure(fn) for key, fn in fns.items()}  # noqa: E731
+    monkeypatch.setattr(complexity, "measure_many", many)
+
+
 def test_section_writes_the_columns_to_the_table_and_markdown(tmp_path, monkeypatch):
-    monkeypatch.setattr(cost, "measure", _fake_timer())  # the GEMM rate's and the bandwidth's
-    monkeypatch.setattr(complexity, "measure", cost.measure)
+    _fake_timers(monkeypatch)
     stream = cost.stream_bandwidth
     monkeypatch.setattr(cost, "stream_bandwidth", lambda device: stream(device, mib=1))
     argv = ["complexity", "--out", str(tmp_path), "--sizes", "8", "--fractions", "0.5", "1"]
@@ -236,8 +243,7 @@ def test_section_says_which_optimizers_it_leaves_out(tmp_path, monkeypatch, caps
         # exactly the registered optimizers that the steps table does not measure
         stepped = {info.name for info, _ in cost.optimizer_steps().values()}
         assert set(left) == set(optimizers.available()) - stepped
-        monkeypatch.setattr(cost, "measure", _fake_timer())
-        monkeypatch.setattr(complexity, "measure", cost.measure)
+        _fake_timers(monkeypatch)
         argv = ["complexity", "--out", str(tmp_path), "--sizes", "4", "--fractions", "1"]
         cli.main(argv + ["--repeats", "1", "--shapes", "8x2"])
     finally:

@@ -62,7 +62,9 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 
 def test_the_harness_is_small_and_flat():
     lines = sum(len(p.read_text().splitlines()) for p in HARNESS.rglob("*.py"))
-    assert lines <= 3350, lines
+    # the cap follows the timed blocks and interleaved rounds (Note [Timed blocks] in
+    # comparisons/cost.py), which ratios measured on a busy machine need
+    assert lines <= 3420, lines
     height = floors(import_graph())
     assert max(height.values()) <= 6, sorted(height.items(), key=lambda kv: -kv[1])
 

@@ -2,7 +2,9 @@
 flags from the spread of repeats (median ± MAD) and from waiting for a core, tables, fits and
 figures that refuse flagged points, and the machine each section ran on."""
 
+import itertools
 import json
+import math
 import os
 import time
 
@@ -31,16 +33,103 @@ def test_flag_against_median_and_mad_by_hand():
     assert cost.flag([1.0] * 3, [1.6] * 3, thread=False) is None  # no CPU clock to compare
 
 
-def test_measure_sees_a_wait_and_a_spread_on_the_thread_clock():
+class _Clock:
+    """Fake clocks for `cost`: the thread CPU clock counts the work done, the wall clock
+    the work times ``wait`` (a share of a core) and the calls' own waits."""
+
+    def __init__(self):
+        self.cpu = self.wall = 0.0
+        self.speed = lambda wall: 1.0  # the machine's slowdown at a wall time
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def call(self, cpu: float, wait: float = 1.0):
+        """A function whose calls cost ``cpu`` s of work (× the slowdown), ``wait`` × that wall."""
+
+        def fn():
+            work = cpu * self.speed(self.wall)
+            self.cpu += work
+            self.wall += work * wait
+
+        return fn
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+    monkeypatch.setattr(cost, "time", c)
+    monkeypatch.setattr(cost, "one_thread", lambda device="cpu": True)
+    return c
+
+
+def _doubled(cost_s: float, min_s: float) -> int:  # the first power of 2 with k·cost >= min_s
+    return 2 ** math.ceil(math.log2(min_s / cost_s) - 1e-12)
+
+
+def test_a_block_doubles_its_calls_until_it_lasts_on_the_trusted_clock(clock):
+    for c in (3e-4, 1e-3, 0.05):
+        assert cost._block_calls(clock.call(c), thread=True) == max(_doubled(c, cost.BLOCK_S), 1)
+    # a call that mostly waits: 1 µs of work in 1 ms of wall time stops at 10 × BLOCK_S wall
+    assert cost._block_calls(clock.call(1e-6, wait=1000.0), True) == _doubled(1e-3, 0.2)
+    assert cost._block_calls(clock.call(1e-6, wait=1000.0), False) == _doubled(1e-3, 0.02)
+
+
+def test_measure_times_blocks_per_call_so_an_uneven_call_does_not_spread(clock):
+    costs = itertools.cycle([1e-3, 3e-3])  # one call 1 ms, the next 3 ms
+    uneven = lambda: clock.call(next(costs))()  # noqa: E731
+    singles = cost.run_times(uneven, repeats=8, warmup=0)
+    assert cost.flag(singles, singles, thread=True).startswith("spread 0.50")  # single calls
+    t = cost.measure(uneven, repeats=5, warmup=0)
+    calls = _doubled(2e-3, cost.BLOCK_S)
+    assert t["calls"] == calls and t["flag"] is None and t["mad_s"] == pytest.approx(0, abs=1e-12)
+    assert t["s"] == t["cpu_s"] == t["wall_s"] == pytest.approx(2e-3, rel=1e-9)
+
+
+def test_measure_flags_a_wait_and_a_spread_of_the_cpu_times(clock, monkeypatch):
+    waited = cost.measure(clock.call(1e-3, wait=3.0), repeats=5)
+    assert waited["s"] == pytest.approx(1e-3) and waited["wall_s"] == pytest.approx(3e-3)
+    assert waited["flag"] == "wall 3.0× CPU (> 1.5×: waited for a core)"
+    monkeypatch.setattr(cost, "BLOCK_S", 1e-9)  # one call per block
+    sizes = iter([1e-3, 4e-3] * 10)
+    uneven = cost.measure(lambda: clock.call(next(sizes))(), repeats=6, warmup=0)
+    # the wall clock follows the CPU clock (no wait): the CPU times' spread flags it
+    assert uneven["calls"] == 1 and uneven["cpu_s"] == uneven["wall_s"]
+    assert uneven["flag"] == "spread 0.60 (MAD / median > 0.1)"  # median 2.5, MAD 1.5
+
+
+def test_measure_on_the_real_clocks_reports_the_work_per_call():
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    waited = cost.measure(lambda: time.sleep(0.005), repeats=5)  # waits, does no work
-    assert waited["wall_s"] >= 0.005 > 3 * waited["cpu_s"] and "waited for a core" in waited["flag"]
-    sizes = iter([0.001, 0.004] * 10)
-    uneven = cost.measure(lambda: _busy(next(sizes)), repeats=6, warmup=0)
-    assert uneven["flag"].startswith("spread") and uneven["s"] == pytest.approx(0.0025, rel=0.3)
-    steady = cost.measure(lambda: _busy(0.002), repeats=5)
-    assert steady["s"] == pytest.approx(0.002, rel=0.25)  # the CPU clock: the work only
-    assert steady["s"] == steady["cpu_s"]
+    try:
+        steady = cost.measure(lambda: _busy(0.002), repeats=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert steady["s"] == steady["cpu_s"] == pytest.approx(0.002, rel=0.25)  # the work only
+    assert steady["calls"] in (8, 16)  # 2 ms calls: 8 or 16 to a block of BLOCK_S = 20 ms
+
+
+def test_interleaved_rounds_keep_the_ratio_when_the_machine_slows(clock):
+    """The machine slows down linearly (3× over the measurement, another job starting):
+    timed one after the other, b (twice a's work) seems 3.4× a, unflagged; interleaved, 2.1×."""
+    a, b, rounds = clock.call(1e-3), clock.call(2e-3), 9
+    span = 2 * rounds * 2 * cost.BLOCK_S  # the wall time of the rounds, about
+    clock.speed = lambda wall: 1.0 + 2.0 * min(wall / span, 1.0)
+    order = []
+    block = cost._block
+    cost_block = lambda fn, calls: order.append(fn) or block(fn, calls)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cost, "_block", cost_block)
+        together = cost.measure_many({"a": a, "b": b}, repeats=rounds, warmup=0)
+    rounds_order = order[-2 * rounds :]  # each round's blocks, rotated by one a round
+    assert rounds_order == [a, b, b, a] * (rounds // 2) + [a, b]
+    assert together["b"]["s"] / together["a"]["s"] == pytest.approx(2.0, rel=0.1)
+    clock.wall = clock.cpu = 0.0
+    apart = cost.measure(a, rounds, warmup=0)["s"], cost.measure(b, rounds, warmup=0)["s"]
+    assert apart[1] / apart[0] > 3.0  # the slower machine fell on b only
 
 
 def test_fits_refuse_a_flagged_point_and_say_why():
