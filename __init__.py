@@ -5,9 +5,13 @@ optimizer can train and as manifolds for Riemannian optimizers, with a
 harness that compares the two.
 """
 
-from . import integrations, kernels, manifolds, nn, optimizers, parametrizations
-from .manifolds import Orthogonal, Stiefel, Unitary
-from .parametrizations import merge, orthogonalize, rotate, rotation
+from ._core.lazy_scipy import import_geoopt
+
+import_geoopt()  # Note [geoopt without scipy at import]
+
+from . import integrations, kernels, manifolds, nn, optimizers, parametrizations  # noqa: E402
+from .manifolds import Orthogonal, Stiefel, Unitary  # noqa: E402
+from .parametrizations import merge, orthogonalize, rotate, rotation  # noqa: E402
 
 __version__ = "0.4.0.dev0"
 
