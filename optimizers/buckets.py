@@ -32,6 +32,12 @@ as that tensor (no copy): in a steady run the state is stacked once. The step
 count is stacked as a (P,) vector and handed to the rule as (P, 1, …, 1), so
 that it broadcasts against the per-matrix quantities of the rule.
 
+Beside each parameter's state the host keeps what it knows without a read: the
+step count (``HOST_STEP``) and the versions of the point after the optimizer's
+last write (``VERSIONS``, Note [Points as the optimizer left them]), which decide
+the buckets and the schedule of the off-manifold tests; `write` puts the new
+points back and records them.
+
 Example:
     ```python
     import torch, geoopt

@@ -46,7 +46,16 @@ import torch
 from .._core.checks import LOW_PRECISION
 from .buckets import record_versions, unchanged, write
 
-__all__ = ["working", "point", "store", "store_all", "unchanged", "strip", "restore_dtypes"]
+__all__ = [
+    "working",
+    "point",
+    "store",
+    "store_all",
+    "unchanged",
+    "strip",
+    "restore_dtypes",
+    "LOW_PRECISION",
+]
 
 
 def point(p: torch.Tensor, state: dict) -> torch.Tensor:
@@ -116,6 +125,9 @@ def store_all(params: list[torch.Tensor], states: list[dict], news: list[torch.T
     """
     if params[0].dtype not in LOW_PRECISION:
         write(params, states, news)
+        return
+    if len(params) == 1:  # a DTensor or another subclass: its own copy_
+        store(params[0], states[0], news[0])
         return
     masters = [s["master"] for s in states]
     torch._foreach_copy_(masters, news)
