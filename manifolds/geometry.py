@@ -23,13 +23,13 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from types import MappingProxyType
 
 import torch
 
 from .._core.checks import choice
 from . import kernels
-from .kernels.scaling import host_bound, host_max
 
 __all__ = [
     "Geometry",
@@ -70,20 +70,19 @@ METRICS = tuple(EGRAD2RGRAD)
 OFF_MANIFOLD = 0.5
 
 
-def linear_in_g(fn, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def linear_in_g(fn, x: torch.Tensor, g: torch.Tensor, absmax: torch.Tensor | None = None):
     """``fn(x, g)`` for an ``fn`` linear in ``g`` (a Riemannian gradient), overflow-safe.
 
-    Computed for g/max|g| and scaled back, so that XᴴG cannot overflow for a huge
-    finite G (Note [Overflow-safe step]); where the host knows μ = max|g| (the
-    batch's largest) small enough (Note [Step weights on the host]) that no entry
-    of XᴴG (≤ 2Nμ near the manifold) or of X·W (≤ 4NMμ) can overflow, from g
-    itself: one pass, not three.
+    Computed for g/μ and scaled back by μ, μ = max|g| per matrix (``absmax`` if the
+    caller has it), so that XᴴG cannot overflow for a huge finite G (Note
+    [Overflow-safe step]); μ is exactly 1 where no entry of XᴴG (≤ 2Nμ near the
+    manifold) or of X·W (≤ 4NMμ) can overflow (Note [Step weights as tensors]),
+    and then the result is ``fn(x, g)`` bit for bit, with no host read.
     """
-    mu = kernels.reduce.rows_absmax(g)
+    mu = kernels.reduce.rows_absmax(g) if absmax is None else absmax
     n, m = g.shape[-2:]
-    if host_bound(g) and 4 * n * m * host_max(mu) < torch.finfo(g.dtype).max:
-        return fn(x, g)
-    mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
+    big = torch.finfo(g.real.dtype).max
+    mu = torch.where(4 * n * m * mu < big, 1.0, mu.clamp_min(torch.finfo(mu.dtype).tiny))
     return fn(x, g / mu) * mu
 
 
@@ -145,6 +144,20 @@ class Geometry:
         tangent vectors as they are (every other geometry).
         """
         return None
+
+    def for_step(
+        self, checks: list | None, grad: torch.Tensor | None = None, absmax=None
+    ) -> Geometry:
+        """This geometry for one optimizer step (itself unless it keeps per-step data).
+
+        Args:
+            checks: where the kernels append their unread tests (Note [Refused
+                matrices in a step that reads nothing] in
+                `stiefel.manifolds.kernels.frame`), or None: the kernels read them.
+            grad: the step's gradient, whose max|grad| per matrix is ``absmax``.
+            absmax: max|grad| per matrix, (..., 1, 1), or None.
+        """
+        return self
 
     def apply(self, kernel, x: torch.Tensor, *args, **kwargs):
         """``kernel(x, *args, **kwargs)``: a kernel of `stiefel.manifolds.kernels` on points.
@@ -245,6 +258,32 @@ class StiefelGeometry(Geometry):
         self._gram: tuple[torch.Tensor, object] | None = None
         self._skips = getattr(self._descent, "takes_uncorrected", False)
         self._frame_step = getattr(self._descent, "frame_step", None)
+        self._checks: dict = {}  # the kernels' ``checks=`` of one step, if they take it
+        self._known: tuple | None = None
+
+    def for_step(self, checks, grad=None, absmax=None):
+        """A copy holding the step's ``checks`` list and the gradient's max|G|.
+
+        Note [One pass over the gradient for its test and its scale]
+        A step reads its gradient G twice for the same number: the optimizer's
+        finiteness test takes min and max of G (Note [Finiteness in one pass]), and
+        the kernel's overflow-safe scale takes max|G| = max(max, −min) (Note
+        [Overflow-safe step]). The optimizer hands that maximum to this copy, which
+        passes it as an argument to the gradient's kernels when they are given the
+        very tensor (``is``) at the same version counter (not written in between).
+        """
+        step = copy.copy(self)
+        take = checks is not None and getattr(self._descent, "takes_checks", False)
+        step._checks = {"checks": checks} if take else {}
+        step._known = None if absmax is None else (grad, grad._version, absmax)
+        return step
+
+    def _absmax(self, g: torch.Tensor) -> torch.Tensor | None:
+        """max|g| per matrix if the step's optimizer handed it (Note [One pass ...])."""
+        known = self._known
+        if known is not None and known[0] is g and known[1] == g._version:
+            return known[2]
+        return None
 
     def frame(self, x):
         if self._frame_step is None or not kernels.frame.in_frame(x):
@@ -279,18 +318,19 @@ class StiefelGeometry(Geometry):
         return off
 
     def rgrad(self, x, g):
-        return linear_in_g(self._rgrad, x, g)
+        return linear_in_g(self._rgrad, x, g, self._absmax(g))
 
     def gradient_step(self, x, g, lr):
         if self._fused is None:
             return self.descend(x, self.rgrad(x, g), lr)
-        return self._fused(x, g, lr, self.metric, xx=self._xx(x))
+        known = {} if self._absmax(g) is None else {"absmax": self._absmax(g)}
+        return self._fused(x, g, lr, self.metric, xx=self._xx(x), **self._checks, **known)
 
     def descend(self, x, d, lr):
-        return self._descent(x, d, lr, xx=self._xx(x))
+        return self._descent(x, d, lr, xx=self._xx(x), **self._checks)
 
     def descend_transport(self, x, d, lr):
-        return self._descent(x, d, lr, d, xx=self._xx(x))
+        return self._descent(x, d, lr, d, xx=self._xx(x), **self._checks)
 
     def transport(self, x, y, v):
         return kernels.proj_tangent(y, v)  # by projection onto the tangent space at y
@@ -363,14 +403,14 @@ class FrameGeometry(Geometry):
         return omega if self._scale == 1.0 else omega.mul_(self._scale)
 
     def rgrad(self, x, g):
-        return linear_in_g(self._omega, x, g)
+        return linear_in_g(self._omega, x, g, self.base._absmax(g))
 
     def component_inner(self, x, u):
         sq = kernels.inner_euclidean(x, u, u, keepdim=True)
         return sq if self._scale == 1.0 else sq * 0.5
 
     def descend(self, x, d, lr):
-        return self._step(x, d, lr, xx=self.base._xx(x))
+        return self._step(x, d, lr, xx=self.base._xx(x), **self.base._checks)
 
     def descend_transport(self, x, d, lr):
         return self.descend(x, d, lr), d

@@ -18,7 +18,11 @@ ran (`commit`): accepted steps are written (one ``_foreach_copy_`` per
 bucket); a skipped one keeps its point and state and warns; a bucket whose
 tested point was off is stepped again parameter by parameter from the
 projected points (the rare path, where the reads of Note [Off-manifold points
-at a step] are paid). The step counts the host needs (the schedule of the
+at a step] are paid); a bucket for which a kernel refused its short path for
+some matrix (a long step, a badly conditioned factorization: Note [Refused
+matrices in a step that reads nothing] in `stiefel.manifolds.kernels.frame`) is
+stepped again with the kernels reading their tests, which take the exact paths
+there. The step counts the host needs (the schedule of the
 tests and corrections, ``repair_every``) are kept beside the state's tensors
 (`buckets.HOST_STEP`), never read back. A step traced by ``torch.compile``
 or made ``capturable`` reads nothing: points and states are chosen by
@@ -34,7 +38,6 @@ from dataclasses import dataclass, field
 import torch
 
 from ..manifolds.kernels.frame import CHECK_EVERY
-from ..manifolds.kernels.reduce import known_absmax
 from . import master, skips
 from .buckets import STEP, Bucket, publish, rule_keys, stack_state, unstack_state
 from .layout import by_rows
@@ -57,6 +60,8 @@ class Computed:
         grad_ok: the gradients are finite (one flag per parameter, or a 0-dim one).
         ok: the gradients and the results are finite.
         off: a tested point is off its manifold (an unread 0-dim flag), or None.
+        refused: a kernel refused its short path for some matrix (an unread 0-dim flag;
+            the bucket is stepped again with the kernels' exact paths), or None.
         quiet: computed for a step that reads nothing (traced or capturable).
         accepted: the step counts of the parameters whose steps were written (eager).
     """
@@ -70,6 +75,7 @@ class Computed:
     grad_ok: torch.Tensor
     ok: torch.Tensor
     off: torch.Tensor | None
+    refused: torch.Tensor | None
     quiet: bool
     accepted: list[int] = field(default_factory=list)
 
@@ -88,7 +94,9 @@ def _working_state(opt, bucket: Bucket, states: list[dict], x: torch.Tensor) -> 
     return work
 
 
-def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False) -> Computed:
+def compute(
+    opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False, exact: bool = False
+) -> Computed:
     """Call the rule once for a bucket; write nothing.
 
     Args:
@@ -98,6 +106,9 @@ def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False)
         quiet: no host read (a traced or capturable step).
         tested: the points were just tested and projected (the off-manifold test
             is not repeated; the Gram of the projected points is formed for the step).
+        exact: the kernels read their tests and take their exact paths where the
+            short ones are refused (the step again of a refused bucket, Note [Refused
+            matrices in a step that reads nothing] in `stiefel.manifolds.kernels.frame`).
     """
     geo = bucket.binding.bind(group)
     states = [opt.state[p] for p in bucket.params]
@@ -112,6 +123,14 @@ def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False)
         x, grad = orient(torch.stack(xs)), orient(torch.stack(grads))
     if geo.stiefel:  # Note [Batches stepped by rows]
         x, grad = by_rows(x), by_rows(grad)
+    if bucket.single:
+        grad_ok, absmax = finite_gradient(grad)
+    else:
+        grad_ok, absmax = finite_rows(grad), None
+    checks = None if quiet or exact else []
+    for_step = getattr(geo, "for_step", None)  # a third party's geometry may lack it
+    if for_step is not None:
+        geo = for_step(checks, grad, absmax)
     work = _working_state(opt, bucket, states, x)
     count = bucket.count  # None in a quiet step (`buckets.plan`)
     unchanged = not quiet and all(
@@ -139,13 +158,8 @@ def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False)
         shape = () if bucket.single else (len(bucket.params), *(1,) * (x.dim() - 1))
         steps = torch.zeros(shape, device=x.device if quiet or not bucket.single else "cpu")
     work[STEP] = steps + 1
-    if bucket.single:
-        grad_ok, absmax = finite_gradient(grad)
-    else:
-        grad_ok, absmax = finite_rows(grad), None
     try:
-        with known_absmax(grad, absmax):
-            new = opt.update(geo, x, grad, work, group)
+        new = opt.update(geo, x, grad, work, group)
     except torch.linalg.LinAlgError:  # eager LAPACK refusing a non-finite input
         new = None
     if not opt.writes_state_in_place:
@@ -154,7 +168,8 @@ def compute(opt, bucket: Bucket, group: dict, quiet: bool, tested: bool = False)
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
-    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, quiet)
+    refused = ~torch.stack([c.to(x.device) for c in checks]).all() if checks else None
+    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, refused, quiet)
 
 
 def _check_promise(opt, before: dict, versions: dict) -> None:
@@ -223,10 +238,11 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
         return []
     device = computed[0].ok.device
     flags = []
+    no = torch.zeros(1, dtype=torch.bool, device=device)
     for c in computed:
-        off = torch.zeros(1, dtype=torch.bool, device=device) if c.off is None else c.off
         flags += [
-            off.reshape(1).to(device),
+            (no if c.off is None else c.off).reshape(1).to(device),
+            (no if c.refused is None else c.refused).reshape(1).to(device),
             c.grad_ok.reshape(-1).to(device),
             c.ok.reshape(-1).to(device),
         ]
@@ -234,14 +250,20 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
     again, at = [], 0
     for c in computed:
         size = len(c.bucket.params)
-        off, grad_ok, ok = (
+        off, refused, grad_ok, ok = (
             values[at],
-            values[at + 1 : at + 1 + size],
-            values[at + 1 + size : at + 1 + 2 * size],
+            values[at + 1],
+            values[at + 2 : at + 2 + size],
+            values[at + 2 + size : at + 2 + 2 * size],
         )
-        at += 1 + 2 * size
+        at += 2 + 2 * size
         if off:
             again.append(c)
+            continue
+        if refused:  # the rare path: the kernels' exact paths, with their reads
+            redo = compute(opt, c.bucket, c.group, False, exact=True)
+            again += commit(opt, [redo])
+            c.accepted += redo.accepted
             continue
         rows = [r for r in range(size) if ok[r]]  # all False where LAPACK refused (new None)
         if rows:

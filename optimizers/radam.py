@@ -25,7 +25,6 @@ import torch
 from .._core.checks import flag
 from ..manifolds.kernels.frame import correction_flops
 from ..manifolds.kernels.reduce import rows_absmax
-from ..manifolds.kernels.scaling import host_bound, host_max
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -181,10 +180,8 @@ class RAdam(RiemannianOptimizer):
         xi = geo.rgrad(x, grad)
         # Note [Second moment in scaled form]: v = exp_avg_sq · exp_avg_sq_scale²
         mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))
-        # ⟨ξ, ξ⟩/μ², exact (μ a power of two); ξ/1 = ξ needs no pass where the host
-        # sees μ (Note [Step weights on the host])
-        one = host_bound(xi) and host_max(mu) == 1.0
-        sq = geo.component_inner(x, xi if one else xi / mu)
+        # ⟨ξ, ξ⟩/μ², exact (μ a power of two: ξ/1 = ξ bit for bit), no host read
+        sq = geo.component_inner(x, xi / mu)
         if key not in state:
             state[key] = torch.zeros_like(xi)
             state["exp_avg_sq"] = torch.zeros_like(sq)

@@ -28,9 +28,9 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
-from .reads import host_reads_allowed
+from .reads import host_max, host_reads_allowed
 from .reduce import gram, row_group
-from .scaling import host_max, normalize, weights
+from .scaling import normalize, weights
 from .skew_cayley import cayley_delta
 from .woodbury import smw_step
 
@@ -88,7 +88,7 @@ def _dense(x, dn, lr, v, xx):
     return y if v is None else (y, out[..., m:])
 
 
-def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
+def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None):
     r"""The Cayley step of a square X in X's own frame: one n×n solve, no n×n A.
 
     Note [Square Cayley step in the frame of X]
@@ -139,15 +139,17 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
 
     short = gamma >= 0.25
     bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
-    if host_reads_allowed():  # max ‖K‖_F over the short steps, −1: none
+    if checks is not None:  # per matrix, unread (Note [Euler's product without a host read])
+        bound = torch.where(short, half_beta.abs(), 0.0)
+    elif host_reads_allowed():  # max ‖K‖_F over the short steps, −1: none
         bound = host_max(torch.where(short, half_beta.abs(), -1.0))
-    if bound is not None and bound < 0:
+    if isinstance(bound, float) and bound < 0:
         y = explicit(lambda t: t)
     else:
         if xx is None:
             xx = wide_gram(x)
-        y = frame_update(x, cayley_delta(ph * half_beta, bound), xx)  # D = Cayley(S) − I
-        y = replace_refused(y, short, explicit)
+        y = frame_update(x, cayley_delta(ph * half_beta, bound, checks), xx)  # Cayley(S) − I
+        y = replace_refused(y, short, explicit, checks)
     if v is None:
         return y
     if not v_is_d:
@@ -156,17 +158,18 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None):
     return y, (y @ w).mul_(mu)
 
 
-def _cayley(x, d, lr, v, xx, smw):
+def _cayley(x, d, lr, v, xx, smw, checks=None):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
     dn, mu = normalize(d)
     lr = lr * mu
     if smw is None and in_frame(x):
-        return _square(x, x.mH @ dn, lr, v, v is d, mu, xx)
+        return _square(x, x.mH @ dn, lr, v, v is d, mu, xx, checks)
     xx = tall_gram(x, xx)
     if not (_woodbury_for(x) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     # Pd = d − ½X·Xᴴd, never formed (Note [Pd through d])
-    return smw_step(x, dn, gram(x, dn), xx, lr, v, v is d, mu if v is d else 1.0, implicit=True)
+    mu_v = mu if v is d else 1.0
+    return smw_step(x, dn, gram(x, dn), xx, lr, v, v is d, mu_v, implicit=True, checks=checks)
 
 
 def cayley_descent(
@@ -176,6 +179,7 @@ def cayley_descent(
     v: torch.Tensor | None = None,
     *,
     xx: torch.Tensor | None = None,
+    checks: list | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Cayley step Y = Cayley(A)X(3I − XᴴX)/2 of u = −lr·d; optionally v transported.
 
@@ -190,6 +194,9 @@ def cayley_descent(
         lr: step size, a float or a tensor broadcastable to (..., 1, 1).
         v: a vector to transport by the same unitary map Cayley(A) (isometric).
         xx: XᴴX if already formed.
+        checks: for a caller that reads its flags once per step: the tests of the
+            short paths are appended here unread (Note [Refused matrices in a step
+            that reads nothing] in .frame); None: read here.
 
     Returns:
         Y, or (Y, Cayley(A)v) when ``v`` is given.
@@ -206,7 +213,7 @@ def cayley_descent(
         assert abs(float(td.norm() - d.norm())) < 1e-12  # an isometry
         ```
     """
-    return _cayley(x, d, lr, v, xx, None)
+    return _cayley(x, d, lr, v, xx, None, checks)
 
 
 def cayley_gradient_step(
@@ -216,6 +223,8 @@ def cayley_gradient_step(
     metric: str = "euclidean",
     *,
     xx: torch.Tensor | None = None,
+    checks: list | None = None,
+    absmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""One RGD step `cayley_descent`(x, rgrad(G), lr), fused.
 
@@ -232,6 +241,8 @@ def cayley_gradient_step(
         lr: step size (float or tensor broadcastable to (..., 1, 1)).
         metric: ``"euclidean"`` or ``"canonical"``.
         xx: XᴴX if already formed.
+        checks: as for `cayley_descent`.
+        absmax: max|G| per matrix (..., 1, 1) if the caller has it (`scaling.normalize`).
 
     Returns:
         The new points.
@@ -250,11 +261,11 @@ def cayley_gradient_step(
     """
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
-    gn, mu = normalize(g)
+    gn, mu = normalize(g, absmax)
     lr = lr * mu
     if in_frame(x):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
         h = gram(x, gn)
-        return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx)
+        return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx, checks=checks)
     xx = tall_gram(x, xx)
     h = gram(x, gn)
     w = sym(h) if metric == "euclidean" else h.mH
@@ -263,21 +274,23 @@ def cayley_gradient_step(
     xhd = h - xx @ w
     # Pd = G − X(W + ½Xᴴd), over G/μ (never over the caller's G)
     pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place() and gn is not g)
-    return smw_step(x, pd, xhd, xx, lr, None, False, mu)
+    return smw_step(x, pd, xhd, xx, lr, None, False, mu, checks=checks)
 
 
 cayley_descent.gradient_step = cayley_gradient_step  # type: ignore[attr-defined]
 
 
-def cayley_frame_descent(x: torch.Tensor, omega: torch.Tensor, lr: Lr, *, xx=None) -> torch.Tensor:
+def cayley_frame_descent(
+    x: torch.Tensor, omega: torch.Tensor, lr: Lr, *, xx=None, checks: list | None = None
+) -> torch.Tensor:
     """Cayley step Y = retr(X, −lr·XΩ) of square points X, from the skew-Hermitian Ω.
 
     The step of Note [Square Cayley step in the frame of X] with Xᴴd = Ω given:
     the vector XΩ is carried to Y·Ω by the same map (Note [Moments in the frame of
-    X] in `stiefel.manifolds.geometry`). ``xx`` as for `cayley_descent`.
+    X] in `stiefel.manifolds.geometry`). ``xx`` and ``checks`` as for `cayley_descent`.
     """
     wn, mu = normalize(omega)
-    return _square(x, wn, lr * mu, xx=xx)
+    return _square(x, wn, lr * mu, xx=xx, checks=checks)
 
 
 cayley_descent.frame_step = cayley_frame_descent  # type: ignore[attr-defined]
@@ -312,7 +325,11 @@ A kernel with the attribute ``takes_uncorrected = True`` accepts
 ``xx=UNCORRECTED`` (`frame.UNCORRECTED`) and a float64 ``xx``: the optimizers
 then form the float64 Gram of a point every `frame.correction_period`(M) steps
 only (Notes [The drift correction every k-th step], [Tall steps correct every
-k-th step]); others get a Gram in the point's dtype at every step.
+k-th step]); others get a Gram in the point's dtype at every step. One with
+``takes_checks = True`` (and its ``gradient_step`` / ``frame_step``) accepts
+``checks=``, a list where its tests are appended unread (Note [Refused matrices
+in a step that reads nothing] in .frame); others are called without it.
 """
 for _kernel in RETRACTIONS.values():  # polar ignores xx: its polar factor corrects X
     _kernel.takes_uncorrected = True  # type: ignore[attr-defined]
+    _kernel.takes_checks = True  # type: ignore[attr-defined]

@@ -54,9 +54,18 @@ from typing import NamedTuple
 
 import torch
 
+from ..._core.dispatch import dispatcher
 from .basic import eye_like, product_on
 
-__all__ = ["SeriesLimit", "SERIES_LIMITS", "series_factors", "euler_solve", "solve_near_identity"]
+__all__ = [
+    "SeriesLimit",
+    "SERIES_LIMITS",
+    "series_path",
+    "reach",
+    "series_factors",
+    "euler_solve",
+    "solve_near_identity",
+]
 
 
 class SeriesLimit(NamedTuple):
@@ -71,22 +80,44 @@ class SeriesLimit(NamedTuple):
 SERIES_LIMITS = {"cpu": SeriesLimit(128, 2), "cuda": SeriesLimit(2048, 4)}
 
 
-def series_factors(r: float, k: torch.Tensor) -> int | None:
+@dispatcher(
+    "near_identity_solve",
+    paths=("solve", "series"),
+    why="series: Euler's product, fewer batched products than LAPACK's per-matrix LU "
+    "for n ≤ 128 on the CPU, n ≤ 2048 on a GPU (Euler's product against the solve)",
+)
+def series_path(k: torch.Tensor) -> str:
+    """Whether (I + K)⁻¹R may take Euler's product: n within the device type's limit."""
+    return "series" if k.shape[-1] <= _limit(k).max_order else "solve"
+
+
+def _limit(k: torch.Tensor) -> SeriesLimit:
+    return SERIES_LIMITS.get(k.device.type, SERIES_LIMITS["cpu"])
+
+
+def reach(j: int, k: torch.Tensor) -> float:
+    """The largest bound r with r^(2^(j+1)) at most half an ulp of ``k``'s dtype."""
+    return (torch.finfo(k.dtype).eps / 2) ** (1 / 2 ** (j + 1))
+
+
+def series_factors(r: float | None, k: torch.Tensor) -> int | None:
     """The number j of Euler factors after which r^(2^(j+1)) is below half an ulp.
 
     Args:
-        r: a bound on ‖K‖₂ (e.g. ‖K‖_F).
+        r: a bound on ‖K‖₂ (e.g. ‖K‖_F); None: the most factors the device allows.
         k: the matrices (..., n, n): their dtype (complex: that of the parts), order
-            and device type select the limits in `SERIES_LIMITS`.
+            and device type select the limits in `SERIES_LIMITS` (`series_path`).
 
     Returns:
-        j ≥ 1, or None when n or the j needed is above the device type's limits.
+        j ≥ 1, or None when the series is not taken or the j needed is above the limits.
     """
-    limit = SERIES_LIMITS.get(k.device.type, SERIES_LIMITS["cpu"])
-    if k.shape[-1] > limit.max_order:
+    if series_path(k) != "series":
         return None
+    most = _limit(k).max_factors
+    if r is None:
+        return most
     unit = torch.finfo(k.dtype).eps / 2
-    for j in range(1, limit.max_factors + 1):
+    for j in range(1, most + 1):
         if r ** (2 ** (j + 1)) <= unit:
             return j
     return None
@@ -116,18 +147,39 @@ def euler_solve(k: torch.Tensor, rhs: torch.Tensor, factors: int) -> torch.Tenso
     return p
 
 
-def solve_near_identity(k: torch.Tensor, rhs: torch.Tensor, bound: float | None) -> torch.Tensor:
+def solve_near_identity(
+    k: torch.Tensor,
+    rhs: torch.Tensor,
+    bound: float | torch.Tensor | None,
+    checks: list | None = None,
+) -> torch.Tensor:
     r"""(I + K)⁻¹R: Euler's product where ``bound`` allows it, one LU solve otherwise.
+
+    Note [Euler's product without a host read]
+    A step that reads nothing (``checks`` given) cannot pick the number of
+    factors from its bound. It takes the most factors the device allows
+    (`series_path`) and appends to ``checks`` the bool tensor "every matrix's bound
+    is within their reach": the caller folds it into its one host read and, where
+    it is False, takes the step again with the bound read (the exact path).
 
     Args:
         k: matrices (..., n, n).
         rhs: R, (..., n, c) with ``k``'s batch shape, or ``k`` itself.
-        bound: an upper bound on ‖K‖₂ over the batch read by the caller, or None when
-            it was not read (then the solve runs).
+        bound: an upper bound on ‖K‖₂ over the batch read by the caller (a float), per
+            matrix as a tensor (with ``checks``), or None when it was not read (then the
+            solve runs).
+        checks: where a tensor bound appends its test (Note [Euler's product without
+            a host read]).
 
     Returns:
         (I + K)⁻¹R, of ``rhs``'s shape; a fresh tensor.
     """
+    if isinstance(bound, torch.Tensor):
+        j = series_factors(None, k)
+        if j is None:
+            return torch.linalg.solve(eye_like(k, k.shape[-1]) + k, rhs)
+        checks.append((bound <= reach(j, k)).all())
+        return euler_solve(k, rhs, j)
     j = None if bound is None else series_factors(bound, k)
     if j is None:  # Note [Inverse of I + K by Euler's product]
         return torch.linalg.solve(eye_like(k, k.shape[-1]) + k, rhs)

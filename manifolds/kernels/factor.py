@@ -45,9 +45,8 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
-from .reads import host_reads_allowed
 from .reduce import by_columns, gram
-from .scaling import host_scalars, scaled_gram, scaled_step
+from .scaling import scaled_gram, scaled_step
 
 __all__ = [
     "qr_descent",
@@ -237,7 +236,7 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = 
     return product_on(s, x, c, beta=-1)
 
 
-def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
+def _qr_tall(x, s, h, w, gamma, xx, checks=None) -> torch.Tensor:
     r"""qf(X(γI + W) − S), H = XᴴS (Note [QR retraction through the Gram of X − lr·d])."""
     c = _plus_diagonal(w, gamma, x)
     ss = gram(s, s)
@@ -249,8 +248,8 @@ def _qr_tall(x, s, h, w, gamma, xx) -> torch.Tensor:
     ok = ok & (terms <= _CANCEL_MAX * _trace(aa))
     fast = in_place()
     a = _argument(x, c, s, over_s=fast)  # X·C − S
-    if fast and host_reads_allowed() and bool(ok.all()):
-        return _right_solve(a, r, over_a=True)
+    if checks is not None:  # a refused step is taken again (Note [Refused matrices ...])
+        return replace_refused(_right_solve(a, r, over_a=fast), ok, None, checks)
     return replace_refused(_right_solve(a, r), ok, lambda sel: _householder(sel(a)))
 
 
@@ -282,7 +281,7 @@ def _unit_columns(d: torch.Tensor) -> torch.Tensor:
     return d.diagonal_scatter(diag + s * (1 + diag), dim1=-2, dim2=-1)
 
 
-def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
+def _qr_square(x, p, skew, gamma, xx, p_again, checks=None) -> torch.Tensor:
     r"""X̃·qf(B), B = γI + P, X̃ = X(I − ½E) (Note [Square steps in the frame of X]).
 
     ``p_again()`` forms P again for the matrices that take the explicit path,
@@ -304,15 +303,7 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
         # least γ²(1 − O(n·eps)) > 0, and a NaN or inf in column j of P reaches
         # (PᴴP)_jj, hence the trace; strict, so that γ = 0 fails
         bound = x.shape[-1] + (2.0 if p.is_complex() else 4.0)  # ‖P‖²_F ≤ (bound − n)·γ²
-        if host_scalars(bb):  # Note [Step weights on the host]
-            ok = float(_trace(bb)) < bound * float(gamma) ** 2 or _conditioned(bb, info)
-        else:
-            ok = _trace(bb) < bound * gamma**2
-            # Note [Traced steps compute both paths] in .frame
-            if not host_reads_allowed() or not bool(ok.all()):
-                ok = ok | _conditioned(bb, info)
-            else:
-                ok = True
+        ok = (_trace(bb) < bound * gamma**2) | _conditioned(bb, info)
     else:
         ok = _conditioned(bb, info)
         # B = γI + P may cancel: test (ii) of the Note, with ‖B‖²_F = tr(BᴴB)
@@ -336,10 +327,10 @@ def _qr_square(x, p, skew, gamma, xx, p_again) -> torch.Tensor:
         xt = sel(x) if xx is UNCORRECTED else newton_schulz(sel(x), sel(xx).to(x.dtype))
         return _householder(xt @ b)
 
-    return replace_refused(frame_update(x, _unit_columns(d), xx), ok, explicit)
+    return replace_refused(frame_update(x, _unit_columns(d), xx), ok, explicit, checks)
 
 
-def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
+def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None):
     r"""QR step qf(X − lr·d) (R's diagonal positive); v projected onto the new tangent space.
 
     Computed through the Gram of X − lr·d (Note [QR retraction through the Gram
@@ -353,6 +344,8 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
         lr: step size, a float or a tensor broadcastable to (..., 1, 1).
         v: a vector to transport (by projection) to the new point.
         xx: XᴴX if already formed.
+        checks: for a caller that reads its flags once per step (Note [Refused
+            matrices in a step that reads nothing] in .frame); None: read here.
 
     Returns:
         Y, or (Y, v projected onto T_Y) when ``v`` is given.
@@ -360,10 +353,10 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
     s, gamma = scaled_step(d, lr)
     if in_frame(x):  # B = γI − H
         h = gram(x, s)
-        y = _qr_square(x, -h, False, gamma, xx, lambda: -h)
+        y = _qr_square(x, -h, False, gamma, xx, lambda: -h, checks)
     else:
         xx = tall_gram(x, xx)
-        y = _qr_tall(x, s, gram(x, s), None, gamma, xx)
+        y = _qr_tall(x, s, gram(x, s), None, gamma, xx, checks)
     return y if v is None else (y, proj_tangent(y, v))
 
 
@@ -374,6 +367,8 @@ def qr_gradient_step(
     metric: str = "euclidean",
     *,
     xx: torch.Tensor | None = None,
+    checks: list | None = None,
+    absmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""One RGD step `qr_descent`(x, rgrad(G), lr), fused.
 
@@ -388,6 +383,8 @@ def qr_gradient_step(
         lr: step size (float or tensor broadcastable to (..., 1, 1)).
         metric: ``"euclidean"`` or ``"canonical"``.
         xx: XᴴX if already formed.
+        checks: as for `qr_descent`.
+        absmax: max|G| per matrix (..., 1, 1) if the caller has it.
 
     Returns:
         The new points.
@@ -398,21 +395,25 @@ def qr_gradient_step(
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
     if not in_frame(x):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
-        s, gamma = scaled_step(g, lr)
+        s, gamma = scaled_step(g, lr, absmax)
         xx = tall_gram(x, xx)
         h = gram(x, s)
-        return _qr_tall(x, s, h, sym(h) if metric == "euclidean" else h.mH, gamma, xx)
+        return _qr_tall(x, s, h, sym(h) if metric == "euclidean" else h.mH, gamma, xx, checks)
     # B = γI + W − H = γI + P, P = −skew(H) = ½(Hᴴ − H) (Euclidean) or Hᴴ − H
     # (canonical): with S scaled by c = −½ or −1 (exact), P = cH − (cH)ᴴ
-    h, gamma = scaled_gram(x, g, lr, -0.5 if metric == "euclidean" else -1.0)
-    return _qr_square(x, minus_adjoint(h), True, gamma, xx, lambda: minus_adjoint(h))
+    h, gamma = scaled_gram(x, g, lr, -0.5 if metric == "euclidean" else -1.0, absmax)
+    p_again = lambda: minus_adjoint(h)  # noqa: E731
+    return _qr_square(x, minus_adjoint(h), True, gamma, xx, p_again, checks)
 
 
 qr_descent.gradient_step = qr_gradient_step  # type: ignore[attr-defined]
 
 
-def polar_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None):
-    """Polar step: polar factor of X − lr·d, Newton–Schulz corrected; v projected."""
+def polar_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None):
+    """Polar step: polar factor of X − lr·d, Newton–Schulz corrected; v projected.
+
+    ``checks`` is accepted for the table's signature: the polar step refuses nothing.
+    """
     s, gamma = scaled_step(d, lr)
     # polar(X − lr·d) = polar(γX − σ·d/μ): a positive rescaling of the argument
     y = newton_schulz(polar(gamma * x - s))

@@ -228,10 +228,10 @@ def in_place() -> bool:
 def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
     """Y = X + X·((I − ½E)(I + D) − I), E = XᴴX − I (Note [Square steps in the frame of X]).
 
-    The term −½E·D is formed for the matrices with ‖D‖_F > `D_MAX` only (one
-    host synchronisation to know whether any has it; a traced step forms it for
-    every matrix and zeroes it where not needed, the same numbers without a read:
-    Note [Traced steps compute both paths]). With ``xx=UNCORRECTED``
+    The term −½E·D counts for the matrices with ‖D‖_F > `D_MAX` only: it is
+    formed for every matrix and zeroed where not needed, the same numbers without
+    a host read (Note [Traced steps compute both paths]); it is one n×n product of
+    a correcting step only (every k-th). With ``xx=UNCORRECTED``
     E is taken as 0: Y = X + X·D.
 
     Args:
@@ -267,11 +267,9 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         inside = torch.linalg.matrix_norm(e, keepdim=True) < E_MAX
         e = e.mul_(inside) if in_place() else e * inside
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX
-        need = not host_reads_allowed() or bool(long.any())
-        ed = (e @ d) * long if need else None  # E·D where ‖D‖_F > ½
+        ed = (e @ d) * long  # E·D where ‖D‖_F > ½ (Note [Traced steps compute both paths])
         f = d.sub_(e, alpha=0.5) if in_place() else torch.sub(d, e, alpha=0.5)  # D − ½E
-        if ed is not None:
-            f = f.sub_(ed, alpha=0.5) if in_place() else f - 0.5 * ed  # − ½E·D
+        f = f.sub_(ed, alpha=0.5) if in_place() else f - 0.5 * ed  # − ½E·D
     # X·F, then one addition: a fused X + X·F (addmm) adds each k-block's partial
     # product into the stored X, rounding its large entries once per block
     # (measured 1.4e-6 against 0.9e-6 of drift per uncorrected step on O(512)).
@@ -323,7 +321,10 @@ def shifted_gram(p: torch.Tensor, gamma: torch.Tensor, skew: bool = False) -> to
 
 
 def replace_refused(
-    y: torch.Tensor, ok: torch.Tensor | bool, exact: Callable[[Callable], torch.Tensor]
+    y: torch.Tensor,
+    ok: torch.Tensor | bool,
+    exact: Callable[[Callable], torch.Tensor],
+    checks: list | None = None,
 ) -> torch.Tensor:
     """Y with the matrices where ``ok`` is False replaced by the kernel's explicit path.
 
@@ -331,16 +332,29 @@ def replace_refused(
     picks: ``select(t)`` maps a (..., a, b) tensor (broadcastable to the batch)
     to the refused matrices, stacked; the identity when all are refused.
 
+    Note [Refused matrices in a step that reads nothing]
+    Which matrices to replace is a host read (the explicit path runs on the refused
+    ones only). A caller that reads its flags once for the whole step (the
+    optimizer, Note [One host read per step] in `stiefel.optimizers.engine`) passes
+    ``checks``: ``ok.all()`` is appended there, unread, and Y is returned as the
+    short path left it; where the flag turns out False the caller takes the step
+    again without ``checks``, which replaces the refused matrices here. A traced
+    step (no read at all) computes both paths and selects by ``torch.where``.
+
     Args:
         y: the short path's results (..., N, M).
         ok: bool per matrix, broadcastable to (..., 1, 1); ``True``: every matrix
             (the caller has tested it already).
         exact: computes the explicit results for the selected matrices.
+        checks: where ``ok.all()`` is appended instead of read, or None.
 
     Returns:
         The results, every matrix from one path or the other.
     """
     if ok is True:
+        return y
+    if checks is not None:  # Note [Refused matrices in a step that reads nothing]
+        checks.append(ok.all())
         return y
     if not host_reads_allowed():  # Note [Traced steps compute both paths]
         return torch.where(ok, y, exact(lambda t: t).to(y.dtype))

@@ -20,9 +20,11 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["host_reads_allowed"]
+__all__ = ["host_reads_allowed", "host_max"]
 
 
 def host_reads_allowed() -> bool:
@@ -30,3 +32,8 @@ def host_reads_allowed() -> bool:
     if torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def host_max(t: torch.Tensor) -> float:
+    """The largest entry of ``t`` read on the host; −inf for an empty batch (max's identity)."""
+    return float(t.detach().amax()) if t.numel() else -math.inf

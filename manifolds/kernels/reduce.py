@@ -46,7 +46,6 @@ __all__ = [
     "columns_defect",
     "rows_amax",
     "rows_absmax",
-    "known_absmax",
     "memory_order",
     "by_columns",
 ]
@@ -209,33 +208,6 @@ def rows_amax(t: torch.Tensor) -> torch.Tensor:
     return _all_reduce(local, dist.ReduceOp.MAX)
 
 
-_KNOWN: list = [None]  # (tensor, its version, max |t|) while `known_absmax` holds
-
-
-@contextmanager
-def known_absmax(t: torch.Tensor, absmax: torch.Tensor | None) -> Iterator[None]:
-    """Inside, `rows_absmax` of this very tensor, unchanged since, is ``absmax`` (no pass).
-
-    ``absmax=None`` states nothing.
-
-    Note [One pass over the gradient for its test and its scale]
-    A step reads its gradient G twice for the same number: the optimizer's
-    finiteness test takes min and max of G (Note [Finiteness in one pass]), and
-    the kernel's overflow-safe scale takes max|G| = max(max, −min) (Note
-    [Overflow-safe step]). The optimizer hands that maximum on for the rule's
-    call, so the kernel reads G only in its products. It holds for the very
-    tensor (``is``) at the same version counter (not written in between), for a
-    single real matrix (its maximum is per matrix only then) outside
-    `rows_split` (where the maximum is all-reduced) and outside a traced step.
-    """
-    old = _KNOWN[0]
-    _KNOWN[0] = None if absmax is None else (t, t._version, absmax)
-    try:
-        yield
-    finally:
-        _KNOWN[0] = old
-
-
 def by_columns(t: torch.Tensor) -> bool:
     """Whether each matrix of ``t`` is stored by columns (and not also by rows).
 
@@ -275,9 +247,6 @@ def rows_absmax(t: torch.Tensor) -> torch.Tensor:
     """
     if t.is_complex() or t.shape[-2] * t.shape[-1] == 0:
         return rows_amax(t.abs())
-    known = _KNOWN[0]
-    if known is not None and known[0] is t and known[1] == t._version and _GROUP[0] is None:
-        return known[2]
     if t.dim() == 2:  # one pass for both (along dimensions aminmax is the slower form)
         lo, hi = torch.aminmax(memory_order(t))  # no copy of a column-major matrix
         return _all_reduce(absmax_from(lo, hi).reshape(1, 1), dist.ReduceOp.MAX)

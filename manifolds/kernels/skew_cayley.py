@@ -37,18 +37,22 @@ from .frame import in_place
 __all__ = ["cayley_delta", "euler_delta"]
 
 
-def cayley_delta(k: torch.Tensor, bound: float | None) -> torch.Tensor:
+def cayley_delta(
+    k: torch.Tensor, bound: float | torch.Tensor | None, checks: list | None = None
+) -> torch.Tensor:
     r"""(I + K)⁻¹(I − K) − I = −2(I + K)⁻¹K for skew-Hermitian K (..., n, n).
 
     Args:
         k: skew-Hermitian matrices.
-        bound: an upper bound on ‖K‖₂ over the batch read by the caller, or None
-            when it was not read (then the solve runs).
+        bound: an upper bound on ‖K‖₂ over the batch read by the caller, per matrix
+            as a tensor (with ``checks``), or None when it was not read (then the
+            solve runs).
+        checks: `solve_near_identity`'s (Note [Euler's product without a host read]).
 
     Returns:
         D, of ``k``'s shape; a fresh tensor.
     """
-    return _times_minus_two(solve_near_identity(k, k, bound))
+    return _times_minus_two(solve_near_identity(k, k, bound, checks))
 
 
 def euler_delta(k: torch.Tensor, factors: int) -> torch.Tensor:

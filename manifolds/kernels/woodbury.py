@@ -116,26 +116,30 @@ def norm_from_gram(pdpd: torch.Tensor) -> torch.Tensor:
 
 
 def elimination_bounds(
-    xpd: torch.Tensor, g: torch.Tensor, t: torch.Tensor, lr
-) -> tuple[float, float] | None:
+    xpd: torch.Tensor, g: torch.Tensor, t: torch.Tensor, lr, checks: list | None = None
+) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor] | None:
     """Bounds (r_T, r_S) on the blocks' ‖K‖₂ if every matrix may be eliminated, else None.
 
     Elimination needs |β| ≤ 4 and |β|·‖E‖_F ≤ 1 for every matrix of the batch: with
     β = lr·t and E = XᴴPd/t that is |lr|·max(t/4, ‖XᴴPd‖_F) ≤ 1 (for the step
     u = −lr·d, ‖Pu‖_F ≤ 4 and ‖XᴴPu‖_F ≤ 1; Note [Woodbury system by block
-    elimination]). r_T and r_S bound ‖T − I‖₂ and ‖S − I‖₂ over the batch (Note
-    [Near-identity blocks of the elimination]). One host read; None under tracing.
+    elimination]). r_T and r_S bound ‖T − I‖₂ and ‖S − I‖₂ (Note [Near-identity
+    blocks of the elimination]): over the batch, read on the host (one read); or,
+    with ``checks`` (a step that reads nothing), per matrix as tensors, the test
+    "every matrix fits" appended to ``checks`` (Note [Euler's product without a
+    host read] in .euler). None under tracing.
 
     Args:
         xpd: XᴴPd, (..., M, M).
         g: G = XᴴX, (..., M, M).
         t: ‖Pd‖_F, (..., 1, 1).
         lr: the step size, a float or a tensor broadcastable to (..., 1, 1).
+        checks: where the test is appended instead of read, or None.
 
     Returns:
         (r_T, r_S), or None where some matrix is out of bounds (NaN included).
     """
-    if not host_reads_allowed():
+    if checks is None and not host_reads_allowed():
         return None
     if xpd.numel() == 0:  # an empty batch: nothing to bound
         return 0.0, 0.0
@@ -145,6 +149,9 @@ def elimination_bounds(
     at = 0.5 * rate * t
     r_s = r_t + at * at * torch.linalg.matrix_norm(g, keepdim=True) / (1 - r_t)
     test = torch.maximum(size, 0.25 * t) * rate
+    if checks is not None:
+        checks.append((test <= 1).all())  # NaN: False, and the step is taken again
+        return r_t, r_s
     worst = torch.stack(torch.broadcast_tensors(test, r_t, r_s)).flatten(1).amax(1)
     fit, r_t, r_s = worst.tolist()
     return (r_t, r_s) if fit <= 1 else None  # NaN: None, and the LU refuses it alike
@@ -159,6 +166,7 @@ def solve_step_system(
     pdv: torch.Tensor | None = None,
     *,
     lu: bool = False,
+    checks: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""(V₁/t, Z₂) of the Woodbury Cayley system (module docstring), for a batch.
 
@@ -173,13 +181,14 @@ def solve_step_system(
         xv: Xᴴv for a transported vector v, (..., M, K), or None.
         pdv: Pdᴴv, with ``xv``.
         lu: take the 2M×2M LU whatever the test says (to measure or check it).
+        checks: a step that reads nothing: its tests are appended here (`elimination_bounds`).
 
     Returns:
         V₁/t and Z₂, each (..., M, M) or, with ``xv``, (..., M, M + K).
     """
     m = xpd.shape[-1]
     t = norm_from_gram(pdpd)
-    bounds = None if lu else elimination_bounds(xpd, g, t, lr)
+    bounds = None if lu else elimination_bounds(xpd, g, t, lr, checks)
     if bounds is not None:  # Note [Woodbury system by block elimination]
         # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I + W₁ with
         # W = a²PdᴴPd·Q − a[PdᴴX, Pdᴴv]; Z₂ = −2S⁻¹W and V₁/t = 2a(Q − Q₁S⁻¹W),
@@ -188,10 +197,10 @@ def solve_step_system(
         r_t, r_s = bounds
         half = 0.5 * lr
         ea = xpd * half
-        q = solve_near_identity(ea, g if xv is None else torch.cat((g, xv), -1), r_t)
+        q = solve_near_identity(ea, g if xv is None else torch.cat((g, xv), -1), r_t, checks)
         right = ea.mH if pdv is None else torch.cat((ea.mH, pdv * half), -1)
         w = (pdpd * (half * half)) @ q - right
-        sw = solve_near_identity(w[..., :m], w, r_s)
+        sw = solve_near_identity(w[..., :m], w, r_s, checks)
         v1 = product_on(q, q[..., :m], sw, alpha=-1)  # in Q's layout
         return v1 * (2 * half), -2 * sw
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)
@@ -205,7 +214,7 @@ def solve_step_system(
     return z[..., :m, :] / tc, z[..., m:, :]
 
 
-def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False):
+def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False, checks=None):
     r"""Y = Cayley(A)X(3I − XᴴX)/2 for Pu = −lr·Pd through a 2M×2M system.
 
     ``pd_or_d`` is Pd, or with ``implicit`` the direction d itself (Note [Pd through d]).
@@ -294,6 +303,7 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
             direction]; ``pd_or_d`` is then of d/μ).
         mu: the scale μ of d = μ·(d/μ), with ``v_is_d``.
         implicit: ``pd_or_d`` is d (Note [Pd through d]).
+        checks: a step that reads nothing: its tests are appended here (`elimination_bounds`).
 
     Returns:
         Y, or (Y, Cayley(A)v) when ``v`` is given.
@@ -315,7 +325,7 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
         return product_on(a, half, b, alpha=-1) if implicit else a
 
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
-    z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv)
+    z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv, checks=checks)
     z, vt = z2[..., :m], z1[..., :m]
     k = 1.5 * eye - 0.5 * xx
     # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
