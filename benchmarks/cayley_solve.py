@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from stiefel.parametrizations import _cayley
+from stiefel.parametrizations import _cayley, kernels
+from stiefel.parametrizations._spectral import LazyNorm
 
 from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
 
@@ -39,9 +40,14 @@ def _skew(n: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator
 
 
 ARMS = {  # name → f(a, b) = Q·B, each a path of the solve
-    "unpivoted": lambda a, b: _cayley._UnpivotedCayley.apply(a, b),
-    "pivoted": lambda a, b: _cayley.cayley_solve(a, b, None),
+    "unpivoted": lambda a, b: _cayley.cayley_solve(a, b, _unpivoted(a)),
+    "pivoted": lambda a, b: _cayley.cayley_solve(a, b, "solve"),
 }
+
+
+def _unpivoted(a: torch.Tensor) -> str:
+    """The elimination without pivoting of ``a``'s device (`_cayley.PATHS`)."""
+    return "unpivoted_lu" if a.device.type == "cuda" else "unpivoted_blocks"
 
 
 def _call(f, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None):
@@ -61,8 +67,8 @@ def run(sizes: list[int], dtype: torch.dtype, rounds: int, device: torch.device)
         g = torch.randn(n, n, generator=gen, device=device, dtype=dtype)
         eye64 = torch.eye(n, dtype=torch.float64, device=device)
         ref = torch.linalg.solve(eye64 + a.double(), eye64 - a.double())
-        norm = float(torch.linalg.matrix_norm(a, ord=1))
-        row: dict = {"n": n, "used": "unpivoted" if _cayley.unpivoted(n, norm) else "pivoted"}
+        path = kernels.cayley_path(a, LazyNorm(a))  # the dispatcher's choice here
+        row: dict = {"n": n, "used": "pivoted" if path == "solve" else "unpivoted"}
         for mode in ("forward", "fwd+bwd"):
             fns = {
                 name: _call(f, a, b, g if mode == "fwd+bwd" else None) for name, f in ARMS.items()

@@ -1,11 +1,13 @@
 r"""The Cayley transform's solve, 2(I + A)⁻¹B − B, by elimination without pivoting.
 
-``cayley_solve(a, b, norm)`` returns Q·B = (I + A)⁻¹(I − A)·B for skew-Hermitian A (Note
-[Cayley transform by one solve]). It chooses between two eliminations of M = I + A:
-without pivoting (by blocks on the CPU, torch's LU on CUDA) when ‖A‖₁ is known to be
-small (Note [Elimination without pivoting for I + A]), and ``torch.linalg.solve``
-(partial pivoting) otherwise. The unpivoted one has its own backward: one solve with Mᴴ
-from the forward's factors and one product.
+``cayley_solve(a, b, path)`` returns Q·B = (I + A)⁻¹(I − A)·B for skew-Hermitian A (Note
+[Cayley transform by one solve]) by one of three eliminations of M = I + A, named by
+the ``cayley_map`` dispatcher (`stiefel.parametrizations.kernels`): ``"solve"``,
+``torch.linalg.solve`` (partial pivoting, the reference), or, while ‖A‖₁ is known to be
+small (`unpivoted`, Note [Elimination without pivoting for I + A]), elimination without
+pivoting: ``"unpivoted_blocks"`` by blocks of matrix products, ``"unpivoted_lu"`` by
+torch's own unpivoted LU (Note [Unpivoted LU by device type]). The unpivoted ones have
+their own backward: one solve with Mᴴ from the forward's factors and one product.
 
 Note [Elimination without pivoting for I + A]
 M = I + A has Hermitian part ½(M + Mᴴ) = I: M is positive real. Every Schur
@@ -46,27 +48,28 @@ diagonal the inverses D⁻¹ of U's diagonal blocks (the pivot blocks), of size 
 
 Note [Unpivoted LU by device type]
 On CUDA the same elimination is torch's own: ``lu_factor_ex(pivot=False)`` (it exists
-there alone) and ``lu_solve``, with the backward written out as on the CPU (one adjoint
-solve from the forward's factors and one product). The stability argument above is
-that of any elimination without pivoting of a matrix with Hermitian part I, so the
+there alone) and ``lu_solve``, with the backward written out as for the blocks (one
+adjoint solve from the forward's factors and one product). The stability argument above
+is that of any elimination without pivoting of a matrix with Hermitian part I, so the
 range `UNPIVOTED_PER_ROOT`·√n holds for it too. The block elimination is a loop of
 n/`BLOCK` small inversions and products, each a separate launch on a GPU, where
-torch's unpivoted LU is a few large kernels (`benchmarks.cayley_solve` measures
-either against the pivoted solve; figures, and the sizes where each wins, in
-docs/performance.md).
+torch's unpivoted LU is a few large kernels; which one runs where is the
+``cayley_map`` dispatcher's policy (`benchmarks.cayley_solve` measures either against
+the pivoted solve).
 
 Example:
     ```python
     import torch
-    from stiefel.parametrizations._cayley import cayley_solve
+    from stiefel.parametrizations._cayley import cayley_solve, unpivoted
 
     x = torch.randn(300, 300, dtype=torch.float64) / 300
     a = x - x.mT
     b = torch.randn(300, 4, dtype=torch.float64)
     eye = torch.eye(300, dtype=torch.float64)
     ref = torch.linalg.solve(eye + a, (eye - a) @ b)
-    norm = float(torch.linalg.matrix_norm(a, ord=1))
-    assert torch.allclose(cayley_solve(a, b, norm), ref, atol=1e-12)
+    assert unpivoted(300, float(torch.linalg.matrix_norm(a, ord=1)))
+    assert torch.allclose(cayley_solve(a, b, "unpivoted_blocks"), ref, atol=1e-12)
+    assert torch.allclose(cayley_solve(a, b), ref, atol=1e-12)
     ```
 """
 
@@ -76,12 +79,16 @@ import math
 
 import torch
 
-__all__ = ["BLOCK", "UNPIVOTED_PER_ROOT", "unpivoted", "cayley_solve"]
+from .._core import checks as _checks
+
+__all__ = ["BLOCK", "UNPIVOTED_PER_ROOT", "PATHS", "unpivoted", "cayley_solve"]
 
 #: the size of the pivot blocks; orders n ≤ BLOCK take the pivoted solve
 BLOCK = 128
 #: ‖A‖₁ ≤ UNPIVOTED_PER_ROOT·√n takes the unpivoted elimination
 UNPIVOTED_PER_ROOT = 4.0
+#: the eliminations `cayley_solve` takes by name, the pivoted one first
+PATHS = ("solve", "unpivoted_blocks", "unpivoted_lu")
 
 
 def unpivoted(n: int, norm: float | None) -> bool:
@@ -93,14 +100,9 @@ def _blocks(n: int) -> list[tuple[int, int]]:
     return [(j, min(j + BLOCK, n)) for j in range(0, n, BLOCK)]
 
 
-def _torch_lu(t: torch.Tensor) -> bool:
-    """Whether the elimination is torch's unpivoted LU (Note [Unpivoted LU by device type])."""
-    return t.device.type == "cuda"
-
-
-def _factors(m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _factors(m: torch.Tensor, torch_lu: bool) -> tuple[torch.Tensor, ...]:
     """Factors of M = I + A (b, n, n) without pivoting; M may be overwritten."""
-    if _torch_lu(m):
+    if torch_lu:
         lu, pivots, _ = torch.linalg.lu_factor_ex(m, pivot=False)
         return lu, pivots
     return (_factor(m),)
@@ -110,7 +112,7 @@ def _solve_with(
     factors: tuple[torch.Tensor, ...], x: torch.Tensor, adjoint: bool = False
 ) -> torch.Tensor:
     """M⁻¹X (or M⁻ᴴX) from `_factors`, on a (b, n, m) tensor that it may overwrite."""
-    if _torch_lu(x):
+    if len(factors) == 2:  # torch's LU and its pivots
         return torch.linalg.lu_solve(*factors, x, adjoint=adjoint)
     return _solve(factors[0], x, adjoint)
 
@@ -183,28 +185,30 @@ class _UnpivotedCayleySolve(torch.autograd.Function):
     # backward, under vmap in jacrev, updates only its own (batched) right-hand side.
 
     @staticmethod
-    def vmap(info, in_dims, a: torch.Tensor, b: torch.Tensor):  # type: ignore[override]
+    def vmap(info, in_dims, a: torch.Tensor, b: torch.Tensor, torch_lu: bool):  # type: ignore[override]
         def front(t: torch.Tensor, dim: int | None) -> torch.Tensor:
             return t.expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
 
-        q, *factors = _UnpivotedCayleySolve.apply(front(a, in_dims[0]), front(b, in_dims[1]))
+        q, *factors = _UnpivotedCayleySolve.apply(
+            front(a, in_dims[0]), front(b, in_dims[1]), torch_lu
+        )
         # each factor is per matrix of the joined batch: (B·k, …) read as (B, k, …)
         factors = [f.view(info.batch_size, -1, *f.shape[1:]) for f in factors]
         return (q, *factors), (0,) * (1 + len(factors))
 
     @staticmethod
-    def forward(a: torch.Tensor, b: torch.Tensor):  # type: ignore[override]
+    def forward(a: torch.Tensor, b: torch.Tensor, torch_lu: bool):  # type: ignore[override]
         n, m = b.shape[-2:]
         f = a.reshape(-1, n, n).clone(memory_format=torch.contiguous_format)
         f.diagonal(dim1=-2, dim2=-1).add_(1)
-        factors = _factors(f)
+        factors = _factors(f, torch_lu)
         flat = b.reshape(-1, n, m)
         q = _solve_with(factors, torch.mul(flat, 2)).sub_(flat)
         return (q.view(b.shape), *factors)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
-        _, b = inputs
+        _, b, _ = inputs
         q, *factors = output
         ctx.mark_non_differentiable(*factors)
         ctx.set_materialize_grads(False)
@@ -215,7 +219,7 @@ class _UnpivotedCayleySolve(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:
-            return None, None
+            return None, None, None
         q, b, *factors = ctx.saved_tensors
         w = _solve_with(
             tuple(factors), g.reshape(q.shape).clone(memory_format=torch.contiguous_format), True
@@ -226,34 +230,32 @@ class _UnpivotedCayleySolve(torch.autograd.Function):
             ga = torch.bmm(w, (q + b).mH).neg_().view(*g.shape[:-2], n, n)
         if ctx.needs_input_grad[1]:
             gb = (2 * w).sub_(g.reshape(q.shape)).view(g.shape)
-        return ga, gb
+        return ga, gb, None
 
 
-class _UnpivotedCayley:
-    """Q·B by `_UnpivotedCayleySolve`, its output alone (the factors are for the backward)."""
-
-    @staticmethod
-    def apply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return _UnpivotedCayleySolve.apply(a, b)[0]
-
-
-def cayley_solve(a: torch.Tensor, b: torch.Tensor, norm: float | None) -> torch.Tensor:
+def cayley_solve(a: torch.Tensor, b: torch.Tensor, path: str = "solve") -> torch.Tensor:
     r"""2(I + A)⁻¹B − B = (I + A)⁻¹(I − A)B for skew-Hermitian A (…, n, n) and B (…, n, m).
 
     Args:
         a: skew-Hermitian, real or complex; broadcast with ``b``'s batch.
         b: the right-hand side, same dtype.
-        norm: max over the batch of ‖A‖₁, or None where it was not read; it picks the
-            elimination (Note [Elimination without pivoting for I + A]).
+        path: the elimination, one of `PATHS`: ``"solve"`` for any A; the unpivoted
+            ones only where `unpivoted` holds for ‖A‖₁ (Note [Elimination without
+            pivoting for I + A]), ``"unpivoted_lu"`` on CUDA only.
 
     Returns:
         Q·B, of the broadcast batch and ``b``'s last two sizes.
+
+    Raises:
+        ValueError: ``path`` is not one of `PATHS`.
     """
+    _checks.choice("path", path, PATHS)
     n = a.shape[-1]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     rhs = b.expand(*batch, *b.shape[-2:])  # a 2-D B must not read as a batch of vectors
-    if unpivoted(n, norm) and rhs.numel():
-        return _UnpivotedCayley.apply(a.expand(*batch, n, n), rhs)
+    if path != "solve" and rhs.numel():
+        torch_lu = path == "unpivoted_lu"
+        return _UnpivotedCayleySolve.apply(a.expand(*batch, n, n), rhs, torch_lu)[0]
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
     # I + A is never singular: the _ex form skips the error check (a host synchronisation)
     return 2 * torch.linalg.solve_ex(eye + a, rhs).result - rhs

@@ -104,42 +104,30 @@ _THETA13 = _THETA["double"][-1][1]
 # each one Cholesky solve and one product, so the forward is R₀ = P·G⁻¹·P and the
 # backward's adjoint solve reuses L. This costs two products more than the pivoted
 # LU of Q in the forward (PᴴP, and the one after the solve) and one more in the
-# backward (Pᴴ times the right-hand side). On the CPU, where LAPACK's LU runs near
-# the product rate, the LU is kept; on CUDA the LU factorisation runs far below the
-# product rate, and the Cholesky route, its products included, takes less time
-# (docs/performance.md, "The exponential on the GPU"), so there a skew-Hermitian A takes it.
-# The unpivoted LU has no such stability argument here: V, the Hermitian part of
-# Q, is indefinite near θ₁₃ and single θ₇. Where `expm` reads A, skewness is
-# tested exactly (A + Aᴴ = 0, in the same host read as ‖A‖₁), and an A skew only up
-# to rounding keeps the LU. A caller that hands over ``skew_norm`` vouches for the
-# skewness instead (the exp map: its A is X₊ − X₊ᴴ); an A skew up to δ = ‖A + Aᴴ‖
-# then gets an error of order δ from the route, rounding where δ is rounding.
-_CHOLESKY_DEVICES = frozenset({"cuda"})
+# backward (Pᴴ times the right-hand side). Where LAPACK's LU runs near the product
+# rate (the CPU) the LU is the better buy; where the LU factorisation runs far below
+# it (CUDA) the Cholesky route, its products included, takes less time. The choice is
+# the ``exp_map`` dispatcher's (`stiefel.parametrizations.kernels`), which vouches
+# for the skewness: its A is X₊ − X₊ᴴ. The unpivoted LU has no such stability
+# argument here: V, the Hermitian part of Q, is indefinite near θ₁₃ and single θ₇.
+# An A skew only up to δ = ‖A + Aᴴ‖ gets an error of order δ from the route.
 
 
-def _plan(a: torch.Tensor, skew_norm: float | None = None) -> tuple[int, int, bool]:
-    """(m, s, cholesky): the Padé degree, the squarings (Note [Padé degree by ...]) and
-    whether the solve goes through the Cholesky factor of PᴴP (Note [The Padé solve of
-    a skew-Hermitian A by device type]). ``skew_norm``: `expm`'s argument."""
+def _plan(a: torch.Tensor, skew_norm: float | None = None) -> tuple[int, int]:
+    """(m, s): the Padé degree and the squarings (Note [Padé degree by ...]).
+    ``skew_norm``: `expm`'s argument, else ‖A‖₁ is read here."""
     if a.numel() == 0 or a.device.type == "meta":  # meta: shapes only, no values
-        return 13, 0, False
-    by_cholesky = a.device.type in _CHOLESKY_DEVICES
+        return 13, 0
     if skew_norm is not None:
-        norm, skew = skew_norm, True
-    elif by_cholesky:  # one host read for both
-        a = a.detach()
-        stats = [torch.linalg.matrix_norm(a, ord=1).amax(), (a + a.mH).abs().amax()]
-        norm, off = torch.stack(stats).tolist()
-        skew = off == 0.0
+        norm = skew_norm
     else:
-        norm, skew = float(torch.linalg.matrix_norm(a.detach(), ord=1).amax()), False
+        norm = float(torch.linalg.matrix_norm(a.detach(), ord=1).amax())
     if not math.isfinite(norm):
-        return 13, 0, False
-    cholesky = skew and by_cholesky
+        return 13, 0
     for m, theta in _THETA["double" if torch.finfo(a.dtype).eps < 2.0**-40 else "single"]:
         if norm <= theta:
-            return m, 0, cholesky
-    return 13, max(0, math.ceil(math.log2(norm / _THETA13))), cholesky
+            return m, 0
+    return 13, max(0, math.ceil(math.log2(norm / _THETA13)))
 
 
 class _LU:
@@ -319,17 +307,18 @@ class _Expm(torch.autograd.Function):
         return _adjoint_frechet(g, saved), None, None, None
 
 
-def expm(a: torch.Tensor, *, skew_norm: float | None = None) -> torch.Tensor:
+def expm(
+    a: torch.Tensor, *, skew_norm: float | None = None, cholesky: bool = False
+) -> torch.Tensor:
     r"""exp(A) for a batch of square matrices, with the adjoint-Fréchet backward.
 
     Args:
         a: real or complex tensor (..., n, n) (float32/64, complex64/128).
-        skew_norm: the largest ‖A‖₁ over the batch, from a caller that has read it and
-            vouches that A is skew-Hermitian (the exp map): no host read here, and the
-            solve takes the skew-Hermitian route where the device calls for it (Note
-            [The Padé solve of a skew-Hermitian A by device type]). A non-skew A with
-            ``skew_norm`` gets a wrong result. None: ‖A‖₁ and skewness are read from
-            ``a``, right for any A.
+        skew_norm: the largest ‖A‖₁ over the batch, from a caller that has read it
+            (no host read here). None: read from ``a``.
+        cholesky: solve through the Cholesky factor of PᴴP (Note [The Padé solve of a
+            skew-Hermitian A by device type]): right for a skew-Hermitian A only, which
+            the caller vouches for; False: the pivoted LU of V − U, right for any A.
 
     Returns:
         exp(A), same shape and dtype. Its gradient is L(Aᴴ, G) (first order only:
@@ -340,12 +329,7 @@ def expm(a: torch.Tensor, *, skew_norm: float | None = None) -> torch.Tensor:
     """
     if a.dim() < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"expm needs square matrices (..., n, n), got shape {tuple(a.shape)}")
-    try:
-        plan = _plan(a, skew_norm)
-    except RuntimeError:  # torch.func.vmap reads no value back: torch's own kernel
-        if not torch._C._functorch.is_functorch_wrapped_tensor(a):
-            raise
-        return torch.linalg.matrix_exp(a)
+    m, s = _plan(a, skew_norm)
     if not a.requires_grad or not torch.is_grad_enabled():
-        return _forward(a, *plan)[0]
-    return _Expm.apply(a, *plan)[0]
+        return _forward(a, m, s, cholesky)[0]
+    return _Expm.apply(a, m, s, cholesky)[0]

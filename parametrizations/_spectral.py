@@ -45,7 +45,14 @@ import torch
 
 from .._core import checks as _checks
 
-__all__ = ["SPECTRAL_THRESHOLD", "one_norm", "spectral_needed", "spectral_for", "skew_spectral"]
+__all__ = [
+    "SPECTRAL_THRESHOLD",
+    "one_norm",
+    "LazyNorm",
+    "spectral_needed",
+    "spectral_for",
+    "skew_spectral",
+]
 
 #: ‖A‖₁ above max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW·n) goes through ``eigh``.
 SPECTRAL_THRESHOLD = 64.0
@@ -66,6 +73,22 @@ def one_norm(a: torch.Tensor) -> float | None:
         return float(a.detach().abs().sum(-1).max())
     except RuntimeError:  # vmap: "calling .item() on a Tensor" is not supported
         return None
+
+
+class LazyNorm:
+    """`one_norm` of one A, read on the first call and kept: a map's dispatcher reads it
+    only for the paths that need it, and the chosen kernel reuses the value (one host
+    synchronisation per call at most)."""
+
+    __slots__ = ("_a", "_value", "_read")
+
+    def __init__(self, a: torch.Tensor):
+        self._a, self._value, self._read = a, None, False
+
+    def __call__(self) -> float | None:
+        if not self._read:
+            self._value, self._read = one_norm(self._a), True
+        return self._value
 
 
 def spectral_needed(a: torch.Tensor) -> bool:

@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from ._cayley import cayley_solve
-from ._expm import expm
-from ._spectral import one_norm, skew_spectral, spectral_for, spectral_needed
+from ._spectral import spectral_needed
 
 __all__ = ["skew_map"]
 
@@ -61,14 +59,10 @@ def _views_resolved():
 
 
 def _eager(a: torch.Tensor, kind: str) -> torch.Tensor:
-    """The eager kernel: ``eigh`` above the threshold, else Padé (exp) or one solve (Cayley)."""
-    norm = one_norm(a)
-    if spectral_for(a.shape[-1], norm):
-        return skew_spectral(a, kind)
-    if kind == "exp":
-        return expm(a, skew_norm=norm)
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    return cayley_solve(a, eye, norm)  # Note [Cayley transform by one solve]
+    """The eager kernel, by the path its dispatcher picks (``exp_map``, ``cayley_map``)."""
+    from . import kernels  # the kernels module imports this one
+
+    return kernels.eager_exp(a) if kind == "exp" else kernels.eager_cayley(a)
 
 
 @torch.library.custom_op("stiefel::skew_map", mutates_args=())

@@ -27,10 +27,11 @@ from collections.abc import Callable
 
 import torch
 
-from ._cayley import cayley_solve
+from .._core.dispatch import dispatcher
+from ._cayley import cayley_solve, unpivoted
 from ._expm import expm
 from ._householder import householder_apply, wy_triangle
-from ._spectral import one_norm, skew_spectral, spectral_for
+from ._spectral import LazyNorm, skew_spectral, spectral_for
 from ._traced import skew_map
 
 __all__ = [
@@ -52,6 +53,9 @@ __all__ = [
     "exp_map",
     "cayley_map",
     "scaled_cayley_map",
+    "skew_from_raw_path",
+    "exp_path",
+    "cayley_path",
 ]
 
 
@@ -257,6 +261,27 @@ def householder_linear(
 
 # --------------------------------------------------------------------------- skew matrices
 _PANEL = 128  # columns of the lower triangle written at a time by `_skew`
+#: the order from which `skew_from_raw` writes by panels on the CPU
+PANELS_FROM = 1024
+
+
+@dispatcher(
+    "skew_from_raw",
+    paths=("formula", "panels"),
+    why="panels: the CPU from n = PANELS_FROM, where the formula's transposed read "
+    "walks across cache lines (Note [Skew part by copies])",
+)
+def skew_from_raw_path(x: torch.Tensor) -> str:
+    """``"panels"`` (`_SkewFromRaw`) on the CPU for n ≥ `PANELS_FROM`, else ``"formula"``.
+
+    Traced by ``torch.compile``, the formula (Inductor writes its own loops, and
+    Dynamo does not trace a Function with a ``jvp``); off the CPU too: the panels are
+    a CPU cache's matter, and on a GPU the loop is four kernel launches per panel
+    where the formula takes two in all.
+    """
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
+        return "formula"
+    return "panels" if x.shape[-1] >= PANELS_FROM else "formula"
 
 
 def _skew(x: torch.Tensor) -> torch.Tensor:
@@ -286,18 +311,16 @@ class _SkewFromRaw(torch.autograd.Function):
 
     Note [Skew part by copies]
     X₊ − X₊ᴴ read as an elementwise op on a transposed view walks one operand
-    across rows, a cache line per element. The forward writes the lower triangle
-    one panel of `_PANEL` columns at a time, from the transpose of a row panel that
-    fits in cache; the backward makes one blocked copy of Gᴴ (``.contiguous()``),
-    after which every pass runs along memory. Autograd would form
-    the gradient the strided way (G + (−G)ᴴ accumulated into one tensor), so the
-    backward is the adjoint written the same way: ⟨G, X₊ − X₊ᴴ⟩ = ⟨G − Gᴴ, X₊⟩ gives
-    triu(G − Gᴴ, 1), and the diagonal i·Im xⱼⱼ (complex) has adjoint i·Im gⱼⱼ. The
-    map is linear, so its tangent (forward mode) is the map itself. The panels are
-    a CPU cache's matter: on a GPU the loop is four kernel launches per panel, where
-    the plain formula takes two in all, and the GPU's elementwise kernels take the
-    transposed read in their stride, so off the CPU `skew_from_raw` is the plain formula
-    (docs/performance.md, "Where a call's time goes on the GPU").
+    across rows, a cache line per element, once the matrix no longer fits in the
+    cache. The forward writes the lower triangle one panel of `_PANEL` columns at a
+    time, from the transpose of a row panel that fits in cache; the backward makes
+    one blocked copy of Gᴴ (``.contiguous()``), after which every pass runs along
+    memory. Autograd would form the gradient the strided way (G + (−G)ᴴ accumulated
+    into one tensor), so the backward is the adjoint written the same way:
+    ⟨G, X₊ − X₊ᴴ⟩ = ⟨G − Gᴴ, X₊⟩ gives triu(G − Gᴴ, 1), and the diagonal i·Im xⱼⱼ
+    (complex) has adjoint i·Im gⱼⱼ. The map is linear, so its tangent (forward mode)
+    is the map itself. Below `PANELS_FROM` the matrix is cache-sized and the panels'
+    extra passes cost more than they save, so the formula stays there.
     """
 
     generate_vmap_rule = True
@@ -324,17 +347,16 @@ def skew_from_raw(x: torch.Tensor) -> torch.Tensor:
 
     Only the strict upper triangle (and, for complex X, the imaginary part of
     the diagonal) is read, so A has exactly dim 𝔬(n) or 𝔲(n) free parameters.
-    Traced by ``torch.compile``, the plain formula (Inductor writes its own loops,
-    and Dynamo does not trace a Function with a ``jvp``); off the CPU too (Note
-    [Skew part by copies]).
+    The path is `skew_from_raw_path`'s: the formula, or by panels (Note [Skew part
+    by copies]); the same values.
     """
-    if torch.compiler.is_compiling() or x.device.type != "cpu":
-        a = torch.triu(x, 1)
-        a = a - a.mH
-        if x.is_complex():
-            a = a + torch.diag_embed(1j * torch.diagonal(x, dim1=-2, dim2=-1).imag)
-        return a
-    return _SkewFromRaw.apply(x)
+    if skew_from_raw_path(x) == "panels":
+        return _SkewFromRaw.apply(x)
+    a = torch.triu(x, 1)
+    a = a - a.mH
+    if x.is_complex():
+        a = a + torch.diag_embed(1j * torch.diagonal(x, dim1=-2, dim2=-1).imag)
+    return a
 
 
 def raw_from_skew(a: torch.Tensor) -> torch.Tensor:
@@ -349,28 +371,127 @@ def _eye(a: torch.Tensor) -> torch.Tensor:
     return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
 
 
+# --------------------------------------------------------------------------- exp and Cayley
+@dispatcher(
+    "exp_map",
+    paths=("matrix_exp", "traced", "eigh", "pade", "pade_cholesky"),
+    why="traced: under torch.compile, no graph break at the read of ‖A‖₁; eigh: large "
+    "‖A‖₁, where the squarings lose orthogonality; pade: the adjoint-Fréchet backward "
+    "(forward+backward on the CPU); pade_cholesky: the same on CUDA, where LU runs "
+    "below the product rate (docs/performance.md, The exponential on the GPU)",
+)
+def exp_path(a: torch.Tensor, norm: LazyNorm) -> str:
+    r"""The path of exp(A) for a skew-Hermitian A (`exp_map`); ``norm``: `LazyNorm` (A).
+
+    - ``"traced"`` under ``torch.compile``: one custom operator (Note [Skew maps
+      under torch.compile]); ‖A‖₁ is not read here.
+    - ``"matrix_exp"`` where ‖A‖₁ has no value to read (``torch.func.vmap``, meta,
+      empty): torch's own kernel, the reference.
+    - ``"eigh"`` for large ‖A‖₁ (Note [Large skew-Hermitian matrices go through eigh]).
+    - ``"pade_cholesky"`` on CUDA, ``"pade"`` elsewhere: `_expm.expm`, its degree by
+      ‖A‖₁ and the solve of Note [The Padé solve of a skew-Hermitian A by device type].
+    """
+    if torch.compiler.is_compiling():
+        return "traced"
+    value = norm()
+    if value is None:
+        return "matrix_exp"
+    if spectral_for(a.shape[-1], value):
+        return "eigh"
+    return "pade_cholesky" if a.device.type == "cuda" else "pade"
+
+
+def _exp(a: torch.Tensor, path: str, norm: LazyNorm) -> torch.Tensor:
+    """exp(A) by ``path`` (`exp_path`)."""
+    if path == "traced":
+        return skew_map(a, "exp")
+    if path == "matrix_exp":
+        return torch.linalg.matrix_exp(a)
+    if path == "eigh":
+        return skew_spectral(a, "exp")
+    return expm(a, skew_norm=norm(), cholesky=path == "pade_cholesky")
+
+
+def eager_exp(a: torch.Tensor) -> torch.Tensor:
+    """exp(A) of a skew-Hermitian A by the dispatcher's eager choice (`_traced` runs it)."""
+    norm = LazyNorm(a)
+    return _exp(a, exp_path(a, norm), norm)
+
+
+#: the order from which the Cayley solve on CUDA eliminates without pivoting
+UNPIVOTED_LU_FROM = 1024
+
+
+@dispatcher(
+    "cayley_map",
+    paths=("solve", "traced", "eigh", "unpivoted_blocks", "unpivoted_lu"),
+    why="traced: under torch.compile, no graph break at the read of ‖A‖₁; eigh: large "
+    "‖A‖₁, where cond(I + A) costs orthogonality; unpivoted_blocks: the CPU for "
+    "n > BLOCK; unpivoted_lu: CUDA from n = UNPIVOTED_LU_FROM (docs/performance.md, "
+    "The Cayley map's solve on the GPU)",
+)
+def cayley_path(a: torch.Tensor, norm: LazyNorm, spectral: bool | None = None) -> str:
+    r"""The path of (I + A)⁻¹(I − A)·B for a skew-Hermitian A (`cayley_map`, `scaled_cayley_map`).
+
+    ``norm``: `LazyNorm` (A); ``spectral``: the caller's choice of the ``eigh`` path
+    (True, False) without a read of ‖A‖₁, or None.
+
+    - ``"traced"`` under ``torch.compile`` when ``spectral`` is None (Note [Skew maps
+      under torch.compile]).
+    - ``"eigh"`` when ``spectral`` is True or ‖A‖₁ is large (Note [Large
+      skew-Hermitian matrices go through eigh]).
+    - Elimination without pivoting where ‖A‖₁ was read and is small (`_cayley.unpivoted`,
+      Note [Elimination without pivoting for I + A]): ``"unpivoted_blocks"`` on the
+      CPU, ``"unpivoted_lu"`` on CUDA from n = `UNPIVOTED_LU_FROM` (Note [Unpivoted LU
+      by device type]).
+    - ``"solve"`` otherwise (``spectral=False``, ``vmap``, other devices), the reference.
+    """
+    if spectral is not None:
+        return "eigh" if spectral else "solve"
+    if torch.compiler.is_compiling():
+        return "traced"
+    n, value = a.shape[-1], norm()
+    if spectral_for(n, value):
+        return "eigh"
+    if unpivoted(n, value):
+        if a.device.type == "cpu":
+            return "unpivoted_blocks"
+        if a.device.type == "cuda" and n >= UNPIVOTED_LU_FROM:
+            return "unpivoted_lu"
+    return "solve"
+
+
+def _cayley_full(a: torch.Tensor, spectral: bool | None) -> tuple[torch.Tensor | None, str]:
+    """(Q, path) where the path forms the n×n Q (traced, eigh), else (None, path): a solve."""
+    path = cayley_path(a, LazyNorm(a), spectral)
+    if path == "traced":
+        return skew_map(a, "cayley"), path
+    if path == "eigh":
+        return skew_spectral(a, "cayley"), path
+    return None, path
+
+
+def eager_cayley(a: torch.Tensor) -> torch.Tensor:
+    """(I + A)⁻¹(I − A) by the dispatcher's eager choice (`_traced` runs it)."""
+    q, path = _cayley_full(a, None)
+    return q if q is not None else cayley_solve(a, _eye(a), path)
+
+
 def exp_map(a: torch.Tensor, base: torch.Tensor, m: int | None = None) -> torch.Tensor:
     r"""Q = (B·expm(A))[:, :m] for skew-Hermitian A (O(n³)); B carries the determinant.
 
     A must be skew-Hermitian (exactly, as `skew_from_raw` makes it, or to rounding):
-    both paths read it as such (Note [The Padé solve of a skew-Hermitian A by device
-    type]; the ``eigh`` path reads its skew part only).
-
-    Padé of degree 3 to 13 by ‖A‖₁ and the dtype, scaling and squaring beyond, and
-    the adjoint-Fréchet backward (`_expm.expm`); through ``eigh`` when ‖A‖₁ is
-    large, where the squarings
-    would lose orthogonality (Note [Large skew-Hermitian matrices go through eigh]);
-    ``torch.linalg.matrix_exp`` under ``torch.func.vmap``, where ‖A‖₁ cannot be read.
+    every path reads it as such (Note [The Padé solve of a skew-Hermitian A by device
+    type]; the ``eigh`` path reads its skew part only). The path is `exp_path`'s: Padé
+    of degree 3 to 13 by ‖A‖₁ and the dtype, scaling and squaring beyond, and the
+    adjoint-Fréchet backward (`_expm.expm`); ``eigh`` when ‖A‖₁ is large, where the
+    squarings would lose orthogonality (Note [Large skew-Hermitian matrices go through
+    eigh]); ``torch.linalg.matrix_exp`` where ‖A‖₁ cannot be read (``torch.func.vmap``)
+    and under ``stiefel.kernels.policy(reference=True)``.
     """
     m = a.shape[-1] if m is None else m
-    if torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
-        return base @ skew_map(a, "exp")[..., :m]
-    norm = one_norm(a)  # the one host read: the path, then expm's degree
-    if norm is None and a.numel():  # under torch.func.vmap: torch's own kernel
-        return base @ torch.linalg.matrix_exp(a)[..., :m]
-    if spectral_for(a.shape[-1], norm):
-        return base @ skew_spectral(a, "exp")[..., :m]
-    return base @ expm(a, skew_norm=norm)[..., :m]
+    norm = LazyNorm(a)  # the one host read: the path, then expm's degree
+    return base @ _exp(a, exp_path(a, norm), norm)[..., :m]
 
 
 def cayley_map(
@@ -386,8 +507,8 @@ def cayley_map(
     Q·B = 2(I + A)⁻¹B − B: one solve with the m columns of B, neither I − A
     nor a product formed. The solve's error is cond(I + A)·eps relative to
     ‖(I + A)⁻¹B‖ ≤ ‖B‖ (the eigenvalues of I + A are 1 + iλ), as for the
-    textbook form. The solve is block elimination without pivoting where ‖A‖₁
-    is small, LU with partial pivoting otherwise (`_cayley.cayley_solve`, Note
+    textbook form. The elimination is `cayley_path`'s: without pivoting where
+    ‖A‖₁ is small, LU with partial pivoting otherwise (`_cayley.cayley_solve`, Note
     [Elimination without pivoting for I + A]).
 
     I + A is invertible for skew-Hermitian A (its eigenvalues are 1 + iλ). When
@@ -398,26 +519,20 @@ def cayley_map(
     synchronisation reads ‖A‖₁ (``spectral=False`` then solves with pivoting);
     None reads ‖A‖₁ here.
     """
-    if spectral is None and torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
-        q = skew_map(a, "cayley")
+    q, path = _cayley_full(a, spectral)
+    if q is not None:
         return q if base is None else q @ base
-    norm = one_norm(a) if spectral is None else None
-    if spectral if spectral is not None else spectral_for(a.shape[-1], norm):
-        q = skew_spectral(a, "cayley")
-        return q if base is None else q @ base
-    return cayley_solve(a, _eye(a) if base is None else base, norm)
+    return cayley_solve(a, _eye(a) if base is None else base, path)
 
 
 def scaled_cayley_map(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     r"""W = ((I + A)⁻¹(I − A) D)[:, :m] with D = diag(d), d of length m ≤ n (scoRNN / scuRNN).
 
     W = 2(I + A)⁻¹E_d − E_d with E_d = [diag(d); 0] (Note [Cayley transform by one
-    solve]). Large ‖A‖₁: through ``eigh`` as in `cayley_map`.
+    solve]); the path as in `cayley_map`.
     """
     n, m = a.shape[-1], d.shape[-1]
-    if torch.compiler.is_compiling():  # Note [Skew maps under torch.compile]
-        return skew_map(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
-    norm = one_norm(a)
-    if spectral_for(n, norm):
-        return skew_spectral(a, "cayley")[..., :m] * d.unsqueeze(-2).to(a.dtype)
-    return cayley_solve(a, embed_diagonal(d, n, m, a), norm)
+    q, path = _cayley_full(a, None)
+    if q is not None:
+        return q[..., :m] * d.unsqueeze(-2).to(a.dtype)
+    return cayley_solve(a, embed_diagonal(d, n, m, a), path)

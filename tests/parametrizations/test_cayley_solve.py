@@ -7,8 +7,8 @@ import torch
 
 from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations import orthogonalize
-from stiefel.parametrizations._cayley import BLOCK, _UnpivotedCayley, cayley_solve, unpivoted
-from stiefel.parametrizations._spectral import one_norm
+from stiefel.parametrizations._cayley import BLOCK, cayley_solve, unpivoted
+from stiefel.parametrizations._spectral import LazyNorm, one_norm
 
 LOW = {torch.float32: torch.float64, torch.complex64: torch.complex128}
 
@@ -18,6 +18,11 @@ def _skew(n, norm1, dtype, gen, batch=()):
     x = torch.randn(*batch, n, n, dtype=LOW.get(dtype, dtype), generator=gen)
     a = K.skew_from_raw(x)
     return a * (norm1 / torch.linalg.matrix_norm(a, ord=1).max())
+
+
+def _path(device):
+    """The elimination without pivoting that ``device`` has (`_cayley.PATHS`)."""
+    return "unpivoted_lu" if torch.device(device).type == "cuda" else "unpivoted_blocks"
 
 
 def _reference(a, b):
@@ -40,7 +45,7 @@ def test_unpivoted_solve_against_float64(dtype, n, m, batch, rhs_batch, device):
         assert unpivoted(n, one_norm(a)), norm1  # the path under test
         b = torch.linalg.qr(torch.randn(*rhs_batch, n, m, dtype=a.dtype, generator=gen))[0]
         ref = _reference(a, b)
-        q = cayley_solve(a.to(device, dtype), b.to(device, dtype), one_norm(a))
+        q = cayley_solve(a.to(device, dtype), b.to(device, dtype), _path(device))
         assert q.shape == torch.broadcast_shapes(batch, rhs_batch) + (n, m)
         qd = q.to("cpu", a.dtype)
         assert float((qd - ref).abs().max()) < 10 * n * eps
@@ -58,7 +63,7 @@ def test_unpivoted_solve_growth_beyond_its_range(device):
         a = _skew(n, norm1, torch.float64, gen)
         assert not unpivoted(n, norm1)
         b = torch.eye(n, dtype=torch.float64)
-        q = _UnpivotedCayley.apply(a.to(device), b.to(device)).cpu()
+        q = cayley_solve(a.to(device), b.to(device), _path(device)).cpu()
         spectral = float(torch.linalg.matrix_norm(a, ord=2))
         assert float((q - _reference(a, b)).abs().max()) < n * (1 + spectral**2) * eps
 
@@ -72,8 +77,10 @@ def test_route_takes_the_pivoted_solve_where_the_norm_is_large_or_unknown():
     a = _skew(n, 4 * n, torch.float64, gen)  # pivoted LU, just below the eigh threshold
     b = torch.randn(n, 3, dtype=torch.float64, generator=gen)
     ref = _reference(a, b)
-    for norm in (one_norm(a), None):
-        assert float((cayley_solve(a, b, norm) - ref).abs().max()) < 1e-10
+    assert K.cayley_path(a, LazyNorm(a)) == "solve"
+    assert float((K.cayley_map(a, b) - ref).abs().max()) < 1e-10
+    with pytest.raises(ValueError, match="path='pivoted' is not supported"):
+        cayley_solve(a, b, "pivoted")
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.complex128))
@@ -82,7 +89,8 @@ def test_unpivoted_solve_gradcheck(dtype, device):
     n = BLOCK + 3  # two pivot blocks, the second ragged
     a = _skew(n, 2.0, dtype, gen).to(device).requires_grad_()
     b = torch.randn(n, 2, dtype=dtype, generator=gen).to(device).requires_grad_()
-    assert torch.autograd.gradcheck(_UnpivotedCayley.apply, (a, b), fast_mode=True)
+    fn = lambda x, y: cayley_solve(x, y, _path(device))  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (a, b), fast_mode=True)
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.complex128))
@@ -94,7 +102,7 @@ def test_unpivoted_gradients_against_pivoted_autograd(dtype, device):
     b = torch.randn(n, m, dtype=dtype, generator=gen).to(device)
     g = torch.randn(2, n, m, dtype=dtype, generator=gen).to(device)
     grads = []
-    for fn in (lambda x, y: _UnpivotedCayley.apply(x, y.expand(2, n, m)), _reference):
+    for fn in (lambda x, y: cayley_solve(x, y, _path(device)), _reference):
         x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
         grads.append(torch.autograd.grad(fn(x, y), (x, y), g))
     for ours, ref in zip(*grads, strict=True):
@@ -158,32 +166,22 @@ def _plain_grad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.complex128))
 def test_skew_from_raw_backward_forward_ad_and_vmap(device, dtype):
-    # Note [Skew part by copies]: the CPU's panels, the plain formula elsewhere, both
+    # Note [Skew part by copies]: the panels' Function (the path of large n on the CPU;
+    # tests/test_dispatch.py compares it there) under autograd, forward AD and vmap,
     # against the plain formula's values and autograd on the CPU
+    skew = K._SkewFromRaw.apply
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(3, 6, 6, dtype=dtype, generator=gen).to(device).requires_grad_()
-    assert torch.equal(K.skew_from_raw(x).cpu(), _plain_skew(x.detach().cpu()))
-    assert torch.autograd.gradcheck(K.skew_from_raw, (x,), check_forward_ad=True)
-    assert torch.autograd.gradgradcheck(K.skew_from_raw, (x,))
+    assert torch.equal(skew(x).cpu(), _plain_skew(x.detach().cpu()))
+    assert torch.autograd.gradcheck(skew, (x,), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(skew, (x,))
     g = torch.randn(3, 6, 6, dtype=dtype, generator=gen).to(device)
-    ours = torch.autograd.grad(K.skew_from_raw(x), x, g)[0]
+    ours = torch.autograd.grad(skew(x), x, g)[0]
     assert torch.equal(ours.cpu(), _plain_grad(x, g))
-    per_sample = torch.func.vmap(torch.func.grad(lambda y: K.skew_from_raw(y).abs().sum()))
+    per_sample = torch.func.vmap(torch.func.grad(lambda y: skew(y).abs().sum()))
     reference = torch.func.vmap(torch.func.grad(lambda y: _plain_skew(y).abs().sum()))
     want = reference(x.detach().cpu())
     assert torch.allclose(per_sample(x.detach()).cpu(), want, atol=1e-14)
-
-
-@pytest.mark.parametrize("dtype", (torch.float32, torch.complex64))
-def test_skew_from_raw_by_panels_equals_the_plain_formula(device, dtype):
-    # n = 2·_PANEL + 44: two whole panels and a partial one on the CPU
-    n = 2 * K._PANEL + 44
-    gen = torch.Generator().manual_seed(10)
-    x = torch.randn(2, n, n, dtype=dtype, generator=gen).to(device).requires_grad_()
-    g = torch.randn(2, n, n, dtype=dtype, generator=gen).to(device)
-    a = K.skew_from_raw(x)
-    assert torch.equal(a.detach().cpu(), _plain_skew(x.detach().cpu()))
-    assert torch.equal(torch.autograd.grad(a, x, g)[0].cpu(), _plain_grad(x, g))
 
 
 def test_one_norm_is_the_column_norm_of_a_skew_matrix():

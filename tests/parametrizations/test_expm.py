@@ -80,7 +80,7 @@ def test_each_single_degree_against_float64(dtype, norm1):
     wide = torch.complex128 if dtype.is_complex else torch.float64
     a64 = _at_norm(_skew((2, n, n), wide, 1.0, 12), norm1)
     a = a64.to(dtype).requires_grad_()
-    m, s, _ = _expm._plan(a)
+    m, s = _expm._plan(a)
     assert m == next((d for d, t in _expm._THETA["single"] if norm1 <= t), 13)
     assert s == (3 if norm1 == 30.0 else 0)
     y = expm(a)
@@ -96,37 +96,23 @@ def test_each_single_degree_against_float64(dtype, norm1):
     assert float((ga.to(wide) - gb).abs().max()) < 10 * n * eps * float(gb.abs().max())
 
 
-# ------------------------------- the Cholesky route of a skew-Hermitian A (CUDA's rule)
+# ------------------------------- the plan, and the Cholesky route of a skew-Hermitian A
 
 
-def test_plan_takes_the_cholesky_route_for_exactly_skew_input_on_cuda_only(monkeypatch, device):
-    # Note [The Padé solve of a skew-Hermitian A by device type]: the device's rule, then
-    # with the route allowed here too (the CPU's cases then test the skewness test)
+def test_plan_of_a_non_finite_or_vouched_norm(device):
     a = _skew((2, 9, 9), torch.float32, 1.0, 20).to(device)
-    assert _expm._plan(a)[2] is (device in _expm._CHOLESKY_DEVICES)
-    monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
-    for dtype in (torch.float32, torch.complex128):
-        a = _skew((2, 9, 9), dtype, 1.0, 20).to(device)
-        assert _expm._plan(a)[2] is True
-        near = a.clone()
-        near[0, 1, 2] += torch.finfo(near.real.dtype).eps * near[0, 1, 2].abs()  # skew to rounding
-        assert _expm._plan(near)[2] is False
-        assert _expm._plan(a + 0.1 * torch.eye(9, dtype=dtype, device=device))[2] is False
-        inf = a.clone()
-        inf[1, 0, 3], inf[1, 3, 0] = float("inf"), -float("inf")  # skew, not finite: the LU
-        assert _expm._plan(inf) == (13, 0, False)
-        norm = float(torch.linalg.matrix_norm(a, ord=1).amax())
-        assert _expm._plan(near, skew_norm=norm) == _expm._plan(a)  # the caller vouches
-        for bad in (float("nan"), float("inf")):
-            assert _expm._plan(a, skew_norm=bad) == (13, 0, False)
-    assert _expm._plan(torch.zeros(5, 5, device=device)) == (3, 0, True)
+    inf = a.clone()
+    inf[1, 0, 3], inf[1, 3, 0] = float("inf"), -float("inf")  # not finite: no squarings
+    assert _expm._plan(inf) == (13, 0)
+    norm = float(torch.linalg.matrix_norm(a, ord=1).amax())
+    assert _expm._plan(a, skew_norm=norm) == _expm._plan(a)  # the caller's read
+    for bad in (float("nan"), float("inf")):
+        assert _expm._plan(a, skew_norm=bad) == (13, 0)
+    assert _expm._plan(torch.zeros(5, 5, device=device)) == (3, 0)
 
 
-@pytest.fixture
-def cholesky_here(monkeypatch, device):
-    """The Cholesky route on ``device`` too, so that the CPU exercises it."""
-    monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
-    return device
+# The Cholesky route is the exp_map dispatcher's choice on CUDA only (tests/test_dispatch.py
+# compares it with torch's matrix_exp there); here its numerics run on every device.
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
@@ -134,16 +120,14 @@ def cholesky_here(monkeypatch, device):
     "degree, theta, fraction",
     [(m, t, 0.97) for m, t in _expm._THETA["double"]] + [(13, 5.37, 1.03)],
 )
-def test_cholesky_route_at_each_double_degree_against_torch(
-    cholesky_here, dtype, fraction, degree, theta
-):
-    a = _at_norm(_skew((2, 10, 10), dtype, 1.0, degree), fraction * theta).to(cholesky_here)
-    assert _expm._plan(a) == (degree, int(fraction > 1), True)
+def test_cholesky_route_at_each_double_degree_against_torch(device, dtype, fraction, degree, theta):
+    a = _at_norm(_skew((2, 10, 10), dtype, 1.0, degree), fraction * theta).to(device)
+    assert _expm._plan(a) == (degree, int(fraction > 1))
     a64 = a.cpu().requires_grad_()
     a = a.requires_grad_()
-    y, ref = expm(a), torch.linalg.matrix_exp(a64)
+    y, ref = expm(a, cholesky=True), torch.linalg.matrix_exp(a64)
     g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(21))
-    (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(cholesky_here))
+    (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(device))
     (gb,) = torch.autograd.grad(ref, a64, g.to(dtype))
     assert float((y.detach().cpu() - ref.detach()).abs().max()) < 1e-13
     assert float((ga.cpu() - gb).abs().max()) < 1e-12 * float(gb.abs().max())
@@ -151,30 +135,30 @@ def test_cholesky_route_at_each_double_degree_against_torch(
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
 @pytest.mark.parametrize("scale", [0.05, 1.0, 20.0])  # degrees 5 or 7, 13; 13 with squarings
-def test_cholesky_route_gradcheck(cholesky_here, dtype, scale):
-    # gradcheck's perturbed A is no longer skew and takes the LU: the two routes must
-    # compute the same function for the analytic gradient to match the numerical one
-    a = _skew((2, 5, 5), dtype, scale, 22).to(cholesky_here).requires_grad_()
-    assert _expm._plan(a)[2]
-    assert torch.autograd.gradcheck(expm, (a,))
+def test_cholesky_route_gradcheck(device, dtype, scale):
+    # the route is right for skew-Hermitian A only: gradcheck perturbs the raw upper
+    # triangle, so every perturbed A stays skew
+    raw = K.raw_from_skew(_skew((2, 5, 5), dtype, scale, 22)).to(device).requires_grad_()
+    norm = one_norm(K.skew_from_raw(raw.detach()))
+    fn = lambda r: expm(K.skew_from_raw(r), skew_norm=norm, cholesky=True)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (raw,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
 @pytest.mark.parametrize("norm1", [0.3, 1.5, 3.5, 30.0])
-def test_cholesky_route_in_single_precision_against_float64(cholesky_here, dtype, norm1):
+def test_cholesky_route_in_single_precision_against_float64(device, dtype, norm1):
     n = 48
     wide = torch.complex128 if dtype.is_complex else torch.float64
     a64 = _at_norm(_skew((2, n, n), wide, 1.0, 23), norm1)
-    a = a64.to(dtype).to(cholesky_here).requires_grad_()
-    assert _expm._plan(a)[2]
-    y = expm(a)
+    a = a64.to(dtype).to(device).requires_grad_()
+    y = expm(a, cholesky=True)
     eps = torch.finfo(torch.float32).eps
     y64 = y.detach().cpu().to(wide)
     assert float((y64 - torch.linalg.matrix_exp(a64)).abs().max()) < 10 * n * eps
     eye = torch.eye(n, dtype=wide)
     assert float(torch.linalg.matrix_norm(y64.mH @ y64 - eye).max()) < 10 * n * eps
     g = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(24))
-    (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(cholesky_here))
+    (ga,) = torch.autograd.grad(y, a, g.to(dtype).to(device))
     a64 = a64.clone().requires_grad_()
     (gb,) = torch.autograd.grad(torch.linalg.matrix_exp(a64), a64, g.to(wide))
     assert float((ga.cpu().to(wide) - gb).abs().max()) < 10 * n * eps * float(gb.abs().max())
@@ -195,12 +179,9 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("route", ["device's rule", "cholesky"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
-def test_the_exp_map_reads_its_norm_once_and_hands_it_to_expm(monkeypatch, device, route, dtype):
+def test_the_exp_map_reads_its_norm_once_and_hands_it_to_expm(monkeypatch, device, dtype):
     # one host read picks the path and expm's degree (and, on CUDA, its solve)
-    if route == "cholesky":
-        monkeypatch.setattr(_expm, "_CHOLESKY_DEVICES", frozenset({device}))
     plans, plan = [], _expm._plan
     monkeypatch.setattr(
         _expm, "_plan", lambda a, skew_norm=None: plans.append(skew_norm) or plan(a, skew_norm)
