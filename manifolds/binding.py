@@ -55,8 +55,10 @@ Parameter of uninitialised memory).
 
 from __future__ import annotations
 
+import gc
 import warnings
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import geoopt
@@ -67,6 +69,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 __all__ = [
     "attach",
     "restore",
+    "claim",
     "admit",
     "manifold_of",
     "mark",
@@ -166,7 +169,8 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     key = (_MARKS[0], tuple(len(group["params"]) for group in opt.param_groups))
     if seen == key:
         return
-    _SEEN[opt] = key
+    claim(p for group in opt.param_groups for p in group["params"])
+    _SEEN[opt] = key = (_MARKS[0], key[1])
     for group in opt.param_groups:
         for p in group["params"]:
             if manifold_of(p) is not None:
@@ -312,6 +316,43 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
         p.manifold = manifold  # attribute only (Note [Marking a tensor])
         found.append(sharded)
     return found
+
+
+def claim(params: Iterable[torch.Tensor]) -> None:
+    """Mark the rebuilt Riemannian weights among ``params`` that no forward has marked yet.
+
+    Note [A rebuilt weight stepped before any forward]
+    The forward pre-hook re-marks a rebuilt Parameter, but a step can come
+    before any forward: gradients set by hand or by ``torch.func``, accumulated
+    from another process, or a first step right after ``fully_shard``,
+    ``load_state_dict(assign=True)`` or ``to_empty``. An optimizer built from a
+    bare parameter list would then bind the weight as a Euclidean tensor. So the
+    optimizers (and the torch.optim guard) claim their unmarked matrices when
+    they first see them: one pass over the objects the collector tracks finds
+    the modules that hold a manifold record (`attach`), and a module whose
+    recorded slot holds one of ``params`` is restored (its Parameters checked,
+    projected if usable, and marked) exactly as by its pre-hook. Nothing is
+    searched when no weight was ever attached or when every matrix is marked;
+    the pass is paid when parameters are bound, never per step.
+
+    Args:
+        params: the parameters an optimizer is about to bind (any iterable of tensors).
+    """
+    if not _GUARD:  # no module holds a record
+        return
+    wanted = {
+        id(p)
+        for p in params
+        if isinstance(p, nn.Parameter) and p.ndim >= 2 and manifold_of(p) is None
+    }
+    if not wanted:
+        return
+    for module in [o for o in gc.get_objects() if isinstance(o, nn.Module)]:
+        for name in records(module):
+            where = slot(module, name)
+            if where is not None and id(where[0]._parameters[where[1]]) in wanted:
+                restore(module)
+                break
 
 
 class KeepManifold:

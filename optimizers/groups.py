@@ -37,6 +37,7 @@ import torch
 
 from .._core import checks
 from ..manifolds import METRICS
+from ..manifolds.binding import claim
 from ..manifolds.kernels import RETRACTIONS
 from . import state as saved_state
 from . import terms
@@ -140,6 +141,7 @@ class ParamGroups(torch.optim.Optimizer):
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
         params = group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
+        claim(params)  # Note [A rebuilt weight stepped before any forward]
         merged = {**self.defaults, **group}
         self.check_group(merged)
         if merged["capturable"]:

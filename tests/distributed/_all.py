@@ -7,7 +7,7 @@ import os
 from _ddp_replicas import ddp_replicas_worker
 from _dtensor_workers import dtensor_worker
 from _fsdp_workers import ddp_worker, fsdp_worker
-from _recipes_workers import meta_init_worker, plain_list_worker
+from _recipes_workers import meta_init_worker, no_forward_worker, plain_list_worker
 
 
 def all_worker(rank: int, world: int, out: str, save: bool, load: str | None) -> None:
@@ -18,4 +18,5 @@ def all_worker(rank: int, world: int, out: str, save: bool, load: str | None) ->
     ddp_worker(rank, world, out)
     ddp_replicas_worker(rank, world, out)
     plain_list_worker(rank, world, out)
+    no_forward_worker(rank, world, out)
     meta_init_worker(rank, world, out)

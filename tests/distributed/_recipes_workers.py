@@ -35,6 +35,25 @@ def plain_list_worker(rank: int, world: int, out: str) -> None:
     dist.barrier()
 
 
+def one_step_without_forward(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The optimizer from ``model.parameters()`` and one step of hand-set gradients (all
+    ones, on every rank's shard alike), no forward before it: the state after it."""
+    opt = optimizers.create("rgd", model.parameters(), **LR)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    return full_state(model)
+
+
+def no_forward_worker(rank: int, world: int, out: str) -> None:
+    """fully_shard, then a step before any forward (Note [A rebuilt weight stepped before
+    any forward]): the head is stepped on its manifold, as the single process does."""
+    final = one_step_without_forward(_shard(Net(seed=0)))
+    if rank == 0:
+        torch.save(final, os.path.join(out, f"no_forward_w{world}.pt"))
+    dist.barrier()
+
+
 def _reset_all(model: nn.Module) -> None:
     for module in model.modules():
         if hasattr(module, "reset_parameters"):

@@ -70,6 +70,32 @@ def test_rebuilt_weight_is_stepped_on_its_manifold(how, given):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("how", ["assign", "deepcopy", "torch.save", "to_empty"])
+def test_a_rebuilt_weight_stepped_before_any_forward_is_stepped_on_its_manifold(how):
+    """Gradients set by hand, no forward: the optimizer built from a bare parameter list
+    still finds the manifold (Note [A rebuilt weight stepped before any forward]); the
+    reference is the never-rebuilt layer stepped with the same gradients."""
+    g = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    got = []
+    for layer in (_layer(0), _rebuilt(how)):
+        opt = optimizers.create("rgd", list(layer.parameters()), lr=0.1)
+        for _ in range(3):
+            layer.weight.grad = g.clone()
+            layer.bias.grad = torch.ones_like(layer.bias)
+            opt.step()
+        got.append(layer.weight.detach())
+    assert _err(got[1]) < TOL
+    torch.testing.assert_close(got[1], got[0], rtol=0, atol=1e-12)
+
+
+def test_a_torch_optimizer_is_warned_about_a_rebuilt_weight_before_any_forward():
+    layer = _rebuilt("assign")
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer.weight.grad = torch.ones_like(layer.weight)
+    with pytest.warns(UserWarning, match="SGD is not a Riemannian optimizer"):
+        opt.step()
+
+
 def test_to_empty_then_reset_parameters_gives_a_point():
     with torch.device("meta"):
         layer = orthogonalize(nn.Linear(4, 12, dtype=torch.float64), method="riemannian")
