@@ -31,6 +31,6 @@ def test_near_identity_series_equals_the_solve(n, radius):
         ref = euler.solve_near_identity(k, rhs, radius)
     dense = torch.linalg.solve(torch.eye(n, dtype=torch.float64) + k, rhs)
     tol = 10 * n * torch.finfo(torch.float64).eps
-    assert bool(torch.stack(checks).all())
+    assert checks == []  # a tensor bound takes the solve, refusing nothing
     for out in (fast, unread, ref):
         assert float((out - dense).abs().max()) <= tol * float(dense.abs().max())
