@@ -230,9 +230,11 @@ def _intro(rate: float, bandwidth: float, opts: dict, sizes: list[int], shapes: 
         f"Measured GEMM rate: {rate / 1e9:.1f} GFLOP/s (the fastest of several products of size "
         f"≥ 512, before and after the rows); memory bandwidth: {bandwidth / 1e9:.1f} GB/s (the "
         f"fastest of several STREAM triads on 256 MiB arrays). The roofline of a map or step "
-        "is max(FLOP model / GEMM rate, bytes model / bandwidth). Times are the median of "
-        f"{opts['repeats']} runs on the {clock} clock, † where flagged (Note [Trusted times] in "
-        "`stiefel.comparisons.cost`). Exponents are least-squares slopes of log time "
+        "is max(FLOP model / GEMM rate, bytes model / bandwidth). Times per call are the median "
+        f"of {opts['repeats']} blocks of calls lasting ≥ {cost.BLOCK_S * 1e3:g} ms on the {clock} "
+        "clock, the maps at one n and the steps on one shape in interleaved rounds, † where "
+        "flagged (Notes [Trusted times], [Timed blocks] in `stiefel.comparisons.cost`). "
+        "Exponents are least-squares slopes of log time "
         f"against log size over the sizes ≥ {cx.FIT_MIN_N} (maps) and N ≥ {cx.FIT_MIN_STEP_N} "
         "(steps), column *fitted over*; the model exponent is that of the FLOP model there.\n"
     )
@@ -271,7 +273,7 @@ def _map_table(maps: list[dict], methods: list[str], repeats: int) -> list[str]:
     head += ["exponent fwd", "exponent fwd+bwd", "model exponent", "fitted over n"]
     return [
         "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
-        f"*n = {', '.join(map(str, sorted({r['n'] for r in maps})))}; median of {repeats} runs*\n",
+        f"*n = {', '.join(map(str, sorted({r['n'] for r in maps})))}; {repeats} blocks, median*\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
@@ -299,7 +301,7 @@ def _step_table(steps: list[dict], repeats: int) -> list[str]:
     head += ["exponent in N", "model exponent", "fitted over N"]
     return [
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
-        f"*N × M = {', '.join(shapes)}; median of {repeats} runs*\n",
+        f"*N × M = {', '.join(shapes)}; median of {repeats} blocks*\n",
         md_table(head, rows),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
         *_flagged(why),

@@ -157,10 +157,11 @@ def test_convergence_subcommand_with_sequence_task_and_toml(tmp_path):
 
 
 def test_complexity_subcommand(tmp_path, monkeypatch):
-    from stiefel.comparisons import complexity
+    from stiefel.comparisons import complexity, cost
 
     monkeypatch.setattr(complexity, "FIT_MIN_N", 8)  # fit these tiny sizes for the test
     monkeypatch.setattr(complexity, "FIT_MIN_STEP_N", 32)
+    monkeypatch.setattr(cost, "BLOCK_S", 1e-4)  # what is measured, not how well: short blocks
     cfg = tmp_path / "cx.toml"
     cfg.write_text("[complexity]\nlimits = { exp = 8, landing = 32 }\n")
     cli.main(
