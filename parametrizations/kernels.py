@@ -418,7 +418,9 @@ def eager_exp(a: torch.Tensor) -> torch.Tensor:
     return _exp(a, exp_path(a, norm), norm)
 
 
-#: the order from which the Cayley solve on CUDA eliminates without pivoting
+#: the orders from which the Cayley solve eliminates without pivoting, on the CPU (by
+#: blocks) and on CUDA (torch's LU): below them the pivoted solve is as fast or faster
+UNPIVOTED_BLOCKS_FROM = 256
 UNPIVOTED_LU_FROM = 1024
 
 
@@ -426,9 +428,9 @@ UNPIVOTED_LU_FROM = 1024
     "cayley_map",
     paths=("solve", "traced", "eigh", "unpivoted_blocks", "unpivoted_lu"),
     why="traced: under torch.compile, no graph break at the read of ‖A‖₁; eigh: large "
-    "‖A‖₁, where cond(I + A) costs orthogonality; unpivoted_blocks: the CPU for "
-    "n > BLOCK; unpivoted_lu: CUDA from n = UNPIVOTED_LU_FROM (docs/performance.md, "
-    "The Cayley map's solve on the GPU)",
+    "‖A‖₁, where cond(I + A) costs orthogonality; unpivoted_blocks: the CPU from "
+    "n = UNPIVOTED_BLOCKS_FROM; unpivoted_lu: CUDA from n = UNPIVOTED_LU_FROM "
+    "(docs/performance.md, The Cayley map's solve on the GPU)",
 )
 def cayley_path(a: torch.Tensor, norm: LazyNorm, spectral: bool | None = None) -> str:
     r"""The path of (I + A)⁻¹(I − A)·B for a skew-Hermitian A (`cayley_map`, `scaled_cayley_map`).
@@ -442,8 +444,8 @@ def cayley_path(a: torch.Tensor, norm: LazyNorm, spectral: bool | None = None) -
       skew-Hermitian matrices go through eigh]).
     - Elimination without pivoting where ‖A‖₁ was read and is small (`_cayley.unpivoted`,
       Note [Elimination without pivoting for I + A]): ``"unpivoted_blocks"`` on the
-      CPU, ``"unpivoted_lu"`` on CUDA from n = `UNPIVOTED_LU_FROM` (Note [Unpivoted LU
-      by device type]).
+      CPU from n = `UNPIVOTED_BLOCKS_FROM`, ``"unpivoted_lu"`` on CUDA from n =
+      `UNPIVOTED_LU_FROM` (Note [Unpivoted LU by device type]).
     - ``"solve"`` otherwise (``spectral=False``, ``vmap``, other devices), the reference.
     """
     if spectral is not None:
@@ -454,7 +456,7 @@ def cayley_path(a: torch.Tensor, norm: LazyNorm, spectral: bool | None = None) -
     if spectral_for(n, value):
         return "eigh"
     if unpivoted(n, value):
-        if a.device.type == "cpu":
+        if a.device.type == "cpu" and n >= UNPIVOTED_BLOCKS_FROM:
             return "unpivoted_blocks"
         if a.device.type == "cuda" and n >= UNPIVOTED_LU_FROM:
             return "unpivoted_lu"

@@ -137,7 +137,7 @@ def _cayley_map(device: str) -> Iterator[Case]:
     yield Case("traced", choose, run, (raw(a),), compiled=True)
     # elimination without pivoting: n above the block, ‖A‖₁ within 4√n
     if device == "cpu":
-        n, path = _cayley.BLOCK + 5, "unpivoted_blocks"
+        n, path = K.UNPIVOTED_BLOCKS_FROM + 5, "unpivoted_blocks"
     else:
         n, path = K.UNPIVOTED_LU_FROM, "unpivoted_lu"
     a = _skew(n, 0.9 * _cayley.UNPIVOTED_PER_ROOT * math.sqrt(n), 7, device)

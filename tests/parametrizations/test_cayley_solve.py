@@ -113,7 +113,7 @@ def test_unpivoted_gradients_against_pivoted_autograd(dtype, device):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.complex64))
 def test_maps_on_the_unpivoted_path_against_float64(method, dtype, device):
     gen = torch.Generator().manual_seed(7)
-    n = BLOCK + 40
+    n = K.UNPIVOTED_BLOCKS_FROM + 40  # where the CPU takes the blocks
     high = LOW[dtype]
     w = orthogonalize(torch.randn(n, n, dtype=dtype, generator=gen).to(device), method=method)
     original = w.parametrizations.weight.original
