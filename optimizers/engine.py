@@ -7,7 +7,7 @@ writes into its tensors): the parameters' states are not touched before
 `commit`. So a rule that raises leaves every parameter and every state as
 they were (nothing to roll back), and a step skipped for a non-finite
 gradient or result keeps its parameter's state exactly (Note [A skipped step
-leaves the state as it was] in `stiefel.optimizers.transaction`).
+leaves the state as it was] in `stiefel.optimizers.engine`).
 
 Note [One host read per step]
 What the host must learn from a step is whether each parameter's gradient
@@ -29,19 +29,67 @@ or made ``capturable`` reads nothing: points and states are chosen by
 ``torch.where`` on the flags (`select`), the skips are counted on the device
 (`stiefel.optimizers.skips`), and every point is tested and corrected at every
 step (no schedule the host would have to know).
+
+Note [Safe step]
+The kernels are overflow-safe (Note [Overflow-safe step]), but a rule's own
+arithmetic (e.g. a momentum that overflowed) or a singular limit can still
+produce inf/NaN (or make LAPACK refuse its input): such a parameter's step is
+skipped, its old point kept, never overwritten. And a rule that raises (a
+corrupted state, a bad shape) must not leave the parameters before it moved and
+those after it not: `step()` computes the new value of every parameter first
+(`Transaction.add`) and writes them only when all rules returned
+(`Transaction.commit`); an exception restores every state touched
+(`Transaction.rollback`) and writes nothing.
+
+Note [A skipped step leaves the state as it was]
+A step whose result is not finite is skipped, and skipped entirely: its
+momentum, moments and step count must not be advanced either, or the next
+steps would use a momentum holding the rejected gradient (or an infinite
+moment) and a wrong bias correction. The point is known to be acceptable
+only after the rule ran, so the state before the step is kept aside. A rule
+that only replaces its state tensors (``state[key] = new tensor``, never
+``state[key].mul_(...)``), as every built-in rule does and declares with
+``writes_state_in_place = False``, needs a copy of the dict only (no tensor
+copied); a rule that writes into them (the default for a plugin) gets its
+state tensors cloned before each step. The promise is checked by the
+tensors' version counters after every step (RuntimeError if broken).
+
+Note [The step's flags are read once, after the step]
+Whether a step is accepted (its gradient and its result finite) is a tensor;
+reading it on the host is a synchronisation with the device and, under
+``torch.compile``, a graph break. It was read twice per parameter (gradient,
+then result). Now every rule runs, even on a non-finite gradient (a NaN in,
+a NaN out: nothing is written from it), and the flags of every parameter of
+every group are stacked and read in one host read at the end of ``step()``
+(`Transaction.commit`): accepted steps are written, the others restore their
+state (new keys removed) and warn at once. A traced step reads nothing: each
+point is written as ``torch.where(ok, new, old)`` and each state tensor
+chosen the same way (`Transaction.select`), so a non-finite step still writes
+nothing non-finite and keeps its point and state; a key the rule added on a
+skipped first step holds zeros, which every built-in rule reads as its
+absence (zero moments; a zero momentum buffer) except the first heavy-ball
+buffer, which becomes (1 − δ)g instead of g after such a step. The skips are
+counted per parameter on the device and warned about when read: by the next
+eager ``step()`` or by ``report_skipped()``. The off-manifold test (Note
+[Off-manifold points at a step]) projects under ``torch.cond`` in a traced
+step; an eager step reads it only where it can be true: the first step, after
+a change the optimizer did not make (its version counter), and every
+`CHECK_EVERY`-th step (a change through ``.data``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ..manifolds.kernels.frame import CHECK_EVERY
+from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
+from ..manifolds.sharded import any_rank, is_dtensor
 from . import master, skips
-from .buckets import STEP, Bucket, publish, rule_keys, stack_state, unstack_state
+from .buckets import STEP, Bucket, publish, rule_keys, stack_state, unstack_state, write
 from .layout import by_rows
-from .transaction import finite, finite_gradient, finite_rows
 
 __all__ = ["Computed", "compute", "commit", "select"]
 
@@ -110,19 +158,20 @@ def compute(
             short ones are refused (the step again of a refused bucket, Note [Refused
             matrices in a step that reads nothing] in `stiefel.manifolds.kernels.frame`).
     """
-    geo = bucket.binding.bind(group)
+    geo = bucket.binding.geo  # made by the step's bind, again only when the options change
     states = [opt.state[p] for p in bucket.params]
-    orient = bucket.binding.orient
+    xs, grads = bucket.params, [p.grad for p in bucket.params]
+    if bucket.params[0].dtype in master.LOW_PRECISION:  # their float32 masters
+        pairs = [master.working(p, g, s) for p, g, s in zip(xs, grads, states, strict=True)]
+        xs, grads = [xp for xp, _ in pairs], [g for _, g in pairs]
     if bucket.single:
-        x, grad = map(orient, master.working(bucket.params[0], bucket.params[0].grad, states[0]))
+        x, grad = xs[0].detach(), grads[0]
     else:  # under no_grad: the stack of the parameters themselves is a detached copy
-        xs, grads = bucket.params, [p.grad for p in bucket.params]
-        if bucket.params[0].dtype in master.LOW_PRECISION:  # their float32 masters
-            pairs = [master.working(p, g, s) for p, g, s in zip(xs, grads, states, strict=True)]
-            xs, grads = [xp for xp, _ in pairs], [g for _, g in pairs]
-        x, grad = orient(torch.stack(xs)), orient(torch.stack(grads))
-    if geo.stiefel:  # Note [Batches stepped by rows]
-        x, grad = by_rows(x), by_rows(grad)
+        x, grad = torch.stack(xs), torch.stack(grads)
+    if bucket.binding.transposed:
+        x, grad = x.mT, grad.mT
+    if geo.stiefel and x.dim() > 2:  # Note [Batches stepped by rows]: a CPU batch by columns
+        x, grad = (t if t.is_contiguous() else by_rows(t) for t in (x, grad))
     if bucket.single:
         grad_ok, absmax = finite_gradient(grad)
     else:
@@ -210,16 +259,18 @@ def _write(opt, c: Computed, rows: list[int], new=None, work=None) -> None:
     """
     bucket = c.bucket
     work = c.work if work is None else work
-    new = bucket.binding.orient(c.new if new is None else new)
+    new = c.new if new is None else new
+    if bucket.binding.transposed:
+        new = new.mT
     params = [bucket.params[r] for r in rows]
     states = [opt.state[p] for p in params]
-    if bucket.single:
-        master.store(params[0], states[0], new)
-        shares = [work]
+    views = [new] if bucket.single else new.unbind(0)
+    news = [views[r] for r in rows]
+    if params[0].dtype in master.LOW_PRECISION:  # Note [float32 master copy ...]
+        master.store_all(params, states, news)
     else:
-        news = new.unbind(0)
-        master.store_all(params, states, [news[r] for r in rows])
-        shares = unstack_state(bucket, work, rows)
+        write(params, states, news)
+    shares = [work] if bucket.single else unstack_state(bucket, work, rows)
     count = None if c.quiet else 1 if bucket.count is None else bucket.count + 1
     for state, share in zip(states, shares, strict=True):
         publish(state, share, count)
@@ -305,3 +356,63 @@ def select(opt, computed: list[Computed]) -> None:
 def _rows(ok: torch.Tensor, like: torch.Tensor, single: bool) -> torch.Tensor:
     """The flags ``ok`` shaped to choose whole rows of ``like`` (one per parameter)."""
     return ok.reshape(()) if single else ok.reshape(-1, *(1,) * (like.dim() - 1))
+
+
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """A bool 0-dim tensor: every entry of ``t`` is finite (a DTensor: on every rank).
+
+    No host read (Note [The step's flags are read once, after the step]).
+
+    Note [Finiteness in one pass]
+    ``torch.isfinite(t).all()`` is composite on the CPU: ``t == t``,
+    ``|t|``, ``|t| != inf``, their conjunction and ``all``, four or five
+    passes over ``t`` and three temporaries of its size, the largest single
+    cost of a step on a tall point. The extremes decide the same question in
+    one reduction and no temporary: ``min`` and ``max`` propagate NaN, and an
+    entry ±inf is the minimum or the maximum, so both are finite exactly when
+    every entry is. A complex tensor is read as its real pairs. ``torch.isfinite``
+    of the two is composite too (four operations each); max(−lo, hi) < ∞ is false
+    for NaN and for either infinity, in three.
+    """
+    if is_dtensor(t):  # every rank must take the same decision
+        bad = _finite(t.to_local()).logical_not().reshape(1)
+        return any_rank(bad, mesh=t.device_mesh).logical_not().reshape(())
+    return _finite(t)
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    t = memory_order(t)  # Note [Reductions over all entries in memory order]
+    lo, hi = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
+    return absmax_from(lo, hi) < math.inf
+
+
+def finite_rows(t: torch.Tensor) -> torch.Tensor:
+    """`finite` of each row ``t[i]`` (one parameter of a bucket): a bool vector, no host read.
+
+    The extremes of each row, as in Note [Finiteness in one pass].
+    """
+    if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+        return torch.ones(t.shape[0], dtype=torch.bool, device=t.device)
+    flat = (torch.view_as_real(t) if t.is_complex() else t).reshape(t.shape[0], -1)
+    lo, hi = torch.aminmax(flat, dim=1)
+    return absmax_from(lo, hi) < math.inf
+
+
+def finite_gradient(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`finite` of a gradient, and max |G| where the same pass gives it (else None).
+
+    The maximum is handed to the rule's kernels (Note [One pass over the gradient for
+    its test and its scale]): a single real matrix, not a DTensor, not traced.
+    """
+    if (
+        is_dtensor(grad)
+        or grad.dim() != 2
+        or not grad.is_floating_point()
+        or grad.numel() == 0
+        or torch.compiler.is_compiling()
+    ):
+        return finite(grad), None
+    absmax = rows_absmax(grad)  # one aminmax; NaN propagates to it, ±inf is it
+    return (absmax < math.inf).reshape(()), absmax  # false for NaN and inf alike

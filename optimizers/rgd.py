@@ -216,7 +216,8 @@ class RGD(RiemannianOptimizer):
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
         lr, mu = group["lr"], group["momentum"]
-        grad = terms.weight_decay(grad, x, group["weight_decay"])
+        if group["weight_decay"]:
+            grad = terms.weight_decay(grad, x, group["weight_decay"])
         if mu == 0:
             return geo.gradient_step(x, grad, lr)
         # a square point keeps B in its frame (Note [Moments in the frame of X]), except

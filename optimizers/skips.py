@@ -5,7 +5,7 @@ warned about once per optimizer and kind. An eager ``step()`` knows it from its
 one host read and warns at once (`warn`); a step traced by ``torch.compile`` (or
 a ``capturable`` one) reads nothing, so it counts the skips per parameter on the device (`record`)
 and `report` warns when they are read (Note [The step's flags are read once,
-after the step] in `stiefel.optimizers.transaction`).
+after the step] in `stiefel.optimizers.engine`).
 
 Example:
     ```python

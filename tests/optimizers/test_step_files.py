@@ -101,12 +101,6 @@ def test_a_default_rgd_step_enters_no_code_that_does_not_apply_to_it(retraction)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.py still calls the layout copy, the master's write, the binding's bind "
-    "and orient, and transaction's finiteness test at every step; rgd.update calls "
-    "terms.weight_decay with no weight decay",
-)
 @pytest.mark.parametrize("retraction", ["cayley", "qr"])
 def test_a_default_rgd_step_enters_only_the_step_files_of_the_optimizers(retraction):
     files = _touched(retraction)

@@ -128,7 +128,7 @@ def test_a_rule_raising_on_the_second_parameter_moves_nothing(name, key):
 )
 def test_finite_is_isfinite_all_for_every_bad_entry(dtype):
     """`finite` (one aminmax, Note [Finiteness in one pass]) against ``isfinite(t).all()``."""
-    from stiefel.optimizers.transaction import finite, finite_gradient
+    from stiefel.optimizers.engine import finite, finite_gradient
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 4, generator=gen).to(dtype)
@@ -170,7 +170,7 @@ def test_finite_reads_a_column_major_batch_without_a_copy():
     # points from torch.linalg.qr are stored by columns, and their gradients like them
     from torch.autograd.profiler import profile
 
-    from stiefel.optimizers.transaction import finite
+    from stiefel.optimizers.engine import finite
 
     x = torch.linalg.qr(torch.randn(8, 6, 3, generator=torch.Generator().manual_seed(2)))[0]
     assert not x.is_contiguous()
