@@ -9,7 +9,7 @@ from ._core.lazy_scipy import import_geoopt
 
 import_geoopt()  # Note [geoopt without scipy at import]
 
-from . import integrations, kernels, manifolds, nn, optimizers, parametrizations  # noqa: E402
+from . import dispatch, integrations, manifolds, nn, optimizers, parametrizations  # noqa: E402
 from .manifolds import Orthogonal, Stiefel, Unitary  # noqa: E402
 from .parametrizations import merge, orthogonalize, rotate, rotation  # noqa: E402
 
@@ -25,7 +25,7 @@ __all__ = [
     "optimizers",
     "nn",
     "integrations",
-    "kernels",
+    "dispatch",
     "Stiefel",
     "Orthogonal",
     "Unitary",

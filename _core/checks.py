@@ -184,7 +184,7 @@ def represented_dtype(x: torch.Tensor) -> torch.dtype:
 
     A float64 tensor whose every entry is a float32 number was produced in
     float32 (e.g. trained in float32, then ``.double()``): Note [Tolerance of
-    right inverses] in stiefel.parametrizations.base. The manifolds' default
+    right inverses] in stiefel.parametrizations._originals. The manifolds' default
     check tolerance uses it too, so such a point is judged at float32's.
     """
     if x.dtype in (torch.float64, torch.complex128) and x.device.type != "meta":

@@ -5,7 +5,7 @@ rounds). One torch thread; for every dispatcher of `stiefel.parametrizations.ker
 (``skew_from_raw``, ``exp_map``, ``cayley_map``) and its named workload (a random
 float32 raw weight of order n, the map's forward, then forward+backward with a random
 cotangent) the path the policy picks is timed against the same call under
-``stiefel.kernels.policy(reference=True)``, in interleaved rounds (median), by the
+``stiefel.dispatch.policy(reference=True)``, in interleaved rounds (median), by the
 thread's CPU clock (`benchmarks._timing.thread_timed`) and the wall clock beside it.
 "ref / path" > 1 means the chosen path is faster. Prints a markdown table.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from stiefel import kernels
+from stiefel import dispatch
 from stiefel.parametrizations import _cayley
 from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations._spectral import LazyNorm
@@ -92,7 +92,7 @@ def measure(op: Callable, raw: torch.Tensor, rounds: int) -> dict[str, float]:
     times: dict[tuple[str, str], list[tuple[float, float]]] = {k: [] for k in calls}
     for r in range(rounds + 1):  # the first round warms up
         for key, fn in calls.items():
-            with kernels.policy(reference=key[0] == "reference"):
+            with dispatch.policy(reference=key[0] == "reference"):
                 t = _clocks(fn)
             if r:
                 times[key].append(t)
@@ -108,7 +108,7 @@ def run(sizes: tuple[int, ...], rounds: int) -> list[dict]:
     rows = []
     for name, workload, make in workloads(sizes, gen):
         op, raw, path = make()
-        reference = kernels.dispatchers()[name].reference
+        reference = dispatch.dispatchers()[name].reference
         row = {"dispatcher": name, "workload": workload, "path": path, "reference": reference}
         if path != reference:
             row |= measure(op, raw, rounds)

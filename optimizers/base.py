@@ -199,8 +199,8 @@ class RiemannianOptimizer(ParamGroups):
                 loss = closure()
         traced = torch.compiler.is_compiling()
         with torch.no_grad():
-            if not traced and self._flags_unread:
-                self.report_skipped()  # flags a quiet step left
+            if not traced and self._flags_unread and not self._all_capturable():
+                self.report_skipped()  # flags a compiled step left (capturable: on request)
             computed = []
             for index, group in enumerate(self.param_groups):
                 quiet = traced or bool(group["capturable"])
@@ -297,6 +297,12 @@ class RiemannianOptimizer(ParamGroups):
                 self._stabilize_where(group, due)
             elif any(count % k == 0 for c in mine for count in c.accepted):
                 self.stabilize_group(group)
+
+    def _all_capturable(self) -> bool:
+        """Every group is ``capturable``: an eager step reads nothing, skips wait for
+        `report_skipped` (a captured step must not read, and neither does its replay's
+        eager twin)."""
+        return all(group["capturable"] for group in self.param_groups)
 
     def report_skipped(self) -> int:
         """Warn about the steps skipped by quiet (compiled, capturable) steps since the last call.

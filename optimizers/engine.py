@@ -80,11 +80,13 @@ a change the optimizer did not make (its version counter), and every
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from ..manifolds.kernels.frame import CHECK_EVERY
+from ..manifolds.kernels.reads import no_host_reads
 from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
 from ..manifolds.sharded import any_rank, is_dtensor
 from . import master, skips
@@ -208,7 +210,8 @@ def compute(
         steps = torch.zeros(shape, device=x.device if quiet or not bucket.single else "cpu")
     work[STEP] = steps + 1
     try:
-        new = opt.update(geo, x, grad, work, group)
+        with no_host_reads() if quiet else nullcontext():  # Note [Kernels read nothing ...]
+            new = opt.update(geo, x, grad, work, group)
     except torch.linalg.LinAlgError:  # eager LAPACK refusing a non-finite input
         new = None
     if not opt.writes_state_in_place:

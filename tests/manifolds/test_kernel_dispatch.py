@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stiefel.kernels import policy
+from stiefel.dispatch import policy
 from stiefel.manifolds.kernels import euler
 
 

@@ -11,15 +11,15 @@ Example:
     ```python
     import torch
     import stiefel
-    from stiefel import kernels
+    from stiefel import dispatch
 
     a = torch.randn(5, 5, dtype=torch.float64)
     a, base = a - a.mT, torch.eye(5, dtype=torch.float64)
     q = stiefel.parametrizations.kernels.exp_map(a, base)
-    with kernels.policy(reference=True):
+    with dispatch.policy(reference=True):
         q_ref = stiefel.parametrizations.kernels.exp_map(a, base)
     assert torch.allclose(q, q_ref)
-    assert all(len(d.paths) >= 2 for d in kernels.dispatchers().values())
+    assert all(len(d.paths) >= 2 for d in dispatch.dispatchers().values())
     ```
 """
 
