@@ -3,13 +3,13 @@ r"""The Stiefel manifold St(N, M) and its square cases O(n) and U(n), as geoopt 
 from __future__ import annotations
 
 import functools
-import math
 
 import geoopt
 import torch
 
 from .._core import checks as _checks
 from . import kernels
+from ._membership import Membership
 from .geometry import EGRAD2RGRAD, INNER, METRICS, StiefelGeometry
 
 __all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]
@@ -61,7 +61,7 @@ def _in_float32(fn):
 _EXPMAP = {"euclidean": kernels.expmap_euclidean, "canonical": kernels.expmap_canonical}
 
 
-class Stiefel(geoopt.Manifold):
+class Stiefel(Membership, geoopt.Manifold):
     r"""St(N, M) = {X ∈ 𝔽^{N×M} : XᴴX = I}, 𝔽 = ℝ or ℂ, with N ≥ M.
 
     Points are tensors of shape (..., n, m); leading dimensions are a batch.
@@ -142,18 +142,6 @@ class Stiefel(geoopt.Manifold):
         return 2 * n * m - m * m if self.complex else n * m - m * (m + 1) // 2
 
     # ------------------------------------------------------------------ checks
-    def _point(self, x: object, name: str = "x") -> torch.Tensor:
-        return _checks.matrix(name, x, self.n, self.m, self.complex, repr(self))
-
-    def _vector(self, x: torch.Tensor, u: object, name: str = "u") -> torch.Tensor:
-        u = _checks.matrix(name, u, self.n, self.m, self.complex, repr(self))
-        if u.dtype != x.dtype:
-            raise TypeError(f"{name} has dtype {u.dtype} but x has {x.dtype}; they must match")
-        return u
-
-    def _metric(self, metric: str | None) -> str:
-        return self.metric if metric is None else _checks.choice("metric", metric, METRICS)
-
     def default_atol(self, dtype: torch.dtype) -> float:
         """Default tolerance on ‖XᴴX − I‖_F: 100·n·eps of the dtype.
 
@@ -161,43 +149,6 @@ class Stiefel(geoopt.Manifold):
         the rounding that accumulates over a long optimization.
         """
         return 100 * self.n * torch.finfo(dtype).eps
-
-    def _check_shape(self, shape: tuple[int, ...], name: str) -> tuple[bool, str | None]:
-        if len(shape) < 2:
-            return False, f"{name} needs at least 2 dimensions, got shape {tuple(shape)}"
-        if tuple(shape[-2:]) != (self.n, self.m):
-            return False, f"{name} must end in ({self.n}, {self.m}), got {tuple(shape)}"
-        return True, None
-
-    def _check_point_on_manifold(
-        self, x: torch.Tensor, *, atol: float | None = None, rtol: float | None = None
-    ) -> tuple[bool, str | None]:
-        if x.is_complex() != self.complex:
-            return False, f"x is {'complex' if x.is_complex() else 'real'}, {self!r} is not"
-        if x.is_meta:  # no values to check (deferred initialisation)
-            return True, None
-        atol = self.default_atol(_checks.represented_dtype(x)) if atol is None else atol
-        rtol = 0.0 if rtol is None else rtol
-        xv = x.detach().float() if x.dtype in _LOW else x.detach()
-        err = float(kernels.orthogonality_error(xv).max()) if x.numel() else 0.0
-        bound = atol + rtol * math.sqrt(self.m)
-        if not err <= bound:
-            return False, f"‖XᴴX − I‖_F = {err:.3e} exceeds the tolerance {bound:.3e}"
-        return True, None
-
-    def _check_vector_on_tangent(
-        self, x: torch.Tensor, u: torch.Tensor, *, atol: float | None = None, rtol=None
-    ) -> tuple[bool, str | None]:
-        if x.is_meta or u.is_meta:
-            return True, None
-        atol = self.default_atol(x.dtype) if atol is None else atol
-        if x.dtype in _LOW:
-            x, u = x.float(), u.float()
-        err = float(torch.linalg.matrix_norm(kernels.sym(x.mH @ u)).max())
-        scale = float(torch.linalg.matrix_norm(u).max()) + 1.0
-        if not err <= atol * scale:
-            return False, f"‖sym(Xᴴu)‖_F = {err:.3e} exceeds {atol * scale:.3e}"
-        return True, None
 
     def check_point_on_manifold(
         self,
@@ -232,32 +183,6 @@ class Stiefel(geoopt.Manifold):
         return kernels.orthogonality_error(self._point(x))
 
     # ------------------------------------------------------------------ points
-    def _size(self, size: tuple) -> tuple[int, ...]:
-        """geoopt's size convention: the whole shape (..., n, m), tuple or ints, () → (n, m)."""
-        shape = geoopt.utils.size2shape(*size) if size else (self.n, self.m)
-        for b in shape:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-                raise ValueError(f"size must be non-negative ints, got {size!r}")
-        if len(shape) < 2 or tuple(shape[-2:]) != (self.n, self.m):
-            raise ValueError(
-                f"size={tuple(shape)!r} does not fit {self!r}: the whole shape (..., "
-                f"{self.n}, {self.m}) is expected (empty means ({self.n}, {self.m}))"
-            )
-        return tuple(shape)
-
-    def _dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        if dtype is None:
-            dtype = torch.get_default_dtype()
-            if self.complex:
-                dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-            return dtype
-        allowed = _checks.COMPLEX_DTYPES if self.complex else _checks.REAL_DTYPES
-        if dtype not in allowed:
-            raise TypeError(
-                f"dtype={dtype} does not fit {self!r}; allowed: {', '.join(map(str, allowed))}"
-            )
-        return dtype
-
     def random(
         self,
         *size: int | tuple[int, ...],
