@@ -69,7 +69,7 @@ def weights(beta: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor] | t
     result that is still not finite (a singular limit) is refused by the
     optimizer's step, which keeps the old point and warns.
     """
-    if isinstance(beta, float):  # on the host (Note [Step weights on the host]); NaN stays NaN
+    if isinstance(beta, float):  # a float lr (Note [Step weights as tensors]); NaN stays NaN
         return 1 / max(abs(beta), 1.0), max(min(beta, 1.0), -1.0)
     omega = beta.abs().clamp_min(1)
     return 1 / omega, beta.clamp(-1, 1)
