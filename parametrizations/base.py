@@ -39,7 +39,6 @@ from ..manifolds.binding import is_dtensor
 from ._guards import Guards
 from ._originals import Originals
 from ._precision import DTYPES
-from ._precision import high as high  # the built-in maps import it from here
 
 __all__ = [
     "OrthogonalMap",

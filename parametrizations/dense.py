@@ -18,7 +18,8 @@ from .._core.checks import int_in_range
 from . import kernels
 from ._diagonal import SignPhaseDiagonal
 from ._inverse import Unreachable, cayley_scaling, complete
-from .base import OrthogonalMap, high, register
+from ._precision import high
+from .base import OrthogonalMap, register
 
 __all__ = ["Exp", "Cayley", "ScaledCayley"]
 

@@ -24,7 +24,8 @@ from . import kernels
 from ._diagonal import SignPhaseDiagonal
 from ._householder import default_block
 from ._inverse import reflections_from_point
-from .base import OrthogonalMap, high, register
+from ._precision import high
+from .base import OrthogonalMap, register
 
 __all__ = ["Householder", "CWY", "TCWY"]
 
