@@ -1,41 +1,31 @@
 """Init time of ``orthogonalize(nn.Linear(n, n), method="householder")`` per ``init``.
 
-The default init ("nearest") is the polar factor of the weight (the scaled
-Newton iteration of ``stiefel.parametrizations._polar``, then Newton–Schulz
-steps whose products are bfloat16 on a CPU with AMX where the weight's
-conditioning allows, in the weight's precision otherwise, with the SVD as
-fallback) followed by the map's right inverse (for
-the reflection maps, LAPACK geqrf: the reflections part). Printed per n, float32: the whole call
-for ``init="nearest"`` with its polar and reflections parts, the whole call for
-``init="haar"`` and ``init="identity"``, and the anchor measured in the same
-run: ``torch.nn.init.orthogonal_`` on an n×n tensor (QR of a Gaussian), with the
+The default init ("nearest") is the polar factor of the weight (the SVD polar
+factor UVᴴ of ``stiefel.parametrizations._polar.nearest_point``) followed by the
+map's right inverse (for the reflection maps, LAPACK geqrf: the reflections
+part). Printed per n, float32: the whole call for ``init="nearest"`` with its
+polar and reflections parts, the whole call for ``init="haar"`` and
+``init="identity"``, and the anchor measured in the same run:
+``torch.nn.init.orthogonal_`` on an n×n tensor (QR of a Gaussian), with the
 ratio of each init to it. One run each (these are seconds-long calls); timings
 on a shared machine are noisy, and the thread count is printed.
 
-A second table times the nearest point alone against the SVD polar factor
-(``torch.linalg.svd``, UVᴴ) on the same weight: ``--rounds`` interleaved rounds
-(ours, then the SVD, in each round), the median of each, their ratio, and the
-float64 errors of ours (‖QᴴQ − I‖_F and the largest entry of Q − UVᴴ, UVᴴ the
-float64 SVD polar factor).
-
 Run: ``python -m benchmarks.init`` (n = 1024, 2048, 4096), ``--sizes 2048,4096``,
 or ``--quick`` (n = 128, 256); ``--inits haar,identity`` leaves out the nearest
-point (left-out columns print as nan) and the second table.
+point (left-out columns print as nan).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from stiefel.manifolds.kernels import polar
 from stiefel.parametrizations import orthogonalize
-from stiefel.parametrizations._polar import _fast_bfloat16, nearest_point
+from stiefel.parametrizations._polar import nearest_point
 
 INITS = ("nearest", "haar", "identity")
 
@@ -78,40 +68,12 @@ def measure(n: int, method: str, inits: tuple[str, ...] = INITS) -> dict[str, fl
     return out
 
 
-def polar_rounds(n: int, rounds: int) -> dict[str, float]:
-    """Median seconds of our nearest point and of the SVD polar factor, interleaved rounds.
-
-    Args:
-        n: the size of the square float32 weight (``nn.Linear(n, n)``'s init).
-        rounds: how many (ours, SVD) pairs are timed.
-
-    Returns:
-        ``ours`` and ``svd`` (median seconds), ``orth`` (‖QᴴQ − I‖_F of ours) and
-        ``dist`` (max |Q − UVᴴ|, UVᴴ the float64 SVD polar factor), in float64.
-    """
-    w = _linear(n).weight.detach().clone()
-    ours, svd = [], []
-    for _ in range(rounds):
-        t, q = _time(nearest_point, w)
-        ours.append(t)
-        svd.append(_time(polar, w)[0])
-    q64 = q.double()
-    eye = torch.eye(n, dtype=torch.float64)
-    return dict(
-        ours=statistics.median(ours),
-        svd=statistics.median(svd),
-        orth=float(torch.linalg.matrix_norm(q64.T @ q64 - eye)),
-        dist=float((q64 - polar(w.double())).abs().max()),
-    )
-
-
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 128, 256")
     parser.add_argument("--sizes", default=None, help="comma-separated n (default 1024,2048,4096)")
     parser.add_argument("--method", default="householder", help="the map (default householder)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the polar table (3)")
     parser.add_argument(
         "--inits",
         default=",".join(INITS),
@@ -120,8 +82,6 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads={args.threads} is not allowed; allowed: an int >= 1")
-    if args.rounds < 1:
-        parser.error(f"--rounds={args.rounds} is not allowed; allowed: an int >= 1")
     torch.set_num_threads(args.threads)
     default = "128,256" if args.quick else "1024,2048,4096"
     try:
@@ -150,26 +110,6 @@ def main(argv: list[str] | None = None) -> str:
         )
         print(row, flush=True)
         lines.append(row)
-    if "nearest" in inits:
-        head = [
-            "",
-            f"nearest point alone, float32, {args.rounds} interleaved rounds, median; "
-            "errors in float64 against the float64 SVD polar factor UVᴴ; bfloat16 "
-            f"products {'available (AMX)' if _fast_bfloat16(torch.ones(1)) else 'not used'}",
-            "| n | ours (Newton) | torch.linalg.svd polar | svd / ours | ‖QᴴQ − I‖_F "
-            "| max |Q − UVᴴ| |",
-            "|---|---|---|---|---|---|",
-        ]
-        print("\n".join(head), flush=True)
-        lines += head
-        for n in sizes:
-            t = polar_rounds(n, args.rounds)
-            row = (
-                f"| n={n} | {t['ours']:.2f} s | {t['svd']:.2f} s | {t['svd'] / t['ours']:.1f}× "
-                f"| {t['orth']:.1e} | {t['dist']:.1e} |"
-            )
-            print(row, flush=True)
-            lines.append(row)
     return "\n".join(lines)
 
 
