@@ -97,7 +97,7 @@ def keep(output: str) -> str:
 def run(name: str, quick: bool = False) -> str:
     """Run section ``name``'s script; return the markdown to put between its markers."""
     section = SECTIONS[name]
-    module = importlib.import_module(f"benchmarks.{section.script}")
+    module = importlib.import_module(f".{section.script}", __package__)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         returned = module.main(list(section.quick if quick else section.argv))

@@ -7,26 +7,17 @@ rounding (the difference column), geoopt's steps do not (DESIGN.md, Clarificatio
 on torch.compile).
 """
 
-import importlib
 import json
 import pathlib
-import sys
 
 import pytest
+
+from stiefel.benchmarks import compiled
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield importlib.import_module("benchmarks.compiled")
-    finally:
-        sys.path.remove(str(ROOT))
-
-
-def test_quick_run_writes_every_row(compiled, tmp_path):
+def test_quick_run_writes_every_row(tmp_path):
     out = tmp_path / "compiled.json"
     argv = ["--quick", "--backend", "aot_eager", "--repeats", "1", "--json", str(out)]
     argv += ["--maps", "cwy,exp,cayley", "--optimizers", "rgd,landing"]
@@ -48,14 +39,14 @@ def test_quick_run_writes_every_row(compiled, tmp_path):
     assert data["config"]["backend"] == "aot_eager"
 
 
-def test_bad_device_is_refused(compiled, capsys):
+def test_bad_device_is_refused(capsys):
     with pytest.raises(SystemExit):
         compiled.main(["--quick", "--device", "tpu"])
     assert "--device 'tpu'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_batched_steps_are_compiled_to_the_eager_result(compiled, tmp_path):
+def test_batched_steps_are_compiled_to_the_eager_result(tmp_path):
     # --batch B steps B matrices at once; the compiled point after two steps equals
     # the eager one to rounding, for every matrix of the batch
     out = tmp_path / "batched.json"
@@ -70,13 +61,13 @@ def test_batched_steps_are_compiled_to_the_eager_result(compiled, tmp_path):
         assert r["max_abs_diff"] <= 10 * 32 * 1.2e-7  # 10·N·eps(float32)
 
 
-def test_bad_batch_is_refused(compiled, capsys):
+def test_bad_batch_is_refused(capsys):
     with pytest.raises(SystemExit):
         compiled.main(["--quick", "--batch", "0"])
     assert "--batch 0" in capsys.readouterr().err
 
 
-def test_mode_needs_inductor(compiled, capsys):
+def test_mode_needs_inductor(capsys):
     with pytest.raises(SystemExit):
         compiled.main(["--quick", "--backend", "aot_eager", "--mode", "reduce-overhead"])
     assert "--mode reduce-overhead" in capsys.readouterr().err

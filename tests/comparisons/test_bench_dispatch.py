@@ -6,26 +6,17 @@ chosen path differs from the reference exactly where a time is reported.
 
 from __future__ import annotations
 
-import importlib
 import pathlib
-import sys
 
 import pytest
 import torch
 
+from stiefel.benchmarks import dispatch as bench_dispatch
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def bench_dispatch():
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield importlib.import_module("benchmarks.dispatch")
-    finally:
-        sys.path.remove(str(ROOT))
-
-
-def test_dispatch_benchmark_quick(bench_dispatch, capsys):
+def test_dispatch_benchmark_quick(capsys):
     threads = torch.get_num_threads()
     try:
         rows = bench_dispatch.main(["--quick"])

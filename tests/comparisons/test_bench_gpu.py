@@ -18,19 +18,13 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield {n: importlib.import_module(f"benchmarks.{n}") for n in ("cwy", "syncs", "gpu")}
-    finally:
-        sys.path.remove(str(ROOT))
+bench = {n: importlib.import_module(f"stiefel.benchmarks.{n}") for n in ("cwy", "syncs", "gpu")}
 
 
 @pytest.mark.parametrize("n, L", [(12, 3), (12, 12)])
-def test_cwy_rows_compare_the_same_matrix(bench, n, L):
+def test_cwy_rows_compare_the_same_matrix(n, L):
     """CWY, sequential and blocked Householder, built as the benchmark builds them, agree."""
-    common = importlib.import_module("benchmarks._maps_common")
+    common = importlib.import_module("stiefel.benchmarks._maps_common")
     q = {
         name: common.ours(method, (n, n), L, torch.Generator().manual_seed(n), **extra)[0]()
         for name, method, extra in [
@@ -45,7 +39,7 @@ def test_cwy_rows_compare_the_same_matrix(bench, n, L):
     assert not torch.allclose(q["cwy"], torch.eye(n), atol=0.1)  # a random point, not I
 
 
-def test_cwy_quick_prints_every_method_and_the_paper_claim(bench, capsys):
+def test_cwy_quick_prints_every_method_and_the_paper_claim(capsys):
     text = bench["cwy"].main(["--quick", "--sizes", "8"])
     for name in ("cwy", "householder, block 1", "torch householder"):
         assert f"| {name} |" in text
@@ -55,14 +49,14 @@ def test_cwy_quick_prints_every_method_and_the_paper_claim(bench, capsys):
     assert "comma-separated positive integers" in capsys.readouterr().err
 
 
-def test_syncs_counts_host_reads(bench):
+def test_syncs_counts_host_reads():
     x = torch.randn(8)
     cpu = torch.device("cpu")
     assert bench["syncs"].counts(lambda: (x * 2).sum(), cpu)["item"] == 0
     assert bench["syncs"].counts(lambda: (x.sum().item(), bool(x.max() > 0)), cpu)["item"] == 2
 
 
-def test_syncs_table_has_a_row_per_registered_map_and_optimizer(bench):
+def test_syncs_table_has_a_row_per_registered_map_and_optimizer():
     from stiefel import optimizers
     from stiefel.parametrizations import maps
 
@@ -73,7 +67,7 @@ def test_syncs_table_has_a_row_per_registered_map_and_optimizer(bench):
         assert f"| step {name} |" in text
 
 
-def test_gpu_run_writes_the_report_and_keeps_finished_steps(bench, tmp_path, capsys):
+def test_gpu_run_writes_the_report_and_keeps_finished_steps(tmp_path, capsys):
     gpu = bench["gpu"]
     done = gpu.main(["--device", "cpu", "--quick", "--only", "cwy", "--out", str(tmp_path)])
     assert [d["rc"] for d in done] == [0]
@@ -90,7 +84,7 @@ def test_gpu_run_writes_the_report_and_keeps_finished_steps(bench, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_gpu_run_shows_the_harness_roofline_section(bench, tmp_path):
+def test_gpu_run_shows_the_harness_roofline_section(tmp_path):
     """The roofline step runs the harness in its own process (the slow tier: a second
     process of the run, the harness's whole complexity section)."""
     done = bench["gpu"].main(
@@ -104,9 +98,9 @@ def test_gpu_run_shows_the_harness_roofline_section(bench, tmp_path):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cwy_and_syncs_on_cuda(bench):
+def test_cwy_and_syncs_on_cuda():
     """On a GPU: the CWY rows agree there too, and the profile sees the device's copies."""
-    common = importlib.import_module("benchmarks._maps_common")
+    common = importlib.import_module("stiefel.benchmarks._maps_common")
     gen = torch.Generator().manual_seed(0)
     cwy = common.ours("cwy", (16, 16), 16, gen, "cuda")[0]()
     gen = torch.Generator().manual_seed(0)

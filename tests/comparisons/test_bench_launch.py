@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import pathlib
-import sys
 
-import pytest
 import torch
+
+from stiefel.benchmarks import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def launch():
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield importlib.import_module("benchmarks.launch")
-    finally:
-        sys.path.remove(str(ROOT))
-
-
-def test_the_counter_sees_ops_and_every_kind_of_host_read(launch):
+def test_the_counter_sees_ops_and_every_kind_of_host_read():
     t = torch.randn(5)
     with launch.StepCounter() as c:
         u = t * 2 + 1  # two ops, no read
@@ -34,7 +24,7 @@ def test_the_counter_sees_ops_and_every_kind_of_host_read(launch):
     assert c.reads == 4
 
 
-def test_quick_run_prints_ours_beside_the_peers(launch):
+def test_quick_run_prints_ours_beside_the_peers():
     text = launch.main(
         ["--quick", "--sets", "st8x4", "--optimizers", "rgd,pogo,torch", "--rounds", "1"]
     )

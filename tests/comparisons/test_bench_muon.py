@@ -10,24 +10,16 @@ import importlib
 import json
 import math
 import pathlib
-import sys
 
 import pytest
 import torch
 
+from stiefel.benchmarks import muon as bench_muon
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def bench_muon():
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield importlib.import_module("benchmarks.muon")
-    finally:
-        sys.path.remove(str(ROOT))
-
-
-def test_muon_benchmark_quick(bench_muon, tmp_path, capsys):
+def test_muon_benchmark_quick(tmp_path, capsys):
     from torch.optim import _muon
 
     import stiefel.optimizers.muon as muon_module
@@ -73,7 +65,7 @@ def test_muon_benchmark_quick(bench_muon, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
-def test_torch_newton_schulz_copy_equals_torch_in_bfloat16(bench_muon, shape):
+def test_torch_newton_schulz_copy_equals_torch_in_bfloat16(shape):
     # the float32 anchor is torch's function but for the dtype: run both in bfloat16
     from torch.optim import _muon
 

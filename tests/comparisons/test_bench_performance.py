@@ -5,26 +5,16 @@ the page: each section's text lands between its own markers, everything else is
 kept byte for byte, and a page without the markers is refused before anything runs.
 """
 
-import importlib
 import pathlib
-import sys
 
 import pytest
+
+from stiefel.benchmarks import performance as perf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def perf():
-    """benchmarks.performance of this checkout (imported as ``python -m`` would)."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        yield importlib.import_module("benchmarks.performance")
-    finally:
-        sys.path.remove(str(ROOT))
-
-
-def _page(perf, names, inside="stale table"):
+def _page(names, inside="stale table"):
     parts = ["# Performance\n\nProse before.\n"]
     for name in names:
         begin, end = perf.markers(name)
@@ -32,7 +22,7 @@ def _page(perf, names, inside="stale table"):
     return "\n".join(parts)
 
 
-def _outside(perf, text, names):
+def _outside(text, names):
     """The page with every section's body cut out (what the script must not touch)."""
     for name in names:
         begin, end = perf.markers(name)
@@ -42,16 +32,16 @@ def _outside(perf, text, names):
     return text
 
 
-def test_quick_run_fills_each_section_between_its_markers(perf, tmp_path):
+def test_quick_run_fills_each_section_between_its_markers(tmp_path):
     names = ["precision", "init"]
     page = tmp_path / "performance.md"
-    page.write_text(_page(perf, names), encoding="utf-8")
+    page.write_text(_page(names), encoding="utf-8")
     before = page.read_text(encoding="utf-8")
 
     done = perf.main(["--quick", "--only", ",".join(names), "--page", str(page)])
 
     after = page.read_text(encoding="utf-8")
-    assert _outside(perf, after, names) == _outside(perf, before, names)
+    assert _outside(after, names) == _outside(before, names)
     assert "stale table" not in after
     assert list(done) == names
     for name in names:
@@ -65,14 +55,14 @@ def test_quick_run_fills_each_section_between_its_markers(perf, tmp_path):
     assert "| householder |" in done["precision"] and "| rgd(" in done["precision"]
 
 
-def test_targets_blocks_are_left_out(perf):
+def test_targets_blocks_are_left_out():
     output = "Title — torch\nline two\n\n\nO(8)\n| a |\n|---|\n| 1 |\n\nTargets (x)\n| t |\n|---|\n"
     assert perf.keep(output) == "Title — torch\nline two\n\nO(8)\n| a |\n|---|\n| 1 |"
 
 
-def test_a_page_without_the_markers_is_refused_before_anything_runs(perf, tmp_path, monkeypatch):
+def test_a_page_without_the_markers_is_refused_before_anything_runs(tmp_path, monkeypatch):
     page = tmp_path / "performance.md"
-    page.write_text(_page(perf, ["maps"]), encoding="utf-8")
+    page.write_text(_page(["maps"]), encoding="utf-8")
     before = page.read_text(encoding="utf-8")
     ran = []
     monkeypatch.setattr(perf, "run", lambda name, quick=False: ran.append(name) or "x")
@@ -86,7 +76,7 @@ def test_a_page_without_the_markers_is_refused_before_anything_runs(perf, tmp_pa
             perf.splice(bad, "init", "body")
 
 
-def test_an_unknown_section_is_a_parser_error(perf, capsys):
+def test_an_unknown_section_is_a_parser_error(capsys):
     with pytest.raises(SystemExit):
         perf.main(["--only", "maps,nonsense", "--print"])
     err = capsys.readouterr().err
@@ -95,11 +85,6 @@ def test_an_unknown_section_is_a_parser_error(perf, capsys):
 
 def test_docs_page_holds_every_section_once():
     """docs/performance.md keeps a place for each section the script writes."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        perf = importlib.import_module("benchmarks.performance")
-    finally:
-        sys.path.remove(str(ROOT))
     text = perf.PAGE.read_text(encoding="utf-8")
     for name in perf.SECTIONS:
         perf.splice(text, name, "")  # raises unless both markers are there once, in order
@@ -109,7 +94,7 @@ def test_docs_page_holds_every_section_once():
 
 
 @pytest.mark.slow
-def test_every_section_runs_quick(perf):
+def test_every_section_runs_quick():
     """Each section's quick argument list is one its script accepts (maps needs geotorch)."""
     pytest.importorskip("geotorch")
     pytest.importorskip("geoopt")

@@ -16,8 +16,7 @@ import torch
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
-# the task lives with the benchmarks of a checkout (not shipped in the wheel)
-quality = pytest.importorskip("stiefel.benchmarks.finetune_quality")
+from stiefel.benchmarks import finetune_quality as quality  # noqa: E402
 
 LOSS_RATIO = 1.2  # ours may end at most 1.2× its twin's final training loss
 ACCURACY_MARGIN = 0.02  # and at most 0.02 below its twin's held-out accuracy (1024 sequences)

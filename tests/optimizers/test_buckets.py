@@ -7,10 +7,7 @@ and host reads come from a dispatch mode, independent of the machine's load.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pathlib
-import sys
 import warnings
 
 import geoopt
@@ -19,14 +16,8 @@ import torch
 from _optim_problems import rule_names
 
 from stiefel import optimizers
+from stiefel.benchmarks.launch import StepCounter as Count  # a dispatch mode, written once
 from stiefel.manifolds import Orthogonal, Stiefel
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-try:  # the counter of benchmarks.launch (a dispatch mode), not written twice
-    Count = importlib.import_module("benchmarks.launch").StepCounter
-finally:
-    sys.path.remove(str(ROOT))
 
 
 def _hyper_sets(name: str) -> list[dict]:

@@ -10,23 +10,13 @@ against the dense float64 QR of X − lr·ξ.
 
 from __future__ import annotations
 
-import importlib
-import pathlib
-import sys
-
 import geoopt
 import pytest
 import torch
 
 from stiefel import optimizers
+from stiefel.benchmarks.launch import StepCounter as Count  # a dispatch mode, written once
 from stiefel.manifolds import Stiefel, kernels
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-try:  # the counter of benchmarks.launch (a dispatch mode), not written twice
-    Count = importlib.import_module("benchmarks.launch").StepCounter
-finally:
-    sys.path.remove(str(ROOT))
 
 #: (shape, complex): tall and square, real and complex
 KINDS = [((9, 3), False), ((5, 5), False), ((7, 2), True), ((4, 4), True)]
