@@ -171,8 +171,8 @@ class Originals(nn.Module):
         stored original is rounded to that precision anyway, and the map's
         output is then orthonormal to a few n·eps of it.
 
-        The nearest point is computed by a scaled Newton iteration, with the
-        SVD as its fallback (Note [Nearest point by the scaled Newton iteration]).
+        The nearest point is the SVD polar factor after a power-of-two scaling
+        (Note [Nearest point of a scaled matrix] in `stiefel.parametrizations._polar`).
         """
         if init is None:
             init = "nearest" if self.reaches_every_point else "random"

@@ -49,6 +49,7 @@ NEVER = {
     "optimizers/telemetry.py",
     "optimizers/registry.py",
     "manifolds/stiefel.py",
+    "manifolds/_membership.py",
     "_core/checks.py",
 }
 
