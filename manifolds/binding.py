@@ -235,7 +235,7 @@ def admit(t: torch.Tensor, manifold: geoopt.Manifold, label: str, why: str) -> N
         TypeError: a complex tensor on a real manifold.
         ValueError: non-finite or rank-deficient values (naming ``label`` and the fix).
     """
-    from .kernels.reduce import gram, rows_split
+    from .kernels.reduce import gram
     from .sharded import ShardedGeometry
 
     if t.is_complex() and not getattr(manifold, "complex", True):
@@ -256,8 +256,8 @@ def admit(t: torch.Tensor, manifold: geoopt.Manifold, label: str, why: str) -> N
     if not bool(((geo.local(err) if sharded else err) > tol).any()):  # replicated per matrix
         return
     hi = torch.complex128 if x.is_complex() else torch.float64
-    with rows_split(geo.row_group if sharded else None):  # the M×M Gram of all the rows
-        w = torch.linalg.eigvalsh(gram(local, local).to(hi))
+    rows = geo.row_group if sharded else None  # the M×M Gram of all the rows
+    w = torch.linalg.eigvalsh(gram(local, local, rows).to(hi))
     if bool((w[..., 0] <= 1e-12 * w[..., -1].clamp_min(1e-300)).any()):
         hint = (
             " A reset that drew every shard with the same generator (torch.manual_seed on "

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 from types import MappingProxyType
 
 import torch
@@ -70,16 +71,20 @@ METRICS = tuple(EGRAD2RGRAD)
 OFF_MANIFOLD = 0.5
 
 
-def linear_in_g(fn, x: torch.Tensor, g: torch.Tensor, absmax: torch.Tensor | None = None):
+def linear_in_g(
+    fn, x: torch.Tensor, g: torch.Tensor, absmax: torch.Tensor | None = None, group=None
+):
     """``fn(x, g)`` for an ``fn`` linear in ``g`` (a Riemannian gradient), overflow-safe.
 
     Computed for g/μ and scaled back by μ, μ = max|g| per matrix (``absmax`` if the
     caller has it), so that XᴴG cannot overflow for a huge finite G (Note
     [Overflow-safe step]); μ is exactly 1 where no entry of XᴴG (≤ 2Nμ near the
     manifold) or of X·W (≤ 4NMμ) can overflow (Note [Step weights as tensors]),
-    and then the result is ``fn(x, g)`` bit for bit, with no host read.
+    and then the result is ``fn(x, g)`` bit for bit, with no host read. ``group``:
+    the process group the rows of ``g`` are split over (μ is then the maximum over
+    all of them), or None.
     """
-    mu = kernels.reduce.rows_absmax(g) if absmax is None else absmax
+    mu = kernels.reduce.rows_absmax(g, group) if absmax is None else absmax
     n, m = g.shape[-2:]
     big = torch.finfo(g.real.dtype).max
     mu = torch.where(4 * n * m * mu < big, 1.0, mu.clamp_min(torch.finfo(mu.dtype).tiny))
@@ -97,6 +102,19 @@ class Geometry:
 
     riemannian: bool = True
     stiefel: bool = False
+
+    def on_rows(self, group) -> Geometry:
+        """This geometry for points whose rows are split over the process group ``group``.
+
+        Note [Row-sharded geometries]
+        A geometry whose operations sum over the rows (Grams, norms) returns a copy
+        that hands ``group`` to each kernel it calls, as their ``group`` argument
+        (Note [Row-sharded kernels] in `stiefel.manifolds.kernels.reduce`); the
+        group travels with the call, never in module state. A geometry with no
+        such sums (the plain tensor's) returns itself. ``group=None``: whole
+        matrices, this geometry itself.
+        """
+        return self
 
     def rgrad(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """Riemannian gradient of the Euclidean gradient ``g`` (the group's metric)."""
@@ -164,7 +182,8 @@ class Geometry:
 
         A rule that calls a kernel directly (e.g. the landing field) calls it
         through this, so that a sharded geometry (`ShardedGeometry`) can run it
-        on the local shards.
+        on the local shards, handing a kernel with a ``group`` parameter (one
+        that sums over the rows) the process group the rows are split over.
         """
         return kernel(x, *args, **kwargs)
 
@@ -260,6 +279,16 @@ class StiefelGeometry(Geometry):
         self._frame_step = getattr(self._descent, "frame_step", None)
         self._checks: dict = {}  # the kernels' ``checks=`` of one step, if they take it
         self._known: tuple | None = None
+        self.group = None  # the process group the rows are split over (`on_rows`)
+        self._rows: dict = {}  # the retraction's ``group=`` when the rows are split
+
+    def on_rows(self, group):
+        """A copy that hands ``group`` to every kernel (Note [Row-sharded geometries])."""
+        if group is None:
+            return self
+        rows = copy.copy(self)
+        rows.group, rows._rows = group, {"group": group}
+        return rows
 
     def for_step(self, checks, grad=None, absmax=None):
         """A copy holding the step's ``checks`` list and the gradient's max|G|.
@@ -286,7 +315,7 @@ class StiefelGeometry(Geometry):
         return None
 
     def frame(self, x):
-        if self._frame_step is None or not kernels.frame.in_frame(x):
+        if self._frame_step is None or not kernels.frame.in_frame(x, self.group):
             return None
         return FrameGeometry(self, self._frame_step)
 
@@ -305,8 +334,8 @@ class StiefelGeometry(Geometry):
         # with no step count (a traced step, a point just projected) a tall point is
         # corrected now by its Gram in its own dtype, a square one by the float64
         # Gram its frame update needs (Note [Tall steps correct every k-th step])
-        wide = self._skips and (step is not None or frame.in_frame(x))
-        xx = frame.wide_gram(x) if wide else kernels.reduce.gram(x, x)
+        wide = self._skips and (step is not None or frame.in_frame(x, self.group))
+        xx = frame.wide_gram(x, self.group) if wide else kernels.reduce.gram(x, x, self.group)
         self._gram = (x, xx)
         # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding
         # of the difference (~M·eps) is far below OFF_MANIFOLD² (only the test uses it)
@@ -318,31 +347,34 @@ class StiefelGeometry(Geometry):
         return off
 
     def rgrad(self, x, g):
-        return linear_in_g(self._rgrad, x, g, self._absmax(g))
+        fn = self._rgrad if self.group is None else functools.partial(self._rgrad, group=self.group)
+        return linear_in_g(fn, x, g, self._absmax(g), self.group)
 
     def gradient_step(self, x, g, lr):
         if self._fused is None:
             return self.descend(x, self.rgrad(x, g), lr)
         known = {} if self._absmax(g) is None else {"absmax": self._absmax(g)}
-        return self._fused(x, g, lr, self.metric, xx=self._xx(x), **self._checks, **known)
+        xx = self._xx(x)
+        return self._fused(x, g, lr, self.metric, xx=xx, **self._checks, **known, **self._rows)
 
     def descend(self, x, d, lr):
-        return self._descent(x, d, lr, xx=self._xx(x), **self._checks)
+        return self._descent(x, d, lr, xx=self._xx(x), **self._checks, **self._rows)
 
     def descend_transport(self, x, d, lr):
-        return self._descent(x, d, lr, d, xx=self._xx(x), **self._checks)
+        return self._descent(x, d, lr, d, xx=self._xx(x), **self._checks, **self._rows)
 
     def transport(self, x, y, v):
-        return kernels.proj_tangent(y, v)  # by projection onto the tangent space at y
+        # by projection onto the tangent space at y
+        return kernels.proj_tangent(y, v, self.group)
 
     def component_inner(self, x, u):
-        return self._inner(x, u, u, keepdim=True)
+        return self._inner(x, u, u, keepdim=True, group=self.group)
 
     def project(self, x):
-        return kernels.newton_schulz(kernels.polar(x))
+        return kernels.newton_schulz(kernels.polar(x, self.group), group=self.group)
 
     def error(self, x):
-        return kernels.orthogonality_error(x)
+        return kernels.orthogonality_error(x, self.group)
 
 
 class FrameGeometry(Geometry):

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from .geometry import Geometry
-from .kernels.reduce import rows_split
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -102,6 +102,18 @@ def check_placements(x: DTensor) -> int | None:
     return rows[0] if rows else None
 
 
+@functools.lru_cache(maxsize=256)
+def takes_group(kernel) -> bool:
+    """Whether ``kernel`` has a ``group`` parameter: it sums over the rows.
+
+    A kernel without one is row-local (elementwise, or on M×M matrices only).
+    """
+    try:
+        return "group" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):  # no signature (a builtin): row-local
+        return False
+
+
 def any_rank(flags: torch.Tensor, mesh) -> torch.Tensor:
     """Bool ``flags`` OR-ed over every rank of ``mesh`` (one small all-reduce per mesh dim).
 
@@ -133,10 +145,12 @@ class ShardedGeometry(Geometry):
         from torch.distributed.tensor import Replicate
 
         row_dim = check_placements(like)
-        self.inner = inner
-        self.riemannian, self.stiefel = inner.riemannian, inner.stiefel
         self.mesh, self.placements = like.device_mesh, tuple(like.placements)
         self.row_group = None if row_dim is None else self.mesh.get_group(row_dim)
+        # the kernels reduce over the row group as their ``group`` argument
+        # (Note [Row-sharded geometries] in `stiefel.manifolds.geometry`)
+        self.inner = inner.on_rows(self.row_group)
+        self.riemannian, self.stiefel = inner.riemannian, inner.stiefel
         # reduced results (per matrix) are replicated over the row mesh dimension
         self.reduced = tuple(
             Replicate() if i == row_dim else pl for i, pl in enumerate(self.placements)
@@ -170,8 +184,7 @@ class ShardedGeometry(Geometry):
         return self._wrap(t, shape, self.reduced)
 
     def _run(self, fn, *args):
-        with rows_split(self.row_group):
-            return fn(*(self.local(a) for a in args))
+        return fn(*(self.local(a) for a in args))
 
     def any_rank(self, flags: torch.Tensor) -> torch.Tensor:
         """``flags`` (bool) OR-ed over every rank of the mesh, so that all ranks agree."""
@@ -204,9 +217,14 @@ class ShardedGeometry(Geometry):
         return self._per_matrix(x, self._run(self.inner.error, x))
 
     def apply(self, kernel, x, *args, **kwargs):
-        """``kernel(x, *args)`` on the local rows: N×M results like ``x``, others per matrix."""
-        with rows_split(self.row_group):
-            out = kernel(self.local(x), *(self.local(a) for a in args), **kwargs)
+        """``kernel(x, *args)`` on the local rows: N×M results like ``x``, others per matrix.
+
+        A kernel with a ``group`` parameter (`takes_group`) is handed the process
+        group the rows are split over, when they are.
+        """
+        if self.row_group is not None and takes_group(kernel):
+            kwargs = {**kwargs, "group": self.row_group}
+        out = kernel(self.local(x), *(self.local(a) for a in args), **kwargs)
         loc = self.local(x)
 
         def wrap(t):

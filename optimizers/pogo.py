@@ -46,7 +46,7 @@ BASIN = 1.0
 
 
 def pogo_step(
-    x: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor, lam: float = 0.5
+    x: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor, lam: float = 0.5, group=None
 ) -> torch.Tensor:
     r"""One POGO step on tall points (Javaloy & Vergari 2026, arXiv 2602.14656).
 
@@ -65,8 +65,8 @@ def pogo_step(
     correction with λ = ½ is one Newton–Schulz step, which leaves a point at
     distance O(lr²‖ψ‖²) from the manifold whose error does not accumulate.
     XᴴX, GᴴX and MᴴM are products over the rows (`gram`): on row-sharded points
-    (`stiefel.manifolds.kernels.reduce.rows_split`) the step all-reduces three
-    M×M matrices and MᴴM's diagonal, and updates the local rows.
+    (``group`` given, the process group the rows are split over) the step
+    all-reduces three M×M matrices and MᴴM's diagonal, and updates the local rows.
 
     Note [POGO's basin]
     The correction maps each singular value σ of M to σ(1 + λ(1 − σ²)); iterated
@@ -83,12 +83,13 @@ def pogo_step(
         g: the base optimizer's direction G̃, same shape.
         lr: the step size.
         lam: λ of the correction.
+        group: the process group the rows are split over, or None.
 
     Returns:
         The new points; NaN for a matrix whose step leaves the basin.
     """
-    xx = gram(x, x)
-    h = gram(g, x)  # GᴴX
+    xx = gram(x, x, group)
+    h = gram(g, x, group)  # GᴴX
     half = 0.5 * lr
     # Note [POGO's midpoint without ψ]
     # M = X − lr·½(G·XᴴX − X·GᴴX) = X + X(½lr·GᴴX) + G(−½lr·XᴴX): the same two
@@ -105,17 +106,17 @@ def pogo_step(
     # Note [The Gram's diagonal from offset squares]): one N×M pass more, and the
     # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
     # off-diagonal rounding (docs/performance.md, "Batched regime (many small matrices)").
-    e = gram_minus_identity(mid)
+    e = gram_minus_identity(mid, group=group)
     inside = (torch.linalg.matrix_norm(e) < BASIN)[..., None, None]
     # outside the basin MᴴM − I, and with it the corrected point, is NaN
     return polar_step(mid, lam, torch.where(inside, e, math.nan))
 
 
-def _squared_norm(g: torch.Tensor) -> torch.Tensor:
+def _squared_norm(g: torch.Tensor, group=None) -> torch.Tensor:
     """‖G‖²_F per matrix in float64, shape (..., 1, 1) (Note [VectorAdam's second moment in
-    float64]); on row-sharded points summed over all rows."""
-    s = exact_scale(g)
-    return rows_sum_squares(g / s).double() * s.double().square()
+    float64]); on row-sharded points summed over all rows (split over ``group``)."""
+    s = exact_scale(g, group)
+    return rows_sum_squares(g / s, group).double() * s.double().square()
 
 
 @register("pogo")

@@ -1,14 +1,17 @@
 r"""Elementary kernels of St(N, M): tangent space, metrics, factorizations, geodesics.
 
 Plain functions on tensors of shape (..., N, M), real or complex, without
-argument checks (the manifold classes check once, in front of them).
+argument checks (the manifold classes check once, in front of them). A kernel
+that sums over the rows takes ``group``: the process group the rows are split
+over (Note [Row-sharded kernels] in `stiefel.manifolds.kernels.reduce`), None
+for plain tensors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .reduce import by_columns, columns_defect, gram, row_group, rows_sum, rows_sum_squares
+from .reduce import by_columns, columns_defect, gram, rows_sum, rows_sum_squares
 
 __all__ = [
     "sym",
@@ -136,25 +139,27 @@ def three_products(v, a, b, c, e) -> torch.Tensor:
     return add_product_(product_on(v, a, b), c, flat_over(e, c))
 
 
-def gram_minus_identity(x: torch.Tensor, xx: torch.Tensor | None = None) -> torch.Tensor:
+def gram_minus_identity(
+    x: torch.Tensor, xx: torch.Tensor | None = None, group=None
+) -> torch.Tensor:
     """XᴴX − I, shape (..., M, M), its diagonal from the columns' squares.
 
     The off-diagonal entries are those of ``xx`` (XᴴX, formed here when None); the
     diagonal is `columns_defect` (Note [The Gram's diagonal from offset squares]),
     exact to the rounding of X's squares where the product's is ten times that.
     """
-    xx = gram(x, x) if xx is None else xx
-    defect = columns_defect(x, xx.diagonal(dim1=-2, dim2=-1))
+    xx = gram(x, x, group) if xx is None else xx
+    defect = columns_defect(x, xx.diagonal(dim1=-2, dim2=-1), group)
     return torch.diagonal_scatter(xx, defect.to(xx.dtype), dim1=-2, dim2=-1)
 
 
-def orthogonality_error(x: torch.Tensor) -> torch.Tensor:
+def orthogonality_error(x: torch.Tensor, group=None) -> torch.Tensor:
     """‖XᴴX − I‖_F for each matrix of the batch (a real tensor of shape x.shape[:-2])."""
-    return torch.linalg.matrix_norm(gram_minus_identity(x))
+    return torch.linalg.matrix_norm(gram_minus_identity(x, group=group))
 
 
 # --------------------------------------------------------------------------- tangent space
-def proj_tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def proj_tangent(x: torch.Tensor, u: torch.Tensor, group=None) -> torch.Tensor:
     r"""Euclidean-orthogonal projection onto T_X St: ξ = U − X sym(XᴴU).
 
     Note [Projection does not depend on the metric]
@@ -165,55 +170,55 @@ def proj_tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     canonical ``proju`` returns U − XUᴴX, which is the canonical Riemannian
     gradient, not a projection: applied twice it changes its input.)
     """
-    return sub_product(u, x, sym(gram(x, u)))
+    return sub_product(u, x, sym(gram(x, u, group)))
 
 
 # Under the Euclidean metric the Riemannian gradient is the projection of G.
 egrad2rgrad_euclidean = proj_tangent
 
 
-def egrad2rgrad_canonical(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def egrad2rgrad_canonical(x: torch.Tensor, g: torch.Tensor, group=None) -> torch.Tensor:
     r"""Riemannian gradient under the canonical metric: G − X GᴴX.
 
     With ⟨ξ, η⟩_X = Re tr(ξᴴ(I − ½XXᴴ)η) the gradient is the unique tangent
     vector whose inner product with every tangent η equals Re tr(Gᴴη).
     """
-    return sub_product(g, x, gram(g, x))
+    return sub_product(g, x, gram(g, x, group))
 
 
 def _real_trace_product(
-    u: torch.Tensor, v: torch.Tensor, keepdim: bool, rows: bool = True
+    u: torch.Tensor, v: torch.Tensor, keepdim: bool, rows: bool = True, group=None
 ) -> torch.Tensor:
     # Re tr(uᴴ v) = Σ Re(conj(u) v), summed over the two matrix dimensions (over all
     # ranks' rows when ``rows`` and the rows are split, Note [Row-sharded kernels]).
     if u is v and rows:  # ‖u‖²_F in one pass, no temporary (Note [Sum of squares by row norms])
-        out = rows_sum_squares(u)
+        out = rows_sum_squares(u, group)
         return out if keepdim else out[..., 0, 0]
     prod = u.conj() * v if u.is_complex() else u * v
-    out = rows_sum(prod) if rows else prod.sum(dim=(-2, -1), keepdim=True)
+    out = rows_sum(prod, group) if rows else prod.sum(dim=(-2, -1), keepdim=True)
     out = out.real if out.is_complex() else out
     return out if keepdim else out[..., 0, 0]
 
 
 def inner_euclidean(
-    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False
+    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False, group=None
 ) -> torch.Tensor:
     """Euclidean metric Re tr(uᴴv) (x is unused, kept for a uniform signature)."""
-    return _real_trace_product(u, v, keepdim)
+    return _real_trace_product(u, v, keepdim, group=group)
 
 
 def inner_canonical(
-    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False
+    x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, keepdim: bool = False, group=None
 ) -> torch.Tensor:
     """Canonical metric Re tr(uᴴ(I − ½XXᴴ)v) = Re tr(uᴴv) − ½ Re tr((Xᴴu)ᴴ(Xᴴv))."""
-    xu = gram(x, u)
-    xv = xu if v is u else gram(x, v)  # ⟨u, u⟩_X (radam's second moment): one product
-    inner = _real_trace_product(u, v, keepdim)
+    xu = gram(x, u, group)
+    xv = xu if v is u else gram(x, v, group)  # ⟨u, u⟩_X (radam's second moment): one product
+    inner = _real_trace_product(u, v, keepdim, group=group)
     return inner - 0.5 * _real_trace_product(xu, xv, keepdim, rows=False)
 
 
 # --------------------------------------------------------------------------- factorizations
-def qr_unique(a: torch.Tensor) -> torch.Tensor:
+def qr_unique(a: torch.Tensor, group=None) -> torch.Tensor:
     r"""Q factor of A = QR with diag(R) real positive (the unique thin QR).
 
     Note [Sign fix of the QR retraction]
@@ -223,8 +228,8 @@ def qr_unique(a: torch.Tensor) -> torch.Tensor:
     QR of a Gaussian Haar distributed (Mezzadri 2007). A zero diagonal entry
     (rank-deficient A) keeps phase 1.
     """
-    if row_group() is not None:
-        return cholesky_qr2(a)
+    if group is not None:  # the rows are split: through the Gram
+        return cholesky_qr2(a, group)
     q, r = torch.linalg.qr(a)
     d = torch.diagonal(r, dim1=-2, dim2=-1)
     phase = torch.sgn(d)
@@ -232,19 +237,20 @@ def qr_unique(a: torch.Tensor) -> torch.Tensor:
     return q * phase.unsqueeze(-2)
 
 
-def polar(a: torch.Tensor) -> torch.Tensor:
+def polar(a: torch.Tensor, group=None) -> torch.Tensor:
     """Polar factor U Vᴴ of A = U Σ Vᴴ: the point of St nearest to A in Frobenius norm."""
-    if row_group() is not None:
-        return gram_polar(a)
+    if group is not None:  # the rows are split: through the Gram
+        return gram_polar(a, group)
     u, _, vh = torch.linalg.svd(a, full_matrices=False)
     return u @ vh
 
 
-def cholesky_qr2(a: torch.Tensor) -> torch.Tensor:
+def cholesky_qr2(a: torch.Tensor, group=None) -> torch.Tensor:
     r"""The Q of `qr_unique` through the Gram: Cholesky-QR, twice.
 
     Args:
         a: matrices (..., N, M) of full column rank.
+        group: the process group the rows are split over, or None.
 
     Returns:
         Q with orthonormal columns and A = QR, diag(R) > 0.
@@ -261,16 +267,17 @@ def cholesky_qr2(a: torch.Tensor) -> torch.Tensor:
     """
     q = a
     for _ in range(2):
-        r = torch.linalg.cholesky(gram(q, q), upper=True)
+        r = torch.linalg.cholesky(gram(q, q, group), upper=True)
         q = torch.linalg.solve_triangular(r, q, upper=True, left=False)
     return q
 
 
-def gram_polar(a: torch.Tensor) -> torch.Tensor:
+def gram_polar(a: torch.Tensor, group=None) -> torch.Tensor:
     r"""The polar factor A(AᴴA)^{-1/2} through the eigendecomposition of the M×M Gram.
 
     Args:
         a: matrices (..., N, M) of full column rank.
+        group: the process group the rows are split over, or None.
 
     Returns:
         The polar factor, equal to `polar`'s UVᴴ (A = UΣVᴴ: A·VΣ⁻¹Vᴴ = UVᴴ).
@@ -278,7 +285,7 @@ def gram_polar(a: torch.Tensor) -> torch.Tensor:
     Used when the rows of A are split over ranks (Note [Row-sharded kernels]);
     the SVD of `polar` otherwise.
     """
-    w, v = torch.linalg.eigh(gram(a, a))
+    w, v = torch.linalg.eigh(gram(a, a, group))
     inv_sqrt = w.clamp_min(torch.finfo(w.dtype).tiny).rsqrt().to(v.dtype)
     return a @ ((v * inv_sqrt.unsqueeze(-2)) @ v.mH)
 
@@ -301,12 +308,13 @@ def haar(
     return qr_unique(g)
 
 
-def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None) -> torch.Tensor:
+def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None, group=None) -> torch.Tensor:
     r"""One Newton–Schulz step towards the polar factor: Y(3I − YᴴY)/2.
 
     Args:
         y: points (..., N, M).
         yy: YᴴY when the caller has it already (saves an N×M×M product).
+        group: the process group the rows are split over, or None.
 
     Returns:
         Y(3I − YᴴY)/2.
@@ -324,11 +332,11 @@ def newton_schulz(y: torch.Tensor, yy: torch.Tensor | None = None) -> torch.Tens
     ¾e² + ¼e³ < e), which sets the threshold above which a step projects first
     (Note [Off-manifold points at a step]).
     """
-    return polar_step(y, 0.5, gram_minus_identity(y, yy))
+    return polar_step(y, 0.5, gram_minus_identity(y, yy, group))
 
 
 def polar_step(
-    y: torch.Tensor, lam: float | torch.Tensor = 0.5, e: torch.Tensor | None = None
+    y: torch.Tensor, lam: float | torch.Tensor = 0.5, e: torch.Tensor | None = None, group=None
 ) -> torch.Tensor:
     r"""Y + λ(Y − Y(YᴴY)) = Y((1 + λ)I − λYᴴY): a polar-like correction towards St.
 
@@ -339,12 +347,13 @@ def polar_step(
         y: points (..., N, M).
         lam: λ, a float or a tensor broadcastable to (..., 1, 1).
         e: YᴴY − I (`gram_minus_identity`) when the caller has it already.
+        group: the process group the rows are split over, or None.
 
     Returns:
         The corrected points.
     """
     if e is None:
-        e = gram_minus_identity(y)
+        e = gram_minus_identity(y, group=group)
     # Y − Y·(λ(YᴴY − I)): Y is added to the small product, not multiplied by
     # (1 + λ)I − λYᴴY, whose product would round Y itself over its M terms (the
     # drift that the correction exists to remove)

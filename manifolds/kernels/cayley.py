@@ -29,7 +29,7 @@ from .frame import (
     wide_gram,
 )
 from .reads import host_max, host_reads_allowed
-from .reduce import gram, row_group
+from .reduce import gram
 from .scaling import normalize, weights
 from .skew_cayley import cayley_delta
 from .woodbury import smw_step
@@ -58,10 +58,10 @@ def use_smw(n: int, m: int) -> bool:
     return 2 * m < n
 
 
-def _woodbury_for(x: torch.Tensor) -> bool:
+def _woodbury_for(x: torch.Tensor, group) -> bool:
     # split rows: always the 2M×2M form, the one whose N-sized work is row-local
     # (Note [Row-sharded kernels]); the dense form needs all N rows at once
-    return row_group() is not None or use_smw(*x.shape[-2:])
+    return group is not None or use_smw(*x.shape[-2:])
 
 
 # --------------------------------------------------------------------------- Cayley
@@ -158,18 +158,19 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None):
     return y, (y @ w).mul_(mu)
 
 
-def _cayley(x, d, lr, v, xx, smw, checks=None):
+def _cayley(x, d, lr, v, xx, smw, checks=None, group=None):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
-    dn, mu = normalize(d)
+    dn, mu = normalize(d, group=group)
     lr = lr * mu
-    if smw is None and in_frame(x):
+    if smw is None and in_frame(x, group):
         return _square(x, x.mH @ dn, lr, v, v is d, mu, xx, checks)
-    xx = tall_gram(x, xx)
-    if not (_woodbury_for(x) if smw is None else smw):
+    xx = tall_gram(x, xx, group)
+    if not (_woodbury_for(x, group) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     # Pd = d − ½X·Xᴴd, never formed (Note [Pd through d])
     mu_v = mu if v is d else 1.0
-    return smw_step(x, dn, gram(x, dn), xx, lr, v, v is d, mu_v, implicit=True, checks=checks)
+    xhd = gram(x, dn, group)
+    return smw_step(x, dn, xhd, xx, lr, v, v is d, mu_v, implicit=True, checks=checks, group=group)
 
 
 def cayley_descent(
@@ -180,6 +181,7 @@ def cayley_descent(
     *,
     xx: torch.Tensor | None = None,
     checks: list | None = None,
+    group=None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Cayley step Y = Cayley(A)X(3I − XᴴX)/2 of u = −lr·d; optionally v transported.
 
@@ -197,6 +199,8 @@ def cayley_descent(
         checks: for a caller that reads its flags once per step: the tests of the
             short paths are appended here unread (Note [Refused matrices in a step
             that reads nothing] in .frame); None: read here.
+        group: the process group the rows of X are split over (Note [Row-sharded
+            kernels] in .reduce), or None.
 
     Returns:
         Y, or (Y, Cayley(A)v) when ``v`` is given.
@@ -213,7 +217,7 @@ def cayley_descent(
         assert abs(float(td.norm() - d.norm())) < 1e-12  # an isometry
         ```
     """
-    return _cayley(x, d, lr, v, xx, None, checks)
+    return _cayley(x, d, lr, v, xx, None, checks, group)
 
 
 def cayley_gradient_step(
@@ -225,6 +229,7 @@ def cayley_gradient_step(
     xx: torch.Tensor | None = None,
     checks: list | None = None,
     absmax: torch.Tensor | None = None,
+    group=None,
 ) -> torch.Tensor:
     r"""One RGD step `cayley_descent`(x, rgrad(G), lr), fused.
 
@@ -243,6 +248,7 @@ def cayley_gradient_step(
         xx: XᴴX if already formed.
         checks: as for `cayley_descent`.
         absmax: max|G| per matrix (..., 1, 1) if the caller has it (`scaling.normalize`).
+        group: as for `cayley_descent`.
 
     Returns:
         The new points.
@@ -261,20 +267,20 @@ def cayley_gradient_step(
     """
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
-    gn, mu = normalize(g, absmax)
+    gn, mu = normalize(g, absmax, group)
     lr = lr * mu
-    if in_frame(x):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
+    if in_frame(x, group):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
         h = gram(x, gn)
         return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx, checks=checks)
-    xx = tall_gram(x, xx)
-    h = gram(x, gn)
+    xx = tall_gram(x, xx, group)
+    h = gram(x, gn, group)
     w = sym(h) if metric == "euclidean" else h.mH
-    if not _woodbury_for(x):
+    if not _woodbury_for(x, group):
         return _dense(x, gn - x @ w, lr, None, xx)
     xhd = h - xx @ w
     # Pd = G − X(W + ½Xᴴd), over G/μ (never over the caller's G)
     pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place() and gn is not g)
-    return smw_step(x, pd, xhd, xx, lr, None, False, mu, checks=checks)
+    return smw_step(x, pd, xhd, xx, lr, None, False, mu, checks=checks, group=group)
 
 
 cayley_descent.gradient_step = cayley_gradient_step  # type: ignore[attr-defined]
@@ -328,7 +334,11 @@ only (Notes [The drift correction every k-th step], [Tall steps correct every
 k-th step]); others get a Gram in the point's dtype at every step. One with
 ``takes_checks = True`` (and its ``gradient_step`` / ``frame_step``) accepts
 ``checks=``, a list where its tests are appended unread (Note [Refused matrices
-in a step that reads nothing] in .frame); others are called without it.
+in a step that reads nothing] in .frame); others are called without it. A
+kernel (and its ``gradient_step``) is handed ``group=``, the process group the
+rows of a row-sharded point are split over, for such points only (Note
+[Row-sharded geometries] in `stiefel.manifolds.geometry`); the table's kernels
+take it.
 """
 for _kernel in RETRACTIONS.values():  # polar ignores xx: its polar factor corrects X
     _kernel.takes_uncorrected = True  # type: ignore[attr-defined]

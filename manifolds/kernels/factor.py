@@ -224,9 +224,12 @@ def _right_solve(a: torch.Tensor, r: torch.Tensor, over_a: bool = False) -> torc
     return torch.linalg.solve_triangular(r, a, upper=True, left=False, out=out)
 
 
-def _householder(a: torch.Tensor) -> torch.Tensor:
-    """The explicit path: Householder QR (positive diagonal), Newton–Schulz corrected."""
-    return newton_schulz(qr_unique(a))
+def _householder(a: torch.Tensor, group=None) -> torch.Tensor:
+    """The explicit path: Householder QR (positive diagonal), Newton–Schulz corrected.
+
+    Cholesky-QR2 when the rows are split over ``group`` (`qr_unique`).
+    """
+    return newton_schulz(qr_unique(a, group), group=group)
 
 
 def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = False):
@@ -236,10 +239,10 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = 
     return product_on(s, x, c, beta=-1)
 
 
-def _qr_tall(x, s, h, w, gamma, xx, checks=None) -> torch.Tensor:
+def _qr_tall(x, s, h, w, gamma, xx, checks=None, group=None) -> torch.Tensor:
     r"""qf(X(γI + W) − S), H = XᴴS (Note [QR retraction through the Gram of X − lr·d])."""
     c = _plus_diagonal(w, gamma, x)
-    ss = gram(s, s)
+    ss = gram(s, s, group)
     head = _congruence(xx, w, gamma)  # Cᴴ(XᴴX)C
     ch = c.mH @ h
     aa = head - ch - ch.mH + ss
@@ -250,7 +253,7 @@ def _qr_tall(x, s, h, w, gamma, xx, checks=None) -> torch.Tensor:
     a = _argument(x, c, s, over_s=fast)  # X·C − S
     if checks is not None:  # a refused step is taken again (Note [Refused matrices ...])
         return replace_refused(_right_solve(a, r, over_a=fast), ok, None, checks)
-    return replace_refused(_right_solve(a, r), ok, lambda sel: _householder(sel(a)))
+    return replace_refused(_right_solve(a, r), ok, lambda sel: _householder(sel(a), group))
 
 
 def _unit_columns(d: torch.Tensor) -> torch.Tensor:
@@ -330,7 +333,9 @@ def _qr_square(x, p, skew, gamma, xx, p_again, checks=None) -> torch.Tensor:
     return replace_refused(frame_update(x, _unit_columns(d), xx), ok, explicit, checks)
 
 
-def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None):
+def qr_descent(
+    x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None, group=None
+):
     r"""QR step qf(X − lr·d) (R's diagonal positive); v projected onto the new tangent space.
 
     Computed through the Gram of X − lr·d (Note [QR retraction through the Gram
@@ -346,18 +351,20 @@ def qr_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, che
         xx: XᴴX if already formed.
         checks: for a caller that reads its flags once per step (Note [Refused
             matrices in a step that reads nothing] in .frame); None: read here.
+        group: the process group the rows of X are split over (Note [Row-sharded
+            kernels] in .reduce), or None.
 
     Returns:
         Y, or (Y, v projected onto T_Y) when ``v`` is given.
     """
-    s, gamma = scaled_step(d, lr)
-    if in_frame(x):  # B = γI − H
+    s, gamma = scaled_step(d, lr, group=group)
+    if in_frame(x, group):  # B = γI − H
         h = gram(x, s)
         y = _qr_square(x, -h, False, gamma, xx, lambda: -h, checks)
     else:
-        xx = tall_gram(x, xx)
-        y = _qr_tall(x, s, gram(x, s), None, gamma, xx, checks)
-    return y if v is None else (y, proj_tangent(y, v))
+        xx = tall_gram(x, xx, group)
+        y = _qr_tall(x, s, gram(x, s, group), None, gamma, xx, checks, group)
+    return y if v is None else (y, proj_tangent(y, v, group))
 
 
 def qr_gradient_step(
@@ -369,6 +376,7 @@ def qr_gradient_step(
     xx: torch.Tensor | None = None,
     checks: list | None = None,
     absmax: torch.Tensor | None = None,
+    group=None,
 ) -> torch.Tensor:
     r"""One RGD step `qr_descent`(x, rgrad(G), lr), fused.
 
@@ -385,6 +393,7 @@ def qr_gradient_step(
         xx: XᴴX if already formed.
         checks: as for `qr_descent`.
         absmax: max|G| per matrix (..., 1, 1) if the caller has it.
+        group: as for `qr_descent`.
 
     Returns:
         The new points.
@@ -394,11 +403,12 @@ def qr_gradient_step(
     """
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
-    if not in_frame(x):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
-        s, gamma = scaled_step(g, lr, absmax)
-        xx = tall_gram(x, xx)
-        h = gram(x, s)
-        return _qr_tall(x, s, h, sym(h) if metric == "euclidean" else h.mH, gamma, xx, checks)
+    if not in_frame(x, group):  # σ·W of the scaled gradient S = σG/μ: sym(H) or Hᴴ
+        s, gamma = scaled_step(g, lr, absmax, group)
+        xx = tall_gram(x, xx, group)
+        h = gram(x, s, group)
+        w = sym(h) if metric == "euclidean" else h.mH
+        return _qr_tall(x, s, h, w, gamma, xx, checks, group)
     # B = γI + W − H = γI + P, P = −skew(H) = ½(Hᴴ − H) (Euclidean) or Hᴴ − H
     # (canonical): with S scaled by c = −½ or −1 (exact), P = cH − (cH)ᴴ
     h, gamma = scaled_gram(x, g, lr, -0.5 if metric == "euclidean" else -1.0, absmax)
@@ -409,15 +419,18 @@ def qr_gradient_step(
 qr_descent.gradient_step = qr_gradient_step  # type: ignore[attr-defined]
 
 
-def polar_descent(x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None):
+def polar_descent(
+    x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None, group=None
+):
     """Polar step: polar factor of X − lr·d, Newton–Schulz corrected; v projected.
 
     ``checks`` is accepted for the table's signature: the polar step refuses nothing.
+    ``group``: the process group the rows are split over, or None (`polar`).
     """
-    s, gamma = scaled_step(d, lr)
+    s, gamma = scaled_step(d, lr, group=group)
     # polar(X − lr·d) = polar(γX − σ·d/μ): a positive rescaling of the argument
-    y = newton_schulz(polar(gamma * x - s))
-    return y if v is None else (y, proj_tangent(y, v))
+    y = newton_schulz(polar(gamma * x - s, group), group=group)
+    return y if v is None else (y, proj_tangent(y, v, group))
 
 
 def qr_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

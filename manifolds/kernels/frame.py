@@ -28,7 +28,7 @@ import torch
 
 from .basic import eye_like, product_like
 from .reads import host_reads_allowed
-from .reduce import by_columns, gram, row_group, wide_gram
+from .reduce import by_columns, gram, wide_gram
 
 __all__ = [
     "in_frame",
@@ -189,7 +189,7 @@ Y = X + X·D, the tall steps XᴴX = I (Note [Tall steps correct every k-th step
 """
 
 
-def tall_gram(x: torch.Tensor, xx) -> torch.Tensor:
+def tall_gram(x: torch.Tensor, xx, group=None) -> torch.Tensor:
     """XᴴX in X's dtype for the step of a tall kernel, from the caller's ``xx``.
 
     ``xx`` None: formed here (in X's dtype); `UNCORRECTED`: I; a wider Gram
@@ -199,25 +199,27 @@ def tall_gram(x: torch.Tensor, xx) -> torch.Tensor:
     Args:
         x: points (..., N, M).
         xx: None, `UNCORRECTED` or a Gram (..., M, M).
+        group: the process group the rows are split over, or None.
 
     Returns:
         XᴴX, (..., M, M), in X's dtype.
     """
     if xx is None:
-        return gram(x, x)
+        return gram(x, x, group)
     if xx is UNCORRECTED:
         m = x.shape[-1]
         return eye_like(x, m).expand(*x.shape[:-2], m, m)
     return xx.to(x.dtype)
 
 
-def in_frame(x: torch.Tensor) -> bool:
+def in_frame(x: torch.Tensor, group=None) -> bool:
     """Whether ``x`` takes the square steps: O(n)/U(n) with every row on this rank.
 
-    A row-sharded point (`row_group`) is not square locally; it takes the Gram
-    (QR) or Woodbury (Cayley) path, whose products reduce over the ranks.
+    A row-sharded point (its rows split over ``group``, not None) is not square
+    locally; it takes the Gram (QR) or Woodbury (Cayley) path, whose products
+    reduce over the ranks.
     """
-    return x.shape[-2] == x.shape[-1] and row_group() is None
+    return x.shape[-2] == x.shape[-1] and group is None
 
 
 def in_place() -> bool:

@@ -12,7 +12,7 @@ __all__ = ["landing_direction", "landing_safe_step", "landing_update"]
 
 
 def landing_direction(
-    x: torch.Tensor, g: torch.Tensor, attraction: float
+    x: torch.Tensor, g: torch.Tensor, attraction: float, group=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Landing field Λ = skew(GXᴴ)X + λX(XᴴX − I), d = ‖XᴴX − I‖_F, ‖Λ‖²_F, ‖skew(GXᴴ)X‖²_F.
 
@@ -20,6 +20,8 @@ def landing_direction(
         x: points (..., N, M), possibly off the manifold.
         g: Euclidean gradient, same shape.
         attraction: λ > 0.
+        group: the process group the rows are split over (Note [Row-sharded
+            kernels] in .reduce), or None.
 
     Returns:
         Λ (shape of x), then d, ‖Λ‖² and ‖ψX‖² (shapes (..., 1, 1)).
@@ -36,18 +38,18 @@ def landing_direction(
     its norm taken in one pass, and Λ = ψX + X(λE) accumulated on it.
     """
     m = x.shape[-1]
-    s = gram(x, x)
+    s = gram(x, x, group)
     e = s - eye_like(x, m)
-    h = gram(g, x)
+    h = gram(g, x, group)
     dist = torch.linalg.matrix_norm(e, keepdim=True)
     if x.shape[-2] <= 3 * m:
         psi = two_products(g, 0.5 * s, x, -0.5 * h, x.shape)  # ψX
-        psi2 = rows_sum_squares(psi)
+        psi2 = rows_sum_squares(psi, group)
         field = sub_product(psi, x, -attraction * e, over_u=in_place())  # ψX + λXE
-        return field, dist, rows_sum_squares(field), psi2
+        return field, dist, rows_sum_squares(field, group), psi2
     c = attraction * e - 0.5 * h
     field = two_products(g, 0.5 * s, x, c, x.shape)
-    a2 = rows_sum_squares(field)
+    a2 = rows_sum_squares(field, group)
     xf = 0.5 * (h.mH @ s) + s @ c
     cross = (xf.conj() * e).sum((-2, -1), keepdim=True).real
     ese = (e.conj() * (s @ e)).sum((-2, -1), keepdim=True).real

@@ -81,7 +81,7 @@ import torch
 from ..._core.checks import LOW_PRECISION, choice, positive_int
 from .basic import inner_euclidean, product_on, sub_product, sym
 from .polynomial_sign import ENGINES, engine_flops, exact_scale, iterate
-from .reduce import gram, row_group
+from .reduce import gram
 
 __all__ = [
     "MSIGN_METHODS",
@@ -141,18 +141,18 @@ def _svd_sign(g: torch.Tensor) -> torch.Tensor:
     return (u * keep.unsqueeze(-2)) @ vh
 
 
-def _real_trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _real_trace(a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
     # Re tr(AᴴB) per matrix, shape (..., 1, 1), summed over all rows (reduce)
-    return inner_euclidean(a, a, b, keepdim=True)
+    return inner_euclidean(a, a, b, keepdim=True, group=group)
 
 
-def _unit_scale(a: torch.Tensor) -> torch.Tensor:
-    return a / exact_scale(a)
+def _unit_scale(a: torch.Tensor, group) -> torch.Tensor:
+    return a / exact_scale(a, group)
 
 
-def _frobenius(a: torch.Tensor) -> torch.Tensor:
+def _frobenius(a: torch.Tensor, group) -> torch.Tensor:
     # ‖A‖_F per matrix, shape (..., 1, 1), summed over all rows (reduce)
-    return _real_trace(a, a).sqrt()
+    return _real_trace(a, a, group).sqrt()
 
 
 def _coefficients(method: str, steps: int) -> tuple[list[tuple[float, float, float]], float]:
@@ -188,6 +188,7 @@ def msign(
     steps: int | None = None,
     *,
     engine: str = "auto",
+    group=None,
 ) -> torch.Tensor:
     r"""Matrix sign U Vᴴ of a batch of matrices G = U Σ Vᴴ (shape (..., N, M)).
 
@@ -203,21 +204,24 @@ def msign(
             `stiefel.manifolds.kernels.polynomial_sign`) or ``"auto"`` (the one of
             fewer flops: Gram when the long side exceeds 1.5 × the short one). The
             same polynomials, equal in exact arithmetic; ignored by ``"svd"``.
+        group: the process group the rows of ``g`` are split over (``g`` holds this
+            rank's rows; Note [Row-sharded kernels] in
+            `stiefel.manifolds.kernels.reduce`), or None for whole matrices.
 
     Returns:
         A tensor like ``g``: its polar factor (approximate for the iterative methods).
 
     Raises:
         ValueError: unknown ``method`` or ``engine``, ``steps`` < 1, ``g`` with fewer
-            than 2 dimensions, or ``"svd"`` on row-sharded matrices (inside
-            `stiefel.manifolds.kernels.reduce.rows_split`).
+            than 2 dimensions, or ``"svd"`` on row-sharded matrices (``group``
+            given).
         TypeError: ``g`` not a floating or complex tensor.
 
     Note [msign on sharded rows]
     Every iterative method is an odd polynomial p(G) = G·q(GᴴG) (q a polynomial,
     GᴴG the Gram over the rows), the same matrix as q(GGᴴ)·G: so the iteration may
     run on either Gram, and a single process takes the smaller one. When the rows
-    of G are split over ranks (`rows_split`), only GᴴG (M×M) can be formed without
+    of G are split over ranks (``group``), only GᴴG (M×M) can be formed without
     moving rows: it is all-reduced (`gram`), and so is the Frobenius scaling (its
     trace), and each rank multiplies its own rows, X_r ← X_r·W; the result equals
     the single-process one to rounding, whatever N/p is relative to M. The exact
@@ -232,7 +236,7 @@ def msign(
     dtype = g.dtype
     if dtype in LOW_PRECISION:
         g = g.float()
-    sharded = row_group() is not None
+    sharded = group is not None
     if method == "svd":
         if sharded:
             raise ValueError(
@@ -255,7 +259,7 @@ def msign(
     # nearest below max|G_ij|, exactly (no rounding), so the entries lie in
     # [1, 2) at most and ‖G‖_F² in [1, 4NM): neither can happen. An all-zero
     # matrix keeps its zero sign. (`iterate` does it, Note [Normalization on the Gram].)
-    x = iterate(x, coefficients, safety, engine)
+    x = iterate(x, coefficients, safety, engine, group)
     return (x.mH if wide else x).to(dtype)
 
 
@@ -294,6 +298,7 @@ def spectral_direction(
     dual_step: float = 0.5,
     *,
     square: bool | None = None,
+    group=None,
 ) -> torch.Tensor:
     r"""The tangent Φ at X with ‖Φ‖₂ ≤ 1 maximising Re tr(GᴴΦ) (manifold Muon), by dual descent.
 
@@ -335,9 +340,11 @@ def spectral_direction(
         dual_step: t as a multiple of the rms singular value of G + XΛ₀.
         square: whether the points are square (O(n), U(n): N = M); None reads it
             from ``x``'s shape. Pass it when ``x`` holds the local rows of
-            row-sharded points (`stiefel.manifolds.kernels.reduce.rows_split`):
-            every product over the rows then goes through `gram` and the norms
-            through `rows_sum`, so the step all-reduces M×M matrices only.
+            row-sharded points (``group`` given).
+        group: the process group the rows of ``x`` and ``g`` are split over, or
+            None: every product over the rows then goes through `gram` and the
+            norms through `rows_sum` over it, so the step all-reduces M×M
+            matrices only.
 
     Returns:
         Φ, shape of ``x``: tangent; ‖Φ‖₂ ≤ 1 + ‖sym(XᴴΦ)‖ with the dual residual
@@ -350,27 +357,27 @@ def spectral_direction(
     # trial values f scale with G and would overflow or underflow with ‖G‖²_F (a
     # float32 gradient of 1e20 or 1e-30 left the dual descent at its first iterate):
     # the descent runs on G scaled exactly to unit size (Note [msign at any scale]).
-    g = _unit_scale(g)
-    lam = -sym(gram(x, g))
+    g = _unit_scale(g, group)
+    lam = -sym(gram(x, g, group))
     # Z, its trial points and Φ stay in G's layout, and so does msign's result
     # (Note [Accumulating into a column-major batch]): the sums and selections below
     # then read their operands in one order
     z = product_on(g, x, lam)
-    t = dual_step * _frobenius(z) / m**0.5
-    phi = msign(z, method, steps)
-    c = sym(gram(x, phi))
+    t = dual_step * _frobenius(z, group) / m**0.5
+    phi = msign(z, method, steps, group=group)
+    c = sym(gram(x, phi, group))
     if square:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])
         return sub_product(phi, x, c)
-    f = _real_trace(phi, z)
+    f = _real_trace(phi, z, group)
     slack = 8 * torch.finfo(f.dtype).eps
     for _ in range(inner_steps - 1):
         z_new = product_on(z, x, t.to(c.dtype) * c, alpha=-1)
-        phi_new = msign(z_new, method, steps)
-        f_new = _real_trace(phi_new, z_new)
+        phi_new = msign(z_new, method, steps, group=group)
+        f_new = _real_trace(phi_new, z_new, group)
         ok = f_new <= f + slack * f.abs()
         z = torch.where(ok, z_new, z)
         phi = torch.where(ok, phi_new, phi)
         f = torch.where(ok, f_new, f)
-        c = torch.where(ok, sym(gram(x, phi_new)), c)
+        c = torch.where(ok, sym(gram(x, phi_new, group)), c)
         t = torch.where(ok, t, 0.5 * t)
     return sub_product(phi, x, c)

@@ -86,14 +86,15 @@ ENGINES = ("auto", "direct", "gram")
 RESTART_EVERY = 3
 
 
-def exact_scale(a: torch.Tensor) -> torch.Tensor:
+def exact_scale(a: torch.Tensor, group=None) -> torch.Tensor:
     """The power of two nearest below max|a_ij| per matrix (1 for a zero matrix), (..., 1, 1).
 
     Dividing by it is exact (Note [msign at any scale]): the entries of ``a / s`` lie
     in [1, 2) at most, so ‖a / s‖²_F is in [1, 4NM) and neither overflows nor
-    underflows. On row-sharded points (`rows_split`) the maximum is all-reduced.
+    underflows. On row-sharded points (rows split over ``group``) the maximum is
+    all-reduced.
     """
-    big = rows_absmax(a)
+    big = rows_absmax(a, group)
     return torch.exp2(torch.floor(torch.log2(big))).where(big > 0, 1.0)
 
 
@@ -120,47 +121,52 @@ def _times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w
 
 
-def _start(x: torch.Tensor, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _start(x: torch.Tensor, safety: float, group) -> tuple[torch.Tensor, ...]:
     # (X / s, its Gram normalised to unit trace / safety², the factor 1/(safety·‖X/s‖_F))
     # (Note [Normalization on the Gram]); a zero matrix keeps R = 0 and the factor 1
     if x.mH.is_contiguous() and not x.is_contiguous():  # the pass over its storage order
-        x = (x.mH / exact_scale(x.mH)).mH
+        x = (x.mH / exact_scale(x.mH, group)).mH
     else:
-        x = x / exact_scale(x)
-    r = gram(x, x)
+        x = x / exact_scale(x, group)
+    r = gram(x, x, group)
     trace = r.diagonal(dim1=-2, dim2=-1).real.sum(-1)[..., None, None]
     c = (safety * safety * trace).where(trace > 0, 1.0)
     return x, r.div_(c.to(r.dtype)), c.rsqrt().to(r.dtype)
 
 
 def iterate(
-    x: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], safety: float, engine: str
+    x: torch.Tensor,
+    coefficients: Sequence[tuple[float, float, float]],
+    safety: float,
+    engine: str,
+    group=None,
 ) -> torch.Tensor:
     """X_s = X_0 W_0 ⋯ W_{s−1} from X_0 = X / (safety·‖X‖_F) by the ``"direct"``/``"gram"`` engine.
 
     Args:
         x: tall matrices (..., N, M), or the local rows of row-sharded ones (every
-            product over the rows goes through `gram`).
+            product over the rows goes through `gram` over ``group``).
         coefficients: (a_k, b_k, c_k) per step.
         safety: the factor ≥ 1 the Frobenius norm is multiplied by.
         engine: ``"direct"`` or ``"gram"`` (see the module docstring).
+        group: the process group the rows are split over, or None.
 
     Returns:
         X_s, shape of ``x``.
     """
-    x, r, inv = _start(x, safety)
+    x, r, inv = _start(x, safety, group)
     steps = len(coefficients)
     q = None
     for k, (a, b, c) in enumerate(coefficients):
         if engine == "direct":
             if k:
-                r = gram(x, x)
+                r = gram(x, x, group)
             w = _weight(r, a, b, c)
             x = _times(x, w.mul_(inv) if k == 0 else w)
             continue
         if k and k % RESTART_EVERY == 0:  # Note [Restart every third step]
             x = _times(x, q)
-            r, q = gram(x, x), None
+            r, q = gram(x, x, group), None
         w = _weight(r, a, b, c)
         q = w * inv if k == 0 else (w if q is None else q @ w)
         if k + 1 < steps and (k + 1) % RESTART_EVERY:  # R is needed again

@@ -2,10 +2,12 @@ r"""The one place where a kernel sums over the rows of St(N, M): Gram products a
 
 Every kernel of this package writes a product contracted over the N rows
 (XᴴX, XᴴG, PdᴴPd, ...) as `gram`, and a sum or maximum of an N×M matrix as
-`rows_sum` / `rows_amax`. On plain tensors they are the plain operations. Inside
-`rows_split(group)` the kernels run on the local rows of a row-sharded matrix
-(the ``Shard(0)`` layout of FSDP2): each of these helpers computes the local
-M×M (or (..., 1, 1)) result and all-reduces it over ``group``, while every
+`rows_sum` / `rows_amax`. With ``group=None`` they are the plain operations.
+Given the process group the rows are split over (``group=``, the ``Shard(0)``
+layout of FSDP2, handed down by `stiefel.manifolds.sharded.ShardedGeometry`
+through every kernel that reaches them), they run on the local rows: each
+computes the local M×M (or (..., 1, 1)) result and all-reduces it over
+``group``, while every
 N-sized update (X·K, Pd·Z, ...) stays local. So one formula per kernel serves
 both, and a sharded step communicates M×M-sized reductions only, never the
 N×M matrix.
@@ -30,16 +32,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.distributed as dist
 
 __all__ = [
-    "rows_split",
     "wide_gram",
-    "row_group",
     "gram",
     "rows_sum",
     "rows_sum_squares",
@@ -50,48 +47,30 @@ __all__ = [
     "by_columns",
 ]
 
-_GROUP: list = [None]
 
-
-@contextmanager
-def rows_split(group) -> Iterator[None]:
-    """Run the kernels on local rows, reducing over ``group`` (None: no reduction).
-
-    Args:
-        group: the process group over which the rows (dimension −2) are split,
-            or None for plain (unsplit) tensors.
-    """
-    old = _GROUP[0]
-    _GROUP[0] = group
-    try:
-        yield
-    finally:
-        _GROUP[0] = old
-
-
-def row_group():
-    """The process group the rows are split over inside `rows_split`, else None."""
-    return _GROUP[0]
-
-
-def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
-    group = _GROUP[0]
+def _all_reduce(t: torch.Tensor, op, group) -> torch.Tensor:
     if group is not None:
         t = t.contiguous()
         dist.all_reduce(t, op=op, group=group)
     return t
 
 
-def gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """aᴴb, the product contracted over the rows: shape (..., a.shape[-1], b.shape[-1])."""
-    return _all_reduce(a.mH @ b, dist.ReduceOp.SUM)
+def gram(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
+    """aᴴb, the product contracted over the rows: shape (..., a.shape[-1], b.shape[-1]).
+
+    Args:
+        a: matrices (..., N, K), the local rows when ``group`` is given.
+        b: matrices (..., N, L), the same rows.
+        group: the process group the rows are split over, or None (plain tensors).
+    """
+    return _all_reduce(a.mH @ b, dist.ReduceOp.SUM, group)
 
 
 #: entries of X widened to float64 at a time by `wide_gram` (2 MiB in float64)
 WIDE_CHUNK = 1 << 18
 
 
-def wide_gram(x: torch.Tensor) -> torch.Tensor:
+def wide_gram(x: torch.Tensor, group=None) -> torch.Tensor:
     """XᴴX in float64 (complex128) for a lower-precision X, in X's dtype otherwise.
 
     The Gram of the drift correction (Note [Square steps in the frame of X] in
@@ -116,7 +95,7 @@ def wide_gram(x: torch.Tensor) -> torch.Tensor:
     whole = whole or torch.compiler.is_compiling()
     if whole or (torch.is_grad_enabled() and x.requires_grad):
         xw = x.to(wide)
-        return gram(xw, xw)
+        return gram(xw, xw, group)
     xf = x.reshape(-1, n, m)
     mats, rows = max(1, WIDE_CHUNK // (n * m)), min(n, max(1, WIDE_CHUNK // m))
     out = torch.zeros((xf.shape[0], m, m), dtype=wide, device=x.device)
@@ -124,15 +103,15 @@ def wide_gram(x: torch.Tensor) -> torch.Tensor:
         for j in range(0, n, rows):
             xw = xf[i : i + mats, j : j + rows].to(wide)
             out[i : i + mats].baddbmm_(xw.mH, xw)
-    return _all_reduce(out.reshape(*x.shape[:-2], m, m), dist.ReduceOp.SUM)
+    return _all_reduce(out.reshape(*x.shape[:-2], m, m), dist.ReduceOp.SUM, group)
 
 
-def rows_sum(t: torch.Tensor) -> torch.Tensor:
-    """Σ over the last two dimensions of an N×M tensor, shape (..., 1, 1)."""
-    return _all_reduce(t.sum(dim=(-2, -1), keepdim=True), dist.ReduceOp.SUM)
+def rows_sum(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Σ over the last two dimensions of an N×M tensor, shape (..., 1, 1), over ``group``."""
+    return _all_reduce(t.sum(dim=(-2, -1), keepdim=True), dist.ReduceOp.SUM, group)
 
 
-def rows_sum_squares(t: torch.Tensor) -> torch.Tensor:
+def rows_sum_squares(t: torch.Tensor, group=None) -> torch.Tensor:
     """‖t‖²_F over the last two dimensions (shape (..., 1, 1)), real.
 
     Note [Sum of squares by row norms]
@@ -150,15 +129,16 @@ def rows_sum_squares(t: torch.Tensor) -> torch.Tensor:
     if by_columns(t):
         t = t.mT  # the same entries in memory order
     rows = torch.linalg.vector_norm(t, dim=-1).square()
-    return rows_sum(rows.unsqueeze(-1))
+    return rows_sum(rows.unsqueeze(-1), group)
 
 
-def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+def columns_defect(t: torch.Tensor, near: torch.Tensor, group=None) -> torch.Tensor:
     r"""‖t_j‖² − 1 for every column j, shape (..., M), real, summed over all rows.
 
     Args:
-        t: matrices (..., N, M) (the local rows inside `rows_split`).
+        t: matrices (..., N, M) (the local rows when ``group`` is given).
         near: ‖t_j‖² to any accuracy, shape (..., M) (the diagonal of a float32 tᴴt).
+        group: the process group the rows are split over, or None.
 
     Note [The Gram's diagonal from offset squares]
     The diagonal of a Gram XᴴX in float32 carries the rounding of the product's
@@ -176,7 +156,6 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     about 1e-8 per entry already. One fused pass writes the N×M terms, one sums them.
     """
     n = t.shape[-2]
-    group = _GROUP[0]
     rows = n * (dist.get_world_size(group) if group is not None else 1)  # N, or about it
     near = near.real if near.is_complex() else near
     # squares past the dtype's range make ``near`` inf, or NaN where a complex product
@@ -188,7 +167,7 @@ def columns_defect(t: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     else:
         terms = torch.addcmul(-c, t, t)
     local = terms.sum(dim=-2).double() + n * c.squeeze(-2).double()
-    return (_all_reduce(local, dist.ReduceOp.SUM) - 1).to(c.dtype)
+    return (_all_reduce(local, dist.ReduceOp.SUM, group) - 1).to(c.dtype)
 
 
 def absmax_from(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -196,7 +175,7 @@ def absmax_from(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     return torch.maximum(lo.neg(), hi)
 
 
-def rows_amax(t: torch.Tensor) -> torch.Tensor:
+def rows_amax(t: torch.Tensor, group=None) -> torch.Tensor:
     """max over the last two dimensions of a non-negative N×M tensor, shape (..., 1, 1).
 
     A rank may hold no rows (uneven sharding): its maximum is 0.
@@ -205,7 +184,7 @@ def rows_amax(t: torch.Tensor) -> torch.Tensor:
         local = t.new_zeros((*t.shape[:-2], 1, 1))
     else:
         local = t.amax(dim=(-2, -1), keepdim=True)
-    return _all_reduce(local, dist.ReduceOp.MAX)
+    return _all_reduce(local, dist.ReduceOp.MAX, group)
 
 
 def by_columns(t: torch.Tensor) -> bool:
@@ -236,7 +215,7 @@ def memory_order(t: torch.Tensor) -> torch.Tensor:
     return dense if dense.is_contiguous() else t
 
 
-def rows_absmax(t: torch.Tensor) -> torch.Tensor:
+def rows_absmax(t: torch.Tensor, group=None) -> torch.Tensor:
     """max |t| over the last two dimensions (shape (..., 1, 1)), like ``rows_amax(t.abs())``.
 
     A real tensor is reduced by ``amax`` and ``amin`` with no |t| copy (one
@@ -246,12 +225,12 @@ def rows_absmax(t: torch.Tensor) -> torch.Tensor:
     docs/performance.md, "Measurements behind code choices".
     """
     if t.is_complex() or t.shape[-2] * t.shape[-1] == 0:
-        return rows_amax(t.abs())
+        return rows_amax(t.abs(), group)
     if t.dim() == 2:  # one pass for both (along dimensions aminmax is the slower form)
         lo, hi = torch.aminmax(memory_order(t))  # no copy of a column-major matrix
-        return _all_reduce(absmax_from(lo, hi).reshape(1, 1), dist.ReduceOp.MAX)
+        return _all_reduce(absmax_from(lo, hi).reshape(1, 1), dist.ReduceOp.MAX, group)
     if by_columns(t):  # the same entries in memory order (Note [Reductions over all
         t = t.mT  # entries in memory order])
     hi = t.amax(dim=(-2, -1), keepdim=True)
     lo = t.amin(dim=(-2, -1), keepdim=True)
-    return _all_reduce(absmax_from(lo, hi), dist.ReduceOp.MAX)
+    return _all_reduce(absmax_from(lo, hi), dist.ReduceOp.MAX, group)

@@ -33,7 +33,7 @@ def free_scale(d: torch.Tensor) -> float:
 
 
 def normalize(
-    d: torch.Tensor, absmax: torch.Tensor | None = None
+    d: torch.Tensor, absmax: torch.Tensor | None = None, group=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """d / μ and μ per matrix (shape (..., 1, 1)): μ = max|d|, or exactly 1 where
     max|d| is below `free_scale` (Note [Step weights as tensors]).
@@ -42,8 +42,9 @@ def normalize(
         d: directions (..., N, M).
         absmax: max|d| per matrix if the caller has it (Note [One pass over the
             gradient for its test and its scale] in `stiefel.manifolds.geometry`).
+        group: the process group the rows are split over, or None.
     """
-    mu = rows_absmax(d) if absmax is None else absmax
+    mu = rows_absmax(d, group) if absmax is None else absmax
     mu = torch.where(mu <= free_scale(d), 1.0, mu.clamp_min(torch.finfo(mu.dtype).tiny))
     return d / mu, mu
 
@@ -83,9 +84,9 @@ def weights(beta: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor] | t
 # the step can overflow, and μ is taken as exactly 1 (``torch.where``): the
 # division d/μ then changes no bit, and the step's numbers are those of the
 # unscaled formula.
-def _step_scale(d: torch.Tensor, lr, factor: float, absmax: torch.Tensor | None = None):
+def _step_scale(d: torch.Tensor, lr, factor: float, absmax=None, group=None):
     """(c·σ/μ, γ) per matrix, as tensors (Note [Step weights as tensors])."""
-    mu = rows_absmax(d) if absmax is None else absmax
+    mu = rows_absmax(d, group) if absmax is None else absmax
     mu = mu.clamp_min(torch.finfo(mu.dtype).tiny)
     gamma, sigma = weights(lr * mu)
     scale = sigma / mu
@@ -93,7 +94,7 @@ def _step_scale(d: torch.Tensor, lr, factor: float, absmax: torch.Tensor | None 
 
 
 def scaled_step(
-    d: torch.Tensor, lr, absmax: torch.Tensor | None = None
+    d: torch.Tensor, lr, absmax: torch.Tensor | None = None, group=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""(σ·d/μ, γ): the step written as γX − σ·d/μ = (X − lr·d)/max(1, |β|), β = lr·μ.
 
@@ -106,11 +107,12 @@ def scaled_step(
         d: directions (..., N, M).
         lr: step size, a float or a tensor broadcastable to (..., 1, 1).
         absmax: max|d| per matrix if the caller has it.
+        group: the process group the rows are split over, or None.
 
     Returns:
         (σ·d/μ, γ), γ of shape (..., 1, 1).
     """
-    scale, gamma = _step_scale(d, lr, 1.0, absmax)
+    scale, gamma = _step_scale(d, lr, 1.0, absmax, group)
     return d * scale, gamma
 
 
@@ -120,6 +122,7 @@ def scaled_gram(
     lr,
     factor: float = 1.0,
     absmax: torch.Tensor | None = None,
+    group=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""(Xᴴ(c·σ·d/μ), γ): `gram` of X and `scaled_step`'s copy, and its γ.
 
@@ -130,9 +133,10 @@ def scaled_gram(
         factor: c, a power of two the caller wants in the product (exact: it
             saves the caller a pass over it).
         absmax: max|d| per matrix if the caller has it.
+        group: the process group the rows are split over, or None.
 
     Returns:
         (c·σ·XᴴD/μ, γ), γ of shape (..., 1, 1).
     """
-    scale, gamma = _step_scale(d, lr, factor, absmax)
-    return gram(x, d * scale), gamma
+    scale, gamma = _step_scale(d, lr, factor, absmax, group)
+    return gram(x, d * scale, group), gamma

@@ -214,7 +214,9 @@ def solve_step_system(
     return z[..., :m, :] / tc, z[..., m:, :]
 
 
-def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False, checks=None):
+def smw_step(
+    x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=False, checks=None, group=None
+):
     r"""Y = Cayley(A)X(3I − XᴴX)/2 for Pu = −lr·Pd through a 2M×2M system.
 
     ``pd_or_d`` is Pd, or with ``implicit`` the direction d itself (Note [Pd through d]).
@@ -304,6 +306,8 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
         mu: the scale μ of d = μ·(d/μ), with ``v_is_d``.
         implicit: ``pd_or_d`` is d (Note [Pd through d]).
         checks: a step that reads nothing: its tests are appended here (`elimination_bounds`).
+        group: the process group the rows are split over (Note [Row-sharded kernels]
+            in .reduce), or None.
 
     Returns:
         Y, or (Y, Cayley(A)v) when ``v`` is given.
@@ -313,13 +317,13 @@ def smw_step(x, pd_or_d, xhd, xx, lr, v=None, v_is_d=False, mu=1.0, implicit=Fal
     half = 0.5 * xhd
     xpd = sub_product(xhd, xx, half)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
     other = v is not None and not v_is_d
-    xv = gram(x, v) if other else None
+    xv = gram(x, v, group) if other else None
     if implicit:  # Note [Pd through d]
-        pdpd = product_on(gram(pd_or_d, pd_or_d), (xhd + xpd).mH, half, alpha=-1)
-        pdv = product_on(gram(pd_or_d, v), half.mH, xv, alpha=-1) if other else None
+        pdpd = product_on(gram(pd_or_d, pd_or_d, group), (xhd + xpd).mH, half, alpha=-1)
+        pdv = product_on(gram(pd_or_d, v, group), half.mH, xv, alpha=-1) if other else None
     else:
-        pdpd = gram(pd_or_d, pd_or_d)
-        pdv = gram(pd_or_d, v) if other else None
+        pdpd = gram(pd_or_d, pd_or_d, group)
+        pdv = gram(pd_or_d, v, group) if other else None
 
     def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
         return product_on(a, half, b, alpha=-1) if implicit else a

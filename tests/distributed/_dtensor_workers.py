@@ -173,8 +173,7 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
     local = torch.tensor_split(x, world, dim=-2)[rank]
     chunk, kernels.reduce.WIDE_CHUNK = kernels.reduce.WIDE_CHUNK, 4
     try:
-        with kernels.reduce.rows_split(mesh.get_group()):
-            wide = kernels.reduce.wide_gram(local)
+        wide = kernels.reduce.wide_gram(local, mesh.get_group())
     finally:
         kernels.reduce.WIDE_CHUNK = chunk
     ref = x.to(torch.complex128).mH @ x.to(torch.complex128)

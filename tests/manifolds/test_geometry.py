@@ -130,3 +130,39 @@ def test_frame_geometry_only_where_the_step_has_a_frame():
     assert Stiefel(6, 6).geometry(retraction="qr").frame(x) is None
     assert Stiefel(9, 3).geometry().frame(Stiefel(9, 3).random(dtype=torch.float64)) is None
     assert optimizers.geometry.EuclideanGeometry().frame(x) is None
+
+
+@pytest.mark.parametrize("retraction", ["cayley", "qr", "polar"])
+def test_a_row_split_geometry_hands_its_group_to_every_reduction(monkeypatch, retraction):
+    # a group of one rank: each all-reduce is the identity, so the split geometry must
+    # equal the plain one to rounding, and every sum over the rows must name the group
+    import torch.distributed as dist
+
+    group, seen = object(), []
+
+    def all_reduce(t, op=None, group=None):
+        seen.append(group)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    st = Stiefel(12, 3)
+    plain = st.geometry(retraction=retraction)
+    split = plain.on_rows(group)
+    assert plain.on_rows(None) is plain and split is not plain and plain.group is None
+    x = st.random(dtype=torch.float64)
+    g = torch.randn(12, 3, dtype=torch.float64)
+    tol = 100 * torch.finfo(torch.float64).eps
+    for name, args in [
+        ("rgrad", (x, g)),
+        ("gradient_step", (x, g, 0.1)),
+        ("descend", (x, g, 0.1)),
+        ("component_inner", (x, g)),
+        ("project", (3 * x,)),
+        ("error", (x,)),
+    ]:
+        seen.clear()
+        want, got = getattr(plain, name)(*args), getattr(split, name)(*args)
+        assert seen and all(s is group for s in seen), name  # reduced over the group only
+        assert torch.allclose(got, want, atol=tol, rtol=tol), name
+    assert split.off_manifold(x, step=0) is not None and seen[-1] is group
+    assert not hasattr(kernels.reduce, "rows_split") and not hasattr(kernels.reduce, "_GROUP")
