@@ -243,8 +243,8 @@ def _pow2_at_least(r: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.ceil(torch.log2(r))).clamp_min_(1.0)
 
 
-def _rows_amax_abs(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    return rows_absmax(u)
+def _rows_amax_abs(x: torch.Tensor, u: torch.Tensor, group=None) -> torch.Tensor:
+    return rows_absmax(u, group)  # over all ranks' rows of a row-sharded point
 
 
 def _component_amax(geo: Geometry, x: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:

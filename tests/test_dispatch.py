@@ -26,7 +26,8 @@ from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations._spectral import SPECTRAL_THRESHOLD, LazyNorm
 
 #: dispatchers whose property cases are written in another test file
-COVERED_ELSEWHERE: set[str] = {"near_identity_solve"}  # tests/manifolds/test_kernel_dispatch.py
+#: tested in tests/manifolds/test_kernel_dispatch.py
+COVERED_ELSEWHERE: set[str] = {"near_identity_solve", "wide_gram", "minus_adjoint"}
 
 EPS = torch.finfo(torch.float64).eps
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]

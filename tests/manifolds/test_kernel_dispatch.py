@@ -34,3 +34,35 @@ def test_near_identity_series_equals_the_solve(n, radius):
     assert checks == []  # a tensor bound takes the solve, refusing nothing
     for out in (fast, unread, ref):
         assert float((out - dense).abs().max()) <= tol * float(dense.abs().max())
+
+
+@pytest.mark.parametrize("shape", [(40, 5, 4), (300, 7)])
+def test_wide_gram_by_chunks_equals_the_whole_copy(monkeypatch, shape):
+    from stiefel.manifolds.kernels import reduce
+
+    monkeypatch.setattr(reduce, "WIDE_CHUNK", 64)  # several chunks: batch and row blocks
+    x = torch.randn(*shape, dtype=torch.float32)
+    with torch.no_grad():
+        assert reduce.wide_gram_path(x) == "chunks"
+        fast = reduce.wide_gram(x)
+        with policy(reference=True):
+            assert reduce.wide_gram_path(x) == "whole"
+            ref = reduce.wide_gram(x)
+    exact = x.double().mT @ x.double()
+    tol = 10 * shape[-2] * torch.finfo(torch.float64).eps
+    assert fast.dtype == torch.float64 and torch.allclose(fast, ref, rtol=tol, atol=tol)
+    assert torch.allclose(fast, exact, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_minus_adjoint_by_a_transposed_copy_equals_the_plain_difference(batch):
+    from stiefel.manifolds.kernels import frame
+
+    a = torch.randn(*batch, 512, 512, dtype=torch.float64)
+    with torch.no_grad():
+        assert frame.minus_adjoint_path(a) == "transposed_copy"
+        fast = frame.minus_adjoint(a)
+        with policy(reference=True):
+            assert frame.minus_adjoint_path(a) == "plain"
+            ref = frame.minus_adjoint(a)
+    assert torch.equal(fast, ref) and torch.equal(fast, a - a.mT)  # exact: one rounding each
