@@ -7,7 +7,8 @@ The classes subclass `geoopt.Manifold`, so they work with geoopt's
 """
 
 from . import kernels
-from .geometry import EuclideanGeometry, FrameGeometry, Geometry, StiefelGeometry
+from .frame_geometry import FrameGeometry
+from .geometry import EuclideanGeometry, Geometry, StiefelGeometry
 from .stiefel import METRICS, RETRACTIONS, Orthogonal, Stiefel, Unitary
 
 __all__ = [

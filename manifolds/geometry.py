@@ -36,7 +36,6 @@ __all__ = [
     "Geometry",
     "EuclideanGeometry",
     "StiefelGeometry",
-    "FrameGeometry",
     "linear_in_g",
     "METRICS",
     "EGRAD2RGRAD",
@@ -317,6 +316,8 @@ class StiefelGeometry(Geometry):
     def frame(self, x):
         if self._frame_step is None or not kernels.frame.in_frame(x, self.group):
             return None
+        from .frame_geometry import FrameGeometry  # it subclasses this module's Geometry
+
         return FrameGeometry(self, self._frame_step)
 
     def _xx(self, x: torch.Tensor):
@@ -375,90 +376,3 @@ class StiefelGeometry(Geometry):
 
     def error(self, x):
         return kernels.orthogonality_error(x, self.group)
-
-
-class FrameGeometry(Geometry):
-    r"""Tangent vectors of a square point in its frame: ξ = XΩ, Ω n×n skew-Hermitian.
-
-    Note [Moments in the frame of X]
-    On O(n) and U(n) every tangent vector at X is ξ = XΩ with Ω = Xᴴξ
-    skew-Hermitian, and the Cayley step Y = X·Cayley(S) carries ξ to
-    Cayley(A)ξ = Y·Ω (Note [Square Cayley step in the frame of X]): in the
-    frame of the point, a transported vector keeps its coordinates. A rule that
-    keeps a moment as Ω instead of ξ (radam's first moment, rgd's Cayley
-    momentum) never forms ξ, its coordinates Xᴴξ or its transport Y·(Xᴴξ).
-    With H = XᴴG the gradient is
-    Ω = skew(H) (Euclidean metric: G − X sym(H) = X skew(H) when XXᴴ = I) or
-    2 skew(H) (canonical: G − XGᴴX = X(H − Hᴴ)); its squared length is
-    ‖Ω‖²_F, or ½‖Ω‖²_F under the canonical metric (⟨ξ, ξ⟩ − ½‖Xᴴξ‖²_F); the
-    step is the frame step on Ω. A step of radam then costs two n³ products
-    (XᴴG and X·F) and the n×n Cayley factor, where the ambient form takes five
-    (six under the canonical metric: its inner product's Xᴴξ): the gradient's
-    XᴴG and X·sym(H), Xᴴm, X·F and the transport Y·(Xᴴm).
-    Both forms agree to rounding: they differ by terms of X's drift
-    E = XᴴX − I (XXᴴ = I was used above), which the correction every k-th step
-    keeps at rounding (Note [The drift correction every k-th step]). The frame
-    needs every row of X on this rank (`frame.in_frame`): a row-sharded point
-    keeps the ambient form.
-
-    Args:
-        base: the geometry of the point (its metric, its off-manifold test's Gram).
-        step: the retraction's frame kernel ``step(x, omega, lr, *, xx)`` computing
-            retr(X, −lr·XΩ) (`kernels.cayley_frame_descent`).
-
-    Example:
-        ```python
-        import torch
-        from stiefel.manifolds import Orthogonal
-
-        o = Orthogonal(5)
-        base = o.geometry()
-        x = o.random(dtype=torch.float64)
-        fg = base.frame(x)
-        g = torch.randn(5, 5, dtype=torch.float64)
-        omega = fg.rgrad(x, g)
-        assert torch.allclose(fg.lift(x, omega), base.rgrad(x, g), atol=1e-12)
-        y, moved = fg.descend_transport(x, omega, 0.1)
-        assert moved is omega  # Y·Ω is the transported vector
-        ```
-    """
-
-    stiefel = True
-
-    def __init__(self, base: StiefelGeometry, step):
-        self.base = base
-        self._step = step
-        self._scale = 1.0 if base.metric == "euclidean" else 2.0
-
-    def _omega(self, x, g):  # c·skew(XᴴG), scaled in the fresh tensor of `lower`
-        omega = self.lower(x, g)
-        return omega if self._scale == 1.0 else omega.mul_(self._scale)
-
-    def rgrad(self, x, g):
-        return linear_in_g(self._omega, x, g, self.base._absmax(g))
-
-    def component_inner(self, x, u):
-        sq = kernels.inner_euclidean(x, u, u, keepdim=True)
-        return sq if self._scale == 1.0 else sq * 0.5
-
-    def descend(self, x, d, lr):
-        return self._step(x, d, lr, xx=self.base._xx(x), **self.base._checks)
-
-    def descend_transport(self, x, d, lr):
-        return self.descend(x, d, lr), d
-
-    @staticmethod
-    def lift(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-        """The tangent vector XΩ of the coordinates Ω."""
-        return x @ omega
-
-    @staticmethod
-    def lower(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The coordinates skew(Xᴴv) = ½(Xᴴv − vᴴX) of a tangent vector v (a fresh tensor)."""
-        return kernels.frame.minus_adjoint(kernels.reduce.gram(x, v)).mul_(0.5)
-
-    def project(self, x):
-        return self.base.project(x)
-
-    def error(self, x):
-        return self.base.error(x)

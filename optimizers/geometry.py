@@ -34,7 +34,8 @@ import torch
 
 from .._core import checks as _checks
 from ..manifolds.binding import manifold_of
-from ..manifolds.geometry import EuclideanGeometry, FrameGeometry, Geometry, StiefelGeometry
+from ..manifolds.frame_geometry import FrameGeometry
+from ..manifolds.geometry import EuclideanGeometry, Geometry, StiefelGeometry
 from ..manifolds.kernels import RETRACTIONS, orthogonality_error
 from ..manifolds.sharded import ShardedGeometry, check_placements, is_dtensor
 

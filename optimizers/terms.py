@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .._core import checks as _checks
-from ..manifolds.geometry import FrameGeometry
+from ..manifolds.frame_geometry import FrameGeometry
 
 __all__ = [
     "weight_decay",
