@@ -163,7 +163,11 @@ class Geometry:
         return None
 
     def for_step(
-        self, checks: list | None, grad: torch.Tensor | None = None, absmax=None
+        self,
+        checks: list | None,
+        grad: torch.Tensor | None = None,
+        absmax=None,
+        reads: bool = True,
     ) -> Geometry:
         """This geometry for one optimizer step (itself unless it keeps per-step data).
 
@@ -173,6 +177,9 @@ class Geometry:
                 `stiefel.manifolds.kernels.frame`), or None: the kernels read them.
             grad: the step's gradient, whose max|grad| per matrix is ``absmax``.
             absmax: max|grad| per matrix, (..., 1, 1), or None.
+            reads: False for a step that must read nothing on the host (an
+                optimizer's ``capturable`` step): the kernels then take their paths
+                unread, as in a traced step.
         """
         return self
 
@@ -276,7 +283,7 @@ class StiefelGeometry(Geometry):
         self._gram: tuple[torch.Tensor, object] | None = None
         self._skips = getattr(self._descent, "takes_uncorrected", False)
         self._frame_step = getattr(self._descent, "frame_step", None)
-        self._checks: dict = {}  # the kernels' ``checks=`` of one step, if they take it
+        self._checks: dict = {}  # the kernels' checks= and reads= of one step, if taken
         self._known: tuple | None = None
         self.group = None  # the process group the rows are split over (`on_rows`)
         self._rows: dict = {}  # the retraction's ``group=`` when the rows are split
@@ -289,8 +296,8 @@ class StiefelGeometry(Geometry):
         rows.group, rows._rows = group, {"group": group}
         return rows
 
-    def for_step(self, checks, grad=None, absmax=None):
-        """A copy holding the step's ``checks`` list and the gradient's max|G|.
+    def for_step(self, checks, grad=None, absmax=None, reads=True):
+        """A copy holding the step's ``checks`` list (or ``reads=False``) and the gradient's max|G|.
 
         Note [One pass over the gradient for its test and its scale]
         A step reads its gradient G twice for the same number: the optimizer's
@@ -301,8 +308,12 @@ class StiefelGeometry(Geometry):
         very tensor (``is``) at the same version counter (not written in between).
         """
         step = copy.copy(self)
-        take = checks is not None and getattr(self._descent, "takes_checks", False)
-        step._checks = {"checks": checks} if take else {}
+        step._checks = {}
+        if getattr(self._descent, "takes_checks", False):
+            if checks is not None:
+                step._checks["checks"] = checks
+            if not reads:
+                step._checks["reads"] = False
         step._known = None if absmax is None else (grad, grad._version, absmax)
         return step
 

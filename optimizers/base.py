@@ -206,7 +206,7 @@ class RiemannianOptimizer(ParamGroups):
                 quiet = traced or bool(group["capturable"])
                 self._bind(index, group)  # bind
                 for bucket in self._buckets(index, group, quiet):  # bucket
-                    computed.append(self._rule(bucket, group, quiet))  # rule
+                    computed += self._rule(bucket, group, quiet)  # rule
             loud = [c for c in computed if not c.quiet]
             engine.select(self, [c for c in computed if c not in loud])  # commit
             while loud:  # buckets whose tested points were off: again, from their projections
@@ -218,10 +218,17 @@ class RiemannianOptimizer(ParamGroups):
                 telemetry.record(self)
         return loss
 
-    def _rule(self, bucket: buckets.Bucket, group: dict, quiet: bool) -> engine.Computed:
-        """`engine.compute`; a rule's RuntimeError names the parameters and their state."""
+    def _rule(self, bucket: buckets.Bucket, group: dict, quiet: bool) -> list[engine.Computed]:
+        """`engine.compute`; a rule's RuntimeError names the parameters and their state.
+
+        LAPACK refuses a whole stacked bucket when one of its matrices is not finite
+        (a NaN gradient through an SVD or a solve): its parameters are then stepped one
+        by one, so that only that one is skipped, as without buckets.
+        """
         try:
-            return engine.compute(self, bucket, group, quiet)
+            return [engine.compute(self, bucket, group, quiet)]
+        except torch.linalg.LinAlgError:
+            return [c for one in bucket.split() for c in self._rule(one, group, quiet)]
         except RuntimeError as err:
             shapes = "; ".join(
                 f"{bucket.where(k)}: "
@@ -263,8 +270,7 @@ class RiemannianOptimizer(ParamGroups):
         """
         geo = c.bucket.binding.bind(c.group)
         out = []
-        for k, p in enumerate(c.bucket.params):
-            single = buckets.Bucket([p], [c.bucket.indices[k]], c.bucket.binding, c.bucket.count)
+        for p, single in zip(c.bucket.params, c.bucket.split(), strict=True):
             state = self.state[p]
             x = single.binding.orient(master.point(p, state))
             # a bucket of one was found off; in a larger one, which parameter is asked

@@ -112,6 +112,13 @@ class Bucket:
     def single(self) -> bool:
         return len(self.params) == 1
 
+    def split(self) -> list[Bucket]:
+        """A bucket of one for each parameter."""
+        return [
+            Bucket([p], [i], self.binding, self.count)
+            for p, i in zip(self.params, self.indices, strict=True)
+        ]
+
     def where(self, k: int = 0) -> str:
         """Parameter ``k`` of the bucket, named for a warning or an error."""
         p = self.params[k]

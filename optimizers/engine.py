@@ -80,13 +80,11 @@ a change the optimizer did not make (its version counter), and every
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from ..manifolds.kernels.frame import CHECK_EVERY
-from ..manifolds.kernels.reads import no_host_reads
 from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
 from ..manifolds.sharded import any_rank, is_dtensor
 from . import master, skips
@@ -181,7 +179,7 @@ def compute(
     checks = None if quiet or exact else []
     for_step = getattr(geo, "for_step", None)  # a third party's geometry may lack it
     if for_step is not None:
-        geo = for_step(checks, grad, absmax)
+        geo = for_step(checks, grad, absmax, reads=not quiet)
     work = _working_state(opt, bucket, states, x)
     count = bucket.count  # None in a quiet step (`buckets.plan`)
     unchanged = not quiet and all(
@@ -210,9 +208,10 @@ def compute(
         steps = torch.zeros(shape, device=x.device if quiet or not bucket.single else "cpu")
     work[STEP] = steps + 1
     try:
-        with no_host_reads() if quiet else nullcontext():  # Note [Kernels read nothing ...]
-            new = opt.update(geo, x, grad, work, group)
+        new = opt.update(geo, x, grad, work, group)
     except torch.linalg.LinAlgError:  # eager LAPACK refusing a non-finite input
+        if not bucket.single:
+            raise  # the caller steps the bucket's parameters one by one
         new = None
     if not opt.writes_state_in_place:
         _check_promise(opt, before, versions)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import torch
 
 from .basic import eye_like, newton_schulz, sub_product, sym
-from .factor import polar_descent, qr_descent
+from .factor import qr_descent
 from .frame import (
     frame_update,
     in_frame,
@@ -28,6 +28,7 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
+from .polar_step import polar_descent
 from .reads import host_max, host_reads_allowed
 from .reduce import gram
 from .scaling import normalize, weights
@@ -88,7 +89,7 @@ def _dense(x, dn, lr, v, xx):
     return y if v is None else (y, out[..., m:])
 
 
-def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None):
+def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None, reads=True):
     r"""The Cayley step of a square X in X's own frame: one n×n solve, no n×n A.
 
     Note [Square Cayley step in the frame of X]
@@ -141,7 +142,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None):
     bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
     if checks is not None:  # per matrix, unread (Note [Euler's product without a host read])
         bound = torch.where(short, half_beta.abs(), 0.0)
-    elif host_reads_allowed():  # max ‖K‖_F over the short steps, −1: none
+    elif reads and host_reads_allowed():  # max ‖K‖_F over the short steps, −1: none
         bound = host_max(torch.where(short, half_beta.abs(), -1.0))
     if isinstance(bound, float) and bound < 0:
         y = explicit(lambda t: t)
@@ -149,7 +150,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None):
         if xx is None:
             xx = wide_gram(x)
         y = frame_update(x, cayley_delta(ph * half_beta, bound, checks), xx)  # Cayley(S) − I
-        y = replace_refused(y, short, explicit, checks)
+        y = replace_refused(y, short, explicit, checks, reads)
     if v is None:
         return y
     if not v_is_d:
@@ -158,19 +159,21 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None):
     return y, (y @ w).mul_(mu)
 
 
-def _cayley(x, d, lr, v, xx, smw, checks=None, group=None):
+def _cayley(x, d, lr, v, xx, smw, checks=None, group=None, reads=True):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
     dn, mu = normalize(d, group=group)
     lr = lr * mu
     if smw is None and in_frame(x, group):
-        return _square(x, x.mH @ dn, lr, v, v is d, mu, xx, checks)
+        return _square(x, x.mH @ dn, lr, v, v is d, mu, xx, checks, reads)
     xx = tall_gram(x, xx, group)
     if not (_woodbury_for(x, group) if smw is None else smw):
         return _dense(x, dn, lr, v, xx)
     # Pd = d − ½X·Xᴴd, never formed (Note [Pd through d])
     mu_v = mu if v is d else 1.0
     xhd = gram(x, dn, group)
-    return smw_step(x, dn, xhd, xx, lr, v, v is d, mu_v, implicit=True, checks=checks, group=group)
+    return smw_step(
+        x, dn, xhd, xx, lr, v, v is d, mu_v, implicit=True, checks=checks, group=group, reads=reads
+    )
 
 
 def cayley_descent(
@@ -182,6 +185,7 @@ def cayley_descent(
     xx: torch.Tensor | None = None,
     checks: list | None = None,
     group=None,
+    reads: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Cayley step Y = Cayley(A)X(3I − XᴴX)/2 of u = −lr·d; optionally v transported.
 
@@ -201,6 +205,9 @@ def cayley_descent(
             that reads nothing] in .frame); None: read here.
         group: the process group the rows of X are split over (Note [Row-sharded
             kernels] in .reduce), or None.
+        reads: False for a step that must read nothing on the host (an optimizer's
+            ``capturable`` step): the short and the exact paths are both computed
+            and chosen by ``torch.where``, as in a traced step.
 
     Returns:
         Y, or (Y, Cayley(A)v) when ``v`` is given.
@@ -217,7 +224,7 @@ def cayley_descent(
         assert abs(float(td.norm() - d.norm())) < 1e-12  # an isometry
         ```
     """
-    return _cayley(x, d, lr, v, xx, None, checks, group)
+    return _cayley(x, d, lr, v, xx, None, checks, group, reads)
 
 
 def cayley_gradient_step(
@@ -230,6 +237,7 @@ def cayley_gradient_step(
     checks: list | None = None,
     absmax: torch.Tensor | None = None,
     group=None,
+    reads: bool = True,
 ) -> torch.Tensor:
     r"""One RGD step `cayley_descent`(x, rgrad(G), lr), fused.
 
@@ -249,6 +257,7 @@ def cayley_gradient_step(
         checks: as for `cayley_descent`.
         absmax: max|G| per matrix (..., 1, 1) if the caller has it (`scaling.normalize`).
         group: as for `cayley_descent`.
+        reads: as for `cayley_descent`.
 
     Returns:
         The new points.
@@ -271,7 +280,9 @@ def cayley_gradient_step(
     lr = lr * mu
     if in_frame(x, group):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
         h = gram(x, gn)
-        return _square(x, h if metric == "euclidean" else 2 * h, lr, xx=xx, checks=checks)
+        return _square(
+            x, h if metric == "euclidean" else 2 * h, lr, xx=xx, checks=checks, reads=reads
+        )
     xx = tall_gram(x, xx, group)
     h = gram(x, gn, group)
     w = sym(h) if metric == "euclidean" else h.mH
@@ -280,23 +291,30 @@ def cayley_gradient_step(
     xhd = h - xx @ w
     # Pd = G − X(W + ½Xᴴd), over G/μ (never over the caller's G)
     pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place() and gn is not g)
-    return smw_step(x, pd, xhd, xx, lr, None, False, mu, checks=checks, group=group)
+    return smw_step(x, pd, xhd, xx, lr, None, False, mu, checks=checks, group=group, reads=reads)
 
 
 cayley_descent.gradient_step = cayley_gradient_step  # type: ignore[attr-defined]
 
 
 def cayley_frame_descent(
-    x: torch.Tensor, omega: torch.Tensor, lr: Lr, *, xx=None, checks: list | None = None
+    x: torch.Tensor,
+    omega: torch.Tensor,
+    lr: Lr,
+    *,
+    xx=None,
+    checks: list | None = None,
+    reads: bool = True,
 ) -> torch.Tensor:
     """Cayley step Y = retr(X, −lr·XΩ) of square points X, from the skew-Hermitian Ω.
 
     The step of Note [Square Cayley step in the frame of X] with Xᴴd = Ω given:
     the vector XΩ is carried to Y·Ω by the same map (Note [Moments in the frame of
-    X] in `stiefel.manifolds.geometry`). ``xx`` and ``checks`` as for `cayley_descent`.
+    X] in `stiefel.manifolds.geometry`). ``xx``, ``checks`` and ``reads`` as for
+    `cayley_descent`.
     """
     wn, mu = normalize(omega)
-    return _square(x, wn, lr * mu, xx=xx, checks=checks)
+    return _square(x, wn, lr * mu, xx=xx, checks=checks, reads=reads)
 
 
 cayley_descent.frame_step = cayley_frame_descent  # type: ignore[attr-defined]
@@ -334,7 +352,8 @@ only (Notes [The drift correction every k-th step], [Tall steps correct every
 k-th step]); others get a Gram in the point's dtype at every step. One with
 ``takes_checks = True`` (and its ``gradient_step`` / ``frame_step``) accepts
 ``checks=``, a list where its tests are appended unread (Note [Refused matrices
-in a step that reads nothing] in .frame); others are called without it. A
+in a step that reads nothing] in .frame), and ``reads=False`` for a step that
+reads nothing at all; others are called without them. A
 kernel (and its ``gradient_step``) is handed ``group=``, the process group the
 rows of a row-sharded point are split over, for such points only (Note
 [Row-sharded geometries] in `stiefel.manifolds.geometry`); the table's kernels

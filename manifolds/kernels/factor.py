@@ -1,4 +1,4 @@
-r"""Retractions through a factorization of X − lr·d: QR (from the Grams) and polar.
+r"""The QR retraction of X − lr·d, through the Grams (the polar one: `polar_step`).
 
 Descent kernels ``fn(x, d, lr, v=None, *, xx=None)`` like the Cayley ones
 (`stiefel.manifolds.kernels.cayley`, whose table `RETRACTIONS` lists them):
@@ -27,7 +27,6 @@ from .basic import (
     eye_like,
     flat_over,
     newton_schulz,
-    polar,
     product_like,
     product_on,
     proj_tangent,
@@ -51,9 +50,7 @@ from .scaling import scaled_gram, scaled_step
 __all__ = [
     "qr_descent",
     "qr_gradient_step",
-    "polar_descent",
     "qr_retraction",
-    "polar_retraction",
     "right_solve_by_inverse",
     "right_solve_flops",
     "times_inverse",
@@ -239,7 +236,7 @@ def _argument(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, over_s: bool = 
     return product_on(s, x, c, beta=-1)
 
 
-def _qr_tall(x, s, h, w, gamma, xx, checks=None, group=None) -> torch.Tensor:
+def _qr_tall(x, s, h, w, gamma, xx, checks=None, group=None, reads=True) -> torch.Tensor:
     r"""qf(X(γI + W) − S), H = XᴴS (Note [QR retraction through the Gram of X − lr·d])."""
     c = _plus_diagonal(w, gamma, x)
     ss = gram(s, s, group)
@@ -253,7 +250,11 @@ def _qr_tall(x, s, h, w, gamma, xx, checks=None, group=None) -> torch.Tensor:
     a = _argument(x, c, s, over_s=fast)  # X·C − S
     if checks is not None:  # a refused step is taken again (Note [Refused matrices ...])
         return replace_refused(_right_solve(a, r, over_a=fast), ok, None, checks)
-    return replace_refused(_right_solve(a, r), ok, lambda sel: _householder(sel(a), group))
+
+    def exact(sel):
+        return _householder(sel(a), group)
+
+    return replace_refused(_right_solve(a, r), ok, exact, reads=reads)
 
 
 def _unit_columns(d: torch.Tensor) -> torch.Tensor:
@@ -284,7 +285,7 @@ def _unit_columns(d: torch.Tensor) -> torch.Tensor:
     return d.diagonal_scatter(diag + s * (1 + diag), dim1=-2, dim2=-1)
 
 
-def _qr_square(x, p, skew, gamma, xx, p_again, checks=None) -> torch.Tensor:
+def _qr_square(x, p, skew, gamma, xx, p_again, checks=None, reads=True) -> torch.Tensor:
     r"""X̃·qf(B), B = γI + P, X̃ = X(I − ½E) (Note [Square steps in the frame of X]).
 
     ``p_again()`` forms P again for the matrices that take the explicit path,
@@ -330,11 +331,19 @@ def _qr_square(x, p, skew, gamma, xx, p_again, checks=None) -> torch.Tensor:
         xt = sel(x) if xx is UNCORRECTED else newton_schulz(sel(x), sel(xx).to(x.dtype))
         return _householder(xt @ b)
 
-    return replace_refused(frame_update(x, _unit_columns(d), xx), ok, explicit, checks)
+    return replace_refused(frame_update(x, _unit_columns(d), xx), ok, explicit, checks, reads)
 
 
 def qr_descent(
-    x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None, group=None
+    x: torch.Tensor,
+    d: torch.Tensor,
+    lr: Lr,
+    v=None,
+    *,
+    xx=None,
+    checks=None,
+    group=None,
+    reads=True,
 ):
     r"""QR step qf(X − lr·d) (R's diagonal positive); v projected onto the new tangent space.
 
@@ -351,6 +360,7 @@ def qr_descent(
         xx: XᴴX if already formed.
         checks: for a caller that reads its flags once per step (Note [Refused
             matrices in a step that reads nothing] in .frame); None: read here.
+        reads: as for `stiefel.manifolds.kernels.cayley_descent`.
         group: the process group the rows of X are split over (Note [Row-sharded
             kernels] in .reduce), or None.
 
@@ -360,10 +370,10 @@ def qr_descent(
     s, gamma = scaled_step(d, lr, group=group)
     if in_frame(x, group):  # B = γI − H
         h = gram(x, s)
-        y = _qr_square(x, -h, False, gamma, xx, lambda: -h, checks)
+        y = _qr_square(x, -h, False, gamma, xx, lambda: -h, checks, reads)
     else:
         xx = tall_gram(x, xx, group)
-        y = _qr_tall(x, s, gram(x, s, group), None, gamma, xx, checks, group)
+        y = _qr_tall(x, s, gram(x, s, group), None, gamma, xx, checks, group, reads)
     return y if v is None else (y, proj_tangent(y, v, group))
 
 
@@ -377,6 +387,7 @@ def qr_gradient_step(
     checks: list | None = None,
     absmax: torch.Tensor | None = None,
     group=None,
+    reads: bool = True,
 ) -> torch.Tensor:
     r"""One RGD step `qr_descent`(x, rgrad(G), lr), fused.
 
@@ -392,6 +403,7 @@ def qr_gradient_step(
         metric: ``"euclidean"`` or ``"canonical"``.
         xx: XᴴX if already formed.
         checks: as for `qr_descent`.
+        reads: as for `qr_descent`.
         absmax: max|G| per matrix (..., 1, 1) if the caller has it.
         group: as for `qr_descent`.
 
@@ -408,36 +420,17 @@ def qr_gradient_step(
         xx = tall_gram(x, xx, group)
         h = gram(x, s, group)
         w = sym(h) if metric == "euclidean" else h.mH
-        return _qr_tall(x, s, h, w, gamma, xx, checks, group)
+        return _qr_tall(x, s, h, w, gamma, xx, checks, group, reads)
     # B = γI + W − H = γI + P, P = −skew(H) = ½(Hᴴ − H) (Euclidean) or Hᴴ − H
     # (canonical): with S scaled by c = −½ or −1 (exact), P = cH − (cH)ᴴ
     h, gamma = scaled_gram(x, g, lr, -0.5 if metric == "euclidean" else -1.0, absmax)
     p_again = lambda: minus_adjoint(h)  # noqa: E731
-    return _qr_square(x, minus_adjoint(h), True, gamma, xx, p_again, checks)
+    return _qr_square(x, minus_adjoint(h), True, gamma, xx, p_again, checks, reads)
 
 
 qr_descent.gradient_step = qr_gradient_step  # type: ignore[attr-defined]
 
 
-def polar_descent(
-    x: torch.Tensor, d: torch.Tensor, lr: Lr, v=None, *, xx=None, checks=None, group=None
-):
-    """Polar step: polar factor of X − lr·d, Newton–Schulz corrected; v projected.
-
-    ``checks`` is accepted for the table's signature: the polar step refuses nothing.
-    ``group``: the process group the rows are split over, or None (`polar`).
-    """
-    s, gamma = scaled_step(d, lr, group=group)
-    # polar(X − lr·d) = polar(γX − σ·d/μ): a positive rescaling of the argument
-    y = newton_schulz(polar(gamma * x - s, group), group=group)
-    return y if v is None else (y, proj_tangent(y, v, group))
-
-
 def qr_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """QR retraction qf(X + U) with the sign/phase fix (continuous in U)."""
     return qr_descent(x, u, -1.0)
-
-
-def polar_retraction(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Polar retraction: the polar factor of X + U (via the SVD)."""
-    return polar_descent(x, u, -1.0)

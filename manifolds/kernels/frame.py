@@ -341,6 +341,7 @@ def replace_refused(
     ok: torch.Tensor | bool,
     exact: Callable[[Callable], torch.Tensor],
     checks: list | None = None,
+    reads: bool = True,
 ) -> torch.Tensor:
     """Y with the matrices where ``ok`` is False replaced by the kernel's explicit path.
 
@@ -363,6 +364,8 @@ def replace_refused(
             (the caller has tested it already).
         exact: computes the explicit results for the selected matrices.
         checks: where ``ok.all()`` is appended instead of read, or None.
+        reads: False for a step that must read nothing (an optimizer's ``capturable``
+            step): both paths, chosen by ``torch.where``, as when traced.
 
     Returns:
         The results, every matrix from one path or the other.
@@ -372,7 +375,7 @@ def replace_refused(
     if checks is not None:  # Note [Refused matrices in a step that reads nothing]
         checks.append(ok.all())
         return y
-    if not host_reads_allowed():  # Note [Traced steps compute both paths]
+    if not (reads and host_reads_allowed()):  # Note [Traced steps compute both paths]
         return torch.where(ok, y, exact(lambda t: t).to(y.dtype))
     if bool(ok.all()):
         return y

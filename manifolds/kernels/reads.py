@@ -9,9 +9,9 @@ optimizer's ``capturable`` step): there the kernels take their path without a
 read (both paths chosen by ``torch.where``, Note [Traced steps compute both
 paths]). Both conditions are states of torch itself, asked here at the call,
 so that no flag has to be carried from the optimizer into the kernels. The
-third is an optimizer's ``capturable`` step run eagerly (before its capture,
-or as the eager twin of a captured one): it must read nothing either, so the
-optimizer runs its rule inside `no_host_reads`, a mode like ``torch.no_grad``.
+third is an optimizer's ``capturable`` step run eagerly (before its capture):
+it must read nothing either, and says so by an argument, ``reads=False``,
+handed to the step's kernels with its geometry (`Geometry.for_step`).
 
 Example:
     ```python
@@ -24,37 +24,15 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
-__all__ = ["host_reads_allowed", "host_max", "no_host_reads"]
-
-
-class _Mode:
-    """How many `no_host_reads` blocks are open (an attribute, guarded by a compiled step)."""
-
-    depth = 0
-
-
-_MODE = _Mode()
-
-
-@contextmanager
-def no_host_reads() -> Iterator[None]:
-    """Within the block, `host_reads_allowed` is False: kernels take their paths unread."""
-    _MODE.depth += 1
-    try:
-        yield
-    finally:
-        _MODE.depth -= 1
+__all__ = ["host_reads_allowed", "host_max"]
 
 
 def host_reads_allowed() -> bool:
-    """False while ``torch.compile`` traces, a CUDA graph is being captured, or within
-    `no_host_reads`."""
-    if _MODE.depth or torch.compiler.is_compiling():
+    """False while ``torch.compile`` traces or a CUDA graph is being captured."""
+    if torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -14,6 +14,8 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "comparisons"
+#: lines of the harness's machinery (comparisons/ but its tasks)
+CAP = 3150
 PACKAGE = "stiefel.comparisons"
 
 
@@ -61,10 +63,14 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 
 
 def test_the_harness_is_small_and_flat():
-    lines = sum(len(p.read_text().splitlines()) for p in HARNESS.rglob("*.py"))
+    # the machinery, not its tasks: a new task is a file of comparisons/tasks/ and leaves
+    # this cap alone (docs/contributing.md, "Add a harness task")
+    tasks = HARNESS / "tasks"
+    files = [p for p in HARNESS.rglob("*.py") if not p.is_relative_to(tasks)]
+    lines = sum(len(p.read_text().splitlines()) for p in files)
     # the cap follows the timed blocks and interleaved rounds (Note [Timed blocks] in
     # comparisons/cost.py), which ratios measured on a busy machine need
-    assert lines <= 3420, lines
+    assert lines <= CAP, lines
     height = floors(import_graph())
     assert max(height.values()) <= 6, sorted(height.items(), key=lambda kv: -kv[1])
 

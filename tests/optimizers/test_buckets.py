@@ -151,9 +151,14 @@ def test_one_host_read_per_step(name):
     assert _counts(optimizers.create(name, params, lr=1e-3), params)[1] == 1
 
 
-def test_a_skipped_parameter_keeps_its_point_and_state_and_the_others_step():
-    ours, opt = _run("radam", {}, foreach=True, steps=2, kinds=[((9, 3), False)])
-    ref, ref_opt = _run("radam", {}, foreach=False, steps=2, kinds=[((9, 3), False)])
+@pytest.mark.parametrize(
+    ("name", "hyper"),
+    # polar: LAPACK's SVD refuses the whole stacked bucket for one NaN matrix
+    [("radam", {}), ("rgd", {"retraction": "polar"})],
+)
+def test_a_skipped_parameter_keeps_its_point_and_state_and_the_others_step(name, hyper):
+    ours, opt = _run(name, hyper, foreach=True, steps=2, kinds=[((9, 3), False)])
+    ref, ref_opt = _run(name, hyper, foreach=False, steps=2, kinds=[((9, 3), False)])
     before = ours[1].detach().clone()
     state_before = {
         k: v.clone() for k, v in opt.state[ours[1]].items() if isinstance(v, torch.Tensor)
