@@ -12,6 +12,8 @@ the most CPU time (this process and the child processes it waited for), a measur
 that, unlike ``--durations``' wall clock, does not grow on a loaded machine.
 """
 
+import pathlib
+import sys
 import time
 
 import pytest
@@ -21,6 +23,11 @@ try:
     import resource
 except ImportError:  # Windows: this process's CPU time only
     resource = None
+
+# the suites' shared helpers (tests/_models.py) import as top-level modules
+_HERE = str(pathlib.Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from _models import tiny_llama
 from torch import nn
 
 peft = pytest.importorskip("peft")
@@ -103,18 +104,7 @@ def test_exact_cayley_option_is_orthogonal_where_neumann_drifts():
 
 @pytest.mark.slow
 def test_llama_compile_and_restore():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-    )
-    torch.manual_seed(0)
-    base = transformers.LlamaForCausalLM(cfg).eval()
+    base = tiny_llama().eval()
     model = get_peft_model(base, HRAConfig(r=4, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -127,7 +117,7 @@ def test_llama_compile_and_restore():
     compiled = torch.compile(model.base_model.model.model.layers[0].self_attn.q_proj)
     x = torch.randn(2, 8, 16)
     # compiled and eager differ by float32 rounding (Inductor's fused order differs by CPU)
-    tol = 10 * cfg.hidden_size * torch.finfo(torch.float32).eps
+    tol = 10 * base.config.hidden_size * torch.finfo(torch.float32).eps
     eager = model.base_model.model.model.layers[0].self_attn.q_proj(x)
     torch.testing.assert_close(compiled(x), eager, atol=tol, rtol=0.0)
     restore(model)

@@ -16,6 +16,7 @@ import warnings
 import geoopt
 import pytest
 import torch
+from _models import tiny_llama
 from torch import nn
 from torch.nn.utils import parametrize
 
@@ -96,18 +97,7 @@ def _embedding(g):
 
 
 def _llama(g):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-    )
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_llama()
     ids = torch.randint(0, 32, (2, 8), generator=g)
 
     def q_proj(m):
@@ -283,17 +273,7 @@ def test_a_parameter_held_twice_by_one_module_is_refused():
 
 
 def test_tied_transformers_embeddings_are_refused_and_riemannian_keeps_both_holders():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_llama(None, hidden_size=8, intermediate_size=16, tie_word_embeddings=True)
     emb, head = model.model.embed_tokens, model.lm_head
     assert head.weight is emb.weight
     before = emb.weight.detach().clone()
