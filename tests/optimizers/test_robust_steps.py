@@ -141,7 +141,7 @@ def test_points_are_tested_on_schedule_and_after_every_outside_edit(
 
     calls = []
     wide = frame.wide_gram
-    monkeypatch.setattr(frame, "wide_gram", lambda x: calls.append(1) or wide(x))
+    monkeypatch.setattr(frame, "wide_gram", lambda x, *a, **k: calls.append(1) or wide(x, *a, **k))
     m, k = 64, 4
     man = Stiefel(rows, m)
     w = _param(man, torch.float32)
