@@ -160,11 +160,10 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     far (`mark`). A step that changes none of them costs one tuple of group
     sizes.
     """
+    if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
+        return  # before any look-up: a compiled step traces no weak dictionary here
     seen = _SEEN.get(opt)
     if seen is _DONE:
-        return
-    if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
-        _SEEN[opt] = _DONE
         return
     key = (_MARKS[0], tuple(len(group["params"]) for group in opt.param_groups))
     if seen == key:
