@@ -55,7 +55,6 @@ Parameter of uninitialised memory).
 
 from __future__ import annotations
 
-import gc
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -85,6 +84,8 @@ _GUARD: list = []  # the handle of the global optimizer step pre-hook, once regi
 _SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DONE = object()
 _MARKS = [0]  # how many times a tensor was marked (a new mark: the guard looks again)
+# the modules that hold a record, as `attach` and `restore` met them (`claim` looks here)
+_HOLDERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def manifold_of(t: torch.Tensor) -> geoopt.Manifold | None:
@@ -135,6 +136,7 @@ def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) 
     """
     first = _ATTR not in module.__dict__
     module.__dict__.setdefault(_ATTR, {})[name] = (manifold, label)
+    _HOLDERS.add(module)
     mark(module._parameters[name], manifold)
     if first:
         module.register_forward_pre_hook(KeepManifold())
@@ -289,6 +291,8 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
         The Parameters now at the recorded names (the sharded ones under FSDP2).
     """
     found = []
+    if records(module):
+        _HOLDERS.add(module)  # a copy of a recorded module is met here (`claim`)
     for name, (manifold, label) in records(module).items():
         where = slot(module, name)
         if where is None:
@@ -327,18 +331,17 @@ def claim(params: Iterable[torch.Tensor]) -> None:
     ``load_state_dict(assign=True)`` or ``to_empty``. An optimizer built from a
     bare parameter list would then bind the weight as a Euclidean tensor. So the
     optimizers (and the torch.optim guard) claim their unmarked matrices when
-    they first see them: one pass over the objects the collector tracks finds
-    the modules that hold a manifold record (`attach`), and a module whose
-    recorded slot holds one of ``params`` is restored (its Parameters checked,
-    projected if usable, and marked) exactly as by its pre-hook. Nothing is
-    searched when no weight was ever attached or when every matrix is marked;
-    the pass is paid when parameters are bound, never per step.
+    they first see them: a module whose recorded slot holds one of ``params``
+    is restored (its Parameters checked, projected if usable, and marked)
+    exactly as by its pre-hook. The modules looked at are those `attach` and
+    `restore` met, held weakly: every recipe that rebuilds a Parameter keeps its
+    module object, and a copy of a module (``deepcopy``, pickling) copies its
+    Parameters' marks with them. Nothing is looked at when every matrix is
+    marked; the look is paid when parameters are bound, never per step.
 
     Args:
         params: the parameters an optimizer is about to bind (any iterable of tensors).
     """
-    if not _GUARD:  # no module holds a record
-        return
     wanted = {
         id(p)
         for p in params
@@ -346,8 +349,7 @@ def claim(params: Iterable[torch.Tensor]) -> None:
     }
     if not wanted:
         return
-    # type(), not isinstance: no object's __class__ is asked (a deprecated one warns)
-    for module in [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]:
+    for module in list(_HOLDERS):
         for name in records(module):
             where = slot(module, name)
             if where is not None and id(where[0]._parameters[where[1]]) in wanted:
