@@ -142,7 +142,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None, reads=
     bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
     if checks is not None:  # per matrix, unread (Note [Euler's product without a host read])
         bound = torch.where(short, half_beta.abs(), 0.0)
-    elif reads and host_reads_allowed():  # max ‖K‖_F over the short steps, −1: none
+    elif host_reads_allowed(reads):  # max ‖K‖_F over the short steps, −1: none
         bound = host_max(torch.where(short, half_beta.abs(), -1.0))
     if isinstance(bound, float) and bound < 0:
         y = explicit(lambda t: t)

@@ -375,7 +375,7 @@ def replace_refused(
     if checks is not None:  # Note [Refused matrices in a step that reads nothing]
         checks.append(ok.all())
         return y
-    if not (reads and host_reads_allowed()):  # Note [Traced steps compute both paths]
+    if not host_reads_allowed(reads):  # Note [Traced steps compute both paths]
         return torch.where(ok, y, exact(lambda t: t).to(y.dtype))
     if bool(ok.all()):
         return y

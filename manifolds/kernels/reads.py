@@ -30,9 +30,10 @@ import torch
 __all__ = ["host_reads_allowed", "host_max"]
 
 
-def host_reads_allowed() -> bool:
-    """False while ``torch.compile`` traces or a CUDA graph is being captured."""
-    if torch.compiler.is_compiling():
+def host_reads_allowed(reads: bool = True) -> bool:
+    """False while ``torch.compile`` traces or a CUDA graph is being captured, or when the
+    caller's step says ``reads=False`` (an optimizer's eager ``capturable`` step)."""
+    if not reads or torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -144,7 +144,7 @@ def elimination_bounds(
     Returns:
         (r_T, r_S), or None where some matrix is out of bounds (NaN included).
     """
-    if checks is None and not (reads and host_reads_allowed()):
+    if checks is None and not host_reads_allowed(reads):
         return None
     if xpd.numel() == 0:  # an empty batch: nothing to bound
         return 0.0, 0.0

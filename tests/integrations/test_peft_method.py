@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from _models import tiny_llama
 from torch import nn
 
 peft = pytest.importorskip("peft")
@@ -27,17 +28,8 @@ F32_EPS = torch.finfo(torch.float32).eps
 
 
 def _llama(seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2)
+    return tiny_llama(seed, **sizes, num_attention_heads=4, max_position_embeddings=32).eval()
 
 
 def _gpt2(seed: int = 0):
