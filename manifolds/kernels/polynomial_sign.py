@@ -75,7 +75,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .reduce import gram, rows_absmax
+from .reduce import gram, product, rows_absmax
 
 __all__ = ["ENGINES", "RESTART_EVERY", "exact_scale", "iterate", "engine_flops", "restarts"]
 
@@ -104,12 +104,9 @@ def restarts(steps: int) -> int:
 
 
 def _weight(r: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
-    # W = aI + bR + cR², a new M×M tensor (R² by one product; none when c = 0)
-    if c == 0.0:
-        w = r * b
-    else:
-        flat = r.reshape(-1, *r.shape[-2:])
-        w = torch.baddbmm(flat, flat, flat, beta=b, alpha=c).reshape(r.shape)
+    # W = aI + bR + cR², a new M×M tensor (R² by one product; none when c = 0); R is
+    # a (batch, M, M) tensor
+    w = r * b if c == 0.0 else torch.baddbmm(r, r, r, beta=b, alpha=c)
     w.diagonal(dim1=-2, dim2=-1).add_(a)
     return w
 
@@ -117,8 +114,8 @@ def _weight(r: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
 def _times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     # X·W in X's layout (Note [Products in the layout of X])
     if x.mH.is_contiguous():
-        return (w.mH @ x.mH).mH
-    return x @ w
+        return product(w.mH, x.mH).mH
+    return product(x, w)
 
 
 def _start(x: torch.Tensor, safety: float, group) -> tuple[torch.Tensor, ...]:
@@ -154,7 +151,8 @@ def iterate(
     Returns:
         X_s, shape of ``x``.
     """
-    x, r, inv = _start(x, safety, group)
+    shape = x.shape
+    x, r, inv = _start(x.reshape(-1, *shape[-2:]), safety, group)  # one batch dimension
     steps = len(coefficients)
     q = None
     for k, (a, b, c) in enumerate(coefficients):
@@ -168,10 +166,10 @@ def iterate(
             x = _times(x, q)
             r, q = gram(x, x, group), None
         w = _weight(r, a, b, c)
-        q = w * inv if k == 0 else (w if q is None else q @ w)
+        q = w * inv if k == 0 else (w if q is None else product(q, w))
         if k + 1 < steps and (k + 1) % RESTART_EVERY:  # R is needed again
-            r = w @ (r @ w)
-    return x if engine == "direct" else _times(x, q)
+            r = product(w, product(r, w))
+    return (x if engine == "direct" else _times(x, q)).reshape(shape)
 
 
 def engine_flops(n: int, m: int, steps: int, quintic: bool, engine: str) -> float:
