@@ -317,8 +317,8 @@ class OrthogonalConv2d(nn.Module):
         test ‖A(ω)‖₁ itself.
         """
         w = self.weight
-        if w.device.type == "meta":
-            return None
+        if w.device.type == "meta" or torch.compiler.is_compiling():
+            return None  # traced: no value can be read, ``cayley_map`` chooses in the graph
         if self._path is None or self._path[0] is not w or self._path[1] != w._version:
             a = w.detach().abs().sum((-2, -1))
             try:

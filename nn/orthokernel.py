@@ -193,7 +193,8 @@ class OrthoKernel(nn.Module):
         another tensor that shares the memory after a ``.data`` assignment
         (which autograd's version counter does not see either) are not
         detected. Tensors whose memory has no address (meta, tensor
-        subclasses such as DTensor) are not cached.
+        subclasses such as DTensor) are not cached, nor is a traced forward
+        (``torch.compile``: memory addresses are not values a graph can test).
         """
         state = []
         for t in (*self.parameters(), *self.buffers()):
@@ -205,6 +206,8 @@ class OrthoKernel(nn.Module):
         return state
 
     def forward(self) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the compiled program is the construction: no cache
+            return self._assemble()
         if torch.is_grad_enabled():
             self._cache = None
             return self._assemble()

@@ -70,7 +70,8 @@ class Guards(nn.Module):
         check is skipped while tracing with ``torch.compile`` (it would break
         the graph) and for values that cannot be read (meta, ``vmap``).
         """
-        if self._verified or original.device.type == "meta" or torch.compiler.is_compiling():
+        # tracing first: a traced forward then does not depend on (nor guard on) the flag
+        if torch.compiler.is_compiling() or self._verified or original.device.type == "meta":
             return
         if torch._C._functorch.is_functorch_wrapped_tensor(original):
             return
