@@ -18,7 +18,7 @@ installed. Each step runs in its own process under a time limit, in this order:
    roundoff], Note [The Padé solve of a skew-Hermitian A by device type]);
 4. ``precision``: bfloat16 against float32;
 5. ``optimizers``: the Riemannian steps against geoopt's;
-6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``;
+6. ``layers``: the orthogonal convolutions against ``nn.Conv2d``, eager and compiled;
 7. ``maps``: the maps against torch's and geotorch's;
 8. ``syncs``: host synchronisations per map call and optimizer step;
 9. ``muon``: the msign engines and one step against ``torch.optim.Muon``;
@@ -131,7 +131,7 @@ STEPS = [
     Step(
         "layers",
         "Orthogonal convolutions against nn.Conv2d",
-        ("benchmarks.layers", "--skip-norms", "--clock", "wall"),
+        ("benchmarks.layers", "--skip-norms", "--clock", "wall", "--compiled"),
         40,
     ),
     Step(

@@ -11,9 +11,12 @@ stride 2), k = 3, batch 16, all in one process: an unconstrained circular
 ``nn.Conv2d`` (the anchor), ``OrthoConv2d`` (explicit kernel from exact maps),
 ``OrthogonalConv2d`` (FFT, Cayley; stride 1 only) and orthogonium's
 ``AdaptiveOrthoConv2d`` (AOC, Björck; imported lazily; a layer that cannot
-run says why in the table). The layers run in interleaved rounds (the order
-rotates each round); the table gives the median time and the median over rounds
-of the time divided by the anchor's in the same round. ``--clock thread`` (the
+run says why in the table); ``--compiled`` adds this package's two layers under
+``torch.compile`` (the kernel's construction and the convolution as one
+program per forward, compiled during the warm-up call). The layers run in
+interleaved rounds (the order rotates each round); the table gives the median
+time and the median over rounds of the time divided by the anchor's in the same
+round. ``--clock thread`` (the
 default on a CPU) times the calling thread's CPU time with one intra-op thread
 (Note [Thread CPU time on a shared machine]); ``--clock wall`` (the default and
 the only clock on CUDA, synchronised after every call) the wall time with the
@@ -26,6 +29,7 @@ reference (full spectrum, (I + A)⁻¹(I − A) solved at each frequency).
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -162,8 +166,12 @@ def _aoc(c: int, stride: int) -> nn.Module | str:
     return AdaptiveOrthoConv2d(c, c, 3, stride=stride, padding=padding, bias=False)
 
 
-def layers_for(c: int, stride: int) -> dict[str, nn.Module | str]:
-    """The timed layers of one setting (the anchor first); a string says why a layer is absent."""
+def layers_for(c: int, stride: int, compiled: bool = False) -> dict[str, nn.Module | str]:
+    """The timed layers of one setting (the anchor first); a string says why a layer is absent.
+
+    ``compiled`` adds each of this package's layers under ``torch.compile`` (default
+    backend): kernel construction and convolution as one program per forward.
+    """
     out = {
         "nn.Conv2d (circular, unconstrained)": nn.Conv2d(
             c, c, 3, stride=stride, padding=1, padding_mode="circular", bias=False
@@ -173,6 +181,13 @@ def layers_for(c: int, stride: int) -> dict[str, nn.Module | str]:
     fft = OrthogonalConv2d(c, 3) if stride == 1 else "not run: stride 1 only"
     out["OrthogonalConv2d (FFT, cayley)"] = fft
     out["orthogonium AdaptiveOrthoConv2d (AOC)"] = _aoc(c, stride)
+    if compiled:
+        ours = [k for k in out if k.startswith(("OrthoConv2d", "OrthogonalConv2d"))]
+        for name in ours:
+            layer = out[name]
+            out[f"{name}, torch.compile"] = (
+                layer if isinstance(layer, str) else torch.compile(copy.deepcopy(layer))
+            )
     return out
 
 
@@ -223,6 +238,7 @@ def timing(
     rounds: int,
     clock: Callable[[], float],
     device=None,
+    compiled: bool = False,
 ) -> dict[str, tuple[float, float] | str]:
     """Forward+backward of each layer of `layers_for` on a (batch, c, n, n) input on ``device``.
 
@@ -235,7 +251,7 @@ def timing(
     def fb(layer: nn.Module) -> Callable[[], None]:
         return lambda: layer(x).sum().backward()
 
-    layers = layers_for(c, stride)
+    layers = layers_for(c, stride, compiled)
     calls: dict[str, Callable[[], None]] = {}
     absent: dict[str, str] = {}
     for name, layer in layers.items():
@@ -268,6 +284,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     ap.add_argument("--skip-norms", action="store_true", help="only the timing table")
+    ap.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time this package's layers under torch.compile (compiled at the warm-up)",
+    )
     args = ap.parse_args(argv)
     device = device_of(args.device, ap)
     if args.clock is None:
@@ -303,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| setting | layer | median time | × nn.Conv2d (median of per-round ratios) |")
     print("|---|---|---|---|")
     for c, n, stride in settings:
-        rows = timing(c, n, stride, args.batch, args.rounds, clock, device)
+        rows = timing(c, n, stride, args.batch, args.rounds, clock, device, args.compiled)
         for name, row in rows.items():
             setting = f"c = {c}, {n}×{n}, stride {stride}"
             if isinstance(row, str):

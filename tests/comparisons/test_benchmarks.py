@@ -521,6 +521,24 @@ def test_layers_quick_on_the_cpu(bench, capsys):
                 assert t.endswith(" ms") and float(t[:-3]) > 0 and float(ratio) > 0, (name, t)
 
 
+@pytest.mark.slow
+def test_layers_compiled_rows(bench, capsys):
+    """``--compiled``: this package's layers also under torch.compile (Inductor), each timed."""
+    layers = bench["layers"]
+    _, timed = _layers_out(layers, capsys, ["--quick", "--skip-norms", "--compiled"])
+    compiled = [(s, n, t) for s, n, t, _ in timed if n.endswith(", torch.compile")]
+    assert [(s, n) for s, n, _ in compiled] == [
+        (f"c = 8, 8×8, stride {s}", f"{name}, torch.compile")
+        for s in (1, 2)
+        for name in ("OrthoConv2d (explicit kernel, cwy)", "OrthogonalConv2d (FFT, cayley)")
+    ]
+    for setting, name, t in compiled:
+        if "stride 2" in setting and "FFT" in name:
+            assert t == "not run: stride 1 only"
+        else:
+            assert t.endswith(" ms") and float(t[:-3]) > 0, (name, t)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_quick_benchmarks_on_cuda(bench, tmp_path, capsys):
