@@ -24,6 +24,7 @@ import warnings
 import geoopt
 import pytest
 import torch
+from _compile import Counting
 
 from stiefel import optimizers, parametrizations
 from stiefel.manifolds import Orthogonal, Stiefel
@@ -34,18 +35,6 @@ from stiefel.parametrizations.factory import methods_serving
 # torch.compile: their step branches on isinstance(p, ManifoldParameter) inside the traced
 # graph); measured here, 0.1 after one RiemannianSGD step with backend="eager" too
 GEOOPT_WRONG = "Dynamo traces geoopt's step to a different result (DESIGN.md, Clarification)"
-
-
-class Counting:
-    """A backend that counts the graphs Dynamo hands it and runs them with ``aot_eager``."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-        self.inner = torch._dynamo.lookup_backend("aot_eager")
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        self.graphs += 1
-        return self.inner(gm, example_inputs)
 
 
 def _compiled(fn, fullgraph: bool = True):

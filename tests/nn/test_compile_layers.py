@@ -5,32 +5,22 @@ projector steps, `stiefel.nn.orthokernel`); `OrthogonalConv2d` builds its
 per-frequency Cayley transforms. Under ``torch.compile(fullgraph=True)`` the
 construction and the convolution are traced into one graph (a graph break
 raises), forward and backward; the compiled layer must give the eager layer's
-output and gradients. The graphs run with ``aot_eager`` (`Counting`): Dynamo's
-tracing is what is tested, not Inductor's code generation (minutes of C++ on a
-CPU runner). In evaluation (no gradients) the eager layer caches its kernel,
-keyed on the factors' memory; a traced forward assembles it in the graph instead.
+output and gradients. The graphs run with ``aot_eager`` (`Counting` of
+tests/_compile.py): Dynamo's tracing is what is tested, not Inductor's code
+generation (minutes of C++ on a CPU runner). In evaluation (no gradients) the
+eager layer caches its kernel, keyed on the factors' memory; a traced forward
+assembles it in the graph instead.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from _compile import Counting
 
 from stiefel.nn import OrthoConv2d, OrthoConvTranspose2d, OrthogonalConv2d
 
 DT = torch.float64
-
-
-class Counting:
-    """A backend that counts the graphs Dynamo hands it and runs them with ``aot_eager``."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-        self.inner = torch._dynamo.lookup_backend("aot_eager")
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        self.graphs += 1
-        return self.inner(gm, example_inputs)
 
 
 LAYERS = {
