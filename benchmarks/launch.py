@@ -53,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
+from . import _before
 from ._timing import device_of, fmt_ratio, fmt_time, header, table, thread_timed, write_json
 
 #: the parameter sets: name → list of (count, N, M) blocks of tall points
@@ -185,15 +186,40 @@ def _geoopt(cls):
     return make
 
 
-def candidates() -> dict[str, Callable]:
-    """label → factory(points, stacked) -> (params, optimizer); ours first, then the peers."""
+def _earlier(package, name: str, **hyper):
+    """The same optimizer of an earlier commit (`benchmarks._before`), on its own manifolds."""
+    man = package.manifolds
+
+    def make(points, stacked):
+        params = [
+            geoopt.ManifoldParameter(
+                x.clone(), manifold=man.Orthogonal(n) if n == m else man.Stiefel(n, m)
+            )
+            for x in points
+            for n, m in [x.shape[-2:]]
+        ]
+        return params, package.optimizers.create(name, params, lr=LR, **hyper)
+
+    return make
+
+
+def candidates(before=None) -> dict[str, Callable]:
+    """label → factory(points, stacked) -> (params, optimizer); ours first, then the peers.
+
+    ``before``: an earlier commit's package (`benchmarks._before.load`); each of our
+    optimizers is then followed by the same one at that commit, labelled "(before)".
+    """
     ours = {}
     for name in optimizers.available():
         cls = optimizers.get(name)
         if isinstance(cls, type) and issubclass(cls, optimizers.RiemannianOptimizer):
             ours[name] = _ours(name)
+            if before is not None and name in before.optimizers.available():
+                ours[f"{name} (before)"] = _earlier(before, name)
             if name == "rgd":
                 ours["rgd (qr)"] = _ours(name, retraction="qr")
+                if before is not None:
+                    ours["rgd (qr) (before)"] = _earlier(before, name, retraction="qr")
     peers = {
         "torch Adam foreach": _plain(lambda ps: torch.optim.Adam(ps, lr=LR, foreach=True)),
         "torch Adam fused": _plain(lambda ps: torch.optim.Adam(ps, lr=LR, fused=True)),
@@ -220,14 +246,16 @@ def _stepper(make, points, grads, stacked=False):
     return opt
 
 
-def measure_set(name: str, blocks, device, rounds: int, only: list[str] | None) -> list[dict]:
+def measure_set(
+    name: str, blocks, device, rounds: int, only: list[str] | None, before=None
+) -> list[dict]:
     """Ops, reads and host time per step of every candidate on one parameter set."""
     points = _points(blocks, device)
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(x.shape, generator=gen).to(device) for x in points]
     stacked_points, stacked_grads = _stack(points), _stack(grads)
     rows, steps = [], {}
-    for label, make in candidates().items():
+    for label, make in candidates(before).items():
         if only and label.split(" ")[0] not in only and label not in only:
             continue
         try:
@@ -330,6 +358,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None, help="write the rows to this file")
+    parser.add_argument(
+        "--before",
+        default=None,
+        metavar="REF",
+        help="also step our optimizers as of commit REF of this checkout, in the same rounds",
+    )
     args = parser.parse_args(argv)
     device = device_of(args.device, parser)
     sets = QUICK_SETS if args.quick else SETS
@@ -341,14 +375,19 @@ def main(argv: list[str] | None = None) -> str:
     rounds = args.rounds or (3 if args.quick else 15)
     if device.type == "cpu":
         torch.set_num_threads(1)  # the host time of one thread (Note [Thread CPU time ...])
+    before = None
+    if args.before is not None:
+        try:
+            before = _before.load(args.before)
+        except ValueError as err:
+            parser.error(str(err))
     rows = []
     for name in chosen:
-        rows += measure_set(name, sets[name], device, rounds, only)
-    out = [
-        header("Ops, host reads and host time per optimizer step", device),
-        "",
-        results_table(rows),
-    ]
+        rows += measure_set(name, sets[name], device, rounds, only, before)
+    out = [header("Ops, host reads and host time per optimizer step", device), ""]
+    if before is not None:
+        out += [f"(before): commit {before.__commit__[:12]}, stepped in the same rounds", ""]
+    out.append(results_table(rows))
     graph_rows = []
     if device.type == "cuda":
         for name in chosen:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
 import torch
 
-from stiefel.benchmarks import launch
+from stiefel.benchmarks import _before, launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -38,3 +39,49 @@ def test_quick_run_prints_ours_beside_the_peers():
     assert ops > 0 and flat <= 1.5  # one rule call for the 24 matrices
     assert int(rows["pogo"][4]) == 1  # the step's one read of its flags
     assert reads < 24  # no read per parameter
+
+
+#: the last commit before the step engine: every optimizer a loop over its parameters
+PER_PARAMETER = "6869df33f5e1745903a9e09ee521fc9def14d8fb"
+
+
+def test_before_steps_an_earlier_commit_in_the_same_run():
+    text = launch.main(
+        ["--quick", "--sets", "st8x4", "--optimizers", "rgd", "--rounds", "1",
+         "--before", PER_PARAMETER]
+    )  # fmt: skip
+    assert f"commit {PER_PARAMETER[:12]}" in text
+    rows = {
+        line.split("|")[2].strip(): [c.strip() for c in line.split("|")]
+        for line in text.splitlines()
+        if line.startswith("| st8x4")
+    }
+    now, old = rows["rgd"], rows["rgd (before)"]
+    # the earlier commit's loop over 24 parameters: its ops grow with them, a read per parameter
+    assert int(old[3]) > 5 * int(now[3]) and int(old[4]) >= 24 > int(now[4])
+    package = _before.load(PER_PARAMETER)
+    assert not pathlib.Path(package.__file__).is_relative_to(ROOT)
+    assert package.optimizers.create is not launch.optimizers.create
+
+
+def test_the_earlier_rgd_and_todays_take_the_same_steps():
+    # the per-parameter loop of the earlier commit is the reference of the bucketed step
+    package = _before.load(PER_PARAMETER)
+    points = launch._points([(6, 8, 4), (3, 5, 5)], torch.device("cpu"))
+    gen = torch.Generator().manual_seed(2)
+    grads = [[torch.randn(x.shape, generator=gen) for x in points] for _ in range(3)]
+    finals = []
+    for make in (launch._ours("rgd", momentum=0.9), launch._earlier(package, "rgd", momentum=0.9)):
+        params, opt = make(points, False)
+        for gs in grads:
+            for p, g in zip(params, gs, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        finals.append(torch.stack([p.detach().flatten() for p in params[:6]]))
+    assert float((finals[0] - points[0].flatten()).abs().max()) > 1e-4  # they moved
+    assert float((finals[0] - finals[1]).abs().max()) <= 100 * torch.finfo(torch.float32).eps
+
+
+def test_before_refuses_a_name_that_is_no_commit():
+    with pytest.raises(SystemExit):
+        launch.main(["--quick", "--sets", "st8x4", "--before", "no-such-ref"])
