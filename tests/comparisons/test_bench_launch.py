@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import subprocess
 
 import pytest
 import torch
@@ -41,8 +42,23 @@ def test_quick_run_prints_ours_beside_the_peers():
     assert reads < 24  # no read per parameter
 
 
-#: the last commit before the step engine: every optimizer a loop over its parameters
-PER_PARAMETER = "6869df33f5e1745903a9e09ee521fc9def14d8fb"
+#: the last commit before the buckets: every optimizer a loop over its parameters
+PER_PARAMETER = (
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "log",
+            "--format=%H",
+            "--grep=one rule call per bucket of same-kind",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    + "~1"
+)
 
 
 def test_before_steps_an_earlier_commit_in_the_same_run():
@@ -50,7 +66,8 @@ def test_before_steps_an_earlier_commit_in_the_same_run():
         ["--quick", "--sets", "st8x4", "--optimizers", "rgd", "--rounds", "1",
          "--before", PER_PARAMETER]
     )  # fmt: skip
-    assert f"commit {PER_PARAMETER[:12]}" in text
+    package = _before.load(PER_PARAMETER)
+    assert f"commit {package.__commit__[:12]}" in text
     rows = {
         line.split("|")[2].strip(): [c.strip() for c in line.split("|")]
         for line in text.splitlines()
@@ -59,7 +76,6 @@ def test_before_steps_an_earlier_commit_in_the_same_run():
     now, old = rows["rgd"], rows["rgd (before)"]
     # the earlier commit's loop over 24 parameters: its ops grow with them, a read per parameter
     assert int(old[3]) > 5 * int(now[3]) and int(old[4]) >= 24 > int(now[4])
-    package = _before.load(PER_PARAMETER)
     assert not pathlib.Path(package.__file__).is_relative_to(ROOT)
     assert package.optimizers.create is not launch.optimizers.create
 
