@@ -76,7 +76,9 @@ __all__ = [
     "STEP",
     "HOST_STEP",
     "VERSIONS",
+    "BOUNDS",
     "SMALL",
+    "last_bounds",
 ]
 
 #: the dispatch of plain tensors (Parameter's, geoopt's ManifoldParameter's)
@@ -89,6 +91,10 @@ STEP = "step"
 HOST_STEP = "_host_step"
 #: the state key of the versions recorded after the optimizer's last write (never saved)
 VERSIONS = "_versions"
+#: the state key of the bounds the last step's near-identity solves measured, ``{site:
+#: float}`` (saved: a resumed run sizes its short paths as the run it resumes; Note
+#: [Euler's product sized by the last step])
+BOUNDS = "near_identity_bounds"
 
 
 @dataclass(eq=False)
@@ -100,6 +106,7 @@ class Bucket:
         indices: their indices in the group.
         binding: the binding of the first (every parameter's is alike).
         count: their step count as the host knows it (None: never stepped, or unknown).
+        views: the state views the last step of the same parameters left.
     """
 
     params: list[torch.Tensor]
@@ -127,7 +134,22 @@ class Bucket:
 
 def rule_keys(state: dict) -> list[str]:
     """The keys of a parameter's state that its rule owns (not the master, not the host's)."""
-    return [k for k in state if not k.startswith("_") and k != "master"]
+    return [k for k in state if not k.startswith("_") and k not in ("master", BOUNDS)]
+
+
+def last_bounds(states: list[dict]) -> dict[str, float]:
+    """The bounds the parameters' last step measured, the largest per site (empty: unknown).
+
+    Parameters stepped apart before (or one without a record) give no bound: the
+    kernels then take their exact paths once and measure.
+    """
+    records = [s.get(BOUNDS) for s in states]
+    if not records or any(r is None for r in records):
+        return {}
+    sites = set(records[0])
+    if any(set(r) != sites for r in records):
+        return {}
+    return {site: max(r[site] for r in records) for site in sites}
 
 
 def host_count(state: dict) -> int | None:
@@ -259,7 +281,7 @@ def publish(state: dict, share: dict, count: int | None) -> None:
 
     ``count`` is the step count the host knows (None: unknown, read when next needed).
     """
-    kept = {k: v for k, v in state.items() if k == "master" or k == VERSIONS}
+    kept = {k: v for k, v in state.items() if k in ("master", VERSIONS, BOUNDS)}
     state.clear()
     state.update(share)
     state.update(kept)

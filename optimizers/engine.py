@@ -85,10 +85,21 @@ from dataclasses import dataclass, field
 import torch
 
 from ..manifolds.kernels.frame import CHECK_EVERY
+from ..manifolds.kernels.reads import StepChecks
 from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
 from ..manifolds.sharded import any_rank, is_dtensor
 from . import master, skips
-from .buckets import STEP, Bucket, publish, rule_keys, stack_state, unstack_state, write
+from .buckets import (
+    BOUNDS,
+    STEP,
+    Bucket,
+    last_bounds,
+    publish,
+    rule_keys,
+    stack_state,
+    unstack_state,
+    write,
+)
 from .layout import by_rows
 
 __all__ = ["Computed", "compute", "commit", "select"]
@@ -111,6 +122,8 @@ class Computed:
         refused: a kernel refused its short path for some matrix (an unread 0-dim flag;
             the bucket is stepped again with the kernels' exact paths), or None.
         quiet: computed for a step that reads nothing (traced or capturable).
+        measured: the bounds the kernels measured, to be read with the flags (unread).
+        bounds: the same, read: ``{site: float}``, stored with the written steps.
         accepted: the step counts of the parameters whose steps were written (eager).
     """
 
@@ -125,6 +138,8 @@ class Computed:
     off: torch.Tensor | None
     refused: torch.Tensor | None
     quiet: bool
+    measured: list = field(default_factory=list)
+    bounds: dict = field(default_factory=dict)
     accepted: list[int] = field(default_factory=list)
 
 
@@ -176,7 +191,7 @@ def compute(
         grad_ok, absmax = finite_gradient(grad)
     else:
         grad_ok, absmax = finite_rows(grad), None
-    checks = None if quiet or exact else []
+    checks = None if quiet or exact else StepChecks(last_bounds(states))
     for_step = getattr(geo, "for_step", None)  # a third party's geometry may lack it
     if for_step is not None:
         geo = for_step(checks, grad, absmax, reads=not quiet)
@@ -220,7 +235,8 @@ def compute(
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
     refused = ~torch.stack([c.to(x.device) for c in checks]).all() if checks else None
-    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, refused, quiet)
+    measured = [] if checks is None else checks.measured
+    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, refused, quiet, measured)
 
 
 def _check_promise(opt, before: dict, versions: dict) -> None:
@@ -274,8 +290,12 @@ def _write(opt, c: Computed, rows: list[int], new=None, work=None) -> None:
         write(params, states, news)
     shares = [work] if bucket.single else unstack_state(bucket, work, rows)
     count = None if c.quiet else 1 if bucket.count is None else bucket.count + 1
+    # finite bounds only: a step that measured none (or NaN) leaves the last ones
+    bounds = dict(c.bounds) if all(map(math.isfinite, c.bounds.values())) else {}
     for state, share in zip(states, shares, strict=True):
         publish(state, share, count)
+        if bounds:
+            state[BOUNDS] = dict(bounds)
     if count is not None:
         c.accepted += [count] * len(rows)
 
@@ -299,22 +319,28 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
             c.grad_ok.reshape(-1).to(device),
             c.ok.reshape(-1).to(device),
         ]
-    values = torch.cat(flags).tolist()  # the one read
+        flags += [bound.reshape(1).to(device) for _, bound in c.measured]
+    # the one read: the flags as numbers (0, 1) beside the bounds the kernels measured
+    values = torch.cat([f.to(torch.float32) for f in flags]).tolist()
     again, at = [], 0
     for c in computed:
         size = len(c.bucket.params)
         off, refused, grad_ok, ok = (
-            values[at],
-            values[at + 1],
-            values[at + 2 : at + 2 + size],
-            values[at + 2 + size : at + 2 + 2 * size],
+            values[at] != 0,
+            values[at + 1] != 0,
+            [v != 0 for v in values[at + 2 : at + 2 + size]],
+            [v != 0 for v in values[at + 2 + size : at + 2 + 2 * size]],
         )
         at += 2 + 2 * size
+        if c.measured:  # for the next step (Note [Euler's product sized by the last step])
+            c.bounds = {site: values[at + i] for i, (site, _) in enumerate(c.measured)}
+            at += len(c.measured)
         if off:
             again.append(c)
             continue
         if refused:  # the rare path: the kernels' exact paths, with their reads
             redo = compute(opt, c.bucket, c.group, False, exact=True)
+            redo.bounds = c.bounds  # what the refused step measured sizes the next
             again += commit(opt, [redo])
             c.accepted += redo.accepted
             continue

@@ -140,7 +140,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None, reads=
 
     short = gamma >= 0.25
     bound = None  # Note [Traced steps compute both paths] in .frame: traced, no read
-    if checks is not None:  # per matrix, unread (Note [Euler's product without a host read])
+    if checks is not None:  # per matrix, unread (Note [Euler's product sized by ...] in .euler)
         bound = torch.where(short, half_beta.abs(), 0.0)
     elif host_reads_allowed(reads):  # max ‖K‖_F over the short steps, −1: none
         bound = host_max(torch.where(short, half_beta.abs(), -1.0))

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["host_reads_allowed", "host_max"]
+__all__ = ["host_reads_allowed", "host_max", "StepChecks"]
 
 
 def host_reads_allowed(reads: bool = True) -> bool:
@@ -41,3 +41,29 @@ def host_reads_allowed(reads: bool = True) -> bool:
 def host_max(t: torch.Tensor) -> float:
     """The largest entry of ``t`` read on the host; −inf for an empty batch (max's identity)."""
     return float(t.detach().amax()) if t.numel() else -math.inf
+
+
+class StepChecks(list):
+    """The unread tests of one step's kernels, and the bounds they measured for the next.
+
+    A list (kernels append their bool tests, Note [Refused matrices in a step that
+    reads nothing] in `stiefel.manifolds.kernels.frame`) that also carries, per
+    call site of a short path, the bound the same site measured at the last step
+    (``last``, host floats) and collects this step's (``measured``, unread 0-dim
+    tensors): the optimizer reads them with the step's flags, in its one read, and
+    hands them to the next step (Note [Euler's product sized by the last step] in
+    `stiefel.manifolds.kernels.euler`).
+
+    Args:
+        last: ``{site: bound}`` read after the last step (empty: none yet).
+    """
+
+    def __init__(self, last: dict[str, float] | None = None) -> None:
+        super().__init__()
+        self.last = {} if last is None else last
+        self.measured: list[tuple[str, torch.Tensor]] = []
+
+    def measure(self, site: str, bound: torch.Tensor) -> None:
+        """Record the largest of ``bound`` (per matrix) at ``site``, to be read with the flags."""
+        if bound.numel():  # an empty batch measures nothing
+            self.measured.append((site, bound.detach().amax()))

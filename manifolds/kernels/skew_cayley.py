@@ -47,12 +47,12 @@ def cayley_delta(
         bound: an upper bound on ‖K‖₂ over the batch read by the caller, per matrix
             as a tensor (with ``checks``), or None when it was not read (then the
             solve runs).
-        checks: `solve_near_identity`'s (Note [Euler's product without a host read]).
+        checks: `solve_near_identity`'s (Note [Euler's product sized by the last step]).
 
     Returns:
         D, of ``k``'s shape; a fresh tensor.
     """
-    return _times_minus_two(solve_near_identity(k, k, bound, checks))
+    return _times_minus_two(solve_near_identity(k, k, bound, checks, "square Cayley"))
 
 
 def euler_delta(k: torch.Tensor, factors: int) -> torch.Tensor:

@@ -203,10 +203,12 @@ def solve_step_system(
         r_t, r_s = bounds
         half = 0.5 * lr
         ea = xpd * half
-        q = solve_near_identity(ea, g if xv is None else torch.cat((g, xv), -1), r_t, checks)
+        q = solve_near_identity(
+            ea, g if xv is None else torch.cat((g, xv), -1), r_t, checks, "woodbury T"
+        )
         right = ea.mH if pdv is None else torch.cat((ea.mH, pdv * half), -1)
         w = (pdpd * (half * half)) @ q - right
-        sw = solve_near_identity(w[..., :m], w, r_s, checks)
+        sw = solve_near_identity(w[..., :m], w, r_s, checks, "woodbury S")
         v1 = product_on(q, q[..., :m], sw, alpha=-1)  # in Q's layout
         return v1 * (2 * half), -2 * sw
     tc = t.clamp_min(torch.finfo(t.dtype).tiny)

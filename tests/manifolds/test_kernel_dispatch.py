@@ -13,6 +13,7 @@ import torch
 
 from stiefel.dispatch import policy
 from stiefel.manifolds.kernels import euler
+from stiefel.manifolds.kernels.reads import StepChecks
 
 
 @pytest.mark.parametrize("n", [4, 16, 64])
@@ -24,16 +25,39 @@ def test_near_identity_series_equals_the_solve(n, radius):
     rhs = torch.randn(3, n, 2, dtype=torch.float64, generator=gen)
     assert euler.series_path(k) == "series"
     fast = euler.solve_near_identity(k, rhs, radius)
-    checks: list = []  # the per-matrix bound of a step that reads nothing
-    unread = euler.solve_near_identity(k, rhs, torch.full((3, 1, 1), radius), checks)
+    # the per-matrix bound of a step that reads nothing
+    bound = torch.full((3, 1, 1), radius, dtype=torch.float64)
+    plain: list = []  # no last step's bound: the solve, refusing nothing
+    unread = euler.solve_near_identity(k, rhs, bound, plain, "site")
+    sized = StepChecks({"site": radius / 2})  # the last step's bound sizes the product
+    calls = []
+    solve = torch.linalg.solve
+    torch.linalg.solve = lambda *a, **kw: calls.append(1) or solve(*a, **kw)
+    try:
+        sized_out = euler.solve_near_identity(k, rhs, bound, sized, "site")
+    finally:
+        torch.linalg.solve = solve
     with policy(reference=True):
         assert euler.series_path(k) == "solve"
         ref = euler.solve_near_identity(k, rhs, radius)
     dense = torch.linalg.solve(torch.eye(n, dtype=torch.float64) + k, rhs)
     tol = 10 * n * torch.finfo(torch.float64).eps
-    assert checks == []  # a tensor bound takes the solve, refusing nothing
-    for out in (fast, unread, ref):
+    assert plain == []
+    assert calls == [] and len(sized) == 1 and bool(sized[0])  # Euler's product, its test
+    assert [(site, float(b)) for site, b in sized.measured] == [("site", radius)]
+    for out in (fast, unread, sized_out, ref):
         assert float((out - dense).abs().max()) <= tol * float(dense.abs().max())
+
+
+def test_a_bound_more_than_twice_the_last_fails_its_test():
+    k = 1e-3 * torch.eye(6, dtype=torch.float64).expand(2, 6, 6)
+    checks = StepChecks({"site": 1e-6})  # sized for 2e-6: one factor
+    assert euler.series_factors(2e-6, k) == 1
+    euler.solve_near_identity(k, k, torch.full((2, 1, 1), 1e-3), checks, "site")
+    assert len(checks) == 1 and not bool(checks[0])  # the step is taken again, exactly
+    nan = StepChecks({"site": float("nan")})  # a non-finite last bound: the solve
+    euler.solve_near_identity(k, k, torch.full((2, 1, 1), 1e-3), nan, "site")
+    assert nan == []
 
 
 @pytest.mark.parametrize("shape", [(40, 5, 4), (300, 7)])

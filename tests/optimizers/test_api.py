@@ -363,8 +363,12 @@ def test_state_dict_contents_are_plain():
     _run(opt, [w], 2)
     sd = opt.state_dict()
     st = sd["state"][0]
-    assert set(st) == {"step", "exp_avg", "exp_avg_sq", "exp_avg_sq_scale"}
+    assert set(st) == {"step", "exp_avg", "exp_avg_sq", "exp_avg_sq_scale", "near_identity_bounds"}
     assert float(st["step"]) == 2
+    # the last step's near-identity solves (Note [Euler's product sized by the last step])
+    bounds = st["near_identity_bounds"]
+    assert set(bounds) == {"woodbury T", "woodbury S"}
+    assert all(type(v) is float and 0 <= v < 1 for v in bounds.values())
     assert st["exp_avg_sq"].shape == (1, 1)  # one second moment per matrix
     assert float(st["exp_avg_sq_scale"]) == 1.0  # ordinary gradients: v unscaled
     assert sd["param_groups"][0]["betas"] == (0.9, 0.999)

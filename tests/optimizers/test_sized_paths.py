@@ -1,0 +1,81 @@
+"""A step's short paths sized by the last step's bounds (Note [Euler's product sized by ...]).
+
+A default step reads nothing but its flags, once (Note [One host read per step]);
+the bounds its near-identity solves measured are read with them and size the next
+step's Euler product. The reference is the same optimizer under
+``stiefel.dispatch.policy(reference=True)``, where every such solve is an LU solve.
+"""
+
+from __future__ import annotations
+
+import geoopt
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from stiefel import optimizers
+from stiefel.dispatch import policy
+from stiefel.manifolds import Orthogonal, Stiefel
+
+
+class _Solves(TorchDispatchMode):
+    """Counts the LU solves and factorizations and the host reads dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lu = self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        self.lu += "lu_factor" in name or "linalg_solve" in name
+        self.reads += name in ("aten._local_scalar_dense.default", "aten.is_nonzero.default")
+        return func(*args, **(kwargs or {}))
+
+
+def _run(manifold, lrs, reference: bool, counted: bool = False):
+    gen = torch.Generator().manual_seed(4)
+    n, m = manifold.n, manifold.m if isinstance(manifold, Stiefel) else manifold.n
+    points = [
+        torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=torch.float64))[0] for _ in range(8)
+    ]
+    params = [geoopt.ManifoldParameter(x.clone(), manifold=manifold) for x in points]
+    opt = optimizers.create("rgd", params, lr=lrs[0], momentum=0.5)
+    counts = []
+    for lr in lrs:
+        opt.param_groups[0]["lr"] = lr
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        with policy(reference=True) if reference else _Solves() as mode:
+            opt.step()
+        if counted:
+            counts.append((mode.lu, mode.reads))
+    return torch.stack([p.detach() for p in params]), counts
+
+
+MANIFOLDS = [
+    pytest.param(Stiefel(16, 4), id="St(16,4)-woodbury"),
+    pytest.param(Orthogonal(6), id="O(6)-square"),
+]
+
+
+@pytest.mark.parametrize("manifold", MANIFOLDS)
+def test_after_the_first_step_the_near_identity_solves_take_euler_s_product(manifold):
+    lrs = [1e-3] * 4
+    ours, counts = _run(manifold, lrs, reference=False, counted=True)
+    ref, _ = _run(manifold, lrs, reference=True)
+    assert counts[0][0] > 0  # the first step knows no bound: LU solves
+    assert [lu for lu, _ in counts[1:]] == [0, 0, 0]  # then the product, sized by the last
+    assert all(reads <= 1 for _, reads in counts)  # still the step's one read
+    tol = 100 * manifold.n * torch.finfo(torch.float64).eps
+    assert float((ours - ref).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("manifold", MANIFOLDS)
+def test_a_step_far_longer_than_the_last_is_taken_again_exactly(manifold):
+    lrs = [1e-4, 1e-4, 5e-2, 5e-2]  # the third step's bound is hundreds of times the last
+    ours, counts = _run(manifold, lrs, reference=False, counted=True)
+    ref, _ = _run(manifold, lrs, reference=True)
+    assert counts[1][0] == 0  # sized by the first step
+    assert counts[2][0] > 0  # refused: taken again on the exact paths
+    tol = 100 * manifold.n * torch.finfo(torch.float64).eps
+    assert float((ours - ref).abs().max()) <= tol
