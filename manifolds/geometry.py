@@ -143,6 +143,15 @@ class Geometry:
         """⟨u, u⟩ per manifold component: per matrix (..., 1, 1), or per element."""
         raise NotImplementedError
 
+    def taken_as_one(self, site: str, scale: torch.Tensor) -> bool:
+        """Whether a rule may take its per-matrix ``scale`` as exactly 1 unread this step.
+
+        True where the step's checks say the same ``site`` measured 1 at the last step
+        (Note [Scales taken as one from the last step] in
+        `stiefel.manifolds.kernels.reads`); a geometry that holds no checks says no.
+        """
+        return False
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The nearest point of the manifold (used by ``repair_every``)."""
         return x
@@ -284,6 +293,7 @@ class StiefelGeometry(Geometry):
         self._skips = getattr(self._descent, "takes_uncorrected", False)
         self._frame_step = getattr(self._descent, "frame_step", None)
         self._checks: dict = {}  # the kernels' checks= and reads= of one step, if taken
+        self._step_checks: list | None = None  # the step's checks, for the rule's scales
         self._known: tuple | None = None
         self.group = None  # the process group the rows are split over (`on_rows`)
         self._rows: dict = {}  # the retraction's ``group=`` when the rows are split
@@ -308,7 +318,7 @@ class StiefelGeometry(Geometry):
         very tensor (``is``) at the same version counter (not written in between).
         """
         step = copy.copy(self)
-        step._checks = {}
+        step._checks, step._step_checks = {}, checks
         if getattr(self._descent, "takes_checks", False):
             if checks is not None:
                 step._checks["checks"] = checks
@@ -316,6 +326,9 @@ class StiefelGeometry(Geometry):
                 step._checks["reads"] = False
         step._known = None if absmax is None else (grad, grad._version, absmax)
         return step
+
+    def taken_as_one(self, site, scale):
+        return kernels.reads.taken_as_one(self._step_checks, site, scale)
 
     def _absmax(self, g: torch.Tensor) -> torch.Tensor | None:
         """max|g| per matrix if the step's optimizer handed it (Note [One pass ...])."""

@@ -91,10 +91,11 @@ STEP = "step"
 HOST_STEP = "_host_step"
 #: the state key of the versions recorded after the optimizer's last write (never saved)
 VERSIONS = "_versions"
-#: the state key of the bounds the last step's near-identity solves measured, ``{site:
-#: float}`` (saved: a resumed run sizes its short paths as the run it resumes; Note
-#: [Euler's product sized by the last step])
-BOUNDS = "near_identity_bounds"
+#: the state key of what the last step measured for its short paths, ``{site: float}``:
+#: the bounds of its near-identity solves and its overflow-safe scales (saved: a resumed
+#: run takes the paths of the run it resumes; Note [Euler's product sized by the last
+#: step], Note [Scales taken as one from the last step])
+BOUNDS = "short_path_bounds"
 
 
 @dataclass(eq=False)

@@ -161,7 +161,7 @@ def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None, reads=
 
 def _cayley(x, d, lr, v, xx, smw, checks=None, group=None, reads=True):
     """The Cayley step; ``smw``: True/False forces SMW/the generic dense solve, None picks."""
-    dn, mu = normalize(d, group=group)
+    dn, mu = normalize(d, group=group, checks=checks)
     lr = lr * mu
     if smw is None and in_frame(x, group):
         return _square(x, x.mH @ dn, lr, v, v is d, mu, xx, checks, reads)
@@ -276,7 +276,7 @@ def cayley_gradient_step(
     """
     if metric not in ("euclidean", "canonical"):
         raise ValueError(f"metric={metric!r} is not supported; allowed: euclidean, canonical")
-    gn, mu = normalize(g, absmax, group)
+    gn, mu = normalize(g, absmax, group, checks)
     lr = lr * mu
     if in_frame(x, group):  # Xᴴd = H − XᴴX·W with XᴴX = I: skew(H) or 2·skew(H)
         h = gram(x, gn)
@@ -313,7 +313,7 @@ def cayley_frame_descent(
     X] in `stiefel.manifolds.geometry`). ``xx``, ``checks`` and ``reads`` as for
     `cayley_descent`.
     """
-    wn, mu = normalize(omega)
+    wn, mu = normalize(omega, checks=checks)
     return _square(x, wn, lr * mu, xx=xx, checks=checks, reads=reads)
 
 

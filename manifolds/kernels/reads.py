@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["host_reads_allowed", "host_max", "StepChecks"]
+__all__ = ["host_reads_allowed", "host_max", "StepChecks", "taken_as_one"]
 
 
 def host_reads_allowed(reads: bool = True) -> bool:
@@ -67,3 +67,32 @@ class StepChecks(list):
         """Record the largest of ``bound`` (per matrix) at ``site``, to be read with the flags."""
         if bound.numel():  # an empty batch measures nothing
             self.measured.append((site, bound.detach().amax()))
+
+
+def taken_as_one(checks: list | None, site: str, scale: torch.Tensor) -> bool:
+    """Whether a per-matrix ``scale`` may be taken as exactly 1 without reading it.
+
+    Note [Scales taken as one from the last step]
+    The overflow-safe scales of a step (the direction's μ = max|d| above
+    `scaling.free_scale`, radam's μ for ⟨ξ, ξ⟩) are exactly 1 for ordinary data,
+    and dividing by 1 changes no bit but costs a pass over the N×M data. A step
+    that reads nothing of its own cannot skip the pass on this step's values; it
+    skips it when the same ``site`` measured 1 for every matrix at the last step
+    (`StepChecks`), and the test "1 now" joins its checks: a step where it is not
+    (a gradient grown past the free scale) is taken again on the exact path. The
+    largest value is measured for the next step either way. Without a
+    `StepChecks` (a traced or captured step, the exact path, a direct call) the
+    answer is no: the division runs.
+
+    Args:
+        checks: the step's checks (`StepChecks`), a plain list or None.
+        site: the caller's name for this scale.
+        scale: one value per matrix, 1 for ordinary data.
+    """
+    if not isinstance(checks, StepChecks):
+        return False
+    checks.measure(site, scale)
+    if checks.last.get(site) != 1.0:
+        return False
+    checks.append((scale == 1).all())
+    return True

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from .reads import taken_as_one
 from .reduce import gram, rows_absmax
 
 __all__ = [
@@ -33,19 +34,23 @@ def free_scale(d: torch.Tensor) -> float:
 
 
 def normalize(
-    d: torch.Tensor, absmax: torch.Tensor | None = None, group=None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    d: torch.Tensor, absmax: torch.Tensor | None = None, group=None, checks=None
+) -> tuple[torch.Tensor, torch.Tensor | float]:
     """d / μ and μ per matrix (shape (..., 1, 1)): μ = max|d|, or exactly 1 where
-    max|d| is below `free_scale` (Note [Step weights as tensors]).
+    max|d| is below `free_scale` (Note [Step weights as tensors]); (d, 1.0) where the
+    last step's μ was 1 (Note [Scales taken as one from the last step]).
 
     Args:
         d: directions (..., N, M).
         absmax: max|d| per matrix if the caller has it (Note [One pass over the
             gradient for its test and its scale] in `stiefel.manifolds.geometry`).
         group: the process group the rows are split over, or None.
+        checks: the step's checks, or None.
     """
     mu = rows_absmax(d, group) if absmax is None else absmax
     mu = torch.where(mu <= free_scale(d), 1.0, mu.clamp_min(torch.finfo(mu.dtype).tiny))
+    if taken_as_one(checks, "direction scale", mu):
+        return d, 1.0
     return d / mu, mu
 
 

@@ -363,12 +363,15 @@ def test_state_dict_contents_are_plain():
     _run(opt, [w], 2)
     sd = opt.state_dict()
     st = sd["state"][0]
-    assert set(st) == {"step", "exp_avg", "exp_avg_sq", "exp_avg_sq_scale", "near_identity_bounds"}
+    assert set(st) == {"step", "exp_avg", "exp_avg_sq", "exp_avg_sq_scale", "short_path_bounds"}
     assert float(st["step"]) == 2
-    # the last step's near-identity solves (Note [Euler's product sized by the last step])
-    bounds = st["near_identity_bounds"]
-    assert set(bounds) == {"woodbury T", "woodbury S"}
-    assert all(type(v) is float and 0 <= v < 1 for v in bounds.values())
+    # what the last step measured for its short paths (Note [Euler's product sized by the
+    # last step], Note [Scales taken as one from the last step])
+    bounds = st["short_path_bounds"]
+    assert set(bounds) == {"woodbury T", "woodbury S", "direction scale", "second moment scale"}
+    assert all(type(v) is float for v in bounds.values())
+    assert 0 <= bounds["woodbury T"] < 1 and 0 <= bounds["woodbury S"] < 1
+    assert bounds["direction scale"] == bounds["second moment scale"] == 1.0
     assert st["exp_avg_sq"].shape == (1, 1)  # one second moment per matrix
     assert float(st["exp_avg_sq_scale"]) == 1.0  # ordinary gradients: v unscaled
     assert sd["param_groups"][0]["betas"] == (0.9, 0.999)

@@ -1,4 +1,4 @@
-"""A step's short paths sized by the last step's bounds (Note [Euler's product sized by ...]).
+"""A step's short paths sized by what the last step measured, read with its flags.
 
 A default step reads nothing but its flags, once (Note [One host read per step]);
 the bounds its near-identity solves measured are read with them and size the next
@@ -16,6 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from stiefel import optimizers
 from stiefel.dispatch import policy
 from stiefel.manifolds import Orthogonal, Stiefel
+from stiefel.manifolds.kernels import reads, scaling
+from stiefel.manifolds.kernels.reads import StepChecks, taken_as_one
 
 
 class _Solves(TorchDispatchMode):
@@ -79,3 +81,38 @@ def test_a_step_far_longer_than_the_last_is_taken_again_exactly(manifold):
     assert counts[2][0] > 0  # refused: taken again on the exact paths
     tol = 100 * manifold.n * torch.finfo(torch.float64).eps
     assert float((ours - ref).abs().max()) <= tol
+
+
+def test_a_scale_is_taken_as_one_only_where_the_last_step_found_it_one():
+    ones, fours = torch.ones(3, 1, 1), torch.tensor([1.0, 4.0, 1.0]).reshape(3, 1, 1)
+    checks = StepChecks({"s": 1.0})
+    assert taken_as_one(checks, "s", ones) and bool(checks[-1])  # the pass skipped
+    assert taken_as_one(checks, "s", fours) and not bool(checks[-1])  # refused: again
+    assert [float(v) for _, v in checks.measured] == [1.0, 4.0]
+    assert not taken_as_one(StepChecks({"s": 4.0}), "s", ones)  # the last one was not 1
+    assert not taken_as_one(StepChecks(), "s", ones)  # no last step
+    assert not taken_as_one([], "s", ones) and not taken_as_one(None, "s", ones)
+
+
+@pytest.mark.parametrize("name", ["rgd", "radam"])
+def test_a_gradient_grown_past_the_free_scale_is_stepped_as_with_every_division(name, monkeypatch):
+    # float32 St(16, 4): free_scale ≈ 2.9e17; the third gradient is 1e30
+    def run(divide_always: bool):
+        if divide_always:  # the kernels' and the rules' scales
+            for module in (reads, scaling):
+                monkeypatch.setattr(module, "taken_as_one", lambda checks, site, scale: False)
+        gen = torch.Generator().manual_seed(9)
+        st = Stiefel(16, 4)
+        params = [geoopt.ManifoldParameter(st.random(generator=gen), manifold=st) for _ in range(3)]
+        opt = optimizers.create(name, params, lr=1e-2)
+        for k in range(4):
+            for p in params:
+                g = torch.randn(p.shape, generator=gen)
+                p.grad = g * 1e30 if k == 2 else g
+            opt.step()
+        monkeypatch.undo()
+        return torch.stack([p.detach() for p in params])
+
+    sized, divided = run(False), run(True)
+    assert torch.isfinite(sized).all()
+    assert float((sized - divided).abs().max()) <= 100 * 16 * torch.finfo(torch.float32).eps
