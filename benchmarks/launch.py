@@ -15,7 +15,9 @@ depends on the machine's load:
 
 Parameter sets: 200 × St(8, 4), 200 × St(64, 16), and a transformer-like set of
 48 matrices (12 blocks of 256×768, 256×256, 256×1024 and 1024×256, stepped as
-tall points: St(768, 256), O(256), St(1024, 256) twice). Each optimizer of this
+tall points: St(768, 256), O(256), St(1024, 256) twice); on request (``--sets``)
+one St(4096, 64) and 4096 × St(64, 16) as one parameter, where a step must cost
+what it did before the buckets (``--before``). Each optimizer of this
 package (every Riemannian optimizer of the registry, and ``rgd`` with the QR
 retraction), with ``foreach=True`` (what ``foreach=None`` does on a GPU; on the
 CPU it leaves parameters over 65,536 entries unstacked, Note [One rule call per
@@ -62,6 +64,14 @@ SETS: dict[str, list[tuple[int, int, int]]] = {
     "st64x16": [(200, 64, 16)],
     "transformer": [(12, 768, 256), (12, 256, 256), (12, 1024, 256), (12, 1024, 256)],
 }
+#: one large point and one large batch (a single stacked parameter), on request only
+#: (``--sets``): the step on one large matrix, which the buckets must leave as fast
+LARGE_SETS: dict[str, list[tuple[int, int, int]]] = {
+    "st4096x64": [(1, 4096, 64)],
+    "batch4096": [(4096, 64, 16)],
+}
+#: the sets whose matrices are one parameter (a batch), not separate parameters
+STACKED = {"batch4096"}
 QUICK_SETS: dict[str, list[tuple[int, int, int]]] = {
     "st8x4": [(24, 8, 4)],
     "st64x16": [(24, 64, 16)],
@@ -251,6 +261,8 @@ def measure_set(
 ) -> list[dict]:
     """Ops, reads and host time per step of every candidate on one parameter set."""
     points = _points(blocks, device)
+    if name in STACKED:
+        points = _stack(points)
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(x.shape, generator=gen).to(device) for x in points]
     stacked_points, stacked_grads = _stack(points), _stack(grads)
@@ -304,13 +316,16 @@ def _interleaved(fns: dict[str, Callable], rounds: int, clock) -> dict[str, floa
 def captured(name: str, blocks, device, rounds: int) -> list[dict]:
     """One replay of each capturable step in a CUDA graph, against its eager step."""
     points = _points(blocks, device)
+    points = _stack(points) if name in STACKED else points
     grads = [torch.randn_like(x) for x in points]
     rows = []
     for label in candidates():
         if label.split(" ")[0] not in optimizers.available():
             continue
         hyper = {"retraction": "qr"} if label == "rgd (qr)" else {}
-        params = [geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape)) for x in points]
+        params = [
+            geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape[-2:])) for x in points
+        ]
         try:
             opt = optimizers.create(label.split(" ")[0], params, lr=LR, capturable=True, **hyper)
         except (TypeError, ValueError) as err:
@@ -353,7 +368,12 @@ def results_table(rows: list[dict[str, Any]], anchor: str = "torch Adam foreach"
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sets, few rounds")
-    parser.add_argument("--sets", default=None, help=f"comma-separated, of {', '.join(SETS)}")
+    parser.add_argument(
+        "--sets",
+        default=None,
+        help=f"comma-separated, of {', '.join(SETS)} (the default: all three) and "
+        f"{', '.join(LARGE_SETS)} (one St(4096, 64); 4096 × St(64, 16) as one parameter)",
+    )
     parser.add_argument("--optimizers", default=None, help="comma-separated labels to keep")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds")
     parser.add_argument("--device", default="cpu")
@@ -368,6 +388,7 @@ def main(argv: list[str] | None = None) -> str:
     device = device_of(args.device, parser)
     sets = QUICK_SETS if args.quick else SETS
     chosen = list(sets) if args.sets is None else args.sets.split(",")
+    sets = {**sets, **LARGE_SETS}
     unknown = sorted(set(chosen) - set(sets))
     if unknown:
         parser.error(f"--sets {','.join(unknown)}: unknown; allowed: {', '.join(sets)}")
