@@ -122,5 +122,10 @@ if [ -f benchmarks/launch.py ]; then
     "$py" -m benchmarks.launch --device cuda 2>&1 | tee "$out/launch.log"
     launch_rc=$?
     [ "$rc" -eq 0 ] && rc=$launch_rc
+    # one large point and one large batch: the eager and the captured step there
+    "$py" -m benchmarks.launch --device cuda --sets st4096x64,batch4096 2>&1 |
+        tee -a "$out/launch.log"
+    launch_rc=$?
+    [ "$rc" -eq 0 ] && rc=$launch_rc
 fi
 exit "$rc"

@@ -224,4 +224,6 @@ def test_gpu_sh_runs_the_gpu_report_then_launch_where_it_exists(tmp_path, launch
     assert "python3 -c import stiefel" in calls
     assert "python3 -m benchmarks.gpu --device cuda --out rep --only cwy" in calls
     assert ("python3 -m benchmarks.launch --device cuda" in calls) == launch
+    large = "python3 -m benchmarks.launch --device cuda --sets st4096x64,batch4096"
+    assert (large in calls) == launch
     assert made == (["rep", "rep/launch.log"] if launch else ["rep"])
