@@ -276,10 +276,13 @@ def measure_set(
         except Exception as err:  # noqa: BLE001 - a peer that cannot step this set is reported
             rows.append({"set": name, "optimizer": label, "error": f"{type(err).__name__}: {err}"})
             continue
+        flat = float("nan")  # a set that is one parameter has nothing to stack
         try:
-            flat = ops / counts(_stepper(make, stacked_points, stacked_grads, stacked=True))[0]
+            if name not in STACKED:
+                stacked = _stepper(make, stacked_points, stacked_grads, stacked=True)
+                flat = ops / counts(stacked)[0]
         except Exception:  # noqa: BLE001 - e.g. torch's Muon steps 2-D parameters only
-            flat = float("nan")
+            pass
         steps[label] = opt.step
         rows.append({"set": name, "optimizer": label, "ops": ops, "reads": reads, "flat": flat})
     cpu = _interleaved(steps, rounds, thread_timed if device.type == "cpu" else None)
