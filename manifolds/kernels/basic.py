@@ -50,12 +50,14 @@ def eye_like(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
-    """View a (..., a, b) tensor as (batch, a, b) for ``bmm``/``baddbmm``."""
-    return t.reshape(-1, *t.shape[-2:])
+    """View a (..., a, b) tensor as (batch, a, b) for ``bmm``/``baddbmm`` (itself if it is)."""
+    return t if t.dim() == 3 else t.reshape(-1, *t.shape[-2:])
 
 
 def flat_over(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """``flat`` of B broadcast over A's batch (a factor shared by the batch is not copied)."""
+    if b.shape[:-2] == a.shape[:-2]:
+        return flat(b)
     return flat(b.expand(*a.shape[:-2], *b.shape[-2:]))
 
 
