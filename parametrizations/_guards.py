@@ -11,6 +11,9 @@ after unshard()]). It is a mixin: only `OrthogonalMap` uses it.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
@@ -18,7 +21,31 @@ from torch import nn
 
 from ..manifolds.binding import is_dtensor
 
-__all__ = ["Guards"]
+__all__ = ["Guards", "checks_deferred"]
+
+_APPLYING = threading.local()  # how many modules' ``_apply`` this thread is inside
+
+
+@contextlib.contextmanager
+def checks_deferred() -> Iterator[None]:
+    """Inside: a weight computed is not checked, nor marked checked (the next use is).
+
+    Note [Weights computed inside _apply]
+    ``nn.RNN``/``LSTM``/``GRU`` compute every weight inside their own ``_apply``
+    (``_init_flat_weights`` gathers them for cuDNN), so ``rnn.to_empty(device=...)``
+    computed the constrained weight from the uninitialised memory it had just
+    allocated and the first-use check refused it, before ``initialize`` or
+    ``reset_parameters`` could run. No forward runs inside ``_apply``: a weight
+    computed there is bookkeeping, and the check waits for the next use, which
+    refuses what is still uninitialised then (Note [Free parameters are checked at
+    first use]). The constrained module's ``_apply`` runs in this context
+    (`stiefel.parametrizations.deferred.hook_deferred_init`).
+    """
+    _APPLYING.depth = getattr(_APPLYING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _APPLYING.depth -= 1
 
 
 class Guards(nn.Module):
@@ -72,6 +99,8 @@ class Guards(nn.Module):
         """
         # tracing first: a traced forward then does not depend on (nor guard on) the flag
         if torch.compiler.is_compiling() or self._verified or original.device.type == "meta":
+            return
+        if getattr(_APPLYING, "depth", 0):  # Note [Weights computed inside _apply]
             return
         if torch._C._functorch.is_functorch_wrapped_tensor(original):
             return

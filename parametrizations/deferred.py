@@ -33,6 +33,7 @@ from torch.nn.utils import parametrize
 
 from .._core import checks as _checks
 from ..manifolds import Stiefel, binding
+from ._guards import checks_deferred
 from .adapter import Rotation
 from .base import INITS, RIEMANNIAN
 from .factory import build
@@ -257,14 +258,25 @@ _RESET = _reset_parameters
 
 
 def hook_reset_parameters(module: nn.Module) -> None:
-    """Make ``module.reset_parameters()`` reset its constrained weights too (once per module).
+    """Make ``module.reset_parameters()`` reset its constrained weights too (once per module),
+    and its ``_apply`` (``to``, ``to_empty``) leave the first-use check to the next use.
 
-    Note [Deferred initialisation by reset_parameters]. ``module`` must be
-    parametrized (its class is then torch's per-module class).
+    Note [Deferred initialisation by reset_parameters], Note [Weights computed inside
+    _apply]. ``module`` must be parametrized (its class is then torch's per-module class).
     """
     cls = type(module)
     if cls.__dict__.get("reset_parameters") is not _reset_parameters:
         cls.reset_parameters = _reset_parameters
+    if cls.__dict__.get("_apply") is not _apply:
+        cls._apply = _apply
+
+
+def _apply(self, fn, recurse=True):
+    """The module's own ``_apply``, with the first-use check deferred (Note [Weights
+    computed inside _apply])."""
+    cls = next(c for c in type(self).__mro__ if c.__dict__.get("_apply") is _apply)
+    with checks_deferred():
+        return super(cls, self)._apply(fn, recurse)
 
 
 def initialize(

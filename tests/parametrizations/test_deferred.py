@@ -138,3 +138,24 @@ def test_reset_of_a_module_writing_into_an_identity_maps_original():
     lstm.reset_parameters()
     gates = lstm.weight_hh_l0.detach().double().reshape(4, 4, 4)
     assert err64(gates) <= 100 * 4 * torch.finfo(F32).eps
+
+
+@pytest.mark.parametrize("cls", [nn.RNN, nn.LSTM, nn.GRU])
+def test_a_recurrent_layer_built_on_meta_takes_to_empty_and_the_torch_recipe(cls):
+    # Note [Weights computed inside _apply]: RNNBase computes its weights in _apply
+    gates = {} if cls is nn.RNN else {"gates": True}
+    with torch.device("meta"):
+        rnn = cls(4, 6, dtype=torch.float64)
+    orthogonalize(rnn, "weight_hh_l0", **gates)
+    rnn.to_empty(device="cpu")  # raised: the first-use check refused the new memory
+    x = torch.randn(3, 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="initialize"):  # still refused at first use
+        rnn(x)
+    rnn.reset_parameters()  # torch's recipe
+    y = rnn(x)[0]
+    w = rnn.weight_hh_l0.detach().reshape(-1, 6, 6)  # one block per gate
+    assert torch.isfinite(y).all()
+    eye = torch.eye(6, dtype=torch.float64)
+    assert float((w.mT @ w - eye).norm()) < 100 * 6 * torch.finfo(torch.float64).eps
+    rnn.to(torch.float32)  # an ordinary _apply: the moved weight is checked at its next use
+    assert torch.isfinite(rnn(x.float())[0]).all()
