@@ -142,11 +142,14 @@ def last_bounds(states: list[dict]) -> dict[str, float]:
     """The bounds the parameters' last step measured, the largest per site (empty: unknown).
 
     Parameters stepped apart before (or one without a record) give no bound: the
-    kernels then take their exact paths once and measure.
+    kernels then take their exact paths once and measure. Parameters written by one
+    step share one record (the optimizer replaces it, never writes into it).
     """
     records = [s.get(BOUNDS) for s in states]
     if not records or any(r is None for r in records):
         return {}
+    if all(r is records[0] for r in records):  # stepped together last: one record
+        return records[0]
     sites = set(records[0])
     if any(set(r) != sites for r in records):
         return {}

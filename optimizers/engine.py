@@ -290,12 +290,13 @@ def _write(opt, c: Computed, rows: list[int], new=None, work=None) -> None:
         write(params, states, news)
     shares = [work] if bucket.single else unstack_state(bucket, work, rows)
     count = None if c.quiet else 1 if bucket.count is None else bucket.count + 1
-    # finite bounds only: a step that measured none (or NaN) leaves the last ones
-    bounds = dict(c.bounds) if all(map(math.isfinite, c.bounds.values())) else {}
+    # finite bounds only: a step that measured none (or NaN) leaves the last ones; one
+    # record for the bucket's parameters, never written into (`buckets.last_bounds`)
+    bounds = c.bounds if all(map(math.isfinite, c.bounds.values())) else {}
     for state, share in zip(states, shares, strict=True):
         publish(state, share, count)
         if bounds:
-            state[BOUNDS] = dict(bounds)
+            state[BOUNDS] = bounds
     if count is not None:
         c.accepted += [count] * len(rows)
 
@@ -319,10 +320,10 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
             c.grad_ok.reshape(-1).to(device),
             c.ok.reshape(-1).to(device),
         ]
-        flags += [bound.reshape(1).to(device) for _, bound in c.measured]
-    # the one read: the flags as numbers (0, 1) beside the bounds the kernels measured
-    values = torch.cat([f.to(torch.float32) for f in flags]).tolist()
-    again, at = [], 0
+    bounds = [b.reshape(1).to(device, torch.float32) for c in computed for _, b in c.measured]
+    # the one read: the flags as numbers (0, 1), then the bounds the kernels measured
+    values = torch.cat([torch.cat(flags).to(torch.float32), *bounds]).tolist()
+    again, at, measured = [], 0, len(values) - len(bounds)
     for c in computed:
         size = len(c.bucket.params)
         off, refused, grad_ok, ok = (
@@ -333,8 +334,8 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
         )
         at += 2 + 2 * size
         if c.measured:  # for the next step (Note [Euler's product sized by the last step])
-            c.bounds = {site: values[at + i] for i, (site, _) in enumerate(c.measured)}
-            at += len(c.measured)
+            c.bounds = {site: values[measured + i] for i, (site, _) in enumerate(c.measured)}
+            measured += len(c.measured)
         if off:
             again.append(c)
             continue

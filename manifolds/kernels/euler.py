@@ -56,6 +56,7 @@ import torch
 
 from ..._core.dispatch import dispatcher
 from .basic import eye_like, product_on
+from .reads import last_value
 
 __all__ = [
     "SeriesLimit",
@@ -185,9 +186,7 @@ def solve_near_identity(
         (I + K)⁻¹R, of ``rhs``'s shape; a fresh tensor.
     """
     if isinstance(bound, torch.Tensor):  # Note [Euler's product sized by the last step]
-        last = getattr(checks, "last", {}).get(site) if site is not None else None
-        if site is not None and hasattr(checks, "measure"):
-            checks.measure(site, bound)
+        last = None if site is None else last_value(checks, site, bound)
         j = None if last is None else series_factors(2 * last, k)
         if j is None:
             return torch.linalg.solve(eye_like(k, k.shape[-1]) + k, rhs)

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["host_reads_allowed", "host_max", "StepChecks", "taken_as_one"]
+__all__ = ["host_reads_allowed", "host_max", "StepChecks", "last_value", "taken_as_one"]
 
 
 def host_reads_allowed(reads: bool = True) -> bool:
@@ -69,6 +69,15 @@ class StepChecks(list):
             self.measured.append((site, bound.detach().amax()))
 
 
+def last_value(checks: list | None, site: str, value: torch.Tensor) -> float | None:
+    """What ``site`` measured at the last step (None: unknown); this step's ``value``
+    (per matrix) is measured for the next. Without a `StepChecks`, None."""
+    if not isinstance(checks, StepChecks):
+        return None
+    checks.measure(site, value)
+    return checks.last.get(site)
+
+
 def taken_as_one(checks: list | None, site: str, scale: torch.Tensor) -> bool:
     """Whether a per-matrix ``scale`` may be taken as exactly 1 without reading it.
 
@@ -89,10 +98,7 @@ def taken_as_one(checks: list | None, site: str, scale: torch.Tensor) -> bool:
         site: the caller's name for this scale.
         scale: one value per matrix, 1 for ordinary data.
     """
-    if not isinstance(checks, StepChecks):
-        return False
-    checks.measure(site, scale)
-    if checks.last.get(site) != 1.0:
+    if last_value(checks, site, scale) != 1.0:
         return False
     checks.append((scale == 1).all())
     return True
