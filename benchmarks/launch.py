@@ -43,7 +43,6 @@ python -m benchmarks.launch --device cuda --json /tmp/launch_cuda.json
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,7 +55,16 @@ from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
 from . import _before
-from ._timing import device_of, fmt_ratio, fmt_time, header, table, thread_timed, write_json
+from ._timing import (
+    device_of,
+    fmt_ratio,
+    fmt_time,
+    header,
+    interleaved,
+    table,
+    thread_timed,
+    write_json,
+)
 
 #: the parameter sets: name → list of (count, N, M) blocks of tall points
 SETS: dict[str, list[tuple[int, int, int]]] = {
@@ -285,8 +293,12 @@ def measure_set(
             pass
         steps[label] = opt.step
         rows.append({"set": name, "optimizer": label, "ops": ops, "reads": reads, "flat": flat})
-    cpu = _interleaved(steps, rounds, thread_timed if device.type == "cpu" else None)
-    wall = _interleaved(steps, rounds, _wall(device))
+    cpu = (
+        interleaved(steps, rounds, thread_timed)
+        if device.type == "cpu"
+        else dict.fromkeys(steps, float("nan"))
+    )
+    wall = interleaved(steps, rounds, _wall(device))
     for row in rows:
         if row["optimizer"] in steps:
             row["host_s"], row["wall_s"] = cpu[row["optimizer"]], wall[row["optimizer"]]
@@ -304,16 +316,6 @@ def _wall(device):
         return time.perf_counter() - t0
 
     return clock
-
-
-def _interleaved(fns: dict[str, Callable], rounds: int, clock) -> dict[str, float]:
-    if clock is None:
-        return dict.fromkeys(fns, float("nan"))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            times[key].append(clock(fn))
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def captured(name: str, blocks, device, rounds: int) -> list[dict]:
@@ -345,7 +347,7 @@ def captured(name: str, blocks, device, rounds: int) -> list[dict]:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             opt.step()
-        t = _interleaved({"eager": opt.step, "graph": graph.replay}, rounds, _wall(device))
+        t = interleaved({"eager": opt.step, "graph": graph.replay}, rounds, _wall(device))
         rows.append({"set": name, "optimizer": label, "eager_s": t["eager"], "graph_s": t["graph"]})
     return rows
 

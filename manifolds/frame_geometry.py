@@ -73,7 +73,8 @@ class FrameGeometry(Geometry):
         return omega if self._scale == 1.0 else omega.mul_(self._scale)
 
     def rgrad(self, x, g):
-        return linear_in_g(self._omega, x, g, self.base._absmax(g))
+        base = self.base
+        return linear_in_g(self._omega, x, g, base._absmax(g), checks=base._step_checks)
 
     def component_inner(self, x, u):
         sq = kernels.inner_euclidean(x, u, u, keepdim=True)

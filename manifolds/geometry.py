@@ -71,7 +71,12 @@ OFF_MANIFOLD = 0.5
 
 
 def linear_in_g(
-    fn, x: torch.Tensor, g: torch.Tensor, absmax: torch.Tensor | None = None, group=None
+    fn,
+    x: torch.Tensor,
+    g: torch.Tensor,
+    absmax: torch.Tensor | None = None,
+    group=None,
+    checks: list | None = None,
 ):
     """``fn(x, g)`` for an ``fn`` linear in ``g`` (a Riemannian gradient), overflow-safe.
 
@@ -81,12 +86,16 @@ def linear_in_g(
     manifold) or of X·W (≤ 4NMμ) can overflow (Note [Step weights as tensors]),
     and then the result is ``fn(x, g)`` bit for bit, with no host read. ``group``:
     the process group the rows of ``g`` are split over (μ is then the maximum over
-    all of them), or None.
+    all of them), or None. ``checks``: the step's `kernels.reads.StepChecks`, with
+    which the two passes g/μ and ·μ are skipped where μ was 1 at the last step
+    (Note [Scales taken as one from the last step]).
     """
     mu = kernels.reduce.rows_absmax(g, group) if absmax is None else absmax
     n, m = g.shape[-2:]
     big = torch.finfo(g.real.dtype).max
     mu = torch.where(4 * n * m * mu < big, 1.0, mu.clamp_min(torch.finfo(mu.dtype).tiny))
+    if kernels.reads.taken_as_one(checks, "gradient scale", mu):
+        return fn(x, g)
     return fn(x, g / mu) * mu
 
 
@@ -373,7 +382,7 @@ class StiefelGeometry(Geometry):
 
     def rgrad(self, x, g):
         fn = self._rgrad if self.group is None else functools.partial(self._rgrad, group=self.group)
-        return linear_in_g(fn, x, g, self._absmax(g), self.group)
+        return linear_in_g(fn, x, g, self._absmax(g), self.group, self._step_checks)
 
     def gradient_step(self, x, g, lr):
         if self._fused is None:

@@ -311,31 +311,22 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
     if not computed:
         return []
     device = computed[0].ok.device
-    flags = []
-    no = torch.zeros(1, dtype=torch.bool, device=device)
-    for c in computed:
-        flags += [
-            (no if c.off is None else c.off).reshape(1).to(device),
-            (no if c.refused is None else c.refused).reshape(1).to(device),
-            c.grad_ok.reshape(-1).to(device),
-            c.ok.reshape(-1).to(device),
-        ]
-    bounds = [b.reshape(1).to(device, torch.float32) for c in computed for _, b in c.measured]
-    # the one read: the flags as numbers (0, 1), then the bounds the kernels measured
-    values = torch.cat([torch.cat(flags).to(torch.float32), *bounds]).tolist()
-    again, at, measured = [], 0, len(values) - len(bounds)
+    # the one read: every bucket's flags and measured bounds (`_flags`) in one vector
+    parts = [_flags(c).to(device) for c in computed]
+    values = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()
+    again, at = [], 0
     for c in computed:
         size = len(c.bucket.params)
-        off, refused, grad_ok, ok = (
-            values[at] != 0,
-            values[at + 1] != 0,
-            [v != 0 for v in values[at + 2 : at + 2 + size]],
-            [v != 0 for v in values[at + 2 + size : at + 2 + 2 * size]],
-        )
-        at += 2 + 2 * size
+        grad_ok = [v != 0 for v in values[at : at + size]]
+        ok = [v != 0 for v in values[at + size : at + 2 * size]]
+        at += 2 * size
+        off = c.off is not None and values[at] != 0
+        at += c.off is not None
+        refused = c.refused is not None and values[at] != 0
+        at += c.refused is not None
         if c.measured:  # for the next step (Note [Euler's product sized by the last step])
-            c.bounds = {site: values[measured + i] for i, (site, _) in enumerate(c.measured)}
-            measured += len(c.measured)
+            c.bounds = {site: values[at + i] for i, (site, _) in enumerate(c.measured)}
+            at += len(c.measured)
         if off:
             again.append(c)
             continue
@@ -352,6 +343,19 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
             if not ok[r]:
                 skips.warn(opt, c.bucket.where(r), grad_ok[r])
     return again
+
+
+def _flags(c: Computed) -> torch.Tensor:
+    """A bucket's flags as numbers (0, 1) and its measured bounds, in one vector.
+
+    The gradients' flags, the results', then the off-manifold test and the refusal
+    where the step has them, then the bounds in the order of ``c.measured``.
+    """
+    tail = [t for t in (c.off, c.refused) if t is not None] + [b for _, b in c.measured]
+    if c.bucket.single:  # all 0-dim: one stack
+        return torch.stack([c.grad_ok.reshape(()), c.ok.reshape(()), *tail])
+    heads = [c.grad_ok.reshape(-1), c.ok.reshape(-1)]
+    return torch.cat(heads + [torch.stack(tail)] if tail else heads)
 
 
 def select(opt, computed: list[Computed]) -> None:

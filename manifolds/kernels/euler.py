@@ -117,6 +117,8 @@ def series_factors(r: float | None, k: torch.Tensor) -> int | None:
     most = _limit(k).max_factors
     if r is None:
         return most
+    if not r < 1:  # no power of it falls below an ulp (and a huge one overflows a float)
+        return None
     unit = torch.finfo(k.dtype).eps / 2
     for j in range(1, most + 1):
         if r ** (2 ** (j + 1)) <= unit:

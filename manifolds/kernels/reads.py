@@ -82,8 +82,9 @@ def taken_as_one(checks: list | None, site: str, scale: torch.Tensor) -> bool:
     """Whether a per-matrix ``scale`` may be taken as exactly 1 without reading it.
 
     Note [Scales taken as one from the last step]
-    The overflow-safe scales of a step (the direction's μ = max|d| above
-    `scaling.free_scale`, radam's μ for ⟨ξ, ξ⟩) are exactly 1 for ordinary data,
+    The overflow-safe scales of a step (the gradient's μ = max|G| of a Riemannian
+    gradient, `geometry.linear_in_g`; the direction's μ = max|d| above
+    `scaling.free_scale`; radam's μ for ⟨ξ, ξ⟩) are exactly 1 for ordinary data,
     and dividing by 1 changes no bit but costs a pass over the N×M data. A step
     that reads nothing of its own cannot skip the pass on this step's values; it
     skips it when the same ``site`` measured 1 for every matrix at the last step

@@ -368,10 +368,11 @@ def test_state_dict_contents_are_plain():
     # what the last step measured for its short paths (Note [Euler's product sized by the
     # last step], Note [Scales taken as one from the last step])
     bounds = st["short_path_bounds"]
-    assert set(bounds) == {"woodbury T", "woodbury S", "direction scale", "second moment scale"}
+    scales = {"gradient scale", "direction scale", "second moment scale"}
+    assert set(bounds) == {"woodbury T", "woodbury S", *scales}
     assert all(type(v) is float for v in bounds.values())
     assert 0 <= bounds["woodbury T"] < 1 and 0 <= bounds["woodbury S"] < 1
-    assert bounds["direction scale"] == bounds["second moment scale"] == 1.0
+    assert all(bounds[site] == 1.0 for site in scales)
     assert st["exp_avg_sq"].shape == (1, 1)  # one second moment per matrix
     assert float(st["exp_avg_sq_scale"]) == 1.0  # ordinary gradients: v unscaled
     assert sd["param_groups"][0]["betas"] == (0.9, 0.999)

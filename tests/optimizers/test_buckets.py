@@ -307,13 +307,17 @@ def test_a_steady_bucket_stacks_its_points_and_gradients_but_not_its_state(monke
         p.grad = torch.randn_like(p)
     opt.step()
     opt.step()
+    held = {id(t) for p in params for t in opt.state[p].values() if isinstance(t, torch.Tensor)}
     stacks = []
     stack = torch.stack
     monkeypatch.setattr(
-        torch, "stack", lambda ts, *a, **k: stacks.append(len(ts)) or stack(ts, *a, **k)
+        torch, "stack", lambda ts, *a, **k: stacks.append(list(ts)) or stack(ts, *a, **k)
     )
+    grads = [p.grad for p in params]
     opt.step()
     # stacks over the 6 parameters: the points and the gradients; the four state keys are views
-    assert [n for n in stacks if n == len(params)] == [6, 6]
+    assert sum(all(t is p for t, p in zip(ts, params)) and len(ts) == 6 for ts in stacks) == 1
+    assert sum(all(t is g for t, g in zip(ts, grads)) and len(ts) == 6 for ts in stacks) == 1
+    assert not any(id(t) in held for ts in stacks for t in ts)
     base = opt.state[params[0]]["exp_avg"]._base
     assert base is not None and all(opt.state[p]["exp_avg"]._base is base for p in params)

@@ -8,6 +8,8 @@ step's Euler product. The reference is the same optimizer under
 
 from __future__ import annotations
 
+import contextlib
+
 import geoopt
 import pytest
 import torch
@@ -94,25 +96,72 @@ def test_a_scale_is_taken_as_one_only_where_the_last_step_found_it_one():
     assert not taken_as_one([], "s", ones) and not taken_as_one(None, "s", ones)
 
 
-@pytest.mark.parametrize("name", ["rgd", "radam"])
-def test_a_gradient_grown_past_the_free_scale_is_stepped_as_with_every_division(name, monkeypatch):
-    # float32 St(16, 4): free_scale ≈ 2.9e17; the third gradient is 1e30
-    def run(divide_always: bool):
-        if divide_always:  # the kernels' and the rules' scales
-            for module in (reads, scaling):
-                monkeypatch.setattr(module, "taken_as_one", lambda checks, site, scale: False)
-        gen = torch.Generator().manual_seed(9)
-        st = Stiefel(16, 4)
-        params = [geoopt.ManifoldParameter(st.random(generator=gen), manifold=st) for _ in range(3)]
-        opt = optimizers.create(name, params, lr=1e-2)
-        for k in range(4):
-            for p in params:
-                g = torch.randn(p.shape, generator=gen)
-                p.grad = g * 1e30 if k == 2 else g
-            opt.step()
-        monkeypatch.undo()
-        return torch.stack([p.detach() for p in params])
+RULES = [
+    pytest.param("rgd", {}, id="rgd"),
+    pytest.param("rgd", {"momentum": 0.9}, id="rgd-momentum"),  # its rgrad's gradient scale
+    pytest.param("radam", {}, id="radam"),
+]
 
-    sized, divided = run(False), run(True)
+
+def _scaled_run(name, hyper, manifold, divide_always: bool, monkeypatch, big: float = 1e30):
+    """Four float32 steps whose third gradient is ``big``; the points, and the passes over
+    a whole gradient-sized tensor by a (…, 1, 1) scale of the last step."""
+    if divide_always:  # the kernels' and the rules' scales
+        for module in (reads, scaling):
+            monkeypatch.setattr(module, "taken_as_one", lambda checks, site, scale: False)
+    gen = torch.Generator().manual_seed(9)
+    params = [
+        geoopt.ManifoldParameter(manifold.random(generator=gen), manifold=manifold)
+        for _ in range(3)
+    ]
+    opt = optimizers.create(name, params, lr=1e-2, **hyper)
+    passes = _Passes(params[0].shape)
+    for k in range(4):
+        for p in params:
+            g = torch.randn(p.shape, generator=gen)
+            p.grad = g * big if k == 2 else g
+        with passes if k == 3 else contextlib.nullcontext():
+            opt.step()
+    monkeypatch.undo()
+    return torch.stack([p.detach() for p in params]), passes.count
+
+
+class _Passes(TorchDispatchMode):
+    """Counts divisions and products of a tensor of the points' size by a per-matrix scale."""
+
+    def __init__(self, shape) -> None:
+        super().__init__()
+        self.shape, self.count = tuple(shape[-2:]), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.div.Tensor, torch.ops.aten.mul.Tensor) and all(
+            isinstance(a, torch.Tensor) for a in args[:2]
+        ):
+            a, b = args[:2]
+            self.count += tuple(a.shape[-2:]) == self.shape and tuple(b.shape[-2:]) == (1, 1)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("name", "hyper"), RULES)
+@pytest.mark.parametrize(
+    "manifold",
+    [pytest.param(Stiefel(16, 4), id="St(16,4)"), pytest.param(Orthogonal(6), id="O(6)")],
+)
+def test_a_gradient_grown_past_the_free_scale_is_stepped_as_with_every_division(
+    name, hyper, manifold, monkeypatch
+):
+    # float32: free_scale ≈ 2.9e17 at St(16, 4); the third gradient is 1e30
+    sized, _ = _scaled_run(name, hyper, manifold, False, monkeypatch)
+    divided, _ = _scaled_run(name, hyper, manifold, True, monkeypatch)
     assert torch.isfinite(sized).all()
     assert float((sized - divided).abs().max()) <= 100 * 16 * torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize(("name", "hyper"), RULES)
+def test_ordinary_gradients_skip_the_passes_of_their_scales(name, hyper, monkeypatch):
+    # the gradient's, the direction's and radam's second-moment scales: each division by a
+    # scale found 1 at the last step, and its product back, is a pass the step does not make
+    st = Stiefel(64, 4)
+    _, skipped = _scaled_run(name, hyper, st, False, monkeypatch, big=1.0)
+    _, divided = _scaled_run(name, hyper, st, True, monkeypatch, big=1.0)
+    assert divided > 0 and skipped == 0
