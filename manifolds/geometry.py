@@ -326,7 +326,8 @@ class StiefelGeometry(Geometry):
         passes it as an argument to the gradient's kernels when they are given the
         very tensor (``is``) at the same version counter (not written in between).
         """
-        step = copy.copy(self)
+        step = object.__new__(type(self))  # a shallow copy (copy.copy's general path is slow)
+        step.__dict__.update(self.__dict__)
         step._checks, step._step_checks = {}, checks
         if getattr(self._descent, "takes_checks", False):
             if checks is not None:

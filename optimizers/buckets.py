@@ -219,11 +219,12 @@ def plan(
     """
     buckets: list[Bucket] = []
     by_kind: dict[tuple, Bucket] = {}
+    alone = foreach is False or len(params) == 1  # every parameter is a bucket of its own
     for i, (p, binding) in enumerate(zip(params, bindings, strict=True)):
         if p.grad is None:
             continue
         state = states[p]
-        kind = None if foreach is False else _kind(p, binding, state, foreach, plain, quiet)
+        kind = None if alone else _kind(p, binding, state, foreach, plain, quiet)
         bucket = None if kind is None else by_kind.get(kind)
         if bucket is None:
             bucket = Bucket([p], [i], binding, None if quiet else host_count(state))

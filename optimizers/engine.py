@@ -119,8 +119,9 @@ class Computed:
         grad_ok: the gradients are finite (one flag per parameter, or a 0-dim one).
         ok: the gradients and the results are finite.
         off: a tested point is off its manifold (an unread 0-dim flag), or None.
-        refused: a kernel refused its short path for some matrix (an unread 0-dim flag;
-            the bucket is stepped again with the kernels' exact paths), or None.
+        checks: the tests of the kernels' short paths (unread 0-dim flags; one False: a
+            kernel refused its short path for some matrix, and the bucket is stepped
+            again with the kernels' exact paths).
         quiet: computed for a step that reads nothing (traced or capturable).
         measured: the bounds the kernels measured, to be read with the flags (unread).
         bounds: the same, read: ``{site: float}``, stored with the written steps.
@@ -136,7 +137,7 @@ class Computed:
     grad_ok: torch.Tensor
     ok: torch.Tensor
     off: torch.Tensor | None
-    refused: torch.Tensor | None
+    checks: list
     quiet: bool
     measured: list = field(default_factory=list)
     bounds: dict = field(default_factory=dict)
@@ -234,9 +235,9 @@ def compute(
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
-    refused = ~torch.stack([c.to(x.device) for c in checks]).all() if checks else None
     measured = [] if checks is None else checks.measured
-    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, refused, quiet, measured)
+    tests = [] if checks is None else list(checks)
+    return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, tests, quiet, measured)
 
 
 def _check_promise(opt, before: dict, versions: dict) -> None:
@@ -322,8 +323,8 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
         at += 2 * size
         off = c.off is not None and values[at] != 0
         at += c.off is not None
-        refused = c.refused is not None and values[at] != 0
-        at += c.refused is not None
+        refused = not all(values[at : at + len(c.checks)])
+        at += len(c.checks)
         if c.measured:  # for the next step (Note [Euler's product sized by the last step])
             c.bounds = {site: values[at + i] for i, (site, _) in enumerate(c.measured)}
             at += len(c.measured)
@@ -348,10 +349,11 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
 def _flags(c: Computed) -> torch.Tensor:
     """A bucket's flags as numbers (0, 1) and its measured bounds, in one vector.
 
-    The gradients' flags, the results', then the off-manifold test and the refusal
-    where the step has them, then the bounds in the order of ``c.measured``.
+    The gradients' flags, the results', then the off-manifold test where the step has
+    it, the kernels' tests, and the bounds in the order of ``c.measured``.
     """
-    tail = [t for t in (c.off, c.refused) if t is not None] + [b for _, b in c.measured]
+    off = [] if c.off is None else [c.off.reshape(())]
+    tail = [*off, *c.checks, *(b for _, b in c.measured)]
     if c.bucket.single:  # all 0-dim: one stack
         return torch.stack([c.grad_ok.reshape(()), c.ok.reshape(()), *tail])
     heads = [c.grad_ok.reshape(-1), c.ok.reshape(-1)]

@@ -239,6 +239,8 @@ def memory_order(t: torch.Tensor) -> torch.Tensor:
     """
     if t.is_contiguous() or torch.compiler.is_compiling():  # a traced step: any order
         return t
+    if t.dim() >= 2 and t.mT.is_contiguous():  # matrices by columns: the common case
+        return t.mT
     order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
     dense = t.permute(order)
     return dense if dense.is_contiguous() else t

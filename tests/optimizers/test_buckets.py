@@ -8,6 +8,7 @@ and host reads come from a dispatch mode, independent of the machine's load.
 from __future__ import annotations
 
 import inspect
+import operator
 import warnings
 
 import geoopt
@@ -316,8 +317,8 @@ def test_a_steady_bucket_stacks_its_points_and_gradients_but_not_its_state(monke
     grads = [p.grad for p in params]
     opt.step()
     # stacks over the 6 parameters: the points and the gradients; the four state keys are views
-    assert sum(all(t is p for t, p in zip(ts, params)) and len(ts) == 6 for ts in stacks) == 1
-    assert sum(all(t is g for t, g in zip(ts, grads)) and len(ts) == 6 for ts in stacks) == 1
+    assert sum(len(ts) == 6 and all(map(operator.is_, ts, params)) for ts in stacks) == 1
+    assert sum(len(ts) == 6 and all(map(operator.is_, ts, grads)) for ts in stacks) == 1
     assert not any(id(t) in held for ts in stacks for t in ts)
     base = opt.state[params[0]]["exp_avg"]._base
     assert base is not None and all(opt.state[p]["exp_avg"]._base is base for p in params)
