@@ -18,7 +18,7 @@ sections instead of writing them.
 Example:
 
 ```text
-python -m benchmarks.performance                     # every CPU section, a few minutes
+python -m benchmarks.performance                     # every CPU section, seconds
 python -m benchmarks.performance --only maps,precision
 python -m benchmarks.performance --quick --page /tmp/performance.md
 ```
