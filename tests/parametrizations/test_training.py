@@ -6,6 +6,7 @@ import io
 import geoopt
 import pytest
 import torch
+from _compile import Counting
 from torch.nn.utils import parametrize
 
 from stiefel.parametrizations import available, maps, orthogonalize
@@ -118,19 +119,34 @@ def test_parametrize_cached():
         assert torch.allclose(w.linear(x), torch.nn.functional.linear(x, w()), atol=1e-6)
 
 
-def test_torch_compile_matches_eager():
+@pytest.mark.parametrize("shape", [(6, 6), (4, 9)], ids=["square", "wide"])
+@pytest.mark.parametrize("method", MAPS)
+def test_every_map_compiles_into_one_graph_under_cached_and_matches_eager(method, shape):
+    # a forward that reads the weight twice, under parametrize.cached() (the map once):
+    # Dynamo traces the map and both uses into one graph, with eager's values and gradients
     torch.manual_seed(3)
-    lin = orthogonalize(torch.nn.Linear(4, 4, bias=False), method="cwy")
-    x = torch.randn(3, 4)
-    eager = lin(x)
-    compiled = torch.compile(lin, backend="aot_eager")  # Dynamo + AOTAutograd, no C++ build
-    out = compiled(x)
-    assert torch.allclose(out, eager, atol=1e-6)
-    out.sum().backward()
-    g_compiled = lin.parametrizations.weight.original.grad.clone()
+    lin = orthogonalize(
+        torch.nn.Linear(shape[1], shape[0], bias=False, dtype=torch.float64), method=method
+    )
+    x = torch.randn(3, shape[1], dtype=torch.float64)
+
+    def forward(x):
+        return lin(x) + lin(x).pow(2)
+
+    eager = forward(x)
+    eager.sum().backward()
+    grads = [p.grad.clone() for p in lin.parameters()]
     lin.zero_grad()
-    lin(x).sum().backward()
-    assert torch.allclose(g_compiled, lin.parametrizations.weight.original.grad, atol=1e-5)
+    backend = Counting()
+    torch._dynamo.reset()
+    with parametrize.cached():
+        out = torch.compile(forward, backend=backend, fullgraph=True)(x)
+    out.sum().backward()
+    assert backend.graphs == 1
+    tol = 100 * max(shape) * torch.finfo(torch.float64).eps
+    assert float((out - eager).abs().max()) <= tol
+    for p, g in zip(lin.parameters(), grads, strict=True):
+        assert float((p.grad - g).abs().max()) <= tol
 
 
 def test_rnn_rollout_operator_form_matches_dense():
