@@ -219,7 +219,8 @@ def header(
     """A title line with the torch version, the device (`device_name`), thread count and dtype."""
     dev = device_name(device)
     name = str(dtype).removeprefix("torch.")
-    return f"{title} — torch {torch.__version__}, {dev}, {torch.get_num_threads()} threads, {name}"
+    n = torch.get_num_threads()
+    return f"{title} — torch {torch.__version__}, {dev}, {n} thread{'s' * (n != 1)}, {name}"
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

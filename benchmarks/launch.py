@@ -43,6 +43,7 @@ python -m benchmarks.launch --device cuda --json /tmp/launch_cuda.json
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -286,11 +287,11 @@ def measure_set(
             continue
         flat = float("nan")  # a set that is one parameter has nothing to stack
         try:
-            if name not in STACKED:
+            if len(points) > 1:
                 stacked = _stepper(make, stacked_points, stacked_grads, stacked=True)
                 flat = ops / counts(stacked)[0]
         except Exception:  # noqa: BLE001 - e.g. torch's Muon steps 2-D parameters only
-            pass
+            pass  # shown as "—", which the legend explains
         steps[label] = opt.step
         rows.append({"set": name, "optimizer": label, "ops": ops, "reads": reads, "flat": flat})
     cpu = (
@@ -352,6 +353,28 @@ def captured(name: str, blocks, device, rounds: int) -> list[dict]:
     return rows
 
 
+#: what the columns of `results_table` count
+LEGEND = """\
+- ops/step: ATen operations one step dispatches (a GPU launches at least one kernel each)
+- reads/step: reads of a tensor's value on the host (each a wait for a GPU's queue)
+- flat: ops on the separate parameters ÷ ops on the same matrices stacked, one parameter
+  per shape (—: the set is one parameter, or the optimizer cannot step the stack, as
+  torch's Muon steps 2-D parameters only)
+- host/step: the step's CPU time on its thread (the host side of a GPU step); wall/step:
+  its wall time; each the median of {rounds} interleaved rounds"""
+
+
+def describe(blocks: list[tuple[int, int, int]], stacked: bool) -> str:
+    """A parameter set in words: its matrices and how many parameters hold them."""
+    parts = " + ".join(
+        f"{count} × {'O' if n == m else 'St'}({n}{'' if n == m else f', {m}'})"
+        for count, n, m in blocks
+    )
+    total = sum(count for count, _, _ in blocks)
+    holders = "one parameter" if stacked or total == 1 else f"{total} parameters"
+    return f"{parts} ({holders})"
+
+
 def results_table(rows: list[dict[str, Any]], anchor: str = "torch Adam foreach") -> str:
     """The markdown table of `measure_set`'s rows, host time also as a ratio to ``anchor``."""
     base = {r["set"]: r.get("host_s") for r in rows if r["optimizer"] == anchor}
@@ -362,7 +385,8 @@ def results_table(rows: list[dict[str, Any]], anchor: str = "torch Adam foreach"
             continue
         host = r.get("host_s")
         body.append([
-            r["set"], r["optimizer"], str(r["ops"]), str(r["reads"]), f"{r['flat']:.2f}",
+            r["set"], r["optimizer"], str(r["ops"]), str(r["reads"]),
+            "—" if math.isnan(r["flat"]) else f"{r['flat']:.2f}",
             fmt_time(host), fmt_time(r.get("wall_s")),
             fmt_ratio(None if host is None or not base.get(r["set"]) else host / base[r["set"]]),
         ])  # fmt: skip
@@ -411,9 +435,12 @@ def main(argv: list[str] | None = None) -> str:
     for name in chosen:
         rows += measure_set(name, sets[name], device, rounds, only, before)
     out = [header("Ops, host reads and host time per optimizer step", device), ""]
+    out += [f"- {name}: {describe(sets[name], name in STACKED)}" for name in chosen]
+    if args.quick:
+        out.append("- --quick: smaller sets than the full ones of the same names")
     if before is not None:
-        out += [f"(before): commit {before.__commit__[:12]}, stepped in the same rounds", ""]
-    out.append(results_table(rows))
+        out.append(f"- (before): commit {before.__commit__[:12]}, stepped in the same rounds")
+    out += ["", results_table(rows).rstrip("\n"), "", LEGEND.format(rounds=rounds)]
     graph_rows = []
     if device.type == "cuda":
         for name in chosen:

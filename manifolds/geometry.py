@@ -371,7 +371,11 @@ class StiefelGeometry(Geometry):
         # Gram its frame update needs (Note [Tall steps correct every k-th step])
         wide = self._skips and (step is not None or frame.in_frame(x, self.group))
         xx = frame.wide_gram(x, self.group) if wide else kernels.reduce.gram(x, x, self.group)
-        self._gram = (x, xx)
+        # a point tested only because the optimizer did not write it last (a state just
+        # loaded, an edit) is corrected on the scheduled steps only, as it would have
+        # been: a resumed run repeats the original one bit for bit (Note [Points as the
+        # optimizer left them] in `stiefel.optimizers.buckets`)
+        self._gram = (x, xx if correct or not self._skips else frame.UNCORRECTED)
         # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding
         # of the difference (~M·eps) is far below OFF_MANIFOLD² (only the test uses it)
         tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)

@@ -275,13 +275,23 @@ class RiemannianOptimizer(ParamGroups):
             x = single.binding.orient(master.point(p, state))
             # a bucket of one was found off; in a larger one, which parameter is asked
             if c.bucket.single or bool(geo.off_manifold(x, bound=self.off_manifold_bound)):
-                err = geo.error(x)
-                self._warn_once(
-                    "off",
-                    f"{type(self).__name__}: {single.where()} is off its manifold (‖XᴴX − I‖_F "
-                    f"= {float(err.max()):.3e}, e.g. after load_state_dict or an in-place edit); "
-                    "it is projected back (polar factor) before the step",
-                )
+                err = f"‖XᴴX − I‖_F = {float(geo.error(x).max()):.3e}"
+                name = type(self).__name__
+                if single.binding.implied:  # a plain matrix this optimizer steps as a point
+                    why = (
+                        f"{name}: {single.where()} is a plain matrix, which {name} steps as a "
+                        f"point of {single.binding.manifold!r}, and it is not one ({err}); it "
+                        "is projected onto it (polar factor) before the step. A weight that "
+                        "is to stay free goes in a param group with "
+                        "manifold=geoopt.Euclidean(), or to another optimizer"
+                    )
+                else:
+                    why = (
+                        f"{name}: {single.where()} is off its manifold ({err}, e.g. after "
+                        "load_state_dict or an in-place edit); it is projected back (polar "
+                        "factor) before the step"
+                    )
+                self._warn_once("off", why)
                 master.store(p, state, single.binding.orient(geo.project(x)))
             out.append(engine.compute(self, single, c.group, False, tested=True))
         return out

@@ -189,8 +189,9 @@ def _kind(
     if any(not isinstance(state[k], torch.Tensor) for k in keys):
         return None
     return (
-        binding.kind, binding.transposed, tuple(p.shape), p.stride(), p.dtype, p.device,
-        p.grad.dtype, p.grad.stride(), keys, None if quiet else host_count(state),
+        binding.kind, binding.transposed, binding.implied, tuple(p.shape), p.stride(),
+        p.dtype, p.device, p.grad.dtype, p.grad.stride(), keys,
+        None if quiet else host_count(state),
     )  # fmt: skip
 
 

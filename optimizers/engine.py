@@ -119,12 +119,10 @@ class Computed:
         grad_ok: the gradients are finite (one flag per parameter, or a 0-dim one).
         ok: the gradients and the results are finite.
         off: a tested point is off its manifold (an unread 0-dim flag), or None.
-        checks: the tests of the kernels' short paths (unread 0-dim flags; one False: a
-            kernel refused its short path for some matrix, and the bucket is stepped
-            again with the kernels' exact paths).
+        checks: the kernels' tests of their short paths (unread 0-dim flags; one False:
+            the bucket is stepped again on the exact paths).
         quiet: computed for a step that reads nothing (traced or capturable).
-        measured: the bounds the kernels measured, to be read with the flags (unread).
-        bounds: the same, read: ``{site: float}``, stored with the written steps.
+        measured: the bounds the kernels measured (unread); ``bounds``: the same, read.
         accepted: the step counts of the parameters whose steps were written (eager).
     """
 
@@ -347,11 +345,8 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
 
 
 def _flags(c: Computed) -> torch.Tensor:
-    """A bucket's flags as numbers (0, 1) and its measured bounds, in one vector.
-
-    The gradients' flags, the results', then the off-manifold test where the step has
-    it, the kernels' tests, and the bounds in the order of ``c.measured``.
-    """
+    """A bucket's flags as numbers (0, 1) and its bounds, in one vector: ``grad_ok``,
+    ``ok``, ``off`` (if tested), the kernels' tests, the bounds of ``c.measured``."""
     off = [] if c.off is None else [c.off.reshape(())]
     tail = [*off, *c.checks, *(b for _, b in c.measured)]
     if c.bucket.single:  # all 0-dim: one stack

@@ -121,6 +121,8 @@ class Binding:
             once and check ``retraction=`` against the manifold's table.
         transposed: the rule steps the parameter's transpose (a wide plain matrix an
             optimizer treats as a Stiefel point, `RiemannianOptimizer.implied_manifold`).
+        implied: the manifold is the one the optimizer gives a plain parameter
+            (`RiemannianOptimizer.implied_manifold`), not the parameter's or its group's.
 
     Attributes:
         kind: the manifold's class and options (None: a plain tensor), what parameters
@@ -134,9 +136,10 @@ class Binding:
     """
 
     def __init__(self, manifold, param: torch.Tensor | None = None, group: dict | None = None,
-                 transposed: bool = False):  # fmt: skip
+                 transposed: bool = False, implied: bool = False):  # fmt: skip
         self.manifold = manifold
         self.transposed = transposed
+        self.implied = implied
         self.retractions = retractions_of(manifold)
         group = {} if group is None else group
         if self.retractions is not None and "retraction" in group:
@@ -264,12 +267,19 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
     """
     owner = type(opt).__name__
     man, transposed = manifold_of(p), False
-    if man is None and not isinstance(group.get("manifold"), geoopt.Euclidean):
+    # geoopt's Euclidean, on the parameter or named by the group, says "plain": no
+    # manifold, not even the one the optimizer would imply
+    euclidean = isinstance(getattr(p, "manifold", None), geoopt.Euclidean) or isinstance(
+        group.get("manifold"), geoopt.Euclidean
+    )
+    if man is None and not euclidean:
         man = group.get("manifold")
-    if man is None:
+    implied = man is None and not euclidean
+    if implied:
         man, transposed = opt.implied_manifold(p) or (None, False)
+        implied = man is not None
     check_kind(f"parameter {i} of the new param group", p, man, owner)
-    binding = Binding(man, p, group, transposed)  # ValueError: retraction, DTensor layout
+    binding = Binding(man, p, group, transposed, implied)  # ValueError: retraction, DTensor
     if binding.like is not None and not opt.dtensor_points:
         raise ValueError(
             f"parameter {i} of the new param group is a DTensor "

@@ -144,17 +144,26 @@ def strip(state: dict) -> dict:
 
 
 def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: dict) -> None:
-    """torch's load casts floating state to the parameter's dtype: undo it for masters.
+    """torch's load casts floating state to the parameter's dtype: undo it where it changed one.
 
     For a float16/bfloat16 parameter, torch's ``load_state_dict`` would turn the
     float32 master and moments into float16/bfloat16 (Note [float32 master copy
-    of a low-precision parameter]); they are reloaded in their saved dtype.
+    of a low-precision parameter]), and a float32 parameter's float64 moment (pogo's
+    VectorAdam, Note [VectorAdam's second moment in float64]) into float32; each is
+    reloaded in its saved dtype, so that a resumed run repeats the original one.
     """
     ids = [i for g in saved_groups for i in g["params"]]
     params = [p for g in opt.param_groups for p in g["params"]]
     for i, p in zip(ids, params, strict=False):
-        if p.dtype not in LOW_PRECISION or i not in saved_state:
+        if i not in saved_state:
             continue
+        held = opt.state[p]
         for key, value in saved_state[i].items():
-            if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point():
-                opt.state[p][key] = value.to(device=p.device).clone()
+            if (
+                key != "step"
+                and isinstance(value, torch.Tensor)
+                and value.is_floating_point()
+                and isinstance(held.get(key), torch.Tensor)
+                and held[key].dtype != value.dtype
+            ):
+                held[key] = value.to(device=p.device).clone()

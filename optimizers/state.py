@@ -4,8 +4,9 @@ Each param group records its parameters' shapes (``param_shapes``), so that a
 state loaded into a model of other shapes is refused with the parameter named
 rather than failing later inside a rule; the version record of Note [Points as
 the optimizer left them] is never saved; groups saved before geoopt's
-``stabilize`` key was kept get it back; float32 masters of low-precision
-parameters are reloaded in float32.
+``stabilize`` key was kept get it back; state tensors kept in a dtype other than
+their parameter's (float32 masters of low-precision parameters, pogo's float64
+second moment) are reloaded in that dtype.
 
 Example:
     ```python
@@ -64,5 +65,5 @@ def unpack(opt, state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def after_load(opt, state_dict: dict[str, Any]) -> None:
-    """Reload float32 masters and moments of low-precision parameters in their saved dtype."""
+    """Reload the state tensors torch's load cast in their saved dtypes (`master`)."""
     master.restore_dtypes(opt, state_dict.get("param_groups", []), state_dict.get("state", {}))

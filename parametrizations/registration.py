@@ -158,6 +158,10 @@ def orthogonalize_module(root: nn.Module, name: str, method: object, options: di
     if not isinstance(w, torch.Tensor):
         tensors = [k for k, _ in module.named_parameters(recurse=False)]
         tensors += [k for k, _ in module.named_buffers(recurse=False)]
+        if not tensors:  # a container: the matrices of its submodules, by dotted name
+            prefix = name.rpartition(".")[0] + "." if "." in name else ""
+            inner = [prefix + k for k, p in module.named_parameters() if p.dim() >= 2]
+            tensors = [*inner[:8], "..."] if len(inner) > 8 else inner
         raise ValueError(
             f"name={name!r} is not a tensor of {type(module).__name__}; "
             f"allowed: {', '.join(tensors) if tensors else 'none (it has no tensors)'}"

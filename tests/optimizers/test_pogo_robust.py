@@ -72,6 +72,37 @@ def test_plain_vector_keeps_the_euclidean_base_update():
     assert torch.equal(p.detach(), torch.zeros(4, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("base", ["sgd", "adam"])
+def test_a_plain_matrix_in_a_euclidean_group_keeps_the_euclidean_base_update(base):
+    # geoopt.Euclidean() named by the group says "plain": pogo does not make the matrix
+    # a Stiefel point; its step is the base optimizer's, as the same entries in a vector
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(4, 16, dtype=torch.float64, generator=gen)
+    grads = [torch.randn(4, 16, dtype=torch.float64, generator=gen) for _ in range(3)]
+    p = torch.nn.Parameter(x.clone())
+    v = torch.nn.Parameter(x.reshape(-1).clone())
+    opt = optimizers.create("pogo", [{"params": [p], "manifold": geoopt.Euclidean()}],
+                            lr=0.1, base=base)  # fmt: skip
+    ref = optimizers.create("pogo", [v], lr=0.1, base=base)
+    for g in grads:
+        p.grad, v.grad = g.clone(), g.reshape(-1).clone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing is projected, nothing warns
+            opt.step()
+        ref.step()
+    assert float((p.detach().reshape(-1) - v.detach()).abs().max()) <= 1e-13
+    assert float((p.detach() - x).abs().max()) > 1e-2  # it moved
+
+
+def test_a_plain_matrix_far_from_stiefel_is_projected_with_a_warning_that_says_why():
+    p = torch.nn.Parameter(3 * torch.randn(16, 4, generator=torch.Generator().manual_seed(2)))
+    opt = optimizers.create("pogo", [p], lr=0.01)
+    message = _step(opt, p, torch.randn(16, 4))
+    assert "is a plain matrix, which POGO steps as a point of Stiefel" in message
+    assert "manifold=geoopt.Euclidean()" in message
+    assert float(orthogonality_error(p.detach())) < 1e-3
+
+
 def _step(opt, p, g):
     p.grad = g
     with warnings.catch_warnings(record=True) as caught:

@@ -160,6 +160,9 @@ def test_dotted_names_reach_submodules():
     assert orth_err(model[1].weight_hh_l0) < 1e-5
     with pytest.raises(ValueError, match="no submodule 'rnn'"):
         orthogonalize(model, "rnn.weight_hh_l0", method="cwy")
+    # a container has no weight of its own: the error names its submodules' matrices
+    with pytest.raises(ValueError, match=r"not a tensor of Sequential; allowed: 0\.weight, "):
+        orthogonalize(model, method="riemannian")
 
 
 # ---------------------------------------------------------------- riemannian in place
