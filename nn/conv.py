@@ -12,6 +12,7 @@ from torch import nn
 
 from .._core import checks as _checks
 from ..parametrizations import kernels, orthogonalize
+from ..parametrizations._precision import work_dtype
 from ..parametrizations._spectral import SPECTRAL_PER_ROW, SPECTRAL_THRESHOLD
 
 __all__ = ["ConvNERUCell", "OrthogonalConv2d", "NONLINEARITIES"]
@@ -268,14 +269,22 @@ class OrthogonalConv2d(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(channels, width, kernel_size, kernel_size, dtype=dtype, device=device)
         )
-        if method == "cwy":
+        self.bias = (
+            nn.Parameter(torch.empty(channels, dtype=dtype, device=device)) if bias else None
+        )
+        self._path: tuple[torch.Tensor, tuple[int, int], bool | None] | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise the kernel and the bias (torch's name: a module built on the meta
+        device and moved by ``to_empty`` gets its values here)."""
+        if self.method == "cwy":
             nn.init.normal_(self.weight)
         else:  # nn.Conv2d's initialisation, as in the paper (a CayleyConv is an nn.Conv2d)
             nn.init.kaiming_uniform_(self.weight, a=5**0.5)
-        self.bias = (
-            nn.Parameter(torch.zeros(channels, dtype=dtype, device=device)) if bias else None
-        )
-        self._path: tuple[torch.Tensor, int, bool | None] | None = None
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+        self._path = None
 
     def _check_size(self, size: tuple[int, int]) -> None:
         h, w = size
@@ -296,13 +305,21 @@ class OrthogonalConv2d(nn.Module):
             ValueError: if the kernel is larger than the image.
         """
         self._check_size(size)
-        return tap_dft(self.weight, self.weight, size)
+        taps = self._taps()
+        return tap_dft(taps, taps, size)
 
     def skew_transfer(self, size: tuple[int, int]) -> torch.Tensor:
         """A(ω) = P̂(ω) − P̂(ω)ᴴ at the half spectrum: (h·(w//2+1), c, c), from the taps."""
         self._check_size(size)
-        pt = self.weight.transpose(0, 1)
-        return tap_dft(self.weight - pt, self.weight + pt, size)
+        taps = self._taps()
+        pt = taps.transpose(0, 1)
+        return tap_dft(taps - pt, taps + pt, size)
+
+    def _taps(self) -> torch.Tensor:
+        """The weight in the dtype the transforms compute in: float32 for a half-precision
+        one (torch.fft has no half precision on the CPU; Note [Maps compute in float32 or
+        wider]), the weight itself otherwise."""
+        return self.weight.to(work_dtype(self.weight.dtype))
 
     def _spectral(self) -> bool | None:
         """False when ‖A(ω)‖₁ is certainly below the ``eigh`` threshold, once per weight version.
@@ -314,19 +331,25 @@ class OrthogonalConv2d(nn.Module):
         per version of the weight and kept; while it is below the threshold
         of `spectral_needed` the LU path is taken without reading ‖A‖₁ per
         call. Above it (rare: ‖A‖₁ > max(64, 4c)), None lets ``cayley_map``
-        test ‖A(ω)‖₁ itself.
+        test ‖A(ω)‖₁ itself. A version is the counter and the address of the
+        values (``weight.data = …`` keeps the counter); a write through
+        ``weight.data`` in place changes neither, and keeps the choice of the
+        last version until a change the counter sees (an optimizer's step): a
+        path chosen for a smaller ‖A‖₁ is still a Cayley transform, less
+        accurate only past the threshold.
         """
         w = self.weight
         if w.device.type == "meta" or torch.compiler.is_compiling():
             return None  # traced: no value can be read, ``cayley_map`` chooses in the graph
-        if self._path is None or self._path[0] is not w or self._path[1] != w._version:
+        key = (w._version, w.data_ptr())  # the address: ``w.data = …`` keeps the version
+        if self._path is None or self._path[0] is not w or self._path[1] != key:
             a = w.detach().abs().sum((-2, -1))
             try:
                 bound = float((a + a.mT).sum(0).max())
             except RuntimeError:  # under torch.func transforms no value can be read
                 return None
             limit = max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW * self.channels)
-            self._path = (w, w._version, False if bound <= limit else None)
+            self._path = (w, key, False if bound <= limit else None)
         return self._path[2]
 
     def frequency_matrices(self, size: tuple[int, int]) -> torch.Tensor:
@@ -351,7 +374,8 @@ class OrthogonalConv2d(nn.Module):
                 f"x must have shape (batch, {self.channels}, h, w), got {tuple(x.shape)}"
             )
         b, c, h, w = x.shape
-        xf = torch.fft.rfft2(x).permute(2, 3, 1, 0).reshape(-1, c, b)
+        dtype = x.dtype  # a half-precision input is transformed in float32, rounded once
+        xf = torch.fft.rfft2(x.to(work_dtype(dtype))).permute(2, 3, 1, 0).reshape(-1, c, b)
         if q is not None:
             yf = q @ xf
         elif self.method == "cayley":  # the operator form: Q(ω) never formed
@@ -360,6 +384,7 @@ class OrthogonalConv2d(nn.Module):
         else:
             yf = self.frequency_matrices((h, w)) @ xf
         y = torch.fft.irfft2(yf.reshape(h, w // 2 + 1, c, b).permute(3, 2, 0, 1), s=(h, w))
+        y = y.to(dtype)
         return y if self.bias is None else y + self.bias[:, None, None]
 
     def extra_repr(self) -> str:

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..manifolds.kernels.reads import host_reads_allowed
 from ..parametrizations import orthogonalize
 from ..parametrizations._precision import work_dtype
 
@@ -172,38 +173,34 @@ class OrthoKernel(nn.Module):
             self.wide = rows < cols
             shape = (g, max(rows, cols), min(rows, cols))
             self._factor("reshaped", shape, method, opts, dtype, device)
-        self._cache: tuple[list[tuple[Any, ...]], torch.Tensor] | None = None
+        self._cache: tuple[list[torch.Tensor], torch.Tensor] | None = None
 
     def _factor(self, name: str, shape, method, options, dtype, device) -> None:
         """Register ``name`` as a constrained (…, n, m) factor: the one call to the map API."""
         self.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
         orthogonalize(self, name, method, **options)
 
-    def _state(self) -> list[tuple[Any, ...]] | None:
-        r"""What identifies the values of every parameter and buffer (None: not cacheable).
+    def _state(self) -> list[torch.Tensor] | None:
+        r"""The tensors the kernel is computed from, its parameters and buffers (None: no cache).
 
         Note [What the kernel cache is keyed on]
-        A tensor's ``_version`` counts its in-place changes, but ``param.data =
-        t`` (``vector_to_parameters``, some checkpoint loaders) swaps the
-        tensor's memory and keeps the counter. So each tensor is keyed on its
-        identity, its version and where its values live: the address of its
-        first element, its shape and strides. The cache also holds each
-        tensor's storage, so that memory cannot be freed and handed to another
-        tensor at the same address while the key refers to it. Writes through
-        another tensor that shares the memory after a ``.data`` assignment
-        (which autograd's version counter does not see either) are not
-        detected. Tensors whose memory has no address (meta, tensor
-        subclasses such as DTensor) are not cached, nor is a traced forward
-        (``torch.compile``: memory addresses are not values a graph can test).
+        A tensor's ``_version`` counts the in-place changes made through it, but
+        not those made through ``param.data`` (``p.data.add_``: an EMA, SWA, a
+        hand-written optimizer), and ``param.data = t`` (``vector_to_parameters``,
+        some checkpoint loaders) swaps its memory and keeps the counter: neither
+        the version nor the address says that the values changed. So the cache
+        keeps a copy of every parameter and buffer and compares values (with
+        shape, dtype and device): one pass over the factors, far smaller than the
+        products that assemble the kernel, and one host read per tensor and
+        cached forward. Tensors whose memory has no address (meta, tensor
+        subclasses such as DTensor) are not cached, nor is a forward that may not
+        read a value (traced by ``torch.compile``, captured in a CUDA graph).
         """
-        state = []
-        for t in (*self.parameters(), *self.buffers()):
-            if t.device.type == "meta" or type(t) not in (torch.Tensor, nn.Parameter):
-                return None
-            state.append(
-                (t, t._version, t.data_ptr(), tuple(t.shape), t.stride(), t.untyped_storage())
-            )
-        return state
+        tensors = [*self.parameters(), *self.buffers()]
+        if any(t.device.type == "meta" or type(t) not in (torch.Tensor, nn.Parameter)
+               for t in tensors):  # fmt: skip
+            return None
+        return tensors
 
     def forward(self) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the compiled program is the construction: no cache
@@ -211,15 +208,13 @@ class OrthoKernel(nn.Module):
         if torch.is_grad_enabled():
             self._cache = None
             return self._assemble()
-        state = self._state()
-        if state is not None and self._cache is not None:
-            old, kernel = self._cache
-            if len(old) == len(state) and all(
-                a[0] is b[0] and a[1:5] == b[1:5] for a, b in zip(old, state, strict=True)
-            ):
+        tensors = self._state() if host_reads_allowed() else None
+        if tensors is not None and self._cache is not None:
+            held, kernel = self._cache
+            if _same_values(tensors, held):
                 return kernel
         kernel = self._assemble()
-        self._cache = None if state is None else (state, kernel)
+        self._cache = None if tensors is None else ([t.detach().clone() for t in tensors], kernel)
         return kernel
 
     def _assemble(self) -> torch.Tensor:
@@ -250,3 +245,11 @@ class OrthoKernel(nn.Module):
     def extra_repr(self) -> str:
         plan = ", ".join(f"{k}={v}" for k, v in self.plan.items())
         return f"weight_shape={self.weight_shape}, {plan}"
+
+
+def _same_values(tensors: list[torch.Tensor], held: list[torch.Tensor]) -> bool:
+    """Whether ``tensors`` hold the values of the copies ``held`` (Note [What the kernel ...])."""
+    return len(tensors) == len(held) and all(
+        t.shape == h.shape and t.dtype == h.dtype and t.device == h.device and torch.equal(t, h)
+        for t, h in zip(tensors, held, strict=True)
+    )

@@ -8,7 +8,7 @@ raises), forward and backward; the compiled layer must give the eager layer's
 output and gradients. The graphs run with ``aot_eager`` (`Counting` of
 tests/_compile.py): Dynamo's tracing is what is tested, not Inductor's code
 generation (minutes of C++ on a CPU runner). In evaluation (no gradients) the
-eager layer caches its kernel, keyed on the factors' memory; a traced forward
+eager layer caches its kernel, checked against a copy of the factors; a traced forward
 assembles it in the graph instead.
 """
 

@@ -230,3 +230,51 @@ def test_fft_cayley_path_is_chosen_once_per_weight_version():
     y = layer(x)
     assert layer._path is not path and layer._path[2] is None
     assert float((y.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1) - 1).abs().max()) < 1e-12
+
+
+def test_fft_cayley_path_follows_a_data_assignment():
+    # ``weight.data = …`` keeps the version counter: the address tells the new values
+    torch.manual_seed(6)
+    layer = OrthogonalConv2d(4, 3, dtype=DT)
+    x = torch.randn(2, 4, 6, 6, dtype=DT)
+    layer(x)
+    assert layer._path[2] is False
+    layer.weight.data = 1e3 * layer.weight.detach()
+    y = layer(x)
+    assert layer._path[2] is None  # the large kernel's path, chosen again
+    assert float((y.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1) - 1).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("method", ["cayley", "exp", "cwy"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fft_conv_in_half_precision_is_the_float64_layer_rounded(method, dtype):
+    # torch.fft has no half precision on the CPU: the layer transforms in float32 and
+    # rounds its output once; the reference is the float64 layer with the same weights
+    torch.manual_seed(2)
+    ref = OrthogonalConv2d(6, 3, method=method, dtype=DT)
+    with torch.no_grad():
+        ref.weight.copy_((ref.weight + 0.3 * torch.randn_like(ref.weight)).to(dtype))
+    layer = OrthogonalConv2d(6, 3, method=method, dtype=dtype)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 6, 8, 7, dtype=dtype)
+    y = layer(x)
+    y.float().sum().backward()
+    assert y.dtype == dtype and layer.weight.grad.dtype == dtype
+    expected = ref(x.to(DT)).detach()
+    tol = 4 * torch.finfo(dtype).eps * float(expected.abs().max())
+    assert float((y.detach().to(DT) - expected).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("method", ["cayley", "cwy"])
+def test_fft_conv_built_on_meta_takes_the_torch_recipe(method):
+    # FSDP2's recipe: build on meta, to_empty, reset_parameters() on every module that has it
+    with torch.device("meta"):
+        layer = OrthogonalConv2d(4, 3, method=method, bias=True, dtype=DT)
+    layer.to_empty(device="cpu")
+    torch.manual_seed(3)
+    layer.reset_parameters()
+    torch.manual_seed(3)
+    eager = OrthogonalConv2d(4, 3, method=method, bias=True, dtype=DT)
+    assert torch.equal(layer.weight, eager.weight) and torch.equal(layer.bias, eager.bias)
+    x = torch.randn(2, 4, 6, 6, dtype=DT)
+    assert torch.equal(layer(x), eager(x))

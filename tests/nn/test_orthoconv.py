@@ -399,6 +399,34 @@ def test_strided_circular_padding_other_than_same_is_refused():
         cls(4, 4, 3, stride=2, padding="valid")
 
 
+@pytest.mark.parametrize("cls", [OrthoConv2d, OrthoConvTranspose2d])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda p, d: p.data.add_(d),  # an EMA or a hand-written optimizer
+        lambda p, d: p.data.copy_(p.data + d),
+    ],
+    ids=["data.add_", "data.copy_"],
+)
+def test_cache_sees_in_place_writes_through_data(cls, edit):
+    # ``p.data`` has a version counter of its own: the layer's output in evaluation must
+    # follow such a write all the same. The reference is the layer computed afresh.
+    torch.manual_seed(0)
+    layer = cls(4, 4, 3, dtype=DT).eval()
+    x = torch.randn(2, 4, 6, 6, dtype=DT)
+    with torch.no_grad():
+        before = layer(x)
+        for p in layer.parameters():
+            edit(p, 0.5 * torch.randn_like(p))
+        after = layer(x)
+    fresh = layer(x).detach()  # with gradients: assembled afresh, no cache
+    assert float((before - fresh).abs().max()) > 1e-2
+    tol = 100 * torch.finfo(DT).eps * float(fresh.abs().max())
+    assert float((after - fresh).abs().max()) <= tol
+    with torch.no_grad():  # cached again while nothing changes
+        assert layer.weight is layer.weight
+
+
 def test_cache_sees_data_assignment():
     """``param.data = …`` (vector_to_parameters) swaps memory and keeps ``_version``.
 
