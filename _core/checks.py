@@ -118,13 +118,16 @@ def pair(name: str, value: object) -> tuple:
 def int_in_range(
     name: str, value: object, low: int, high: int, *, none_ok: bool = False, where: str = ""
 ) -> int:
-    """Return ``value`` if it is an int (not a bool) in [low, high], else raise ValueError.
+    """Return ``value`` if it is an int (not a bool) in [low, high]; else raise TypeError
+    (not an int) or ValueError (out of range).
 
     ``where`` is appended to "out of range" (e.g. " for Orthogonal(n=4)"), and
     ``none_ok`` only changes the message (the caller handles None itself).
     """
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        allowed = ("None or " if none_ok else "") + f"an int with {low} <= {name} <= {high}"
+    allowed = ("None or " if none_ok else "") + f"an int with {low} <= {name} <= {high}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r} is not an int; allowed: {allowed}")
+    if not low <= value <= high:
         raise ValueError(f"{name}={value!r} is out of range{where}; allowed: {allowed}")
     return value
 

@@ -43,7 +43,7 @@ def precision(name: str) -> tuple[torch.dtype, torch.dtype | None]:
 
 def rounding(name: str, scale: float, task: object = None) -> float:
     """10·n·eps·max(1, |scale|), the rounding of a loss of size ``scale`` in precision ``name``
-    on a task of size n (its ``n``, else 1): a gap below the optimum within it is 0.
+    on a task of size n (its ``n``, else 1): a gap to the optimum within it is 0.
 
     Example:
         ```python

@@ -124,11 +124,16 @@ def run(cfg: RunConfig, progress=None) -> dict:
             break
     record["final_loss"] = record["loss"][-1]
     record["metrics"] = task.evaluate(model)
-    if task.optimum is not None:  # a negative gap within rounding is 0
-        gap, tol = record["final_loss"] - task.optimum, rounding(cfg.dtype, task.optimum, task)
-        record["gap"] = 0.0 if -tol <= gap < 0 else gap
+    if task.optimum is not None:
+        tol = rounding(cfg.dtype, task.optimum, task)
+        record["gap"] = gap_to_optimum(record["final_loss"], task.optimum, tol)
     record["failed"] = failure(record, task)
     return record
+
+
+def gap_to_optimum(final: float, optimum: float, tol: float) -> float:
+    """``final − optimum``, 0 within the rounding ``tol`` on either side (an ulp above is at it)."""
+    return 0.0 if abs(final - optimum) <= tol else final - optimum
 
 
 def failure(record: dict, task: tasks_mod.Task) -> str | None:

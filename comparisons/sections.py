@@ -71,7 +71,8 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         "when its loss became not finite; it *did not converge* when its final gap to a known "
         "optimum is above a declared fraction of its first (`Task.converged_fraction`), or, "
         "with no optimum, its final loss is above the baseline or a held-out accuracy at "
-        "chance. A gap below the optimum within rounding (10·n·eps·|optimum|) is 0.\n",
+        "chance. A gap within rounding of the optimum (10·n·eps·|optimum|, above or below) "
+        "is 0.\n",
         _setup_text(opts, runs) + _skipped_text(skipped),
     ]
     figs = []
@@ -96,10 +97,10 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
             + [s[k] for k in extra]
             for s in rows
         ]
-        text.append(md_table(head + extra, body) + _near_best(rows))
+        task_runs = [r for r in runs if r["task"] == task]
+        text.append(md_table(head + extra, body) + _near_best(rows) + _rose(task_runs))
         waited = [f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]]
         text += _flagged(waited, "the wall time counts waits: compare the CPU column")
-        task_runs = [r for r in runs if r["task"] == task]
         flagged = {f"{s['strategy']} [{s['dtype']}]" for s in rows if s["time_flag"]}
         fig = plots.convergence_figure(task_runs, task, flagged)
         figs += plots.save(store, fig, f"convergence_{task}")
@@ -121,6 +122,22 @@ def _near_best(rows: list[dict]) -> str:
     far = ", ".join(f"{k} ({fmt(g)})" for k, g in ok if g > 1.1 * low) or "none"
     off = f"; below the optimum (off the manifold): {', '.join(below)}" if below else ""
     return f"\nBest final gap: {best} ({fmt(low)}); not within 10 % of it: {far}{off}.\n"
+
+
+def _rose(runs: list[dict]) -> str:
+    """The strategies whose final gap is over 10× their run's best (a run that reached the
+    optimum and left it: the table's final columns do not show it)."""
+    worst: dict[str, tuple[float, float, int]] = {}
+    for r in runs:
+        if r.get("optimum") is None or not math.isfinite(r.get("gap", math.nan)):
+            continue
+        low, at = min((v, k) for v, k in zip(r["loss"], r["step"], strict=True) if math.isfinite(v))
+        best, rise = max(low - r["optimum"], 0.0), 1e-6 * max(1.0, abs(r["optimum"]))
+        if r["gap"] > 10 * best + rise and r["gap"] > worst.get(r["strategy"], (0, 0, 0))[1]:
+            worst[r["strategy"]] = (best, r["gap"], at)
+    say = ", ".join(f"{k} (gap {fmt(b)} at step {at}, {fmt(g)} at the end)"
+                    for k, (b, g, at) in worst.items())  # fmt: skip
+    return f"\nRose after its best (a final gap over 10× the run's best): {say}.\n" if say else ""
 
 
 def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int, why: list[str]):

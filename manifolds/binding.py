@@ -78,6 +78,8 @@ __all__ = [
 ]
 
 _ATTR = "_stiefel_manifolds"
+#: set on a module by `load_state_dict` until its points were checked (`_check_loaded`)
+_LOADED = "_stiefel_loaded"
 _GUARD: list = []  # the handle of the global optimizer step pre-hook, once registered
 # optimizer -> what the guard last looked at (Note [The guard sees every param group]),
 # or _DONE once it warned or found the optimizer Riemannian
@@ -140,6 +142,7 @@ def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) 
     mark(module._parameters[name], manifold)
     if first:
         module.register_forward_pre_hook(KeepManifold())
+        module.register_load_state_dict_post_hook(_loaded)
     if not _GUARD:
         _GUARD.append(register_optimizer_step_pre_hook(_euclidean_guard))
 
@@ -357,14 +360,56 @@ def claim(params: Iterable[torch.Tensor]) -> None:
                 break
 
 
+def _loaded(module: nn.Module, incompatible: Any) -> None:
+    """``load_state_dict`` post-hook: the module's points are checked at the next forward."""
+    module.__dict__[_LOADED] = True
+
+
+def _check_loaded(module: nn.Module) -> None:
+    """Refuse a point loaded far from its manifold (Note [A point loaded off its manifold]).
+
+    Note [A point loaded off its manifold]
+    A Riemannian weight is the point itself: ``load_state_dict`` copies whatever
+    the state dict holds into it, and a dense matrix (a checkpoint of another
+    model, a state dict edited by hand) would be used as the layer's weight with
+    no warning until an optimizer's step projected it. So the first forward after
+    a load checks every recorded point once (one host read), as the maps check
+    their free parameters at first use, and refuses one whose ‖WᴴW − I‖_F is past
+    the optimizers' bound (`stiefel.manifolds.geometry.OFF_MANIFOLD`): a point
+    that drifted by rounding passes. Not while tracing, nor on meta or DTensor
+    points (a distributed checkpoint restores its shards as they were saved).
+    """
+    from .geometry import OFF_MANIFOLD
+
+    if torch.compiler.is_compiling():
+        return
+    for name, (manifold, label) in records(module).items():
+        where = slot(module, name)
+        p = where[0]._parameters[where[1]] if where is not None else None
+        if p is None or p.device.type == "meta" or is_dtensor(p):
+            continue
+        err = float(manifold.geometry().error(p.detach()).max())
+        if not err <= OFF_MANIFOLD:  # NaN: refused too
+            raise ValueError(
+                f"{label} was loaded off its manifold {manifold!r} (‖WᴴW − I‖_F = {err:.3g} "
+                f"> {OFF_MANIFOLD}): the state dict holds no point of it. Load a checkpoint "
+                "saved from this model, or project the loaded matrix first: with "
+                "torch.no_grad(): w.copy_(w.manifold.projx(w))"
+            )
+    module.__dict__.pop(_LOADED, None)
+
+
 class KeepManifold:
-    """Forward pre-hook: re-marks the module's rebuilt manifold Parameters (picklable).
+    """Forward pre-hook: re-marks the module's rebuilt manifold Parameters (picklable), and
+    checks them once after a ``load_state_dict`` (Note [A point loaded off its manifold]).
 
     A substituted tensor (``torch.func.functional_call``, ``vmap``) is used as
     given (Note [A substituted tensor is used as given]).
     """
 
     def __call__(self, module: nn.Module, args: Any) -> None:
+        if module.__dict__.get(_LOADED):
+            _check_loaded(module)
         for name, (manifold, label) in records(module).items():
             where = slot(module, name)
             p = where[0]._parameters[where[1]] if where is not None else None

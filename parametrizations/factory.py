@@ -116,7 +116,7 @@ def build(
         raise ValueError(
             f"method='riemannian' cannot serve a wide weight of shape {shape} "
             "(Note [Riemannian weights must be tall]); methods that can: "
-            + ", ".join(methods_serving(shape, dtype)[:-1])
+            + ", ".join(methods_serving(shape, dtype))  # the maps: none is riemannian here
         )
     allowed = [o for o in cls.options() if o not in fixed]
     unknown = sorted(set(options) - set(allowed))

@@ -14,8 +14,9 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "comparisons"
-#: lines of the harness's machinery (comparisons/ but its tasks)
-CAP = 3150
+#: lines of the harness's machinery (comparisons/ but its tasks); 10 more for the report's
+#: gaps within rounding on either side and the runs that left their optimum
+CAP = 3160
 PACKAGE = "stiefel.comparisons"
 
 

@@ -199,3 +199,20 @@ def test_compiled_forward_keeps_the_manifold_hook():
     got = _train(compiled, layer.parameters())
     assert isinstance(layer.weight, geoopt.ManifoldParameter)
     torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+
+
+def test_a_point_loaded_off_its_manifold_is_refused_at_the_next_forward():
+    # Note [A point loaded off its manifold]: a dense matrix in the state dict is no point
+    torch.manual_seed(0)
+    lin = orthogonalize(torch.nn.Linear(4, 10, dtype=torch.float64), method="riemannian")
+    good = {k: v.clone() for k, v in lin.state_dict().items()}
+    x = torch.randn(2, 4, dtype=torch.float64)
+    lin.load_state_dict({"weight": torch.randn(10, 4, dtype=torch.float64), "bias": good["bias"]})
+    for _ in range(2):  # refused until a point is there
+        with pytest.raises(ValueError, match=r"weight was loaded off its manifold .* > 0.5"):
+            lin(x)
+    drifted = good["weight"] * (1 + 1e-4)  # rounding-sized drift: a point to the optimizers
+    lin.load_state_dict({"weight": drifted, "bias": good["bias"]})
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, drifted, good["bias"]))
+    lin.load_state_dict(good)
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, good["weight"], good["bias"]))

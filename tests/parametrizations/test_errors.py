@@ -37,11 +37,15 @@ def test_unknown_method_lists_available():
         orthogonalize(torch.randn(3, 3), method=3)
 
 
-@pytest.mark.parametrize("L", [0, 6, -1, 2.5, True, "3"])
-def test_reflections_out_of_range(L):
+@pytest.mark.parametrize(
+    ("L", "error"),
+    [(0, ValueError), (6, ValueError), (-1, ValueError)]
+    + [(2.5, TypeError), (True, TypeError), ("3", TypeError)],  # not an int: the wrong type
+)
+def test_reflections_out_of_range(L, error):
     lin = torch.nn.Linear(5, 5)
     snap = snapshot(lin)
-    with pytest.raises(ValueError, match=r"reflections=.*1 <= reflections <= 5"):
+    with pytest.raises(error, match=r"reflections=.*1 <= reflections <= 5"):
         orthogonalize(lin, method="cwy", reflections=L)
     assert_unchanged(lin, snap)
 
@@ -143,9 +147,12 @@ def test_bad_options_and_names():
 def test_riemannian_refuses_wide_and_names_the_methods_that_can():
     lin = torch.nn.Linear(6, 3)  # weight (3, 6): wide
     snap = snapshot(lin)
-    with pytest.raises(ValueError, match="riemannian.*wide.*householder, cwy, tcwy"):
+    with pytest.raises(ValueError, match="riemannian.*wide.*householder, cwy, tcwy") as err:
         orthogonalize(lin, method="riemannian")
     assert_unchanged(lin, snap)
+    # every registered map can (the registry, not a hand list)
+    named = str(err.value).rpartition("methods that can: ")[2].split(", ")
+    assert named == [m for m in available() if m != "riemannian"]
 
 
 def test_register_errors():
