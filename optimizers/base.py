@@ -97,8 +97,9 @@ class RiemannianOptimizer(ParamGroups):
     A subclass implements
 
     - `update(geo, x, grad, state, group) -> new x`: the rule for one
-      parameter `x` (a detached view; with ``foreach`` a stack of parameters of the
-      same kind, Note [One rule call per bucket]) with gradient `grad`, its
+      parameter `x` (a detached view; a stack of parameters of the same kind for a
+      rule that declares `buckets_points` or `buckets_plain`, Note [One rule call
+      per bucket]) with gradient `grad`, its
       `state` dict (`state["step"]`, a float tensor broadcasting against `x`'s
       matrices, already counts this step) and its `group`; `geo` supplies the
       manifold operations (Riemannian gradient, retraction `retr(x, -lr * d)` by
@@ -139,6 +140,10 @@ class RiemannianOptimizer(ParamGroups):
     # whether the rule's Euclidean form (plain tensors) is elementwise, so that plain
     # tensors of one shape may be stacked into one call (Note [One rule call per bucket])
     buckets_plain: ClassVar[bool] = False
+    # whether the rule steps a stack of same-kind manifold points as one batch: every
+    # reduction per matrix, every state tensor one row per parameter; False (a plugin's
+    # default) calls `update` for one parameter at a time, as docs/plugins.md describes
+    buckets_points: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -254,7 +259,12 @@ class RiemannianOptimizer(ParamGroups):
         # a traced step is one program already: the compiler fuses what a bucket would
         foreach = False if torch.compiler.is_compiling() else group["foreach"]
         found = buckets.plan(
-            group["params"], self._bindings[index], self.state, foreach, self.buckets_plain, quiet
+            group["params"],
+            self._bindings[index],
+            self.state,
+            foreach,
+            (self.buckets_plain, self.buckets_points),
+            quiet,
         )
         for bucket in found:
             if not bucket.single:
@@ -276,22 +286,7 @@ class RiemannianOptimizer(ParamGroups):
             # a bucket of one was found off; in a larger one, which parameter is asked
             if c.bucket.single or bool(geo.off_manifold(x, bound=self.off_manifold_bound)):
                 err = f"‖XᴴX − I‖_F = {float(geo.error(x).max()):.3e}"
-                name = type(self).__name__
-                if single.binding.implied:  # a plain matrix this optimizer steps as a point
-                    why = (
-                        f"{name}: {single.where()} is a plain matrix, which {name} steps as a "
-                        f"point of {single.binding.manifold!r}, and it is not one ({err}); it "
-                        "is projected onto it (polar factor) before the step. A weight that "
-                        "is to stay free goes in a param group with "
-                        "manifold=geoopt.Euclidean(), or to another optimizer"
-                    )
-                else:
-                    why = (
-                        f"{name}: {single.where()} is off its manifold ({err}, e.g. after "
-                        "load_state_dict or an in-place edit); it is projected back (polar "
-                        "factor) before the step"
-                    )
-                self._warn_once("off", why)
+                self._warn_once("off", _off_message(type(self).__name__, single, err))
                 master.store(p, state, single.binding.orient(geo.project(x)))
             out.append(engine.compute(self, single, c.group, False, tested=True))
         return out
@@ -401,6 +396,21 @@ def _caller() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _off_message(name: str, single: buckets.Bucket, err: str) -> str:
+    """The warning for a point off its manifold at a step (Note [Off-manifold points ...])."""
+    if single.binding.implied:  # a plain matrix this optimizer steps as a point
+        return (
+            f"{name}: {single.where()} is a plain matrix, which {name} steps as a point of "
+            f"{single.binding.manifold!r}, and it is not one ({err}); it is projected onto it "
+            "(polar factor) before the step. A weight that is to stay free goes in a param "
+            "group with manifold=geoopt.Euclidean(), or to another optimizer"
+        )
+    return (
+        f"{name}: {single.where()} is off its manifold ({err}, e.g. after load_state_dict or "
+        "an in-place edit); it is projected back (polar factor) before the step"
+    )
 
 
 def _due(steps: torch.Tensor, k: int) -> torch.Tensor:

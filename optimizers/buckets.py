@@ -11,9 +11,11 @@ state keys and step count. Their points and gradients are stacked into one
 (P, ...) tensor (a parameter that is already a batch joins with its matrices),
 the rule is called once, and the new points are written back by one
 ``torch._foreach_copy_``. Each matrix is stepped exactly as alone: the rules
-reduce per matrix (Grams, norms, step sizes of shape (..., 1, 1)), and a
-plain tensor is stacked only for a rule that declares its Euclidean form
-elementwise (``RiemannianOptimizer.buckets_plain``).
+reduce per matrix (Grams, norms, step sizes of shape (..., 1, 1)). Points are
+stacked only for a rule that declares so (``RiemannianOptimizer.buckets_points``:
+a plugin's rule, written for one parameter, may reduce over all of it), and a
+plain tensor only for one that declares its Euclidean form elementwise
+(``RiemannianOptimizer.buckets_plain``).
 
 Stacking is not free: the points and gradients are copied into the stack and
 the new points out of it, three passes over the data that a rule call per
@@ -71,6 +73,7 @@ __all__ = [
     "publish",
     "rule_keys",
     "write",
+    "check_rows",
     "unchanged",
     "record_versions",
     "STEP",
@@ -172,7 +175,12 @@ def host_count(state: dict) -> int | None:
 
 
 def _kind(
-    p: torch.Tensor, binding: Binding, state: dict, foreach: bool | None, plain: bool, quiet: bool
+    p: torch.Tensor,
+    binding: Binding,
+    state: dict,
+    foreach: bool | None,
+    batches: tuple[bool, bool],
+    quiet: bool,
 ) -> tuple | None:
     """What a parameter must share with the others of its bucket (None: it steps alone)."""
     if foreach is None and p.device.type != "cuda" and p.numel() > SMALL:
@@ -180,9 +188,9 @@ def _kind(
     # a DTensor, a tensor subclass with a dispatch of its own: stepped alone
     if binding.like is not None or type(p).__torch_dispatch__ is not _PLAIN or p.grad.is_sparse:
         return None
-    man = binding.manifold
-    if man is None and not plain:
-        return None
+    man, (plain, points) = binding.manifold, batches
+    if (man is None and not plain) or (man is not None and not points):
+        return None  # the rule's form for this parameter steps one at a time
     if man is not None and not binding.stiefel:
         return None  # another geoopt manifold: its operations may read the whole tensor
     keys = tuple(sorted(rule_keys(state)))
@@ -200,7 +208,7 @@ def plan(
     bindings: list[Binding],
     states,
     foreach: bool | None,
-    plain: bool,
+    batches: tuple[bool, bool],
     quiet: bool = False,
 ) -> list[Bucket]:
     """The buckets of a param group's parameters that have a gradient, in group order.
@@ -211,8 +219,8 @@ def plan(
         states: the optimizer's state (``opt.state``).
         foreach: stack parameters of the same kind (None: those that pay, Note [One
             rule call per bucket]; False: every parameter alone).
-        plain: whether plain tensors may be stacked (the rule's Euclidean form is
-            elementwise).
+        batches: whether plain tensors may be stacked (the rule's Euclidean form is
+            elementwise) and whether manifold points may (`RiemannianOptimizer.buckets_points`).
         quiet: no host read (a traced or capturable step): step counts are not known.
 
     Returns:
@@ -225,7 +233,7 @@ def plan(
         if p.grad is None:
             continue
         state = states[p]
-        kind = None if alone else _kind(p, binding, state, foreach, plain, quiet)
+        kind = None if alone else _kind(p, binding, state, foreach, batches, quiet)
         bucket = None if kind is None else by_kind.get(kind)
         if bucket is None:
             bucket = Bucket([p], [i], binding, None if quiet else host_count(state))
@@ -261,6 +269,26 @@ def stack_state(bucket: Bucket, states: list[dict], x: torch.Tensor, copy: bool)
     if STEP in work:
         work[STEP] = work[STEP].view(-1, *(1,) * (x.dim() - 1))
     return work
+
+
+def check_rows(owner: str, work: dict, rows: int) -> None:
+    """Refuse a rule's state for a bucket of ``rows`` parameters that is not one row each.
+
+    Raised before anything is written (Note [Safe step]): `unstack_state` hands each
+    parameter its row, which a 0-dim or otherwise shaped tensor does not have.
+    """
+    bad = [
+        f"state[{k!r}] of shape {tuple(v.shape)}"
+        for k, v in work.items()
+        if isinstance(v, torch.Tensor) and (v.dim() == 0 or v.shape[0] != rows)
+    ]
+    if bad:
+        raise RuntimeError(
+            f"{owner}.update stepped {rows} parameters as one batch (buckets_points or "
+            f"buckets_plain) and left {', '.join(bad)}, not one row per parameter; keep a "
+            "leading dimension of one row per parameter, or step one parameter at a time "
+            "(buckets_points = buckets_plain = False)"
+        )
 
 
 def unstack_state(bucket: Bucket, work: dict, rows: list[int] | None = None) -> list[dict]:

@@ -93,6 +93,7 @@ from .buckets import (
     BOUNDS,
     STEP,
     Bucket,
+    check_rows,
     last_bounds,
     publish,
     rule_keys,
@@ -229,12 +230,13 @@ def compute(
         new = None
     if not opt.writes_state_in_place:
         _check_promise(opt, before, versions)
+    if not bucket.single:
+        check_rows(type(opt).__name__, work, len(bucket.params))
     if new is None:
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
-    measured = [] if checks is None else checks.measured
-    tests = [] if checks is None else list(checks)
+    tests, measured = ([], []) if checks is None else (list(checks), checks.measured)
     return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, tests, quiet, measured)
 
 

@@ -69,6 +69,7 @@ class Landing(RiemannianOptimizer):
     feasible = False
     writes_state_in_place = False  # no state but the step count
     buckets_plain = True  # its Euclidean form is elementwise (gradient descent)
+    buckets_points = True  # its kernels reduce per matrix (Note [One rule call per bucket])
     default_lr = 0.02
     formula = (
         "8NM² (two N×M×M products for XᴴX and XᴴG, two for the field); 10NM² for N ≤ 3M "

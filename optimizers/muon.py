@@ -71,8 +71,9 @@ class ManifoldMuon(RiemannianOptimizer):
     computed by descent on its dual, Φ = msign(B + XΛ) with Hermitian Λ ←
     Λ − t·sym(XᴴΦ) (`stiefel.manifolds.kernels.msign.spectral_direction`,
     ``inner_steps`` msign evaluations; exact after the first on O(n)/U(n)), then
-    X ← retr(X, −lr·Φ) with the group's ``retraction``. Every step moves X by
-    lr in spectral norm (J. Bernstein, Modula docs, "Stiefel manifold", 2025;
+    X ← retr(X, −lr·Φ) with the group's ``retraction``. Every step moves X by at
+    most lr in spectral norm, by lr once the dual descent has converged (Note [The
+    tangent direction within the ball]; J. Bernstein, Modula docs, "Stiefel manifold", 2025;
     J. Su 2025, "Steepest descent on manifolds: 3. Muon + Stiefel").
 
     The momentum buffer lives in the ambient space: it needs no transport, since
@@ -100,7 +101,7 @@ class ManifoldMuon(RiemannianOptimizer):
 
     Args:
         params: parameters or param groups.
-        lr: step size (> 0): the spectral norm of each manifold step.
+        lr: step size (> 0): the largest spectral norm of a manifold step.
         momentum: μ in [0, 1).
         nesterov: use G + μB instead of B.
         inner_steps: msign evaluations of the dual descent (≥ 1).
@@ -120,6 +121,7 @@ class ManifoldMuon(RiemannianOptimizer):
     default_lr: ClassVar[float] = 0.02
     # it replaces its momentum buffer (Note [A skipped step leaves the state as it was])
     writes_state_in_place: ClassVar[bool] = False
+    buckets_points: ClassVar[bool] = True  # its kernels reduce per matrix
     formula: ClassVar[str] = (
         "inner_steps × msign(N×M) [N ≤ 1.5M: steps × (4NM² + 2M³); else the Gram engine, "
         "(4 + 4r)NM² + 2M³(4·steps − 3 − 3r), r = ⌊(steps − 1)/3⌋] + 4NM² per inner step "

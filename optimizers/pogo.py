@@ -181,6 +181,7 @@ class POGO(RiemannianOptimizer):
     default_lr: ClassVar[float] = 0.01
     # it replaces its buffers (Note [A skipped step leaves the state as it was])
     writes_state_in_place: ClassVar[bool] = False
+    buckets_points: ClassVar[bool] = True  # its kernels reduce per matrix
     # one polar-like correction per step: the iterate is near the manifold (error of
     # order (lr‖ψ‖)² per step, not decaying to rounding), like landing's
     feasible: ClassVar[bool] = False

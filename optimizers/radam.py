@@ -99,6 +99,7 @@ class RAdam(RiemannianOptimizer):
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     buckets_plain = True  # its Euclidean form is elementwise (torch's SGD/Adam)
+    buckets_points = True  # its kernels reduce per matrix (Note [One rule call per bucket])
     formula = (
         "cayley: 16NM² + 6M³ + 2NM²/k (the Riemannian gradient's Gram and product, the "
         "step's Xᴴd and dᴴd, two products for the point and two for the moment's image; "

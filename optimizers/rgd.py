@@ -96,6 +96,7 @@ class RGD(RiemannianOptimizer):
     default_lr = 0.05
     writes_state_in_place = False  # Note [A skipped step leaves the state as it was]
     buckets_plain = True  # its Euclidean form is elementwise (torch's SGD/Adam)
+    buckets_points = True  # its kernels reduce per matrix (Note [One rule call per bucket])
     formula = (
         "cayley: 10NM² + 6M³ + 2NM²/k either metric (five N×M×M products, a 2M×2M "
         "solve, the float64 XᴴX every k-th step), 20n³/3 + 2n³/k on O(n) (two products, "

@@ -110,3 +110,25 @@ def test_accuracy_table():
     assert rows[12][2] < tight and rows[30][3] < tight  # cubic Newton–Schulz
     assert rows[5][4] > 1e-2 and rows[20][3] > 1e-2  # not converged earlier
     assert all(0.25 < rows[s][0] < 0.4 for s in (3, 10, 30))  # Muon's quintic stalls
+
+
+@pytest.mark.parametrize("complex_", [False, True], ids=["real", "complex"])
+@pytest.mark.parametrize(
+    ("n", "m", "inner"),
+    [(9, 8, 10), (12, 8, 10), (40, 4, 1), (16, 4, 1)],  # N − M < M, or one inner step
+)
+def test_the_spectral_direction_is_tangent_and_within_the_unit_ball(n, m, inner, complex_):
+    # Note [The tangent direction within the ball]: the projection onto the tangent space
+    # left the ball by up to 15 % before the dual residual vanished (reference: the SVD)
+    from stiefel.manifolds.kernels.msign import spectral_direction
+
+    dtype = torch.complex128 if complex_ else torch.float64
+    gen = torch.Generator().manual_seed(n * m)
+    x = torch.linalg.qr(torch.randn(6, n, m, dtype=dtype, generator=gen))[0]
+    g = torch.randn(6, n, m, dtype=dtype, generator=gen)
+    phi = spectral_direction(x, g, inner, "svd", square=False)
+    eps = torch.finfo(torch.float64).eps
+    assert float(torch.linalg.matrix_norm(phi, 2).max()) <= 1 + 100 * eps
+    assert float((x.mH @ phi + phi.mH @ x).abs().max()) <= 100 * n * eps
+    # still an ascent direction of Re tr(GᴴΦ)
+    assert bool(((g.conj() * phi).real.sum((-2, -1)) > 0).all())

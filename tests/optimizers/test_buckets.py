@@ -322,3 +322,58 @@ def test_a_steady_bucket_stacks_its_points_and_gradients_but_not_its_state(monke
     assert not any(id(t) in held for ts in stacks for t in ts)
     base = opt.state[params[0]]["exp_avg"]._base
     assert base is not None and all(opt.state[p]["exp_avg"]._base is base for p in params)
+
+
+class _NormClip(optimizers.RiemannianOptimizer):
+    """A plugin as docs/plugins.md writes one: a rule for one parameter, with a reduction
+    over the whole tensor (the norm of its Riemannian gradient)."""
+
+    def __init__(self, params, lr=1.0, max_norm=0.1):
+        super().__init__(params, dict(lr=lr, max_norm=max_norm, retraction="qr", repair_every=None))
+
+    def update(self, geo, x, grad, state, group):
+        xi = geo.rgrad(x, grad)
+        return geo.descend(x, xi * min(1.0, group["max_norm"] / float(xi.norm())), group["lr"])
+
+
+@pytest.mark.parametrize("foreach", [None, True])
+def test_a_plugin_steps_one_parameter_at_a_time_unless_it_declares_batches(foreach):
+    # buckets_points is False for a plugin: its update sees one parameter, as documented,
+    # and a whole-tensor reduction means what it says whatever foreach asks
+    st = Stiefel(16, 4)
+    gen = torch.Generator().manual_seed(3)
+    starts = [st.random(generator=gen, dtype=torch.float64) for _ in range(4)]
+    grads = [torch.randn(16, 4, generator=gen, dtype=torch.float64) for _ in starts]
+    runs = []
+    for fe in (foreach, False):
+        ws = [geoopt.ManifoldParameter(x.clone(), manifold=st) for x in starts]
+        opt = _NormClip(ws)
+        opt.param_groups[0]["foreach"] = fe
+        for w, g in zip(ws, grads, strict=True):
+            w.grad = g.clone()
+        opt.step()
+        runs.append(torch.stack([w.detach() for w in ws]))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_a_batched_rule_with_a_state_not_one_row_per_parameter_writes_nothing():
+    # a rule that declares buckets_points but keeps a 0-dim count: refused before any
+    # parameter or state is written (Note [Safe step])
+    class Counting(_NormClip):
+        buckets_points = True
+
+        def update(self, geo, x, grad, state, group):
+            state["n"] = state.get("n", torch.tensor(0.0)) + 1
+            return super().update(geo, x, grad, state, group)
+
+    st = Stiefel(16, 4)
+    ws = [geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st) for _ in range(3)]
+    before = [w.detach().clone() for w in ws]
+    opt = Counting(ws)
+    opt.param_groups[0]["foreach"] = True
+    for w in ws:
+        w.grad = torch.randn_like(w)
+    with pytest.raises(RuntimeError, match=r"state\['n'\] of shape \(\).*one row per parameter"):
+        opt.step()
+    assert all(torch.equal(w, b) for w, b in zip(ws, before, strict=True))
+    assert all(not opt.state[w] for w in ws)
