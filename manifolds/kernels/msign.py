@@ -389,15 +389,15 @@ def _within_ball(phi: torch.Tensor, group) -> torch.Tensor:
     Note [The tangent direction within the ball]
     Before the dual residual vanishes, msign(G + XΛ) is not tangent, and its
     projection onto the tangent space, Φ − X sym(XᴴΦ), can leave the ball by up
-    to ‖sym(XᴴΦ)‖ (measured 1.15 on St(9, 8), where 1 ≤ N − M < M slows the
-    descent; 1.04 with one inner step on St(16, 4)): a step longer than the ``lr``
-    it promises. The tangent space is a linear subspace, so dividing by a bound
-    on the spectral norm keeps Φ tangent and brings it into the ball. The bound
-    is √‖ΦᴴΦ‖_∞, the largest absolute row sum of the M×M Gram (summed over the
-    rows of ``group``): no eigenvalue exceeds it (Gershgorin), and it is exact
-    where ΦᴴΦ = I, the Gram of a converged msign, which is then left as it is to
-    rounding; a batched eigvalsh per step cost a CPU step a quarter more on
-    200 × St(64, 16).
+    to ‖sym(XᴴΦ)‖ (where 1 ≤ N − M < M slows the descent, or after one inner
+    step): a step longer than the ``lr`` it promises. The tangent space is a
+    linear subspace, so dividing by a bound on the spectral norm keeps Φ tangent
+    and brings it into the ball. The bound is √‖ΦᴴΦ‖_∞, the largest absolute row
+    sum of the M×M Gram (summed over the rows of ``group``): no eigenvalue
+    exceeds it (Gershgorin), and it is exact where ΦᴴΦ = I, the Gram of a
+    converged msign, which is then left as it is to rounding. The exact norm
+    would take an eigenvalue solver per matrix and step (a LAPACK call per
+    matrix of a CPU batch) to shorten steps that are approximate anyway.
     """
     bound = gram(phi, phi, group).abs().sum(-1, keepdim=True).amax(-2, keepdim=True)
     return phi / bound.clamp_min(1.0).sqrt().to(phi.dtype)
