@@ -182,8 +182,9 @@ class Registry(Generic[T]):
                 self._check(name, obj)
             current = self._items.get(name)
             if current is not None and current is not obj:
+                article = "an" if self.kind[:1] in "aeiou" else "a"
                 raise ValueError(
-                    f"a {self.kind} is already registered under {self.argument}={name!r} "
+                    f"{article} {self.kind} is already registered under {self.argument}={name!r} "
                     f"({current!r}); choose another name; taken: {', '.join(self.available())}"
                 )
             if name in self._pending:
