@@ -127,6 +127,12 @@ def slot(module: nn.Module, name: str) -> tuple[nn.Module, str] | None:
     return None
 
 
+def _at_slot(module: nn.Module, name: str) -> torch.Tensor | None:
+    """The tensor at the recorded slot of ``module.<name>`` (`slot`), or None."""
+    where = slot(module, name)
+    return None if where is None else where[0]._parameters[where[1]]
+
+
 def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) -> None:
     """Record ``manifold`` for ``module.<name>`` and mark the Parameter there.
 
@@ -354,8 +360,8 @@ def claim(params: Iterable[torch.Tensor]) -> None:
         return
     for module in list(_HOLDERS):
         for name in records(module):
-            where = slot(module, name)
-            if where is not None and id(where[0]._parameters[where[1]]) in wanted:
+            p = _at_slot(module, name)
+            if p is not None and id(p) in wanted:
                 restore(module)
                 break
 
@@ -384,8 +390,7 @@ def _check_loaded(module: nn.Module) -> None:
     if torch.compiler.is_compiling():
         return
     for name, (manifold, label) in records(module).items():
-        where = slot(module, name)
-        p = where[0]._parameters[where[1]] if where is not None else None
+        p = _at_slot(module, name)
         if p is None or p.device.type == "meta" or is_dtensor(p):
             continue
         err = float(manifold.geometry().error(p.detach()).max())
@@ -411,8 +416,7 @@ class KeepManifold:
         if module.__dict__.get(_LOADED):
             _check_loaded(module)
         for name, (manifold, label) in records(module).items():
-            where = slot(module, name)
-            p = where[0]._parameters[where[1]] if where is not None else None
+            p = _at_slot(module, name)
             if p is None or not isinstance(p, nn.Parameter):
                 continue
             if p.is_complex() and not getattr(manifold, "complex", True):

@@ -76,6 +76,9 @@ class FrameGeometry(Geometry):
         base = self.base
         return linear_in_g(self._omega, x, g, base._absmax(g), checks=base._step_checks)
 
+    def taken_as_one(self, site, scale):
+        return self.base.taken_as_one(site, scale)
+
     def component_inner(self, x, u):
         sq = kernels.inner_euclidean(x, u, u, keepdim=True)
         return sq if self._scale == 1.0 else sq * 0.5

@@ -180,7 +180,7 @@ class OrthoKernel(nn.Module):
         self.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device)))
         orthogonalize(self, name, method, **options)
 
-    def _state(self) -> list[torch.Tensor] | None:
+    def _inputs(self) -> list[torch.Tensor] | None:
         r"""The tensors the kernel is computed from, its parameters and buffers (None: no cache).
 
         Note [What the kernel cache is keyed on]
@@ -208,7 +208,7 @@ class OrthoKernel(nn.Module):
         if torch.is_grad_enabled():
             self._cache = None
             return self._assemble()
-        tensors = self._state() if host_reads_allowed() else None
+        tensors = self._inputs() if host_reads_allowed() else None
         if tensors is not None and self._cache is not None:
             held, kernel = self._cache
             if _same_values(tensors, held):

@@ -274,8 +274,8 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
     )
     if man is None and not euclidean:
         man = group.get("manifold")
-    implied = man is None and not euclidean
-    if implied:
+    implied = False
+    if man is None and not euclidean:
         man, transposed = opt.implied_manifold(p) or (None, False)
         implied = man is not None
     check_kind(f"parameter {i} of the new param group", p, man, owner)

@@ -177,13 +177,13 @@ class RAdam(RiemannianOptimizer):
         # the frame of X]); `geo` then works on the coordinates Ω of ξ = XΩ
         frame = geo.frame(x)
         key = terms.carry_moment(frame, x, state, "exp_avg")
-        step, geo = geo, geo if frame is None else frame
+        geo = geo if frame is None else frame
         xi = geo.rgrad(x, grad)
         # Note [Second moment in scaled form]: v = exp_avg_sq · exp_avg_sq_scale²
         mu = _pow2_at_least(_component_amax(geo, x, xi) / _sq_headroom(x))
         # ⟨ξ, ξ⟩/μ², exact (μ a power of two: ξ/1 = ξ bit for bit), no host read; the pass
         # of ξ/μ skipped where μ was 1 at the last step (Note [Scales taken as one ...])
-        one = step.taken_as_one("second moment scale", mu)
+        one = geo.taken_as_one("second moment scale", mu)
         sq = geo.component_inner(x, xi if one else xi / mu)
         if key not in state:
             state[key] = torch.zeros_like(xi)

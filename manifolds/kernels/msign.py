@@ -384,7 +384,7 @@ def spectral_direction(
 
 
 def _within_ball(phi: torch.Tensor, group) -> torch.Tensor:
-    """Φ / max(1, ‖Φ‖₂): a tangent Φ brought back into the spectral unit ball.
+    """Φ / max(1, √‖ΦᴴΦ‖_∞): a tangent Φ brought into the spectral unit ball.
 
     Note [The tangent direction within the ball]
     Before the dual residual vanishes, msign(G + XΛ) is not tangent, and its
