@@ -275,7 +275,12 @@ def check_rows(owner: str, work: dict, rows: int) -> None:
     """Refuse a rule's state for a bucket of ``rows`` parameters that is not one row each.
 
     Raised before anything is written (Note [Safe step]): `unstack_state` hands each
-    parameter its row, which a 0-dim or otherwise shaped tensor does not have.
+    parameter its row, which a 0-dim or otherwise shaped tensor does not have. A
+    ValueError, not a RuntimeError: the rule's own output is at fault, and the step's
+    wrapper of RuntimeErrors would add its hint about edited state.
+
+    Raises:
+        ValueError: a state tensor without one row per parameter, named with its shape.
     """
     bad = [
         f"state[{k!r}] of shape {tuple(v.shape)}"
@@ -283,7 +288,7 @@ def check_rows(owner: str, work: dict, rows: int) -> None:
         if isinstance(v, torch.Tensor) and (v.dim() == 0 or v.shape[0] != rows)
     ]
     if bad:
-        raise RuntimeError(
+        raise ValueError(
             f"{owner}.update stepped {rows} parameters as one batch (buckets_points or "
             f"buckets_plain) and left {', '.join(bad)}, not one row per parameter; keep a "
             "leading dimension of one row per parameter, or step one parameter at a time "
