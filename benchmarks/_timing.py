@@ -35,6 +35,7 @@ __all__ = [
     "median_time",
     "measure",
     "interleaved",
+    "rounds",
     "thread_timed",
     "fmt_time",
     "fmt_ratio",
@@ -105,10 +106,10 @@ def measure(
     return Timing(statistics.median(times), len(times))
 
 
-def interleaved(
-    fns: dict[Any, Callable[[], object]], rounds: int, clock: Callable = timing.timed
-) -> dict[Any, float]:
-    """Median time of each ``fn`` over ``rounds`` rounds, each calling every one once in turn.
+def rounds(
+    fns: dict[Any, Callable[[], object]], count: int, clock: Callable = timing.timed
+) -> dict[Any, list[float]]:
+    """The time of each ``fn`` in each of ``count`` rounds, each calling every one once in turn.
 
     One warm-up call each first. Interleaving puts a change of the machine's speed
     during the run into every ``fn``'s times alike; ``clock`` times one call (CUDA
@@ -116,16 +117,24 @@ def interleaved(
     order rotates by one from round to round, so that no ``fn`` always runs first
     or after the same neighbour: a call that follows another one's pass over other
     data finds its own evicted from the caches, which is worth several per cent of
-    a step on a large matrix.
+    a step on a large matrix. Round ``r``'s times of two ``fn`` share the load of
+    that round: their ratio is the one to take where the load changes.
     """
     for fn in fns.values():
         fn()
     keys = list(fns)
     times: dict[Any, list[float]] = {k: [] for k in keys}
-    for r in range(rounds):
+    for r in range(count):
         for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
             times[key].append(clock(fns[key]))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def interleaved(
+    fns: dict[Any, Callable[[], object]], count: int, clock: Callable = timing.timed
+) -> dict[Any, float]:
+    """Median time of each ``fn`` over ``count`` interleaved `rounds`."""
+    return {k: statistics.median(v) for k, v in rounds(fns, count, clock).items()}
 
 
 def device_of(text: str | None, parser: argparse.ArgumentParser | None = None) -> torch.device:

@@ -17,8 +17,10 @@ and the bytes autograd saves for backward (frozen weights excluded):
 4. ``accelerate(model)`` on a tiny Llama-style model with HRA/OFT/BOFT
    adapters: training-step time before/after and the losses.
 
-Run from a checkout: ``python -m benchmarks.finetune [--quick] [--sizes 1024 2048]``.
-Timings on a shared machine are noisy: compare ratios within one run.
+Every section times its calls in interleaved rounds (``--repeats`` of them, the
+median), on the thread CPU clock with one torch thread (the default) and on the
+wall clock with more. Run from a checkout: ``python -m benchmarks.finetune
+[--quick] [--sizes 1024 2048]``. Compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -34,19 +35,11 @@ import torch
 from torch import nn
 
 import stiefel
+from stiefel.comparisons.cost import timed
 from stiefel.integrations.peft import accelerate, cayley_neumann
 from stiefel.integrations.peft.acceleration import _cayley, _skew
 
-
-def median_time(fn: Callable[[], object], repeats: int, budget_s: float = 20.0) -> float:
-    fn()  # warm-up
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats and (len(times) < 3 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from ._timing import interleaved, rounds, thread_timed
 
 
 def saved_bytes(model: nn.Module, step: Callable[[], torch.Tensor]) -> int:
@@ -93,22 +86,15 @@ def mib(b: int) -> str:
     return f"{b / 2**20:.1f} MiB"
 
 
-def interleaved(steps: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Times of each step, one of each per round (the machine's load hits all alike).
+def _clock(fn: Callable[[], object]) -> float:
+    # the thread's CPU time on one torch thread (Note [Thread CPU time on a shared
+    # machine], benchmarks._timing), else the wall time
+    return (thread_timed if torch.get_num_threads() == 1 else timed)(fn)
 
-    Every other round runs the steps in reverse order, so that no step always
-    follows the same neighbour.
-    """
-    for step in steps.values():
-        step()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for i in range(rounds):
-        order = list(steps.items())
-        for name, step in order if i % 2 == 0 else order[::-1]:
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return times
+
+def medians(calls: list[Callable[[], object]], count: int) -> list[float]:
+    """Median seconds of each call over ``count`` interleaved rounds (`_timing.rounds`)."""
+    return list(interleaved(dict(enumerate(calls)), count, _clock).values())
 
 
 def ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
@@ -116,7 +102,7 @@ def ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
     return statistics.median(a / b for a, b in zip(times[slow], times[fast], strict=True))
 
 
-def section_method(n, tokens, layers, dtype, rounds):
+def section_method(n, tokens, layers, dtype, count):
     """The registered PEFT method "stiefel" against PEFT's HRA, OFT and BOFT, interleaved."""
     from peft import BOFTConfig, HRAConfig, OFTConfig
 
@@ -126,7 +112,7 @@ def section_method(n, tokens, layers, dtype, rounds):
     names = [str(i) for i in range(layers)]
     print(
         f"\n## 0. The PEFT method 'stiefel' vs PEFT's own: {layers} frozen Linear({n}, {n}), "
-        f"T = {tokens}, fwd+bwd, {rounds} interleaved rounds"
+        f"T = {tokens}, fwd+bwd, {count} interleaved rounds"
     )
     models = {
         "stiefel cwy L=8": StiefelConfig(method="cwy", reflections=8, target_modules=names),
@@ -146,7 +132,7 @@ def section_method(n, tokens, layers, dtype, rounds):
     }
     x = torch.randn(tokens, n, dtype=dtype)
     wrapped = {name: peft_wrap(stack(n, layers, dtype), config) for name, config in models.items()}
-    times = interleaved({name: fwd_bwd(m, x) for name, m in wrapped.items()}, rounds)
+    times = rounds({name: fwd_bwd(m, x) for name, m in wrapped.items()}, count, _clock)
     print("| adapter | median fwd+bwd | saved for backward |")
     print("|---|---|---|")
     saved = {}
@@ -183,7 +169,7 @@ def section_hra(sizes, tokens, layers, dtype, repeats):
                 if p.requires_grad:
                     p.add_(0.1 * torch.randn_like(p))
         hra = peft_wrap(stack(n, layers, dtype), HRAConfig(r=8, target_modules=names))
-        t = [median_time(fwd_bwd(m, x), repeats) for m in (frozen, ours, hra)]
+        t = medians([fwd_bwd(m, x) for m in (frozen, ours, hra)], repeats)
         b = [
             saved_bytes(m, lambda m=m, x=x: m(x.detach().requires_grad_(True))) for m in (ours, hra)
         ]
@@ -209,7 +195,7 @@ def section_oft(sizes, tokens, layers, dtype, repeats):
         oft = peft_wrap(
             stack(n, layers, dtype), OFTConfig(r=32, oft_block_size=0, target_modules=names)
         )
-        t = [median_time(fwd_bwd(m, x), repeats) for m in (ours, oft)]
+        t = medians([fwd_bwd(m, x) for m in (ours, oft)], repeats)
         print(f"| {n} | {t[0] * 1e3:.1f} ms | {t[1] * 1e3:.1f} ms | {t[0] / t[1]:.2f}× |")
     s = 32
     print(f"\n‖RᵀR − I‖_F of one {s}×{s} block, float32, A skew with growing ‖A‖₂:")
@@ -250,7 +236,7 @@ def section_boft(sizes, tokens, layers, dtype, repeats):
                     target_modules=names,
                 ),
             )
-            t = [median_time(fwd_bwd(m, x), repeats) for m in (ours, boft)]
+            t = medians([fwd_bwd(m, x) for m in (ours, boft)], repeats)
             print(f"| {n} | {k} | {t[0] * 1e3:.1f} ms | {t[1] * 1e3:.1f} ms | {t[1] / t[0]:.1f}× |")
 
 
@@ -294,7 +280,7 @@ def section_accelerate(tokens, repeats, hidden):
             return run
 
         losses = [step(m)() for m in (model, fast)]
-        t = [median_time(step(m), repeats) for m in (model, fast)]
+        t = medians([step(m) for m in (model, fast)], repeats)
         print(
             f"| {name} | {t[0] * 1e3:.1f} ms | {t[1] * 1e3:.1f} ms | {t[0] / t[1]:.2f}× | "
             f"{losses[0]:.10f} | {losses[1]:.10f} |"
@@ -322,7 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     print(
         f"# Orthogonal fine-tuning benchmark: {args.layers} frozen Linear(n, n), T = {tokens}, "
-        f"fwd+bwd, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"fwd+bwd, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} "
+        f"thread(s), {'thread CPU' if torch.get_num_threads() == 1 else 'wall'} clock, "
+        "interleaved rounds"
     )
     print("(shared machine: timings are noisy; compare the ratios within this run)")
     if "method" in args.sections:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -39,6 +38,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from stiefel import orthogonalize
+from stiefel.comparisons.cost import timed
 from stiefel.nn import (
     ConvNERUCell,
     OrthoConv2d,
@@ -47,7 +47,7 @@ from stiefel.nn import (
     lipschitz_bound,
 )
 
-from ._timing import device_of, header
+from ._timing import device_of, header, rounds, thread_timed
 
 
 def _ratios(layer: Callable[[torch.Tensor], torch.Tensor], shape, draws: int, device):
@@ -192,24 +192,14 @@ def layers_for(c: int, stride: int, compiled: bool = False) -> dict[str, nn.Modu
 
 
 def interleaved(
-    calls: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float]
+    calls: dict[str, Callable[[], object]], count: int, clock: Callable
 ) -> dict[str, tuple[float, float]]:
-    """(median seconds, median ratio to the first call) over interleaved rounds.
+    """(median seconds, median ratio to the first call) over interleaved `rounds`.
 
-    Every round runs each call once, in an order rotated by one from the round
-    before; the ratio is taken within a round, so a load change between rounds
-    cancels.
+    The ratio is taken within a round, so a load change between rounds cancels.
     """
-    names = list(calls)
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for fn in calls.values():  # warm-up
-        fn()
-    for r in range(rounds):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = clock()
-            calls[k]()
-            times[k].append(clock() - t0)
-    anchor = times[names[0]]
+    times = rounds(calls, count, clock)
+    anchor = times[next(iter(calls))]
     return {
         k: (
             statistics.median(v),
@@ -236,7 +226,7 @@ def timing(
     stride: int,
     batch: int,
     rounds: int,
-    clock: Callable[[], float],
+    clock: Callable,
     device=None,
     compiled: bool = False,
 ) -> dict[str, tuple[float, float] | str]:
@@ -305,15 +295,10 @@ def main(argv: list[str] | None = None) -> None:
         print("|---|---|---|---|")
         for name, lo, hi, op in norm_table(draws, device):
             print(f"| {name} | {float(lo):.6f} | {float(hi):.6f} | {op:.6f} |")
-    clock = time.perf_counter
+    clock = timed  # the wall time of a call, its CUDA kernels included
     if args.clock == "thread":  # Note [Thread CPU time on a shared machine] (benchmarks._timing)
         torch.set_num_threads(1)
-        clock = time.thread_time
-    elif device.type == "cuda":  # a call's time includes its kernels
-
-        def clock() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
+        clock = thread_timed
 
     err = check_fft_layer(device)
     print(f"\nFFT layer against the dense Cayley reference: max |Δ| = {err:.1e}")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,9 +44,20 @@ import geoopt
 import torch
 
 from stiefel import optimizers
+from stiefel.comparisons.cost import timed
 from stiefel.manifolds import Orthogonal, Unitary, kernels
 
-from ._timing import fmt_ratio, fmt_time, header, ratio, table, target, targets_table, write_json
+from ._timing import (
+    fmt_ratio,
+    fmt_time,
+    header,
+    interleaved,
+    ratio,
+    table,
+    target,
+    targets_table,
+    write_json,
+)
 
 LR = 1e-3
 # the rgd variants from the optimizer registry: metric × retraction (QR and Cayley)
@@ -115,25 +125,26 @@ def _interleaved(calls: dict[str, Callable[[], object]], rounds: int, block: int
     Each round runs every call ``block`` times in a row and records the mean: our
     steps correct the drift (and form the wide XᴴX) at one step in
     `correction_period`(n), a divisor of `CHECK_EVERY`, so a median over single steps
-    would report the cheap steps only. The order rotates from round to round, so
-    that no call always follows the same other one (the first call of a round ran
-    measurably slower: cold caches).
+    would report the cheap steps only. `_timing.interleaved` rotates the order from
+    round to round.
     """
-    times: dict[str, list[float]] = {k: [] for k in calls}
     failed: dict[str, str] = {}
-    for k, fn in calls.items():  # warm-up, and find the calls that fail
+    for k, fn in calls.items():  # find the calls that fail
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 (a peer's failure is a result)
             failed[k] = f"fails: {type(exc).__name__}: {str(exc).split('.')[0][:70]}"
-    names = [k for k in calls if k not in failed]
-    for r in range(rounds):
-        for k in names[r % len(names) :] + names[: r % len(names)] if names else []:
-            t = time.perf_counter()
+
+    def blocked(fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
             for _ in range(block):
-                calls[k]()
-            times[k].append((time.perf_counter() - t) / block)
-    return {k: failed.get(k) or statistics.median(v) for k, v in times.items()}
+                fn()
+
+        return run
+
+    ok = {k: blocked(fn) for k, fn in calls.items() if k not in failed}
+    medians = interleaved(ok, rounds, timed) if ok else {}
+    return {k: failed.get(k) or medians[k] / block for k in calls}
 
 
 def _error64(x: torch.Tensor) -> float:
