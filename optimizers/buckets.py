@@ -346,7 +346,8 @@ def write(params: list[torch.Tensor], states: list[dict], news: list[torch.Tenso
 
 def _versions(p: torch.Tensor, state: dict) -> tuple:
     held = state.get("master")
-    return (getattr(p, "_version", None), None if held is None else held._version)
+    version = getattr(p, "_version", None)
+    return (version, p.data_ptr(), None if held is None else held._version)
 
 
 def unchanged(p: torch.Tensor, state: dict) -> bool:
@@ -355,18 +356,25 @@ def unchanged(p: torch.Tensor, state: dict) -> bool:
     Note [Points as the optimizer left them]
     torch's version counter of a tensor counts its in-place changes
     (``nn.Module.load_state_dict``'s ``copy_``, an initializer, an edit under
-    ``no_grad``). After each write the optimizer records the versions of p and
-    of its master in p's state (``state["_versions"]``, never saved: `master.strip`);
-    p is "as the optimizer left it" when they still match. A geometry may then
-    skip its off-manifold test (and the wide Gram of the point, Note [The
-    drift correction every k-th step]). ``.data`` has a counter
-    of its own: a change through it is caught at the next scheduled test. A
-    loaded optimizer has no record, so it tests every point at its next step
-    (which points get corrected depends on the saved step count only, so a
+    ``no_grad``); its storage changes when a tensor is assigned to ``p.data``
+    (``vector_to_parameters``, a swap with an EMA copy), which leaves the counter as
+    it was. After each write the optimizer records p's version and storage address
+    and its master's version in p's state (``state["_versions"]``, never saved:
+    `master.strip`); p is "as the optimizer left it" when they still match. A
+    geometry may then skip its off-manifold test (and the wide Gram of the point,
+    Note [The drift correction every k-th step]) on the steps that form no Gram.
+    An in-place change through ``.data`` (a counter of its own, the same storage)
+    is caught at the next step that forms the Gram: the test is read there with the
+    step's flags. A skipped step forgets the record, so the step after it tests the
+    point: an optimizer that accepts points off its manifold tests none it wrote
+    (pogo, landing), and a point edited in place outside POGO's basin makes every
+    step of it fail until projected (Note [POGO's basin]). A loaded optimizer has no record, so it tests every point at its
+    next step (which points get corrected depends on the saved step count only, so a
     resumed run repeats the original one bit for bit). A step traced by
     ``torch.compile`` cannot read version counters: it records none (the next
     eager step tests the point) and chooses between the master and p by
-    ``torch.where`` on the same equality test, without a host read.
+    ``torch.where`` on the same equality test, without a host read. A DTensor's
+    address is 0: its ``.data`` assignments are caught as in-place ones.
     """
     held = state.get(VERSIONS)
     return held is not None and held[0] is not None and held == _versions(p, state)

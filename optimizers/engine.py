@@ -73,8 +73,9 @@ counted per parameter on the device and warned about when read: by the next
 eager ``step()`` or by ``report_skipped()``. The off-manifold test (Note
 [Off-manifold points at a step]) projects under ``torch.cond`` in a traced
 step; an eager step reads it only where it can be true: the first step, after
-a change the optimizer did not make (its version counter), and every
-`CHECK_EVERY`-th step (a change through ``.data``).
+a change the optimizer did not make (its version counter or its storage), and
+every step that forms the point's Gram for its drift correction (an in-place
+change through ``.data``, which has a version counter of its own).
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..manifolds.kernels.frame import CHECK_EVERY
 from ..manifolds.kernels.reads import StepChecks
 from ..manifolds.kernels.reduce import absmax_from, memory_order, rows_absmax
 from ..manifolds.sharded import any_rank, is_dtensor
@@ -92,6 +92,7 @@ from . import master, skips
 from .buckets import (
     BOUNDS,
     STEP,
+    VERSIONS,
     Bucket,
     check_rows,
     last_bounds,
@@ -208,8 +209,6 @@ def compute(
         if off is not None and quiet:  # Note [One host read per step]
             x = project_where(off, geo, x)
             off = None
-        elif off is not None and unchanged and count is not None and count % CHECK_EVERY:
-            off = None  # not a scheduled test: only its Gram is used, by the step
     before = dict(work)
     if opt.writes_state_in_place:
         before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in before.items()}
@@ -342,7 +341,8 @@ def commit(opt, computed: list[Computed]) -> list[Computed]:
             _write(opt, c, rows)
         for r in range(size):
             if not ok[r]:
-                skips.warn(opt, c.bucket.where(r), grad_ok[r])
+                skips.warn(opt, c.bucket.where(r), grad_ok[r])  # then the next step tests
+                opt.state[c.bucket.params[r]].pop(VERSIONS, None)  # the point (Note [Points ...])
     return again
 
 

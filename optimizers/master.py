@@ -14,12 +14,16 @@ Who wrote a point last is recorded by `stiefel.optimizers.buckets.record_version
 (Note [Points as the optimizer left them]).
 
 Note [The master follows its parameter]
-When p was changed from outside (its version is not the recorded one: a
-checkpoint's weights loaded into the model, a re-initialisation), the master
-may hold the old weights; stepping it would silently discard the new ones. The
-master is kept only if its rounding is p exactly (an optimizer state loaded
-together with its model's weights: the master is the more precise copy of the
-same point), and is otherwise replaced by p in float32.
+When p was changed from outside (its version or storage is not the recorded
+one: a checkpoint's weights loaded into the model, a re-initialisation, an
+assignment to ``p.data``), the master may hold the old weights; stepping it
+would silently discard the new ones. The master is kept only if its rounding is
+p exactly (an optimizer state loaded together with its model's weights: the
+master is the more precise copy of the same point), and is otherwise replaced
+by p in float32. An in-place write through ``p.data`` moves neither: seeing it
+would take a comparison of p with the master's rounding at every step, three
+passes over a point whose step makes about eight, and the master is written
+back over it (as float32 masters elsewhere are).
 
 Example:
     ```python
@@ -61,8 +65,8 @@ __all__ = [
 def point(p: torch.Tensor, state: dict) -> torch.Tensor:
     """The point a rule steps: ``p.detach()``, or the float32 master of a low-precision p.
 
-    Creates the master on first use and replaces it when it no longer rounds to p
-    (Note [The master follows its parameter]).
+    Creates the master on first use and replaces it when p was changed from outside
+    and the master no longer rounds to it (Note [The master follows its parameter]).
     """
     if p.dtype not in LOW_PRECISION:
         return p.detach()

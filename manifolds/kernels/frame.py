@@ -111,12 +111,12 @@ __all__ = [
 # below pogo-torch at k = 8 for n = 64 … 512. From n = 256 on, k = 8 forms the
 # Gram half as often as k = 4 (what that saves in time, measured:
 # docs/performance.md, "Measurements behind code choices").
-# `CHECK_EVERY` is also the period of the optimizer's host read of the test,
-# which every period divides (a read step is a correcting one). Between tests a
-# point changed behind the optimizer's back (through `.data`, which has a
-# version counter of its own) is stepped as X·Q, which keeps its distance ‖E‖
-# (no divergence: Q is unitary, Note [A correction only inside its basin]), and
-# is projected at the next test, at most CHECK_EVERY − 1 steps later.
+# A correcting step also tests the point (its Gram gives ‖XᴴX − I‖ for M×M
+# work), read with the step's flags: a point changed behind the optimizer's
+# back in place (through `.data`, which has a version counter of its own) is
+# projected at the next correcting step, at most k − 1 steps later, and stepped
+# until then as X·Q, which keeps its distance ‖E‖ up to the step's own error
+# (Note [A correction only inside its basin]).
 #
 # Note [Tall steps correct every k-th step]
 # A tall step (St(N, M), N > M, or a row-sharded point) needs XᴴX in its M×M
@@ -260,13 +260,12 @@ def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:
         # Note [A correction only inside its basin]
         # X(I − ½E) maps E to −¾E² + ¼E³: a correction while ‖E‖₂ < 1, a divergence
         # beyond (a weight scaled by 3 gives a factor −3I). The optimizer projects
-        # a point that far off before stepping it, but it reads its test only every
-        # `CHECK_EVERY` steps, and a point changed through `.data` between two
-        # reads can reach a correcting step untested (the period is shorter for a
-        # small n). So E is applied where ‖E‖_F < `E_MAX` = 1 (then ‖E‖₂ < 1, where
+        # a point that far off before stepping it (its test is read at every
+        # correcting step; a step that reads nothing projects by torch.where
+        # first), but this kernel is public and may be handed one directly. So E
+        # is applied where ‖E‖_F < `E_MAX` = 1 (then ‖E‖₂ < 1, where
         # every eigenvalue e of E maps to e²(¼e − ¾), smaller in modulus) and taken
-        # as 0 elsewhere: such a point is stepped as X·Q, which keeps its distance,
-        # until the read.
+        # as 0 elsewhere: such a point is stepped as X·Q, which keeps its distance.
         inside = torch.linalg.matrix_norm(e, keepdim=True) < E_MAX
         e = e.mul_(inside) if in_place() else e * inside
         long = torch.linalg.matrix_norm(d, keepdim=True) > D_MAX

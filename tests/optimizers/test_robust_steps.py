@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import geoopt
@@ -162,26 +163,81 @@ def test_points_are_tested_on_schedule_and_after_every_outside_edit(
     assert float(man.orthogonality_error(w.detach())) < 1e-5
 
 
-def test_square_point_edited_through_data_is_projected_at_the_next_scheduled_test():
-    # `.data` has its own version counter: the edit is seen at the next scheduled test;
-    # the steps before it are X·Q with Q unitary, which keeps ‖XᴴX − I‖ (no divergence)
+def test_square_point_edited_through_data_is_projected_at_the_next_correcting_step():
+    # `.data` has its own version counter: the edit is seen by the test of the next step
+    # that forms the Gram (every correction_period(n)-th step); the steps before it are
+    # X·Q with Q unitary, which keeps ‖XᴴX − I‖ (no divergence)
     from stiefel.manifolds import Orthogonal
     from stiefel.manifolds.kernels import frame
 
-    man = Orthogonal(10)
+    n = 64
+    period = frame.correction_period(n)
+    assert period > 2  # steps between the edit and the test
+    man = Orthogonal(n)
     w = _param(man, torch.float64)
     opt = optimizers.create("rgd", [w], lr=0.01, retraction="qr")
     gen = torch.Generator().manual_seed(4)
-    assert _step(opt, w, torch.randn(10, 10, dtype=torch.float64, generator=gen)) == []
-    w.data.mul_(2)  # ‖XᴴX − I‖_F = 3√10
+    assert _step(opt, w, torch.randn(n, n, dtype=torch.float64, generator=gen)) == []
+    w.data.mul_(2)  # ‖XᴴX − I‖_F = 3√n
     far = float(man.orthogonality_error(w.detach()))
     warned = []
-    for step in range(1, frame.CHECK_EVERY + 1):
-        messages = _step(opt, w, torch.randn(10, 10, dtype=torch.float64, generator=gen))
+    for step in range(1, frame.CHECK_EVERY + 1):  # the steps done before this one
+        messages = _step(opt, w, torch.randn(n, n, dtype=torch.float64, generator=gen))
         if any("off its manifold" in m for m in messages):
             warned.append(step)
-        else:
+        elif not warned:
             err = float(man.orthogonality_error(w.detach()))
             assert abs(err - far) < 1e-9 * far  # kept, not amplified
-    assert warned == [frame.CHECK_EVERY]
+    assert warned == [period]  # the first correcting step after the edit, warned once
     assert float(man.orthogonality_error(w.detach())) < 1e-12
+
+
+def _riemannian_names():
+    return [
+        n
+        for n in optimizers.available()
+        if isinstance(cls := optimizers.get(n), type)
+        and issubclass(cls, optimizers.RiemannianOptimizer)
+    ]
+
+
+@pytest.mark.parametrize("name", _riemannian_names())
+@pytest.mark.parametrize("shape", [(20, 4), (256, 64)])
+def test_a_point_assigned_to_data_is_tested_at_the_next_step(name, shape):
+    # `p.data = t` leaves p's version counter as it was and changes its storage: the
+    # next step tests the point (Note [Points as the optimizer left them]); before,
+    # a tall rgd point 3× off grew to inf within 3 steps and was then frozen
+    man = Stiefel(*shape)
+    w = _param(man, torch.float32)
+    opt = optimizers.create(name, [w], lr=1e-3)
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        _step(opt, w, 0.01 * torch.randn(shape, generator=gen))
+    w.data = 3 * w.detach().clone()
+    messages = _step(opt, w, 0.01 * torch.randn(shape, generator=gen))
+    err = float(man.orthogonality_error(w.detach().double()))
+    if math.isinf(opt.off_manifold_bound):  # landing: its attraction brings it back
+        assert not messages and torch.isfinite(w).all()
+        return
+    assert any("off its manifold" in m for m in messages), messages
+    assert err < 100 * shape[1] * torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize("shape", [(20, 4), (256, 64)])
+def test_pogo_is_not_frozen_by_a_point_edited_in_place_outside_its_basin(shape):
+    # an in-place edit through `.data` (its own version counter) outside POGO's basin
+    # makes the step fail; the skipped step forgets the optimizer's record, so the next
+    # step tests and projects the point (before: every later step was skipped)
+    man = Stiefel(*shape)
+    w = _param(man, torch.float32)
+    opt = optimizers.create("pogo", [w], lr=1e-3)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        _step(opt, w, 0.01 * torch.randn(shape, generator=gen))
+    w.data.mul_(3)
+    said = [m for _ in range(2) for m in _step(opt, w, 0.01 * torch.randn(shape, generator=gen))]
+    assert any("not finite" in m for m in said) and any("off its manifold" in m for m in said)
+    before = w.detach().clone()
+    _step(opt, w, 0.01 * torch.randn(shape, generator=gen))
+    assert not torch.equal(w.detach(), before)  # it steps again
+    assert float(man.orthogonality_error(w.detach().double())) < 1e-5

@@ -34,6 +34,10 @@ def _replace(module, how, new):
     elif how == "copy_":
         with torch.no_grad():
             module.w.copy_(new)
+    elif how == "data=":  # a new storage, the version counter as it was
+        module.w.data = new.clone()
+    elif how == "vector_to_parameters":  # torch's utility assigns `.data`
+        torch.nn.utils.vector_to_parameters(new.reshape(-1).clone(), [module.w])
     else:  # the deferred-initialisation recipe: a fresh valid point, in place
         from stiefel.parametrizations import initialize
 
@@ -42,7 +46,9 @@ def _replace(module, how, new):
         initialize(module)
 
 
-@pytest.mark.parametrize("how", ["load_state_dict", "copy_", "initialize"])
+@pytest.mark.parametrize(
+    "how", ["load_state_dict", "copy_", "data=", "vector_to_parameters", "initialize"]
+)
 @pytest.mark.parametrize("name", ["rgd", "radam", "manifold_muon"])
 def test_low_precision_weight_replaced_from_outside_is_stepped_from_the_new_value(name, how):
     n, m, lr = 48, 4, 1e-3
