@@ -23,7 +23,9 @@ stay near the manifold), `step_flops(n, m, **hyper)` (or None), `formula`,
   manifold (‖XᴴX − I‖_F; past 1 also a rank-deficient one) is projected back
   with a warning (Note [Off-manifold points at a step]);
 - `writes_state_in_place` (True): False promises that `update` only replaces
-  its state tensors (Note [A skipped step leaves the state as it was]).
+  its state tensors (Note [A skipped step leaves the state as it was]);
+- `wide_state` (empty): state keys kept in a dtype of their own, which
+  `load_state_dict` reloads in their saved dtype (`master.restore_dtypes`).
 
 A param group may hold only the keys of the constructor's `defaults` (and
 `params`, `initial_lr`, `param_names`, `manifold`, and geoopt's `stabilize`
@@ -144,6 +146,8 @@ class RiemannianOptimizer(ParamGroups):
     # reduction per matrix, every state tensor one row per parameter; False (a plugin's
     # default) calls `update` for one parameter at a time, as docs/plugins.md describes
     buckets_points: ClassVar[bool] = False
+    # state keys kept in a dtype of their own, not the working one (`master.restore_dtypes`)
+    wide_state: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,

@@ -368,9 +368,10 @@ def unchanged(p: torch.Tensor, state: dict) -> bool:
     step's flags. A skipped step forgets the record, so the step after it tests the
     point: an optimizer that accepts points off its manifold tests none it wrote
     (pogo, landing), and a point edited in place outside POGO's basin makes every
-    step of it fail until projected (Note [POGO's basin]). A loaded optimizer has no record, so it tests every point at its
-    next step (which points get corrected depends on the saved step count only, so a
-    resumed run repeats the original one bit for bit). A step traced by
+    step of it fail until projected (Note [POGO's basin]). A loaded optimizer has no
+    record, so it tests every point at its next step (which points get corrected
+    depends on the saved step count only, so a resumed run repeats the original one
+    bit for bit). A step traced by
     ``torch.compile`` cannot read version counters: it records none (the next
     eager step tests the point) and chooses between the master and p by
     ``torch.where`` on the same equality test, without a host read. A DTensor's

@@ -148,26 +148,42 @@ def strip(state: dict) -> dict:
 
 
 def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: dict) -> None:
-    """torch's load casts floating state to the parameter's dtype: undo it where it changed one.
+    """Put the state torch's load cast into the dtypes the rules keep it in.
 
-    For a float16/bfloat16 parameter, torch's ``load_state_dict`` would turn the
-    float32 master and moments into float16/bfloat16 (Note [float32 master copy
-    of a low-precision parameter]), and a float32 parameter's float64 moment (pogo's
-    VectorAdam, Note [VectorAdam's second moment in float64]) into float32; each is
-    reloaded in its saved dtype, so that a resumed run repeats the original one.
+    torch's ``load_state_dict`` casts every floating state tensor of a floating
+    parameter to the parameter's dtype, as its own optimizers need. Two kinds of
+    state are kept in another dtype on purpose, and are reloaded in it:
+
+    - the master and the moments of a float16/bfloat16 parameter, in float32 (the
+      working dtype, Note [float32 master copy of a low-precision parameter]),
+      from the saved values whatever dtype they were saved in;
+    - the keys a rule names in ``wide_state`` (pogo's float64 second moment, Note
+      [VectorAdam's second moment in float64]), in their saved dtype.
+
+    Everything else follows the parameter as torch casts it, so a state saved by a
+    float32 run loads into a float64 model and back. A master saved for a
+    parameter that is no longer of low precision is dropped: its point is the
+    parameter itself.
     """
+    wide = getattr(opt, "wide_state", frozenset())
     ids = [i for g in saved_groups for i in g["params"]]
     params = [p for g in opt.param_groups for p in g["params"]]
     for i, p in zip(ids, params, strict=False):
         if i not in saved_state:
             continue
         held = opt.state[p]
+        if p.dtype not in LOW_PRECISION:
+            held.pop("master", None)
         for key, value in saved_state[i].items():
-            if (
-                key != "step"
-                and isinstance(value, torch.Tensor)
-                and value.is_floating_point()
-                and isinstance(held.get(key), torch.Tensor)
-                and held[key].dtype != value.dtype
-            ):
-                held[key] = value.to(device=p.device).clone()
+            if key == "step" or key not in held or not isinstance(value, torch.Tensor):
+                continue
+            if not value.is_floating_point():
+                continue
+            if key in wide:
+                dtype = value.dtype
+            elif p.dtype in LOW_PRECISION:
+                dtype = torch.float32
+            else:
+                continue  # torch's cast to the parameter's dtype stands
+            if held[key].dtype != dtype:
+                held[key] = value.to(device=p.device, dtype=dtype, copy=True)

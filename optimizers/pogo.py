@@ -188,6 +188,8 @@ class POGO(RiemannianOptimizer):
     # so a state saved mid-training (its point near the manifold) loads and steps on
     accepts_off_manifold: ClassVar[bool] = True
     off_manifold_bound: ClassVar[float] = BASIN
+    # Note [VectorAdam's second moment in float64]: float64 whatever the parameter's dtype
+    wide_state: ClassVar[frozenset[str]] = frozenset({"exp_avg_sq"})
     formula: ClassVar[str] = (
         "midpoint: 8NM², correction: 4NM² (all GEMMs, no factorization), MᴴM's diagonal: 3NM"
     )

@@ -5,8 +5,9 @@ state loaded into a model of other shapes is refused with the parameter named
 rather than failing later inside a rule; the version record of Note [Points as
 the optimizer left them] is never saved; groups saved before geoopt's
 ``stabilize`` key was kept get it back; state tensors kept in a dtype other than
-their parameter's (float32 masters of low-precision parameters, pogo's float64
-second moment) are reloaded in that dtype.
+their parameter's (the float32 master and moments of a low-precision parameter,
+pogo's float64 second moment) are reloaded in that dtype, and the rest follows the
+parameter's dtype as torch casts it (a float32 run resumes in float64).
 
 Example:
     ```python
