@@ -373,7 +373,9 @@ def test_a_batched_rule_with_a_state_not_one_row_per_parameter_writes_nothing():
     opt.param_groups[0]["foreach"] = True
     for w in ws:
         w.grad = torch.randn_like(w)
-    with pytest.raises(ValueError, match=r"state\['n'\] of shape \(\).*one row per parameter") as err:
+    with pytest.raises(
+        ValueError, match=r"state\['n'\] of shape \(\).*one row per parameter"
+    ) as err:
         opt.step()
     assert "edited by hand" not in str(err.value)  # the rule is at fault, not a loaded state
     assert all(torch.equal(w, b) for w, b in zip(ws, before, strict=True))
