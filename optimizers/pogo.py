@@ -41,6 +41,13 @@ __all__ = ["POGO", "BASES", "pogo_step"]
 
 BASES = ("sgd", "adam")
 
+#: the options of one base and their defaults: set away from them on a group of the
+#: other base, they would do nothing, so they are refused (`unused_options`)
+BASE_OPTIONS = {
+    "sgd": {"momentum": 0.0, "nesterov": False, "dampening": 0.0},
+    "adam": {"betas": (0.9, 0.999), "eps": 1e-8},
+}
+
 #: ‖MᴴM − I‖_F of the midpoint below which POGO's correction converges (Note [POGO's basin])
 BASIN = 1.0
 
@@ -112,6 +119,27 @@ def pogo_step(
     return polar_step(mid, lam, torch.where(inside, e, math.nan))
 
 
+def unused_options(group: dict) -> list[str]:
+    """The options of a group set away from their defaults that its base does not use."""
+    return [
+        f"{key}={group[key]!r}"
+        for base, options in BASE_OPTIONS.items()
+        if base != group["base"]
+        for key, default in options.items()
+        if (tuple(group[key]) if key == "betas" else group[key]) != default
+    ]
+
+
+def _refuse_unused(group: dict, when: str) -> None:
+    unused = unused_options(group)
+    if unused:
+        raise ValueError(
+            f"pogo: {', '.join(unused)} {when} a param group with base={group['base']!r}, "
+            f"which does not use them; allowed with base={group['base']!r}: "
+            f"{', '.join(BASE_OPTIONS[group['base']])} (and lr, weight_decay, lam)"
+        )
+
+
 def _squared_norm(g: torch.Tensor, group=None) -> torch.Tensor:
     """‖G‖²_F per matrix in float64, shape (..., 1, 1) (Note [VectorAdam's second moment in
     float64]); on row-sharded points summed over all rows (split over ``group``)."""
@@ -162,7 +190,7 @@ class POGO(RiemannianOptimizer):
 
     Args:
         params: parameters or param groups.
-        lr: step size (> 0).
+        lr: step size (≥ 0).
         base: ``"adam"`` (default, VectorAdam) or ``"sgd"``.
         momentum: μ in [0, 1) (``"sgd"``).
         nesterov: Nesterov momentum (``"sgd"``).
@@ -245,13 +273,14 @@ class POGO(RiemannianOptimizer):
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        check_number("lr", group["lr"], low_open=True)
+        check_number("lr", group["lr"])  # ≥ 0, as torch's (a schedule may reach 0)
         check_choice("base", group["base"], BASES)
         terms.check_momentum(group)
         terms.check_betas(group)
         check_number("eps", group["eps"], low_open=True)
         check_number("weight_decay", group["weight_decay"])
         check_number("lam", group["lam"], high=1.0, closed_high=True)
+        _refuse_unused(group, "given to")
 
     def implied_manifold(self, p: torch.Tensor) -> tuple[geoopt.Manifold, bool] | None:
         """A plain matrix is a point of St (pogo-torch's rows: wide and square ones transposed)."""
@@ -318,6 +347,7 @@ class POGO(RiemannianOptimizer):
     ) -> torch.Tensor:
         g = terms.weight_decay(grad, x, group["weight_decay"])  # pogo-torch's add(alpha=wd)
         lr = group["lr"]
+        _refuse_unused(group, "set (e.g. by a scheduler's cycle_momentum) on")
         if group["base"] == "sgd":
             g = self._sgd(g, state, group)
         else:

@@ -26,8 +26,11 @@ def _hyper_sets(name: str) -> list[dict]:
     params = inspect.signature(optimizers.get(name)).parameters
     sets = [{}]
     if "momentum" in params:
-        sets.append({"momentum": 0.9, "nesterov": True})
-        sets.append({"momentum": 0.5, **({"dampening": 0.1} if "dampening" in params else {})})
+        sgd = {"base": "sgd"} if name == "pogo" else {}  # pogo's momentum is its sgd base's
+        sets.append({**sgd, "momentum": 0.9, "nesterov": True})
+        sets.append(
+            {**sgd, "momentum": 0.5, **({"dampening": 0.1} if "dampening" in params else {})}
+        )
     if "weight_decay" in params:
         sets.append({"weight_decay": 0.1})
     if "repair_every" in params:
@@ -36,6 +39,7 @@ def _hyper_sets(name: str) -> list[dict]:
         sets.append({"retraction": "qr", "metric": "canonical"})
     if name == "pogo":
         sets.append({"base": "sgd", "momentum": 0.9})
+        sets.append({"betas": (0.8, 0.99), "eps": 1e-6})
     if name == "manifold_muon":
         sets = [{**h, "inner_steps": 2} for h in sets]
     return sets

@@ -121,14 +121,22 @@ def test_info_attributes():
 @pytest.mark.parametrize(
     "hyper,exc,match",
     [
-        ({"lr": 0.0}, ValueError, r"lr=0\.0 is out of range; allowed: \(0\.0, inf\)"),
-        ({"lr": -0.1}, ValueError, r"lr=-0\.1"),
+        ({"lr": -0.1}, ValueError, r"lr=-0\.1 is out of range; allowed: \[0\.0, inf\)"),
         ({"lr": 0.1, "base": "lion"}, ValueError, r"base='lion'.*sgd, adam"),
         ({"lr": 0.1, "betas": (0.9,)}, ValueError, r"betas"),
         ({"lr": 0.1, "eps": 0.0}, ValueError, r"eps=0\.0"),
         ({"lr": 0.1, "momentum": 1.0}, ValueError, r"momentum=1\.0"),
         ({"lr": 0.1, "nesterov": "yes"}, TypeError, r"nesterov='yes'"),
         ({"lr": 0.1, "lam": 1.5}, ValueError, r"lam=1\.5.*\[0\.0, 1\.0\]"),
+        # options of the other base would do nothing: refused, naming them
+        ({"lr": 0.1, "momentum": 0.9}, ValueError, r"momentum=0\.9 .*base='adam'.*betas, eps"),
+        (
+            {"lr": 0.1, "momentum": 0.9, "nesterov": True},
+            ValueError,
+            r"nesterov=True .*base='adam'",
+        ),
+        ({"lr": 0.1, "base": "sgd", "betas": (0.8, 0.99)}, ValueError, r"betas=\(0\.8, 0\.99\)"),
+        ({"lr": 0.1, "base": "sgd", "eps": 1e-6}, ValueError, r"eps=1e-06 .*base='sgd'.*momentum"),
     ],
 )
 def test_bad_hyper_parameters(hyper, exc, match):
@@ -178,3 +186,39 @@ def test_float32_drift_is_below_pogo_torchs(shape):
 
     assert drift(ours) <= 0.75 * drift(theirs)
     assert drift(theirs) < 10 * shape[-1] * torch.finfo(torch.float32).eps
+
+
+def test_the_signature_defaults_are_the_bases_options():
+    # `BASE_OPTIONS` is what "set away from its default" is measured against
+    import inspect
+
+    from stiefel.optimizers.pogo import BASE_OPTIONS
+
+    sig = inspect.signature(optimizers.POGO.__init__).parameters
+    for options in BASE_OPTIONS.values():
+        assert {k: sig[k].default for k in options} == options
+
+
+def test_a_scheduler_cycling_betas_on_an_sgd_group_is_refused_at_the_step():
+    # OneCycleLR cycles betas[0] wherever "betas" is an option: on base="sgd" that would
+    # leave the momentum as it was and change nothing, silently
+    w = geoopt.ManifoldParameter(Orthogonal(4).random(dtype=torch.float64), manifold=Orthogonal(4))
+    opt = optimizers.create("pogo", [w], lr=0.1, base="sgd", momentum=0.9)
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)  # sets betas now
+    before = w.detach().clone()
+    w.grad = torch.randn_like(w)
+    with pytest.raises(ValueError, match=r"betas=.*cycle_momentum.*base='sgd'"):
+        opt.step()
+    assert torch.equal(w.detach(), before)  # nothing written
+
+
+def test_a_zero_learning_rate_keeps_the_point():
+    # as torch's optimizers (a schedule may reach 0): the correction only removes drift
+    man = Orthogonal(6)
+    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
+    x0 = w.detach().clone()
+    opt = optimizers.create("pogo", [w], lr=0.0)
+    for _ in range(3):
+        w.grad = torch.randn_like(w)
+        opt.step()
+    assert float((w.detach() - x0).abs().max()) < 100 * 6 * torch.finfo(torch.float64).eps

@@ -31,9 +31,12 @@ def _ours() -> list[str]:
 
 
 def _hyper(name: str) -> dict:
-    """The default lr, and momentum where the rule has one (so there is a buffer)."""
+    """The default lr, and momentum where the rule has one (so there is a buffer).
+
+    pogo's momentum is its sgd base's; its default base (VectorAdam) keeps moments.
+    """
     hyper = {"lr": optimizers.info(name).default_lr}
-    if "momentum" in inspect.signature(optimizers.get(name)).parameters:
+    if "momentum" in inspect.signature(optimizers.get(name)).parameters and name != "pogo":
         hyper["momentum"] = 0.9
     return hyper
 
