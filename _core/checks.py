@@ -31,9 +31,19 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def choice(name: str, value: object, allowed: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``allowed``, else raise ValueError listing them."""
+    """Return ``value`` if it is one of ``allowed``, else raise listing them.
+
+    Raises:
+        TypeError: ``value`` is not a string (the wrong type, e.g. ``metric=1``).
+        ValueError: a string that is not one of ``allowed``.
+    """
     allowed = tuple(allowed)
-    if not isinstance(value, str) or value not in allowed:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name}={value!r} ({type(value).__name__}) is not supported; allowed: "
+            f"{', '.join(allowed)} (strings)"
+        )
+    if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
     return value
 

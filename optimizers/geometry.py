@@ -216,9 +216,26 @@ def _distance(man, x: torch.Tensor) -> str:
         return f"‖XᴴX − I‖_F = {float(orthogonality_error(x).max()):.3e}"
     try:
         dist = float(torch.linalg.vector_norm(x - man.projx(x)))
-    except Exception:  # noqa: BLE001 - a manifold without projx: the reason must do
-        return "distance unknown (the manifold has no projx)"
+    except Exception as err:  # noqa: BLE001 - a manifold without projx: the reason must do
+        return f"distance unknown (its projx raised {type(err).__name__})"
     return f"‖x − projx(x)‖ = {dist:.3e}"
+
+
+def check_shape(i: int, p: torch.Tensor, man, transposed: bool = False) -> None:
+    """ValueError when parameter ``i`` is not of its manifold's shape (geoopt's `_check_shape`).
+
+    Every optimizer checks it, also those that accept points off the manifold: a
+    point of another shape is not near it (a group's ``manifold=`` naming another
+    size stepped a (5, 2) matrix as a point of St(10, 3)).
+    """
+    shape = (*p.shape[:-2], *p.shape[-2:][::-1]) if transposed else tuple(p.shape)
+    ok, reason = man._check_shape(shape, "x") if hasattr(man, "_check_shape") else (True, None)
+    if not ok:
+        raise ValueError(
+            f"parameter {i} of the new param group has shape {tuple(p.shape)}, not a point "
+            f"of its manifold {man!r} ({reason}); allowed: a manifold of the parameter's "
+            "shape (a ManifoldParameter's own, or the param group's manifold=)"
+        )
 
 
 def check_kind(where: str, p: torch.Tensor, man, owner: str) -> None:
@@ -279,6 +296,7 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
         man, transposed = opt.implied_manifold(p) or (None, False)
         implied = man is not None
     check_kind(f"parameter {i} of the new param group", p, man, owner)
+    check_shape(i, p, man, transposed)
     binding = Binding(man, p, group, transposed, implied)  # ValueError: retraction, DTensor
     if binding.like is not None and not opt.dtensor_points:
         raise ValueError(

@@ -76,6 +76,10 @@ def test_bad_types_raise_type_error():
         optimizers.create("radam", [_plain()], lr=0.1, betas=0.9)
     with pytest.raises(TypeError, match="safe_step"):
         optimizers.create("landing", [_plain()], lr=0.1, safe_step=1)
+    with pytest.raises(TypeError, match=r"metric=1 \(int\).*euclidean, canonical"):
+        optimizers.create("rgd", [_plain()], lr=0.1, metric=1)
+    with pytest.raises(TypeError, match=r"retraction=None \(NoneType\)"):
+        optimizers.create("rgd", [_plain()], lr=0.1, retraction=None)
 
 
 def test_bad_param_group_leaves_optimizer_unchanged():
@@ -89,6 +93,18 @@ def test_bad_param_group_leaves_optimizer_unchanged():
     w.grad = torch.ones_like(w)
     opt.step()  # still consistent
     assert _orth_err_np(w.detach().numpy()) < 1e-13
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_group_manifold_of_another_shape_is_refused_by_every_optimizer(name):
+    # landing and pogo accept points off their manifold, not points of another shape;
+    # the others had said "distance unknown (the manifold has no projx)"
+    w = manifold_param(torch.tensor(haar_np(RNG, 8, 2, False)))
+    opt = optimizers.create(name, [w], lr=0.1)
+    q = torch.nn.Parameter(torch.randn(5, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(5, 2\).*Stiefel\(n=10, m=3.*got \(5, 2\)"):
+        opt.add_param_group({"params": [q], "manifold": Stiefel(10, 3)})
+    assert len(opt.param_groups) == 1 and q not in opt.state
 
 
 def _off_manifold_cases():
