@@ -70,7 +70,9 @@ class ManifoldMuon(RiemannianOptimizer):
 
     computed by descent on its dual, Φ = msign(B + XΛ) with Hermitian Λ ←
     Λ − t·sym(XᴴΦ) (`stiefel.manifolds.kernels.msign.spectral_direction`,
-    ``inner_steps`` msign evaluations; exact after the first on O(n)/U(n)), then
+    ``inner_steps`` msign evaluations; exact after the first on O(n)/U(n); the
+    descent's iterative msign maps singular values below its resolution to 0, so
+    rounding in a rank-deficient B + XΛ does not grow), then
     X ← retr(X, −lr·Φ) with the group's ``retraction``. Every step moves X by at
     most lr in spectral norm, by lr once the dual descent has converged (Note [The
     tangent direction within the ball]; J. Bernstein, Modula docs, "Stiefel manifold", 2025;
@@ -101,7 +103,7 @@ class ManifoldMuon(RiemannianOptimizer):
 
     Args:
         params: parameters or param groups.
-        lr: step size (> 0): the largest spectral norm of a manifold step.
+        lr: step size (≥ 0): the largest spectral norm of a manifold step.
         momentum: μ in [0, 1).
         nesterov: use G + μB instead of B.
         inner_steps: msign evaluations of the dual descent (≥ 1).
@@ -124,8 +126,8 @@ class ManifoldMuon(RiemannianOptimizer):
     buckets_points: ClassVar[bool] = True  # its kernels reduce per matrix
     formula: ClassVar[str] = (
         "inner_steps × msign(N×M) [N ≤ 1.5M: steps × (4NM² + 2M³); else the Gram engine, "
-        "(4 + 4r)NM² + 2M³(4·steps − 3 − 3r), r = ⌊(steps − 1)/3⌋] + 4NM² per inner step "
-        "+ retraction"
+        "(4 + 4r)NM² + 2M³(4·steps − 3 − 3r), r = ⌊(steps − 1)/3⌋; for polar_express "
+        "and newton_schulz_cubic 2 more steps, not in r] + 4NM² per inner step + retraction"
     )
     variants: ClassVar[list[dict]] = [{}, {"inner_steps": 1}]
 
@@ -174,14 +176,16 @@ class ManifoldMuon(RiemannianOptimizer):
         **_: object,
     ) -> float:
         """Real flops of one step on a real N×M point (Cayley retraction ≈ 10NM² + 8M³ and
-        the float64 XᴴX of every k-th step, `frame.correction_flops`)."""
-        per_inner = msign_flops(n, m, msign, msign_steps) + 4.0 * n * m * m
+        the float64 XᴴX of every k-th step, `frame.correction_flops`); the converging
+        msign methods take two more steps (Note [A dead zone for the dual descent] in
+        `stiefel.manifolds.kernels.msign`)."""
+        per_inner = msign_flops(n, m, msign, msign_steps, sharpen=True) + 4.0 * n * m * m
         retraction = 10.0 * n * m * m + 8.0 * m**3 + correction_flops(n, m)
         return 2.0 * n * m * m + inner_steps * per_inner + retraction
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
-        check_number("lr", group["lr"], low_open=True)
+        check_number("lr", group["lr"])  # ≥ 0, as torch's (a schedule may reach 0)
         terms.check_momentum(group, dampening=False)
         positive_int("inner_steps", group["inner_steps"])
         check_choice("msign", group["msign"], MSIGN_METHODS)

@@ -89,6 +89,8 @@ __all__ = [
     "MSIGN_DEFAULT_STEPS",
     "POLAR_EXPRESS_COEFFICIENTS",
     "MUON_QUINTIC_COEFFICIENTS",
+    "SHARPEN_STEPS",
+    "SHARPENED_METHODS",
     "exact_scale",
     "msign",
     "msign_flops",
@@ -126,6 +128,33 @@ _PE_RAW = (
 POLAR_EXPRESS_COEFFICIENTS = tuple(
     (a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in _PE_RAW[:-1]
 ) + (_PE_RAW[-1],)
+
+# Note [A dead zone for the dual descent]
+# An iterative msign is an odd polynomial p of the singular values with p(σ) ≈ p'(0)σ
+# below its resolution: p'(0) = Π a_k/1.01 ≈ 2.2e4 for Polar Express at 10 steps, 1.5³⁰
+# ≈ 1.9e5 for the cubic. The dual descent (`spectral_direction`) is then gradient
+# descent on Σ P(σ_i(Z)), P' = p, whose curvature at a zero singular value of Z is
+# p'(0)/(1.01‖Z‖_F), with a step t ≈ ‖Z‖_F/√M. Where Z = G + XΛ is rank-deficient (a
+# Riemannian gradient of rank below M: fewer samples than M, a least-squares loss
+# whose XᴴG is symmetric up to low rank) its null-space component e is multiplied by
+# up to 1 + t·p'(0)/(1.01‖Z‖_F) ≈ 1 + 2.2e4/√M per inner step: rounding (1e-16)
+# reached p's resolution in four steps (St(12, 6), float64), and the step depended on
+# it by 3e-4. Exact msign maps σ ≤ N·eps·σ_max to 0 and has no such growth.
+# Inside the descent p is followed by SHARPEN_STEPS steps of h(s) = (5s³ − 3s⁵)/2:
+# h(0) = h'(0) = 0, h(1) = 1, h'(1) = 0, increasing on [0, 1] with fixed points 0,
+# √(2/3) and 1. The composite has zero slope at 0 (e changes by O((p'(0)e)⁹)), so
+# rounding stays rounding, while a converged sign (σ(Φ) ∈ {0, 1}) is unchanged: it is
+# exact msign with its threshold at the resolution ~‖Z‖_F/p'(0) instead of N·eps·σ_max.
+# Two steps, not one: float32 rounding (e ≈ 1e-7‖Z‖_F) is within 1/p'(0) by less than
+# 10³, and one step, slope O((p'(0)e)²), still let it grow. On O(n) (one msign, no
+# descent) the null-space rounding of a rank-deficient skew Z was multiplied by p'(0)
+# once: it is sharpened too. ‖W‖₂ ≤ 1.05 in h's steps: the Gram engine needs no restart
+# in them, and costs 6–8 more M×M products (no N×M one, no all-reduce); the direct
+# engine (N ≤ 1.5M, O(n)) two more steps.
+# Muon's quintic ends in [0.7, 1.2], where h is no sign (h(1.2) ≈ 0.6): not sharpened.
+SHARPEN = (0.0, 2.5, -1.5)
+SHARPEN_STEPS = 2
+SHARPENED_METHODS = ("newton_schulz_cubic", "polar_express")
 
 
 def _check(method: str, steps: int | None) -> int:
@@ -165,7 +194,7 @@ def _coefficients(method: str, steps: int) -> tuple[list[tuple[float, float, flo
     return [pe[min(k, len(pe) - 1)] for k in range(steps)], 1.01
 
 
-def _engine(engine: str, method: str, steps: int, n: int, m: int, sharded: bool) -> str:
+def _engine(engine: str, method: str, steps: int, n: int, m: int, sharded: bool, tail=0) -> str:
     # Note [The cheaper engine]
     # "auto" takes the engine of fewer flops (`engine_flops`): the Gram engine exactly
     # when the long side exceeds 1.5 × the short one (Note [Restart every third
@@ -178,7 +207,7 @@ def _engine(engine: str, method: str, steps: int, n: int, m: int, sharded: bool)
     if sharded:
         return "gram"
     quintic = method != "newton_schulz_cubic"
-    gram_flops = engine_flops(n, m, steps, quintic, "gram")
+    gram_flops = engine_flops(n, m, steps, quintic, "gram", tail)
     return "gram" if gram_flops < engine_flops(n, m, steps, quintic, "direct") else "direct"
 
 
@@ -227,7 +256,12 @@ def msign(
     the single-process one to rounding, whatever N/p is relative to M. The exact
     ``"svd"`` needs the whole matrix and is refused there.
     """
-    steps = _check(method, steps)
+    return _msign(g, method, _check(method, steps), engine, group, sharpen=False)
+
+
+def _msign(g, method: str, steps: int, engine: str, group, sharpen: bool) -> torch.Tensor:
+    # msign, with the dead zone of the dual descent when ``sharpen`` (Note [A dead zone
+    # for the dual descent])
     choice("engine", engine, ENGINES)
     if not isinstance(g, torch.Tensor) or not (g.is_floating_point() or g.is_complex()):
         raise TypeError(f"msign needs a floating or complex tensor, got {type(g).__name__}")
@@ -250,7 +284,9 @@ def msign(
     wide = not sharded and g.shape[-2] <= g.shape[-1]
     x = g.mH if wide else g
     coefficients, safety = _coefficients(method, steps)
-    engine = _engine(engine, method, steps, *x.shape[-2:], sharded)
+    tail = SHARPEN_STEPS if sharpen else 0
+    coefficients += [SHARPEN] * tail
+    engine = _engine(engine, method, len(coefficients), *x.shape[-2:], sharded, tail)
     # Note [msign at any scale]
     # msign(cG) = msign(G) for every c > 0, so the result must not depend on the
     # scale of G; but ‖G‖_F² overflows for entries above ~1e19 (float32: the
@@ -259,7 +295,7 @@ def msign(
     # nearest below max|G_ij|, exactly (no rounding), so the entries lie in
     # [1, 2) at most and ‖G‖_F² in [1, 4NM): neither can happen. An all-zero
     # matrix keeps its zero sign. (`iterate` does it, Note [Normalization on the Gram].)
-    x = iterate(x, coefficients, safety, engine, group)
+    x = iterate(x, coefficients, safety, engine, group, tail)
     return (x.mH if wide else x).to(dtype)
 
 
@@ -270,6 +306,7 @@ def msign_flops(
     steps: int | None = None,
     *,
     engine: str = "auto",
+    sharpen: bool = False,
 ) -> float:
     """Real floating-point operations of one `msign` of a real N×M matrix (model).
 
@@ -278,15 +315,17 @@ def msign_flops(
     start and the end, 4NM² per restart and at most four M×M products per step
     (`stiefel.manifolds.kernels.polynomial_sign.engine_flops`); both add 2NM for the
     scaling. ``engine="auto"`` counts the engine `msign` takes. The SVD is counted as
-    6NM² + 8M³ (thin SVD and the product U Vᴴ).
+    6NM² + 8M³ (thin SVD and the product U Vᴴ). ``sharpen``: the sign of
+    `spectral_direction` (Note [A dead zone for the dual descent]).
     """
     steps = _check(method, steps)
     choice("engine", engine, ENGINES)
     big, small = max(n, m), min(n, m)
     if method == "svd":
         return float(4 * big * small**2 + 8 * small**3 + 2 * big * small**2)
-    engine = _engine(engine, method, steps, big, small, sharded=False)
-    return engine_flops(big, small, steps, method != "newton_schulz_cubic", engine)
+    tail = SHARPEN_STEPS if sharpen and method in SHARPENED_METHODS else 0
+    engine = _engine(engine, method, steps + tail, big, small, False, tail)
+    return engine_flops(big, small, steps + tail, method != "newton_schulz_cubic", engine, tail)
 
 
 def spectral_direction(
@@ -323,8 +362,10 @@ def spectral_direction(
     singular value), per matrix. A trial step that does not decrease f, evaluated as
     Re tr(ΦᴴZ) = ‖Z‖_* with the step's own msign (up to a few ulps of rounding), is
     rejected and t halved for that matrix: the iteration is monotone, needs no SVD,
-    and is batched. The result is projected onto the tangent space, Φ − X sym(XᴴΦ)
-    (a no-op at convergence), so every retraction moves along the same tangent.
+    and is batched. Its msign maps the singular values of G + XΛ below its resolution
+    to 0 (Note [A dead zone for the dual descent]), so rounding does not grow. The
+    result is projected onto the tangent space, Φ − X sym(XᴴΦ) (a no-op at
+    convergence), so every retraction moves along the same tangent.
 
     Where 1 ≤ N − M < M the optimal G + XΛ* is often rank-deficient, f is not smooth
     there, and the descent slows to a subgradient method's pace: the direction is then
@@ -364,7 +405,10 @@ def spectral_direction(
     # then read their operands in one order
     z = product_on(g, x, lam)
     t = dual_step * _frobenius(z, group) / m**0.5
-    phi = msign(z, method, steps, group=group)
+    # the sign inside the descent has a dead zone (Note [A dead zone for the dual descent])
+    sign = dict(method=method, steps=_check(method, steps), engine="auto", group=group)
+    sign["sharpen"] = method in SHARPENED_METHODS
+    phi = _msign(z, **sign)
     c = sym(gram(x, phi, group))
     if square:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])
         return sub_product(phi, x, c)
@@ -372,7 +416,7 @@ def spectral_direction(
     slack = 8 * torch.finfo(f.dtype).eps
     for _ in range(inner_steps - 1):
         z_new = product_on(z, x, t.to(c.dtype) * c, alpha=-1)
-        phi_new = msign(z_new, method, steps, group=group)
+        phi_new = _msign(z_new, **sign)
         f_new = _real_trace(phi_new, z_new, group)
         ok = f_new <= f + slack * f.abs()
         z = torch.where(ok, z_new, z)

@@ -98,9 +98,9 @@ def exact_scale(a: torch.Tensor, group=None) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(big))).where(big > 0, 1.0)
 
 
-def restarts(steps: int) -> int:
-    """Restarts of the Gram engine in ``steps`` steps (before steps 3, 6, ...)."""
-    return (steps - 1) // RESTART_EVERY
+def restarts(steps: int, tail: int = 0) -> int:
+    """Restarts of the Gram engine in ``steps`` steps (before steps 3, 6, ...), none in the tail."""
+    return (steps - tail - 1) // RESTART_EVERY
 
 
 def _weight(r: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
@@ -137,6 +137,7 @@ def iterate(
     safety: float,
     engine: str,
     group=None,
+    tail: int = 0,
 ) -> torch.Tensor:
     """X_s = X_0 W_0 ⋯ W_{s−1} from X_0 = X / (safety·‖X‖_F) by the ``"direct"``/``"gram"`` engine.
 
@@ -147,6 +148,9 @@ def iterate(
         safety: the factor ≥ 1 the Frobenius norm is multiplied by.
         engine: ``"direct"`` or ``"gram"`` (see the module docstring).
         group: the process group the rows are split over, or None.
+        tail: the last steps, whose W has ‖W‖₂ ≤ 1.05 on singular values in [0, 1]: the
+            Gram engine runs them without a restart (nothing to bound; Note [Restart
+            every third step]).
 
     Returns:
         X_s, shape of ``x``.
@@ -154,6 +158,10 @@ def iterate(
     shape = x.shape
     x, r, inv = _start(x.reshape(-1, *shape[-2:]), safety, group)  # one batch dimension
     steps = len(coefficients)
+
+    def restart(k: int) -> bool:  # Note [Restart every third step]
+        return 0 < k < steps - tail and k % RESTART_EVERY == 0
+
     q = None
     for k, (a, b, c) in enumerate(coefficients):
         if engine == "direct":
@@ -162,27 +170,28 @@ def iterate(
             w = _weight(r, a, b, c)
             x = _times(x, w.mul_(inv) if k == 0 else w)
             continue
-        if k and k % RESTART_EVERY == 0:  # Note [Restart every third step]
+        if restart(k):
             x = _times(x, q)
             r, q = gram(x, x, group), None
         w = _weight(r, a, b, c)
         q = w * inv if k == 0 else (w if q is None else product(q, w))
-        if k + 1 < steps and (k + 1) % RESTART_EVERY:  # R is needed again
+        if k + 1 < steps and not restart(k + 1):  # R is needed again
             r = product(w, product(r, w))
     return (x if engine == "direct" else _times(x, q)).reshape(shape)
 
 
-def engine_flops(n: int, m: int, steps: int, quintic: bool, engine: str) -> float:
+def engine_flops(n: int, m: int, steps: int, quintic: bool, engine: str, tail: int = 0) -> float:
     """Real flops of ``steps`` steps on a real N×M matrix (N ≥ M, else swapped), with the scaling.
 
     Direct: steps × (4NM² + 2M³ for a quintic). Gram: (4 + 4·restarts)NM² and
-    2M³ × (steps for a quintic + 3 × (steps − 1 − restarts)). Both add 2NM for the
-    scaling (maximum and exact division).
+    2M³ × (steps for a quintic + 3 × (steps − 1 − restarts)), ``tail`` of the steps
+    without restarts (`iterate`). Both add 2NM for the scaling (maximum and exact
+    division).
     """
     big, small = max(n, m), min(n, m)
     if engine == "direct":
         per = 4.0 * big * small**2 + (2.0 * small**3 if quintic else 0.0)
         return steps * per + 2.0 * big * small
-    rho = restarts(steps)
+    rho = restarts(steps, tail)
     products = (steps if quintic else 0) + 3 * (steps - 1 - rho)
     return (4.0 + 4.0 * rho) * big * small**2 + 2.0 * small**3 * products + 2.0 * big * small

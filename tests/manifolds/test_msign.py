@@ -53,6 +53,30 @@ def test_zero_and_rank_deficient():
     assert torch.allclose(msign(g, "polar_express", 12), exact, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128, torch.float32])
+@pytest.mark.parametrize("method", ["polar_express", "newton_schulz_cubic"])
+def test_the_sharpened_sign_has_a_dead_zone(method, dtype):
+    # Note [A dead zone for the dual descent]: the sign of the dual descent keeps a
+    # converged polar factor and maps rounding in the null space of a rank-deficient
+    # matrix to 0, where msign multiplies it by its slope at 0 (2.2e4, 1.9e5)
+    from stiefel.manifolds.kernels.msign import _msign
+
+    eps = torch.finfo(dtype).eps
+    steps = MSIGN_DEFAULT_STEPS[method]
+    g = _spectrum(24, 8, 50.0, dtype)
+    sharp = _msign(g, method, steps, "auto", None, sharpen=True)
+    assert (sharp - msign(g, "svd")).abs().max() < 100 * 24 * eps
+    gen = torch.Generator().manual_seed(3)
+    b = torch.randn(8, 3, dtype=dtype, generator=gen)
+    z = torch.randn(24, 3, dtype=dtype, generator=gen) @ b.mH  # rank 3
+    null = torch.linalg.svd(b.mH)[2][3:].mH  # 8×5: z @ null = rounding
+    plain = msign(z, method, steps)
+    sharp = _msign(z, method, steps, "auto", None, sharpen=True)
+    assert (plain @ null).abs().max() > 1000 * eps  # the slope at 0 at work
+    assert (sharp @ null).abs().max() < 100 * eps  # the SVD: 1 eps
+    assert (sharp - msign(z, "svd")).abs().max() < 100 * 24 * eps
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
 def test_lower_precision(dtype):
     g = torch.randn(40, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
