@@ -144,7 +144,8 @@ class Binding:
         group = {} if group is None else group
         if self.retractions is not None and "retraction" in group:
             _checks.choice("retraction", group["retraction"], self.retractions)
-        self.like = param.detach() if is_dtensor(param) else None
+        # the point the rule sees: a transposed binding's shards split its columns
+        self.like = self.orient(param.detach()) if is_dtensor(param) else None
         self._fixed = None
         self._made: dict[tuple, Geometry] = {}
         if manifold is None:
@@ -155,8 +156,18 @@ class Binding:
         self.kind = None if manifold is None else (type(manifold), repr(manifold))
         self.complex = None if param is None else param.is_complex()
         if self.like is not None:
-            if self.stiefel:
-                check_placements(self.like)  # an unsupported layout fails at construction
+            if self.stiefel:  # an unsupported layout fails at construction
+                try:
+                    check_placements(self.like)
+                except ValueError as err:
+                    if not transposed:
+                        raise
+                    raise ValueError(
+                        f"{err} (the point is the transpose of the {tuple(param.shape)} "
+                        "parameter: its rows are its columns); allowed: a param group "
+                        "manifold= of its own shape (Orthogonal(n) for a square matrix), or "
+                        "geoopt.Euclidean() to keep a plain matrix free"
+                    ) from err
             else:
                 self.like = None  # DTensor propagation through the manifold's own operations
         self.geo = self.bind(group)

@@ -131,6 +131,16 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
         results["shard1"] = "no error"
     except ValueError as exc:
         results["shard1"] = str(exc)
+    # pogo steps a square or wide plain matrix as its transpose: the parameter's row
+    # shards are the point's column shards (before: a shape error mid-step)
+    for key, shape in (("pogo-square", (M, M)), ("pogo-wide", (M, 64))):
+        x = torch.linalg.qr(torch.randn(shape[::-1], dtype=torch.float64))[0].mT.contiguous()
+        p = torch.nn.Parameter(distribute_tensor(x, mesh, [Shard(0)]))
+        try:
+            optimizers.create("pogo", [p], lr=0.1)
+            results[key] = "no error"
+        except ValueError as exc:
+            results[key] = str(exc)
     # a rule whose kernels do not run on shards refuses a DTensor point; so does
     # manifold_muon's exact msign="svd" on row-sharded points (it runs on the others)
     for key, name, hyper in (

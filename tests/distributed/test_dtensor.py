@@ -120,3 +120,6 @@ def test_unsupported_placement_is_refused(runs, world):
     msg = _results(runs, world)["shard1"]
     assert "Shard(dim=1)" in msg and "not supported" in msg, msg
     assert "Replicate()" in msg and "Shard(ndim - 2)" in msg, msg
+    for key in ("pogo-square", "pogo-wide"):  # the transpose of a row-sharded plain matrix
+        msg = _results(runs, world)[key]
+        assert "not supported" in msg and "transpose" in msg and "Orthogonal(n)" in msg, msg
