@@ -250,7 +250,7 @@ def check_shape(i: int, p: torch.Tensor, man, transposed: bool = False) -> None:
 
 
 def check_kind(where: str, p: torch.Tensor, man, owner: str) -> None:
-    """TypeError when ``p``'s dtype kind (real, complex) is not its manifold's.
+    """TypeError when ``p``'s dtype kind (real, complex) is not its manifold's, or unsupported.
 
     Checked when a parameter is bound and again at every step: machinery that
     converts a module (``module.to(torch.complex64)``) changes the dtype of a
@@ -259,9 +259,16 @@ def check_kind(where: str, p: torch.Tensor, man, owner: str) -> None:
     Args:
         where: the parameter, named for the message.
         p: the parameter.
-        man: its manifold (one without a ``complex`` flag is not checked).
+        man: its manifold (one without a ``complex`` flag is not checked for the kind;
+            a dtype without kernels, complex32 or float8, is refused on any manifold).
         owner: the optimizer's class name.
     """
+    supported = _checks.REAL_DTYPES + _checks.COMPLEX_DTYPES
+    if man is not None and p.dtype not in supported:  # complex32, float8: no kernels
+        raise TypeError(
+            f"{where} has dtype {p.dtype}; allowed on a manifold: "
+            f"{', '.join(str(d) for d in supported)}"
+        )
     cplx = getattr(man, "complex", None)
     if not isinstance(cplx, bool) or p.is_complex() == cplx:
         return

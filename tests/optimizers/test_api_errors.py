@@ -107,6 +107,19 @@ def test_a_group_manifold_of_another_shape_is_refused_by_every_optimizer(name):
     assert len(opt.param_groups) == 1 and q not in opt.state
 
 
+@pytest.mark.parametrize("name", rule_names())
+def test_a_manifold_weight_of_a_dtype_without_kernels_is_refused(name):
+    # complex32 had raised a bare NotImplementedError ("addmm_impl_cpu_") mid-step
+    st = Stiefel(6, 3, complex=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "ComplexHalf support is experimental"
+        w = geoopt.ManifoldParameter(st.random().to(torch.complex32), manifold=st)
+    with pytest.raises(
+        TypeError, match=r"dtype torch\.complex32; allowed on a manifold: .*complex64"
+    ):
+        optimizers.create(name, [w], lr=0.1)
+
+
 def _off_manifold_cases():
     x = haar_np(RNG, 10, 3, False) + 0.02 * RNG.standard_normal((10, 3))
     v = RNG.standard_normal(5)
