@@ -18,6 +18,7 @@ import torch
 
 from .. import optimizers, parametrizations
 from . import config, cost, tasks
+from .grid import plan
 from .report import write_report
 from .sections import SECTIONS
 from .store import OutputLocked, RunStore
@@ -92,7 +93,9 @@ TRAINING = [
     ("--seeds", dict(type=int, help="seeds 0, 1, …"), "seeds"),
     ("--steps", dict(type=int, help=""), "steps"),
     ("--record-every", dict(type=int, help=""), "record_every"),
-    ("--lr", dict(type=float, help="lr of strategies that name none (default: declared)"), None),
+    ("--lr", dict(type=float, help="lr of the strategies that name none, on every task "
+     "(default: the optimizer's lr on the task in configs/learning_rates.toml, else its "
+     "declared one)"), None),
     ("--task-option", dict(dest="task_options", type=_task_option, action="append", metavar=
      "KEY=VALUE", help="a task option (repeatable), for the tasks that take it; see below"), None),
     *[(f"--{k}", dict(type=int, help=f"task option {k}{what}"), None) for k, what in
@@ -195,6 +198,8 @@ def _main(args: argparse.Namespace) -> int:
     flags = _flags(args)
     trust = args.trust_config
     opts = {s: config.resolve(s, flags, args.config, quick, trust) for s in names}  # checks first
+    for s in (s for s in names if "tasks" in opts[s]):  # built once before any section trains
+        plan(opts[s])
     only = {k: flags.get(k) for k in ("out", "imports")}
     out = config.resolve("report", only, args.config, trust=trust)["out"]
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

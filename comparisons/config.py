@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import optimizers, parametrizations
 from .._core import checks as _checks
+from . import strategies as strategies_mod
 from . import task as tasks_mod
 from .cost import GEOOPT_STEPS, optimizer_steps
 from .precision import PRECISIONS
@@ -56,16 +57,41 @@ def _str(name: str, v: Any) -> Any:
     return v
 
 
-def _list(item: Callable[[str, Any], Any], nonempty: bool = True) -> Callable[[str, Any], Any]:
+def _list(item: Callable[[str, Any], Any], nonempty: bool = True, unique: bool = True):
+    """A list of ``item``s; with ``unique``, each given once (`_once`)."""
+
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, (list, tuple)):
             e_g = f", e.g. [{v!r}]" if isinstance(v, str) else ""
             raise TypeError(f"{name}={v!r} ({type(v).__name__}); allowed: a list{e_g}")
         if nonempty and not v:
             raise ValueError(f"{name}=[]; allowed: a non-empty list")
-        return [item(f"{name}[{i}]", x) for i, x in enumerate(v)]
+        out = [item(f"{name}[{i}]", x) for i, x in enumerate(v)]
+        return _once(name, out, out) if unique else out
 
     return check
+
+
+def _once(name: str, values: list, keys: list) -> list:
+    """``values``, refused when two have equal ``keys``: a duplicate task, strategy or dtype
+    would be trained twice and counted twice in its row (or print its table twice)."""
+    for j, key in enumerate(keys):
+        if key in keys[:j]:
+            i = keys.index(key)
+            alike = " (they parse alike)" if values[i] != values[j] else ""
+            raise ValueError(f"{name}[{j}]={values[j]!r} repeats {name}[{i}]={values[i]!r}"
+                             f"{alike}; allowed: each once")  # fmt: skip
+    return values
+
+
+def _strategies(name: str, v: Any) -> Any:
+    """Strategy strings, parsed (names, option syntax, lr > 0); two that parse alike (``cwy+adam
+    (lr=0.01)``, ``cwy+adam(lr=1e-2)``) are one strategy given twice."""
+    v = _list(_str, unique=False)(name, v)
+    methods = [*parametrizations.available(), *tasks_mod.extra_methods()]
+    known = [strategies_mod.parse(s, methods, optimizers.available()) for s in v]
+    keys = [(s.method, s.optimizer, s.method_options, s.optimizer_options) for s in known]
+    return _once(name, v, keys)
 
 
 def _dtype(name: str, v: Any) -> Any:
@@ -145,12 +171,12 @@ def _not_stepped(name: str) -> str:
 COMMON: dict[str, Callable[[str, Any], Any]] = {
     "out": _any,
     "device": _str,
-    "imports": _list(_str, nonempty=False),
-    "try_imports": _list(_str, nonempty=False),
+    "imports": _list(_str, nonempty=False, unique=False),
+    "try_imports": _list(_str, nonempty=False, unique=False),
 }
 TRAINING: dict[str, Callable[[str, Any], Any]] = {
     "tasks": _list(_str),
-    "strategies": _list(_str),
+    "strategies": _strategies,
     "dtypes": _list(_dtype),
     "seeds": _int(1),
     "steps": _int(1),
@@ -207,7 +233,7 @@ def load_toml(path: pathlib.Path | None) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
     every = set().union(*(SCHEMA[s] for s in SCHEMA))
-    tables = (*SCHEMA, "quick")
+    tables = tuple(SCHEMA)  # quick is one of them
     for key, value in cfg.items():
         if key in tables:
             if not isinstance(value, dict):

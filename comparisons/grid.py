@@ -14,7 +14,7 @@ import torch
 
 from . import task as tasks_mod
 from .config import task_lr, task_options_for
-from .runner import RunConfig, parse_strategy, run, unsupported
+from .runner import RunConfig, check_optimizer, parse_strategy, run, unsupported
 from .store import RunStore, run_key
 from .strategies import parse
 from .writers import Progress
@@ -26,7 +26,7 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
     """The runs of ``opts`` and the combinations that cannot run (with the reason); ValueError
     for an unknown name, a bad task option, or a task no strategy can run on."""
     strategies = [parse_strategy(s) for s in opts["strategies"]]
-    parse("none+" + opts["others"])  # the optimizer of the other weights parses
+    check_optimizer(parse("none+" + opts["others"]), None)  # the other weights' optimizer
     jobs, skipped = [], []
     shared = {k: opts.get(k) for k in ("steps", "device", "record_every", "others", "lr")}
     for task in opts["tasks"]:
@@ -39,8 +39,11 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
             if reason is None:
                 try:
                     instance.check_method(s.method, s.method_options)
+                    if s.method not in cls.extra_methods:  # a map's options: built once
+                        instance.build(s.method, s.method_options)
                 except (TypeError, ValueError) as exc:
                     raise type(exc)(f"strategy {s.name!r} on task {task!r}: {exc}") from exc
+                check_optimizer(s, shared["lr"] or task_lr(task, s.optimizer))
                 runnable.append(s)
             else:
                 skipped.append(f"{s.name} on {task}: {reason}")

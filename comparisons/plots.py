@@ -80,8 +80,10 @@ def drift_figure(runs: list[dict]):
 
 
 def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozenset()):
-    """Loss (or gap) against step and wall time per ``strategy [dtype]``; one in ``flagged`` (it
-    waited for a core) is dashed against wall time, ends hollow, its bar back to its CPU time."""
+    """Loss (or |gap|) against step and wall time per ``strategy [dtype]``, the geometric mean over
+    seeds on a log axis (band × or ÷ one geometric std), else the mean ± one std. One in
+    ``flagged`` (it waited for a core) is dashed against wall time, ends hollow, its bar back to
+    its CPU time; one with a run ``off_manifold`` (not converged) is dotted, its legend says so."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     groups: dict[str, list[dict]] = {}
     for r in runs:
@@ -100,7 +102,9 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
             # Note [Loss floor]: a gap below eps·|optimum| is rounding noise of the
             # dtype; floor it there instead of plotting zig-zags down to 1e-16
             floor = _resolution(rs[0]["dtype"]) * max(1.0, abs(optimum))
-            loss = np.maximum(loss - np.array([[r["optimum"]] for r in rs]), floor)
+            # |gap|: a loss below the optimum (off the manifold) is drawn as far as it is, never
+            # floored as if it were at the optimum
+            loss = np.maximum(np.abs(loss - np.array([[r["optimum"]] for r in rs])), floor)
         if logy:  # geometric mean and spread: a symmetric band on the log axis
             ly = np.log(np.maximum(loss, 1e-300))
             m, lo, hi = (np.exp(ly.mean(0) + k * ly.std(0)) for k in (0, -1, 1))
@@ -108,9 +112,11 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
             m, sd = loss.mean(0), loss.std(0)
             lo, hi = m - sd, m + sd
         kw = style(i) | dict(markevery=max(1, n // 8), ms=4)
+        off = sum(bool(r.get("off_manifold")) for r in rs)
+        label = f"{name}: off the manifold in {off} of {len(rs)}" if off else name
         for ax, x in ((a1, steps), (a2, times)):
             waited = ax is a2 and name in flagged
-            ax.plot(x, m, label=name, ls="--" if waited else "-", **kw)
+            ax.plot(x, m, label=label, ls=":" if off else "--" if waited else "-", **kw)
             ax.fill_between(x, lo, hi, alpha=0.2, color=kw["color"])
         if name in flagged:
             cpu = np.mean([r["cpu_time"][n - 1] for r in rs])
@@ -118,16 +124,19 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
                         ms=9, mfc="white", color=kw["color"], capsize=3, zorder=3)  # fmt: skip
     if flagged:
         a2.plot([], [], "k--o", mfc="white", label="waited for a core (bar: back to CPU time)")
+    if any(r.get("off_manifold") for r in runs):
+        a2.plot([], [], "k:", label="dotted: ended off the manifold (not converged)")
+    stat = "geometric mean" if logy else "mean"
     for ax, xl in ((a1, "step"), (a2, "wall time [s]")):
         ax.set_xlabel(xl)
-        ax.set_ylabel("loss − optimum" if optimum is not None else "loss")
+        ax.set_ylabel(f"{'|loss − optimum|' if optimum is not None else 'loss'}, {stat} over seeds")
         if logy:
             ax.set_yscale("log")
         if baseline is not None and optimum is None:
             ax.axhline(baseline, color="k", ls="--", lw=1, label="baseline (chance)")
         ax.grid(alpha=0.3)
-    spread = "geometric mean ± std" if logy else "mean ± std"
-    fig.suptitle(f"{task}: {spread} over seeds")
+    band = "× or ÷ one geometric std" if logy else "± one std"
+    fig.suptitle(f"{task}: {stat} over seeds, band {band}")
     _legend(a2)
     return fig
 

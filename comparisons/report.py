@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 import statistics
 
 from . import cost
+from .config import PRESETS
 from .store import RunStore
 from .writers import write_text
 
@@ -38,6 +41,7 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
             diverged=sum(r.get("failed") == "diverged" or bool(r["diverged"]) for r in rs),
         )
         row["unconverged"] = sum(bool(r.get("failed")) for r in rs) - row["diverged"]
+        row["off_manifold"] = sum(bool(r.get("off_manifold")) for r in rs)  # of the unconverged
         waited = row["cpu_s"] and cost.flag([row["cpu_s"]], [row["time_s"]], row["one_thread"])
         row["time_flag"] = waited or None  # Note [Trusted times]: a run that waited for a core
         if rs[0]["optimum"] is not None:  # each seed draws its own problem and optimum
@@ -70,6 +74,15 @@ SMOKE = ("A smoke run: tiny sizes, a few hundred steps and two seeds, times on w
          "{}.\n")  # fmt: skip
 
 
+def _link(store: RunStore, config: str) -> str:
+    """The path of ``configs/<config>.toml`` relative to the report, wherever ``--out`` is."""
+    path = PRESETS / f"{config}.toml"
+    try:
+        return pathlib.Path(os.path.relpath(path, store.root)).as_posix()
+    except ValueError:  # another drive (Windows): no relative path
+        return path.as_uri()
+
+
 def write_report(store: RunStore) -> str:
     """``report.md`` from the finished sections of the manifest and the files they list.
 
@@ -89,7 +102,7 @@ def write_report(store: RunStore) -> str:
     ]
     if store.manifest.get("preset") == "quick":
         runs = [f"`python -m stiefel.comparisons {k} --config configs/{c}.toml` ([configs/{c}.toml]"
-                f"(../configs/{c}.toml))" for k in sections for c in FULL.get(k, [])]  # fmt: skip
+                f"({_link(store, c)}))" for k in sections for c in FULL.get(k, [])]  # fmt: skip
         parts[0] = "# stiefel comparison report: `quick`, a smoke preset\n"
         parts.insert(1, SMOKE.format("; ".join(runs)))
     for key, sec in sections.items():

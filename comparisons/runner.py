@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,13 +11,13 @@ import torch
 from torch import nn
 
 from .. import optimizers, parametrizations
-from ..manifolds import kernels
+from ..manifolds import Stiefel, kernels
 from . import task as tasks_mod
 from .precision import precision, rounding
 from .strategies import Strategy, parse
 from .table import SERIES
 
-__all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers"]
+__all__ = ["RunConfig", "run", "parse_strategy", "build_optimizers", "check_optimizer"]
 
 
 def parse_strategy(text: str) -> Strategy:
@@ -53,10 +54,36 @@ class RunConfig:
 
 
 def _create(strategy: Strategy, name: str, params, lr: float, options: dict):
+    params = list(params)
     try:
         return optimizers.create(name, params, lr=lr, **options)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"strategy {strategy.name!r}, optimizer {name!r}: {exc}") from exc
+        why = _named(name, params, lr, options, exc)
+        raise type(exc)(f"strategy {strategy.name!r}, optimizer {name!r}: {why}") from exc
+
+
+def _named(name: str, params: list, lr: float, options: dict, exc: Exception) -> str:
+    """``exc``'s message, naming the option that fails alone where it names none (torch's own
+    checks may fail inside: adam's ``betas=1`` raises "'int' object is not subscriptable")."""
+    if any(k in str(exc) for k in options):
+        return str(exc)
+    for k, v in options.items():
+        try:
+            optimizers.create(name, params, lr=lr, **{k: v})
+        except (TypeError, ValueError):
+            p = inspect.signature(optimizers.get(name)).parameters.get(k)
+            known = p is not None and p.default is not p.empty
+            like = f"a value like its default {k}={p.default!r}" if known else "see its signature"
+            return f"option {k}={v!r} ({type(v).__name__}) is refused ({exc}); allowed: {like}"
+    return str(exc)
+
+
+def check_optimizer(strategy: Strategy, lr: float | None) -> None:
+    """Build the strategy's optimizer over a stand-in weight: its options are checked (naming
+    the one refused) before any training."""
+    options = {k: v for k, v in strategy.optimizer_options.items() if k != "lr"}
+    weight = nn.Parameter(torch.zeros(2, 2))
+    _create(strategy, strategy.optimizer, [weight], strategy.lr(lr), options)
 
 
 def build_optimizers(
@@ -127,8 +154,25 @@ def run(cfg: RunConfig, progress=None) -> dict:
     if task.optimum is not None:
         tol = rounding(cfg.dtype, task.optimum, task)
         record["gap"] = gap_to_optimum(record["final_loss"], task.optimum, tol)
+    record["off_manifold"] = off_manifold(record, task.weight(model))
     record["failed"] = failure(record, task)
     return record
+
+
+@torch.no_grad()
+def off_manifold(record: dict, weight: torch.Tensor | None) -> str | None:
+    """Why a run ended off the manifold, or None: its final ‖XᴴX − I‖_F is above the tolerance
+    of `Stiefel.check_point_on_manifold` (100·n·eps of the weight's dtype), or its final loss is
+    below the optimum beyond rounding (no point on the manifold is)."""
+    drift = record["drift"][-1] if record["drift"] else None
+    if weight is not None and drift is not None and math.isfinite(drift):
+        n, m = sorted(weight.shape[-2:], reverse=True)
+        tol = Stiefel(n, m, complex=weight.is_complex()).default_atol(weight.dtype)
+        if drift > tol:
+            return f"‖XᴴX − I‖_F {drift:.3g} > {tol:.2g}"
+    if record.get("gap", 0.0) < 0:
+        return f"loss {-record['gap']:.3g} below the optimum"
+    return None
 
 
 def gap_to_optimum(final: float, optimum: float, tol: float) -> float:
@@ -138,10 +182,13 @@ def gap_to_optimum(final: float, optimum: float, tol: float) -> float:
 
 def failure(record: dict, task: tasks_mod.Task) -> str | None:
     """Why a run failed, or None: ``"diverged"`` (a loss not finite), or why it did not converge:
-    its final gap to a known optimum is above `Task.converged_fraction` of its first; with no
-    optimum its final loss is above the baseline (chance level) or a held-out metric at chance."""
+    it ended off the manifold (`off_manifold`), its final gap to a known optimum is above
+    `Task.converged_fraction` of its first; with no optimum its final loss is above the baseline
+    (chance level) or a held-out metric at chance."""
     if record["diverged"] or not math.isfinite(record["final_loss"]):
         return "diverged"
+    if record.get("off_manifold"):  # its loss is not the loss of a point of the problem
+        return f"off the manifold: {record['off_manifold']}"
     if task.optimum is not None:
         gap, start = record["final_loss"] - task.optimum, record["loss"][0] - task.optimum
         if gap > task.converged_fraction * start:

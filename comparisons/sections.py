@@ -71,8 +71,9 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         "when its loss became not finite; it *did not converge* when its final gap to a known "
         "optimum is above a declared fraction of its first (`Task.converged_fraction`), or, "
         "with no optimum, its final loss is above the baseline or a held-out accuracy at "
-        "chance. A gap within rounding of the optimum (10·n·eps·|optimum|, above or below) "
-        "is 0.\n",
+        "chance, or it ended *off the manifold*: its final ‖XᴴX − I‖_F above 100·n·eps of its "
+        "dtype (the tolerance of `check_point_on_manifold`), or its loss below the optimum. A "
+        "gap within rounding of the optimum (10·n·eps·|optimum|, above or below) is 0.\n",
         _setup_text(opts, runs) + _skipped_text(skipped),
     ]
     figs = []
@@ -94,11 +95,13 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
             [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
             + [s.get("gap"), s["max_drift"], _t(s, "time"), s["cpu_s"]]
             + [f"{s['diverged']} of {s['seeds']}", f"{s['unconverged']} of {s['seeds']}"]
+            + [f"{s['off_manifold']} of {s['seeds']}"]
             + [s[k] for k in extra]
             for s in rows
         ]
         task_runs = [r for r in runs if r["task"] == task]
-        text.append(md_table(head + extra, body) + _near_best(rows) + _rose(task_runs))
+        text.append(md_table(head + ["of them off the manifold", *extra], body) + _near_best(rows))
+        text[-1] += _off(task_runs) + _rose(task_runs)
         waited = [f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]]
         text += _flagged(waited, "the wall time counts waits: compare the CPU column")
         flagged = {f"{s['strategy']} [{s['dtype']}]" for s in rows if s["time_flag"]}
@@ -111,17 +114,32 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
 
 def _near_best(rows: list[dict]) -> str:
     """Which strategies end within 10 % of the best final gap (Note [Per-task learning rates]
-    in ``configs/learning_rates.toml``); a gap below the optimum beyond rounding is named."""
+    in ``configs/learning_rates.toml``); one with a run off the manifold or below the optimum
+    beyond rounding is named, not ranked."""
     one = len({s["dtype"] for s in rows}) == 1
-    gaps = [(s["strategy"] + ("" if one else f" [{s['dtype']}]"), s["gap"]) for s in rows
-            if math.isfinite(s.get("gap", math.nan))]  # fmt: skip
-    ok, below = [kg for kg in gaps if kg[1] >= 0], [f"{k} ({fmt(g)})" for k, g in gaps if g < 0]
+    gaps = [(s["strategy"] + ("" if one else f" [{s['dtype']}]"), s["gap"], s.get("off_manifold"))
+            for s in rows if math.isfinite(s.get("gap", math.nan))]  # fmt: skip
+    ok = [(k, g) for k, g, off in gaps if g >= 0 and not off]
+    below = [f"{k} ({fmt(g)})" for k, g, off in gaps if g < 0 or off]
     if len(ok) < 2:
         return ""
     best, low = min(ok, key=lambda kg: kg[1])
     far = ", ".join(f"{k} ({fmt(g)})" for k, g in ok if g > 1.1 * low) or "none"
-    off = f"; below the optimum (off the manifold): {', '.join(below)}" if below else ""
+    off = (
+        "; not ranked, off the manifold or below the optimum: " + ", ".join(below) if below else ""
+    )
     return f"\nBest final gap: {best} ({fmt(low)}); not within 10 % of it: {far}{off}.\n"
+
+
+def _off(runs: list[dict]) -> str:
+    """The runs that ended off the manifold (`stiefel.comparisons.runner.off_manifold`), named."""
+    said: dict[str, list[str]] = {}
+    for r in (r for r in runs if r.get("off_manifold")):
+        said.setdefault(f"{r['strategy']} [{r['dtype']}]", []).append(
+            f"seed {r['seed']}: {r['off_manifold']}"
+        )
+    say = "; ".join(f"{k} ({', '.join(v)})" for k, v in said.items())
+    return f"\nEnded off the manifold (100·n·eps), not converged: {say}.\n" if said else ""
 
 
 def _rose(runs: list[dict]) -> str:
@@ -130,6 +148,8 @@ def _rose(runs: list[dict]) -> str:
     worst: dict[str, tuple[float, float, int]] = {}
     for r in runs:
         if r.get("optimum") is None or not math.isfinite(r.get("gap", math.nan)):
+            continue
+        if r.get("off_manifold"):  # its gap is no distance to the optimum: named apart
             continue
         low, at = min((v, k) for v, k in zip(r["loss"], r["step"], strict=True) if math.isfinite(v))
         best, rise = max(low - r["optimum"], 0.0), 1e-6 * max(1.0, abs(r["optimum"]))

@@ -8,10 +8,10 @@ options of each section, the versions of python, torch and stiefel, the machine
 end: `stiefel.comparisons.cost.machine`), start and end times, the state
 (``running``, ``finished``, ``interrupted``) and the list of runs. A process
 killed at any point leaves whole files only; ``--resume`` then skips every run
-whose record exists for the same options (each record holds its section's
-options: with the manifest lost, a record of other options is run again, never
-reused). A lock file ``.lock`` holding the writer's pid refuses a second
-writer: it appears with the pid already in it (written to a temporary file,
+whose record exists for the same options, ``--out`` and ``--jobs`` aside (each
+record holds its section's options: with the manifest lost, a record of other
+options is run again, never reused). A lock file ``.lock`` holding the writer's
+pid refuses a second writer: it appears with the pid already in it (written to a temporary file,
 then linked into place), and a pid-less lock (a writer of another kind, between
 creating and writing it) counts as held for `LOCK_GRACE_S`; a lock left by a
 dead process is taken over. Every path written, and every path read from
@@ -83,6 +83,16 @@ def read_json(path: pathlib.Path, what: str = "run record") -> Any:
         where = f"line {exc.lineno}: {exc.msg}" if hasattr(exc, "lineno") else str(exc)
         warnings.warn(f"skipping the damaged {what} {path} ({where})", stacklevel=2)
     return None
+
+
+#: options that leave the numbers alone: the folder (moved, or named another way) and the
+#: worker count (runs are seeded: Note [Parallel runs]); a resume may change them
+UNCOMPARED = ("out", "jobs")
+
+
+def _defining(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that a stored run must share to be reused (all but `UNCOMPARED`)."""
+    return {k: v for k, v in options.items() if k not in UNCOMPARED}
 
 
 def _alive(pid: int) -> bool:
@@ -245,11 +255,13 @@ class RunStore:
                 held = f"{name} results ({old['state']}, {len(old['runs'])} runs)"
                 fix = "--resume to continue them, --overwrite to replace them, or another --out"
                 raise ValueError(f"--out {self.out} already holds {held}: pass {fix}")
-            was = old["options"]
-            if diff := sorted(k for k in {*opts, *was} if opts.get(k) != was.get(k)):
-                where, fix = f"{self.out / MANIFEST}'s for {', '.join(diff)}", "use the same or"
-                raise ValueError(f"--resume: the {name} options differ from {where}; {fix} "
-                                 "another --out")  # fmt: skip
+            was, now = _defining(old["options"]), _defining(opts)
+            if diff := sorted(k for k in {*now, *was} if now.get(k) != was.get(k)):
+                given = "; ".join(f"{k}: stored {was.get(k)!r}, given {now.get(k)!r}" for k in diff)
+                raise ValueError(f"--resume: the {name} options differ from those in "
+                                 f"{self.out / MANIFEST} ({given}); give the stored ones, or "
+                                 "choose another --out")  # fmt: skip
+            old["options"] = opts  # where it is and how many workers: this run's
         if old is not None and (self.overwrite or not self.resume):
             for path in [self.inside(run["file"]) for run in old["runs"]]:  # all checked first
                 path.unlink(missing_ok=True)
@@ -272,8 +284,8 @@ class RunStore:
         data = read_json(path) if path.exists() else None
         if not isinstance(data, dict):  # a damaged record is run again
             return None
-        options = self.manifest["sections"][section]["options"]
-        if data.get("key") != key or data.get("options") != options:
+        options = _defining(self.manifest["sections"][section]["options"])
+        if data.get("key") != key or _defining(data.get("options") or {}) != options:
             return None
         self._list(section, key, data.get("finished"))
         return data["record"]

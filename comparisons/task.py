@@ -220,7 +220,15 @@ def check_options(name: str, given: dict[str, Any]) -> None:
         RegistryError: (a ValueError and a TypeError) naming the option and
             listing the task's options with their defaults.
     """
-    TASKS.check_options(name, given)
+    takes = options(name)
+    TASKS.check_options(name, {k: v for k, v in given.items() if k not in takes})
+    for k, v in given.items():
+        try:
+            TASKS.check_options(name, {k: v})
+        except (TypeError, ValueError) as exc:  # the registry's "allowed: int" alone: add an e.g.
+            allowed = str(exc).rpartition("allowed: ")[2] or "see --help"
+            raise type(exc)(f"task {name!r}: option {k}={v!r} ({type(v).__name__}); allowed: "
+                            f"{allowed}, e.g. its default {k}={takes[k]!r}") from None  # fmt: skip
 
 
 def make(name: str, dtype: torch.dtype, device: torch.device, seed: int, **opts: Any) -> Task:

@@ -2,7 +2,8 @@
 
 Every file is written atomically (a temporary file in the same folder, then
 ``os.replace``), so an interrupted run never leaves half a file, and a
-symbolic link at the destination is replaced, never written through.
+symbolic link at the destination is replaced, never written through; it gets
+the permissions the umask gives a file ``open`` creates (0666 less the umask).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def write_text(path: str | pathlib.Path, text: str | bytes) -> pathlib.Path:
     data = text.encode() if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.umask(mask := os.umask(0o022))  # read by setting it back: there is no getter
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 is for secrets; results are shared
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
