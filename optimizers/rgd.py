@@ -68,8 +68,8 @@ class RGD(RiemannianOptimizer):
     The options of geoopt's `RiemannianSGD` are accepted with its meaning:
     `nesterov`, `dampening`, `weight_decay`, and `stabilize` as an alias of
     `repair_every`. Two differences, both deliberate: the first momentum
-    buffer is ξ as in torch's SGD (geoopt starts from μ·G + (1 − δ)ξ, the same
-    when δ = μ); weight decay is a no-op on Stiefel manifolds in both (the
+    buffer is ξ as in torch's SGD (geoopt starts from μ·G + (1 − δ)ξ, with the
+    Euclidean G); weight decay is a no-op on Stiefel manifolds in both (the
     Riemannian gradient of ½‖X‖² vanishes there, since ‖X‖² = M is constant).
 
     Args:
