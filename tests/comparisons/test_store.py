@@ -129,7 +129,7 @@ def test_sigkill_then_resume_takes_over_the_stale_lock(tmp_path):
     assert 1 <= len(done) < 4
     with pytest.raises(ValueError, match="already holds drift results .*--resume"):
         cli.main(["drift", "--out", str(out), "--seeds", "4", *RUN])
-    with pytest.raises(ValueError, match="options differ .* for steps"):
+    with pytest.raises(ValueError, match=r"options differ .*\(steps: stored \d+, given 9\)"):
         cli.main(["drift", "--out", str(out), "--resume", "--seeds", "4", *RUN, "--steps", "9"])
     cli.main(["drift", "--out", str(out), "--resume", "--seeds", "4", *RUN])
     after = _stamps(out)
