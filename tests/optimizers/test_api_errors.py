@@ -120,6 +120,19 @@ def test_a_manifold_weight_of_a_dtype_without_kernels_is_refused(name):
         optimizers.create(name, [w], lr=0.1)
 
 
+@pytest.mark.parametrize("name", rule_names())
+def test_a_zero_learning_rate_is_accepted_and_keeps_the_point(name):
+    # as torch's optimizers (a schedule may reach 0): the step only corrects rounding
+    man = Stiefel(12, 4)
+    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
+    x0 = w.detach().clone()
+    opt = optimizers.create(name, [w], lr=0.0)
+    for _ in range(3):
+        w.grad = torch.randn_like(w)
+        opt.step()
+    assert float((w.detach() - x0).abs().max()) < 100 * 12 * torch.finfo(torch.float64).eps
+
+
 def _off_manifold_cases():
     x = haar_np(RNG, 10, 3, False) + 0.02 * RNG.standard_normal((10, 3))
     v = RNG.standard_normal(5)

@@ -220,15 +220,3 @@ def test_bad_hyper_parameters(hyper, exc, match):
     w = geoopt.ManifoldParameter(Orthogonal(3).random(dtype=torch.float64), manifold=Orthogonal(3))
     with pytest.raises(exc, match=match):
         optimizers.create("manifold_muon", [w], **hyper)
-
-
-def test_a_zero_learning_rate_keeps_the_point():
-    # as torch's optimizers (a schedule may reach 0)
-    man = Stiefel(12, 4)
-    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
-    x0 = w.detach().clone()
-    opt = optimizers.create("manifold_muon", [w], lr=0.0)
-    for _ in range(3):
-        w.grad = torch.randn_like(w)
-        opt.step()
-    assert float((w.detach() - x0).abs().max()) < 100 * 12 * torch.finfo(torch.float64).eps

@@ -210,15 +210,3 @@ def test_a_scheduler_cycling_betas_on_an_sgd_group_is_refused_at_the_step():
     with pytest.raises(ValueError, match=r"betas=.*cycle_momentum.*base='sgd'"):
         opt.step()
     assert torch.equal(w.detach(), before)  # nothing written
-
-
-def test_a_zero_learning_rate_keeps_the_point():
-    # as torch's optimizers (a schedule may reach 0): the correction only removes drift
-    man = Orthogonal(6)
-    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
-    x0 = w.detach().clone()
-    opt = optimizers.create("pogo", [w], lr=0.0)
-    for _ in range(3):
-        w.grad = torch.randn_like(w)
-        opt.step()
-    assert float((w.detach() - x0).abs().max()) < 100 * 6 * torch.finfo(torch.float64).eps
