@@ -151,10 +151,15 @@ POLAR_EXPRESS_COEFFICIENTS = tuple(
 # once: it is sharpened too. ‖W‖₂ ≤ 1.05 in h's steps: the Gram engine needs no restart
 # in them, and costs 6–8 more M×M products (no N×M one, no all-reduce); the direct
 # engine (N ≤ 1.5M, O(n)) two more steps.
-# Muon's quintic ends in [0.7, 1.2], where h is no sign (h(1.2) ≈ 0.6): not sharpened.
-SHARPEN = (0.0, 2.5, -1.5)
-SHARPEN_STEPS = 2
+# Muon's quintic ends in [0.7, 1.2], where h is no sign (h(1.2) ≈ 0.6), and so may a
+# method run for fewer than its default steps (above √(5/3) h turns negative and grows
+# as s⁵: Polar Express at 3 steps gave 2e6; its slope at 0 is smaller): not sharpened.
+SHARPEN, SHARPEN_STEPS = (0.0, 2.5, -1.5), 2
 SHARPENED_METHODS = ("newton_schulz_cubic", "polar_express")
+
+
+def _sharpened(method: str, steps: int) -> bool:  # Note [A dead zone for the dual descent]
+    return method in SHARPENED_METHODS and steps >= MSIGN_DEFAULT_STEPS[method]
 
 
 def _check(method: str, steps: int | None) -> int:
@@ -260,8 +265,7 @@ def msign(
 
 
 def _msign(g, method: str, steps: int, engine: str, group, sharpen: bool) -> torch.Tensor:
-    # msign, with the dead zone of the dual descent when ``sharpen`` (Note [A dead zone
-    # for the dual descent])
+    # msign, with the dead zone of the descent if ``sharpen`` (Note [A dead zone ...])
     choice("engine", engine, ENGINES)
     if not isinstance(g, torch.Tensor) or not (g.is_floating_point() or g.is_complex()):
         raise TypeError(f"msign needs a floating or complex tensor, got {type(g).__name__}")
@@ -323,7 +327,7 @@ def msign_flops(
     big, small = max(n, m), min(n, m)
     if method == "svd":
         return float(4 * big * small**2 + 8 * small**3 + 2 * big * small**2)
-    tail = SHARPEN_STEPS if sharpen and method in SHARPENED_METHODS else 0
+    tail = SHARPEN_STEPS if sharpen and _sharpened(method, steps) else 0
     engine = _engine(engine, method, steps + tail, big, small, False, tail)
     return engine_flops(big, small, steps + tail, method != "newton_schulz_cubic", engine, tail)
 
@@ -405,9 +409,8 @@ def spectral_direction(
     # then read their operands in one order
     z = product_on(g, x, lam)
     t = dual_step * _frobenius(z, group) / m**0.5
-    # the sign inside the descent has a dead zone (Note [A dead zone for the dual descent])
     sign = dict(method=method, steps=_check(method, steps), engine="auto", group=group)
-    sign["sharpen"] = method in SHARPENED_METHODS
+    sign["sharpen"] = _sharpened(method, sign["steps"])  # Note [A dead zone for the ...]
     phi = _msign(z, **sign)
     c = sym(gram(x, phi, group))
     if square:  # O(n), U(n): Φ(Λ₀) is optimal (Note [Dual of ...])

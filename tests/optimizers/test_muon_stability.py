@@ -100,3 +100,20 @@ def test_manifold_muon_step_is_the_exact_msign_step(n, m, one_thread):
     tol = 0.05 * 100 * eps * SLOPE
     assert _max(default - step(g * (1 + 1e-15))) <= tol
     assert _max(default - step(g, msign="svd")) <= tol
+
+
+@pytest.mark.parametrize("steps", [2, 3, 4])
+def test_fewer_steps_than_the_default_take_no_dead_zone(steps):
+    # Polar Express stopped early ends with singular values above √(5/3), where the
+    # dead zone's polynomial turns negative and grows as s⁵: the descent would follow a
+    # direction of up to 2e6 in spectral norm (aligned with G at 0.03–0.13 of the
+    # exact one); without the dead zone it is the plain early-stopped sign's
+    from stiefel.manifolds.kernels.msign import spectral_direction
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.linalg.qr(torch.randn(64, 16, dtype=torch.float64, generator=gen))[0]
+    g = torch.randn(64, 16, dtype=torch.float64, generator=gen)
+    exact = spectral_direction(x, g, 10, "svd", None, 1.0)
+    phi = spectral_direction(x, g, 10, "polar_express", steps, 1.0)
+    assert float((phi * g).sum() / (exact * g).sum()) > 0.25
+    assert float(torch.linalg.matrix_norm(phi, 2)) <= 1 + 1e-12
