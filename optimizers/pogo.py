@@ -119,19 +119,30 @@ def pogo_step(
     return polar_step(mid, lam, torch.where(inside, e, math.nan))
 
 
-def unused_options(group: dict) -> list[str]:
-    """The options of a group set away from their defaults that its base does not use."""
+def unused_options(group: dict, inherited: dict | None = None) -> list[str]:
+    """The options of a group its base does not use, set away from what it would hold.
+
+    Args:
+        group: the param group (merged with the optimizer's defaults).
+        inherited: the optimizer's defaults, which a group of another base inherits
+            without setting them; None compares the defaults themselves with the
+            signature's (`BASE_OPTIONS`).
+    """
+
+    def value(v):
+        return tuple(v) if isinstance(v, list) else v
+
     return [
         f"{key}={group[key]!r}"
         for base, options in BASE_OPTIONS.items()
         if base != group["base"]
         for key, default in options.items()
-        if (tuple(group[key]) if key == "betas" else group[key]) != default
+        if value(group[key]) != value(default if inherited is None else inherited[key])
     ]
 
 
-def _refuse_unused(group: dict, when: str) -> None:
-    unused = unused_options(group)
+def _refuse_unused(group: dict, inherited: dict | None, when: str) -> None:
+    unused = unused_options(group, inherited)
     if unused:
         raise ValueError(
             f"pogo: {', '.join(unused)} {when} a param group with base={group['base']!r}, "
@@ -280,7 +291,7 @@ class POGO(RiemannianOptimizer):
         check_number("eps", group["eps"], low_open=True)
         check_number("weight_decay", group["weight_decay"])
         check_number("lam", group["lam"], high=1.0, closed_high=True)
-        _refuse_unused(group, "given to")
+        _refuse_unused(group, None if defaults else self.defaults, "given to")
 
     def implied_manifold(self, p: torch.Tensor) -> tuple[geoopt.Manifold, bool] | None:
         """A plain matrix is a point of St (pogo-torch's rows: wide and square ones transposed)."""
@@ -347,7 +358,7 @@ class POGO(RiemannianOptimizer):
     ) -> torch.Tensor:
         g = terms.weight_decay(grad, x, group["weight_decay"])  # pogo-torch's add(alpha=wd)
         lr = group["lr"]
-        _refuse_unused(group, "set (e.g. by a scheduler's cycle_momentum) on")
+        _refuse_unused(group, self.defaults, "set (e.g. by a scheduler's cycle_momentum) on")
         if group["base"] == "sgd":
             g = self._sgd(g, state, group)
         else:

@@ -210,3 +210,26 @@ def test_a_scheduler_cycling_betas_on_an_sgd_group_is_refused_at_the_step():
     with pytest.raises(ValueError, match=r"betas=.*cycle_momentum.*base='sgd'"):
         opt.step()
     assert torch.equal(w.detach(), before)  # nothing written
+
+
+def test_groups_of_two_bases_inherit_the_other_bases_options_unrefused():
+    # a group of the other base inherits the constructor's options of the first (merged
+    # defaults): only what the group sets itself, or a scheduler changes, is refused
+    man = Orthogonal(4)
+    a, b = (
+        geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man) for _ in range(2)
+    )
+    opt = optimizers.create(
+        "pogo",
+        [{"params": [a]}, {"params": [b], "base": "adam"}],
+        lr=0.1,
+        base="sgd",
+        momentum=0.9,
+    )
+    for w in (a, b):
+        w.grad = torch.randn_like(w)
+    opt.step()
+    with pytest.raises(ValueError, match=r"momentum=0\.5 given to a param group with base='adam'"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(4, 4))], "base": "adam",
+                             "momentum": 0.5})  # fmt: skip
+    assert len(opt.param_groups) == 2
