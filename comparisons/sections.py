@@ -72,7 +72,8 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         "optimum is above a declared fraction of its first (`Task.converged_fraction`), or, "
         "with no optimum, its final loss is above the baseline or a held-out accuracy at "
         "chance, or it ended *off the manifold*: its final ‖XᴴX − I‖_F above 100·n·eps of its "
-        "dtype (the tolerance of `check_point_on_manifold`), or its loss below the optimum. A "
+        "dtype (the tolerance of `check_point_on_manifold`; 1e-3 at least for an optimizer that "
+        "stays near it, landing, pogo), or its loss below the optimum. A "
         "gap within rounding of the optimum (10·n·eps·|optimum|, above or below) is 0.\n",
         _setup_text(opts, runs) + _skipped_text(skipped),
     ]
@@ -139,7 +140,7 @@ def _off(runs: list[dict]) -> str:
             f"seed {r['seed']}: {r['off_manifold']}"
         )
     say = "; ".join(f"{k} ({', '.join(v)})" for k, v in said.items())
-    return f"\nEnded off the manifold (100·n·eps), not converged: {say}.\n" if said else ""
+    return f"\nEnded off the manifold, not converged: {say}.\n" if said else ""
 
 
 def _rose(runs: list[dict]) -> str:
