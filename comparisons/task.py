@@ -226,7 +226,7 @@ def check_options(name: str, given: dict[str, Any]) -> None:
         try:
             TASKS.check_options(name, {k: v})
         except (TypeError, ValueError) as exc:  # the registry's "allowed: int" alone: add an e.g.
-            allowed = str(exc).rpartition("allowed: ")[2] or "see --help"
+            allowed = (str(exc).split("allowed: ", 1)[1:] or ["see --help"])[0]
             raise type(exc)(f"task {name!r}: option {k}={v!r} ({type(v).__name__}); allowed: "
                             f"{allowed}, e.g. its default {k}={takes[k]!r}") from None  # fmt: skip
 

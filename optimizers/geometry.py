@@ -164,9 +164,9 @@ class Binding:
                         raise
                     raise ValueError(
                         f"{err} (the point is the transpose of the {tuple(param.shape)} "
-                        "parameter: its rows are its columns); allowed: a param group "
-                        "manifold= of its own shape (Orthogonal(n) for a square matrix), or "
-                        "geoopt.Euclidean() to keep a plain matrix free"
+                        "parameter: its rows are its columns); allowed: for a square matrix "
+                        "a param group manifold=Orthogonal(n), which keeps its rows; for any, "
+                        "manifold=geoopt.Euclidean() to keep it free"
                     ) from err
             else:
                 self.like = None  # DTensor propagation through the manifold's own operations

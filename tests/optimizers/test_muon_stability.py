@@ -83,7 +83,7 @@ def test_square_direction_is_insensitive_to_rounding(n, dtype, one_thread):
 
 @pytest.mark.parametrize(("n", "m"), [(12, 6), (16, 4)])
 def test_manifold_muon_step_is_the_exact_msign_step(n, m, one_thread):
-    # the trial's case: St(12, 6), float64, one default step of lr 0.05
+    # a rank-deficient least-squares gradient: St(12, 6), float64, one default step of lr 0.05
     st = Stiefel(n, m)
     x, g = _regression(n, m, 0)
     eps = torch.finfo(torch.float64).eps
