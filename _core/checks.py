@@ -26,6 +26,8 @@ import torch
 
 REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 COMPLEX_DTYPES = (torch.complex64, torch.complex128)
+#: every dtype the kernels run in (complex32 and the float8 types have no kernels)
+DTYPES = REAL_DTYPES + COMPLEX_DTYPES
 #: the dtypes computed in float32 and returned in their own (Note [Low precision in float32])
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -170,7 +172,7 @@ def matrix(name: str, x: object, n: int, m: int, is_complex: bool, manifold: str
     x = tensor(name, x)
     allowed = COMPLEX_DTYPES if is_complex else REAL_DTYPES
     if x.dtype not in allowed:
-        if x.dtype in COMPLEX_DTYPES or x.dtype in REAL_DTYPES:
+        if x.dtype in DTYPES:
             kind = "complex" if x.is_complex() else "real"
             raise TypeError(
                 f"{name} is {kind} ({x.dtype}) but {manifold} is "

@@ -5,10 +5,10 @@ For each n (default 256, 512, 1024) and dtype (float32: O(n); complex64: U(n)):
 
 - **optimizer step**: ``opt.step()`` on a fixed random gradient (unit normal
   entries, ``--lr``, default 1e-3: a step of ‖lr·G‖_F ≈ lr·n), the median
-  over interleaved rounds of the mean of ``CHECK_EVERY`` consecutive steps
+  over interleaved rounds of the mean of ``MAX_PERIOD`` consecutive steps
   (each round steps every optimizer that many times, so a slow phase of the
   machine hits all of them, and our steps' drift corrections, one in
-  ``correction_period(n)`` (a divisor of ``CHECK_EVERY``), are counted at their share):
+  ``correction_period(n)`` (a divisor of ``MAX_PERIOD``), are counted at their share):
   ours, ``rgd`` with metric euclidean / canonical × retraction qr / cayley on
   `Orthogonal` / `Unitary` (our steps include the finiteness and off-manifold
   tests of every step); geoopt's ``RiemannianSGD`` on ``EuclideanStiefel``
@@ -106,7 +106,7 @@ def _kernels(lr: float) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torc
 
         return call
 
-    every = kernels.frame.CHECK_EVERY
+    every = kernels.frame.MAX_PERIOD
     return {
         f"our qr kernel (wide XᴴX every {every}th call)": ours(kernels.qr_gradient_step),
         f"our cayley kernel (wide XᴴX every {every}th call)": ours(kernels.cayley_gradient_step),
@@ -124,7 +124,7 @@ def _interleaved(calls: dict[str, Callable[[], object]], rounds: int, block: int
 
     Each round runs every call ``block`` times in a row and records the mean: our
     steps correct the drift (and form the wide XᴴX) at one step in
-    `correction_period`(n), a divisor of `CHECK_EVERY`, so a median over single steps
+    `correction_period`(n), a divisor of `MAX_PERIOD`, so a median over single steps
     would report the cheap steps only. `_timing.interleaved` rotates the order from
     round to round.
     """
@@ -176,7 +176,7 @@ def run(
     opts = _optimizers(x0, lr)
     for p, _ in opts.values():
         p.grad = g.clone()
-    block = kernels.frame.CHECK_EVERY
+    block = kernels.frame.MAX_PERIOD
     step = _interleaved({k: o.step for k, (_, o) in opts.items()}, rounds, block)
     calls = {k: (lambda f=f: f(x0, g)) for k, f in _kernels(lr).items()}
     kern = _interleaved(calls, rounds, block)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(
         [
             f"lr = {args.lr}, gradient entries N(0, 1), {rounds} interleaved rounds of "
-            f"{kernels.frame.CHECK_EVERY} steps, "
+            f"{kernels.frame.MAX_PERIOD} steps, "
             f"{torch.get_num_threads()} threads",
             "",
             report(results, steps),

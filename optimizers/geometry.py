@@ -263,11 +263,10 @@ def check_kind(where: str, p: torch.Tensor, man, owner: str) -> None:
             a dtype without kernels, complex32 or float8, is refused on any manifold).
         owner: the optimizer's class name.
     """
-    supported = _checks.REAL_DTYPES + _checks.COMPLEX_DTYPES
-    if man is not None and p.dtype not in supported:  # complex32, float8: no kernels
+    if man is not None and p.dtype not in _checks.DTYPES:  # complex32, float8: no kernels
         raise TypeError(
             f"{where} has dtype {p.dtype}; allowed on a manifold: "
-            f"{', '.join(str(d) for d in supported)}"
+            f"{', '.join(str(d) for d in _checks.DTYPES)}"
         )
     cplx = getattr(man, "complex", None)
     if not isinstance(cplx, bool) or p.is_complex() == cplx:

@@ -42,7 +42,7 @@ __all__ = [
     "in_place",
     "D_MAX",
     "E_MAX",
-    "CHECK_EVERY",
+    "MAX_PERIOD",
     "correction_period",
     "correction_flops",
     "UNCORRECTED",
@@ -105,7 +105,7 @@ __all__ = [
 # So the ratio about doubles with k (on a smooth trajectory consecutive steps
 # round alike, and the growth between corrections is faster than the √k of a
 # random walk, which noisy gradients show) and falls by a third when n doubles:
-# the same margin needs k ∝ n^0.6. The period is √n/2 as a power of two between 1 and `CHECK_EVERY`:
+# the same margin needs k ∝ n^0.6. The period is √n/2 as a power of two between 1 and `MAX_PERIOD`:
 # 4 at n = 64 and 128, 8 from n = 256 (0.72× predicted there, and below for a
 # larger n); single points, which have stopped moving at step 1000, stay 2.5–5×
 # below pogo-torch at k = 8 for n = 64 … 512. From n = 256 on, k = 8 forms the
@@ -146,15 +146,15 @@ __all__ = [
 # corrections: 1.05–1.55× the float32 Gram at every step, both near 2√M·eps.
 D_MAX = 0.5
 E_MAX = 1.0
-CHECK_EVERY = 8
+MAX_PERIOD = 8  # the longest correction_period (Note [The correction period grows with n])
 
 
 def correction_period(n: int) -> int:
     """Steps between two drift corrections of a point with n columns (O(n), or St(N, n)
     by Note [Tall steps correct every k-th step]): √n/2 as a power of two in
-    [1, `CHECK_EVERY`] (Note [The correction period grows with n])."""
+    [1, `MAX_PERIOD`] (Note [The correction period grows with n])."""
     k = 1
-    while 2 * k <= CHECK_EVERY and 16 * k * k <= n:  # 2k ≤ √n/2
+    while 2 * k <= MAX_PERIOD and 16 * k * k <= n:  # 2k ≤ √n/2
         k *= 2
     return k
 

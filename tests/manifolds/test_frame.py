@@ -390,7 +390,7 @@ def test_correction_period_is_half_root_n_as_a_power_of_two_up_to_check_every():
     expected = {1: 1, 15: 1, 16: 2, 63: 2, 64: 4, 128: 4, 255: 4, 256: 8, 4096: 8}
     for n, k in expected.items():
         assert frame.correction_period(n) == k
-        assert frame.CHECK_EVERY % k == 0
+        assert frame.MAX_PERIOD % k == 0
 
 
 @pytest.mark.parametrize("far", [0.3, 0.6, 3.0])

@@ -151,15 +151,15 @@ def test_points_are_tested_on_schedule_and_after_every_outside_edit(
     # without a step count (the first step, a point just projected) a tall point's
     # Gram is formed in its own dtype, a square point's in float64
     uncounted = 1 if rows == m else 0
-    for _ in range(2 * frame.CHECK_EVERY):
+    for _ in range(2 * frame.MAX_PERIOD):
         assert _step(opt, w, torch.randn(rows, m, generator=gen)) == []
-    assert len(calls) == 2 * frame.CHECK_EVERY // k - 1 + uncounted
+    assert len(calls) == 2 * frame.MAX_PERIOD // k - 1 + uncounted
     with torch.no_grad():
         w.mul_(3)  # an in-place edit: the version counter moves
     messages = _step(opt, w, torch.randn(rows, m, generator=gen))
     assert any("off its manifold" in m for m in messages)
     # the test, then the projected point's
-    assert len(calls) == 2 * frame.CHECK_EVERY // k + 2 * uncounted
+    assert len(calls) == 2 * frame.MAX_PERIOD // k + 2 * uncounted
     assert float(man.orthogonality_error(w.detach())) < 1e-5
 
 
@@ -181,7 +181,7 @@ def test_square_point_edited_through_data_is_projected_at_the_next_correcting_st
     w.data.mul_(2)  # ‖XᴴX − I‖_F = 3√n
     far = float(man.orthogonality_error(w.detach()))
     warned = []
-    for step in range(1, frame.CHECK_EVERY + 1):  # the steps done before this one
+    for step in range(1, frame.MAX_PERIOD + 1):  # the steps done before this one
         messages = _step(opt, w, torch.randn(n, n, dtype=torch.float64, generator=gen))
         if any("off its manifold" in m for m in messages):
             warned.append(step)
