@@ -199,7 +199,7 @@ def _main(args: argparse.Namespace) -> int:
     trust = args.trust_config
     opts = {s: config.resolve(s, flags, args.config, quick, trust) for s in names}  # checks first
     for s in (s for s in names if "tasks" in opts[s]):  # built once before any section trains
-        plan(opts[s])
+        plan(opts[s], build=True)
     only = {k: flags.get(k) for k in ("out", "imports")}
     out = config.resolve("report", only, args.config, trust=trust)["out"]
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -22,11 +22,14 @@ from .writers import Progress
 __all__ = ["plan", "run_grid"]
 
 
-def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
+def plan(opts: dict[str, Any], build: bool = False) -> tuple[list[RunConfig], list[str]]:
     """The runs of ``opts`` and the combinations that cannot run (with the reason); ValueError
-    for an unknown name, a bad task option, or a task no strategy can run on."""
+    for an unknown name, a bad task option, or a task no strategy can run on. ``build`` (the
+    CLI, once before any section trains) also builds each map and optimizer (`check_optimizer`)."""
     strategies = [parse_strategy(s) for s in opts["strategies"]]
-    check_optimizer(parse("none+" + opts["others"]), None)  # the other weights' optimizer
+    others = parse("none+" + opts["others"])  # the optimizer of the other weights parses
+    if build:
+        check_optimizer(others, None)
     jobs, skipped = [], []
     shared = {k: opts.get(k) for k in ("steps", "device", "record_every", "others", "lr")}
     for task in opts["tasks"]:
@@ -39,11 +42,12 @@ def plan(opts: dict[str, Any]) -> tuple[list[RunConfig], list[str]]:
             if reason is None:
                 try:
                     instance.check_method(s.method, s.method_options)
-                    if s.method not in cls.extra_methods:  # a map's options: built once
+                    if build and s.method not in cls.extra_methods:
                         instance.build(s.method, s.method_options)
                 except (TypeError, ValueError) as exc:
                     raise type(exc)(f"strategy {s.name!r} on task {task!r}: {exc}") from exc
-                check_optimizer(s, shared["lr"] or task_lr(task, s.optimizer))
+                if build:
+                    check_optimizer(s, shared["lr"] or task_lr(task, s.optimizer))
                 runnable.append(s)
             else:
                 skipped.append(f"{s.name} on {task}: {reason}")

@@ -97,7 +97,7 @@ def test_a_bad_strategy_of_a_later_section_fails_before_any_training(tmp_path, s
 def test_a_bad_option_of_the_other_weights_optimizer_is_named(tmp_path):
     opts = config.resolve("convergence", {"tasks": ["copying"], "others": "adam(betas=2)"})
     with pytest.raises(TypeError, match=re.escape("betas=2 (int) is refused")):
-        plan(opts)
+        plan(opts, build=True)
 
 
 def test_a_task_option_of_the_wrong_type_says_what_is_allowed(tmp_path):
