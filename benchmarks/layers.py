@@ -225,7 +225,7 @@ def timing(
     n: int,
     stride: int,
     batch: int,
-    rounds: int,
+    count: int,
     clock: Callable,
     device=None,
     compiled: bool = False,
@@ -257,8 +257,8 @@ def timing(
             absent[name] = f"failed: {type(err).__name__}: {err}"
             continue
         calls[name] = call
-    timed = interleaved(calls, rounds, clock)
-    return {k: timed[k] if k in timed else absent[k] for k in layers}
+    medians = interleaved(calls, count, clock)
+    return {k: medians[k] if k in medians else absent[k] for k in layers}
 
 
 def main(argv: list[str] | None = None) -> None:
