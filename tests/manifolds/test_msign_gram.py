@@ -145,3 +145,33 @@ def test_bad_engine():
     with pytest.raises(ValueError, match="engine='qr'"):
         msign_flops(5, 3, engine="qr")
     assert MSIGN_ENGINES == ("auto", "direct", "gram")
+
+
+def _ops(fn) -> int:
+    from stiefel.benchmarks.launch import StepCounter  # a dispatch mode, written once
+
+    with StepCounter() as count:
+        fn()
+    return count.ops
+
+
+@pytest.mark.parametrize("quintic", [True, False])
+def test_a_gram_step_between_restarts_is_four_ops(quintic):
+    # Note [The identity term as a scale]: V, Q ← aQ + QV, RW = aR + RV, W(RW) = a(RW) + V(RW)
+    # (a cubic's V is a scaling, not a product); the 8th step is one between restarts and
+    # makes the 7th (the first after a restart, W formed whole) update R: 2 + 2 ops
+    x = torch.randn(3, 40, 8, dtype=torch.float64)
+    coefficient = (1.875, -1.25, 0.375) if quintic else (1.5, -0.5, 0.0)
+    seven = _ops(lambda: iterate(x, [coefficient] * 7, 1.0, "gram"))
+    eight = _ops(lambda: iterate(x, [coefficient] * 8, 1.0, "gram"))
+    assert eight - seven == 4, (seven, eight)
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (300, 64), (64, 300), (3, 96, 24)])
+def test_the_direct_engine_keeps_a_well_conditioned_float32_sign_within_a_few_ulps(shape):
+    # Note [The identity term as a scale]: the direct engine forms W = aI + V whole; aX + XV
+    # rounds at |a| + |b + c| near convergence and was about 4x less accurate here
+    *batch, n, m = shape
+    g = _spectrum(n, m, 1.0, torch.float64, tuple(batch))
+    q = msign(g.float(), "polar_express", engine="direct")
+    assert _error(q, g) < 8 * torch.finfo(torch.float32).eps
