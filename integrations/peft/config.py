@@ -165,6 +165,15 @@ def _accept_map_options(init):
                 )
         merged = {} if options is None else options
         if isinstance(merged, dict):
+            both = sorted(k for k in extra if k in merged and merged[k] != extra[k])
+            if both:
+                shown = ", ".join(
+                    f"{k}={extra[k]!r} and options[{k!r}]={merged[k]!r}" for k in both
+                )
+                raise ValueError(
+                    f"StiefelConfig got {shown}: two values for one option; allowed: one of "
+                    "them (the keyword or the options entry), or the same value in both"
+                )
             merged = {**merged, **extra}
         init(self, *args, options=merged, **kwargs)
 

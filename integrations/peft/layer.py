@@ -24,10 +24,23 @@ W·Q_a·Q_b, so a merge that would write another product (``names`` in
 another order, or added after merged adapters in another order) is refused
 before W is touched rather than making the merged model differ silently
 from the unmerged one; adapters that are not active may be merged anywhere.
+
+Note [Q keeps its precision]
+Q is computed in float32 (float64 or complex when W has that dtype,
+`build_rotation`). Two standard recipes would lower it silently or break
+it: ``torch.autocast(dtype=bfloat16)`` runs the map's products in bfloat16
+(max |QᵀQ − I| about 3e-3, measured, where float32 gives 1e-6), and a
+model-wide ``model.to(torch.bfloat16)`` (or ``.half()``, ``.double()``) after
+``get_peft_model`` cast Q's parameters while the layer still computed in the
+dtype it was built with (a dtype-mismatch error). So Q's operator runs with
+autocast off, and a cast of the whole model applies to Q the rule of
+`build_rotation`: float64 and complex dtypes are taken, anything narrower
+leaves Q in float32 (only the device follows).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +62,18 @@ class Geometry:
 
     in_features: int
     out_features: int
-    axis: int  # feature axis of the input and output: -1 (linear) or 1 (convolution)
+    axis: int  # feature axis of a batched input and output: -1 (linear) or 1 (convolution)
     stored_transposed: bool  # weight stored (in, out): transformers' Conv1D
+    spatial: int = 0  # spatial dims of a convolution (Conv1d: 1, Conv2d: 2)
 
     def features(self, side: str) -> int:
         return self.in_features if side == "input" else self.out_features
+
+    def feature_axis(self, x: torch.Tensor) -> int:
+        """The feature axis of x: 1 for a batched convolution input, 0 for an unbatched one."""
+        if self.axis == -1:
+            return -1
+        return 0 if x.dim() == self.spatial + 1 else 1
 
 
 def _conv1d_hf() -> type | None:
@@ -78,7 +98,8 @@ def geometry(base: nn.Module, where: str) -> Geometry:
                 f"target_modules: {where} is a {type(base).__name__} with groups={base.groups}; "
                 f"W·Q mixes every channel; allowed: {ALLOWED_LAYERS}"
             )
-        return Geometry(base.in_channels, base.out_channels, 1, False)
+        spatial = 1 if isinstance(base, nn.Conv1d) else 2
+        return Geometry(base.in_channels, base.out_channels, 1, False, spatial)
     raise ValueError(
         f"target_modules: {where} is a {type(base).__module__}.{type(base).__name__}, which "
         f"the 'stiefel' method cannot serve; allowed: {ALLOWED_LAYERS}"
@@ -95,8 +116,7 @@ def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation
 
     Q is computed in float32, or in W's dtype when that is float64 or complex.
     """
-    wide = (torch.float64, torch.complex64, torch.complex128)
-    dtype = weight.dtype if weight.dtype in wide else torch.float32
+    dtype = q_dtype(weight.dtype)
     device = weight.device if weight.device.type != "meta" else None
     rot = Rotation(
         features,
@@ -115,12 +135,56 @@ def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation
     return rot
 
 
+def _full_precision(x: torch.Tensor):
+    """Autocast off on x's device (Note [Q keeps its precision])."""
+    device = x.device.type
+    if device == "meta" or not torch.is_autocast_enabled(device):
+        return contextlib.nullcontext()
+    return torch.autocast(device, enabled=False)
+
+
 def _along(x: torch.Tensor, axis: int, rot: Rotation) -> torch.Tensor:
     """x with its features (``axis``) mapped by Q (x ↦ Q x), computed in Q's dtype."""
-    op = rot.operator()
-    z = x.movedim(axis, -1) if axis != -1 else x
-    z = op(z.to(rot.dtype)).to(x.dtype)
+    with _full_precision(x):
+        op = rot.operator()
+        z = x.movedim(axis, -1) if axis != -1 else x
+        if z.is_complex() and not rot.dtype.is_complex:
+            # a real Q (a model cast to complex keeps it real, `_keeping_precision`) maps
+            # the real and the imaginary part alike: Q(a + ib) = Qa + iQb
+            parts = torch.view_as_real(z).movedim(-1, 0)
+            parts = op(parts.to(rot.dtype)).to(parts.dtype).movedim(0, -1)
+            z = torch.view_as_complex(parts.contiguous())
+        else:
+            z = op(z.to(rot.dtype)).to(x.dtype)
     return z.movedim(-1, axis) if axis != -1 else z
+
+
+def q_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype Q is computed in for a weight of ``dtype`` (at least float32)."""
+    wide = (torch.float64, torch.complex64, torch.complex128)
+    return dtype if dtype in wide else torch.float32
+
+
+def _keeping_precision(fn: Any, tensors: set[int]) -> Any:
+    """``fn`` of ``Module._apply``, with Q's tensors cast by the rule of `q_dtype` only.
+
+    Note [Q keeps its precision]: a cast to a narrower dtype moves the tensor
+    (the device of ``fn``'s result) and keeps its values, bit for bit.
+    """
+
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        out = fn(t)
+        if id(t) not in tensors or out.dtype == t.dtype:
+            return out
+        if not (out.is_floating_point() or out.is_complex()):
+            return out
+        if out.is_complex() != t.is_complex():
+            want = t.dtype  # a real Q stays real, a complex one complex
+        else:
+            want = q_dtype(out.dtype)
+        return out if want == out.dtype else t.to(device=out.device, dtype=want)
+
+    return apply
 
 
 def check_merge_order(active: list[str], merged: list[str], names: list[str]) -> None:
@@ -193,6 +257,21 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         if adapter_name in self.stiefel_R and target.type != "meta":
             self.stiefel_R[adapter_name].to(target)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> StiefelLayer:
+        """``Module._apply`` (``.to``, ``.half()``, ``.cuda()``, …), Q keeping its precision.
+
+        Note [Q keeps its precision].
+        """
+        tensors = {id(t) for t in self.stiefel_R.parameters()}
+        tensors |= {id(t) for t in self.stiefel_R.buffers()}
+        tensors |= {id(p.grad) for p in self.stiefel_R.parameters() if p.grad is not None}
+        super()._apply(_keeping_precision(fn, tensors), recurse)
+        for rot in self.stiefel_R.values():
+            first = next(iter(rot.parameters()), None)
+            if first is not None:
+                rot.dtype = first.dtype
+        return self
+
     # ------------------------------------------------------------------ forward
     def _active(self) -> list[str]:
         return [a for a in self.active_adapters if a in self.stiefel_R]
@@ -205,7 +284,7 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         if self.merged:
             return self.base_layer(x, *args, **kwargs)
         active = self._active()
-        axis = self.geometry.axis
+        axis = self.geometry.feature_axis(x)
         for a in reversed(active):  # Note [Several adapters, in PEFT's order]
             if self.stiefel_side[a] == "input":
                 x = _along(x, axis, self.stiefel_R[a])
@@ -213,7 +292,7 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         outputs = [a for a in active if self.stiefel_side[a] == "output"]
         if outputs:
             b = self.get_base_layer().bias
-            shape = (-1,) + (1,) * (y.dim() - 2) if axis == 1 else (-1,)
+            shape = (-1,) + (1,) * (y.dim() - 1 - axis) if axis != -1 else (-1,)
             b = b.view(shape) if isinstance(b, torch.Tensor) else None
             z = y if b is None else y - b
             for a in outputs:
@@ -223,11 +302,13 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
 
     # ------------------------------------------------------------------ merging
     def _product(self, w: torch.Tensor, adapter: str, inverse: bool) -> torch.Tensor:
-        """W·Q or Q·W (inverse: W·Qᵀ or Qᵀ·W) in Q's dtype, for W as the layer stores it."""
+        """W·Q or Q·W (inverse: W·Qᵀ or Qᵀ·W), W as stored, in Q's dtype (complex for complex W)."""
         rot = self.stiefel_R[adapter]
         q = rot.matrix()
         q = q.mT.conj() if inverse else q
-        canon = w.to(q.dtype)
+        # Q's dtype, or complex for a complex W and a real Q (a model cast to complex)
+        dtype = torch.promote_types(q.dtype, w.dtype)
+        q, canon = q.to(dtype), w.to(dtype)
         canon = canon.mT if self.geometry.stored_transposed else canon  # (out, in, …)
         if self.stiefel_side[adapter] == "input":
             new = torch.einsum("oi...,ij->oj...", canon, q)

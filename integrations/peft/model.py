@@ -3,7 +3,9 @@ r"""``StiefelModel``: the PEFT tuner of the ``"stiefel"`` method.
 Note [Checks before any change]
 PEFT replaces the targeted layers one by one. Everything that can fail for
 one layer (its type, blocks dividing its features, the butterfly fitting the
-blocks) is checked for every target in ``_prepare_model``, which PEFT calls
+blocks, the map's options fitting a block, e.g. ``reflections`` at most its
+size: a Q of each size is built on the meta device, which checks them and
+allocates nothing) is checked for every target in ``_prepare_model``, which PEFT calls
 before the first replacement; loading checks the checkpoint's shapes against
 the adapter it is loaded into before a tensor is copied, and on a mismatch
 removes the adapter just added, so a failed load leaves the model as it was.
@@ -38,7 +40,7 @@ from peft.utils import TRANSFORMERS_MODELS_TO_OFT_TARGET_MODULES_MAPPING
 from torch import nn
 
 from ...parametrizations import Rotation
-from .layer import StiefelLayer, check_features, geometry
+from .layer import StiefelLayer, check_features, geometry, q_dtype
 
 ATTRIBUTE = "stiefel_R"
 TAG = "map"  # Note [The map is saved with its tensors]
@@ -58,6 +60,7 @@ class StiefelModel(BaseTuner):
     def _prepare_model(self, peft_config: Any, model: nn.Module) -> None:
         """Check every target before PEFT replaces the first (Note [Checks before any change])."""
         tuners = [k + "." for k, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+        built: set[int] = set()
         for key, module in model.named_modules():
             if not key or any(key.startswith(t) for t in tuners):
                 continue  # inside an adapter layer: PEFT skips these too
@@ -67,7 +70,11 @@ class StiefelModel(BaseTuner):
                 continue  # another method's layer: PEFT's own rules apply
             base = module.get_base_layer() if isinstance(module, BaseTunerLayer) else module
             shape = geometry(base, key)
-            check_features(shape.features(peft_config.side), peft_config, key)
+            features = shape.features(peft_config.side)
+            check_features(features, peft_config, key)
+            if features not in built:
+                built.add(features)
+                _check_options(features, peft_config, base.weight.dtype, key)
 
     def _create_and_replace(
         self,
@@ -173,6 +180,31 @@ class StiefelModel(BaseTuner):
                 "allowed: a folder saved from a model with the same targeted layer sizes"
             )
         return remapped
+
+
+def _check_options(features: int, config: Any, dtype: torch.dtype, where: str) -> None:
+    """The map's options fit a Q of ``features`` (Note [Checks before any change]).
+
+    Raises:
+        ValueError, TypeError: the map's own error, with the layer and its features named.
+    """
+    try:
+        Rotation(
+            features,
+            config.method,
+            config.blocks,
+            config.butterfly,
+            q_dtype(dtype),
+            torch.device("meta"),
+            config.options,
+            free=True,
+        )
+    except (ValueError, TypeError) as err:
+        cls = ValueError if isinstance(err, ValueError) else TypeError
+        raise cls(
+            f"{err} (target_modules: {where}, {features} {config.side} features, "
+            f"blocks={config.blocks}, options={config.options})"
+        ) from err
 
 
 def _tag(config: Any) -> torch.Tensor:
