@@ -129,23 +129,60 @@ def _exp(a: torch.Tensor) -> torch.Tensor:
     return kernels.exp_map(a, eye)
 
 
+def _cwy(v: torch.Tensor) -> torch.Tensor:
+    r"""The compact WY map of the columns of P̂(ω), a vanishing column read as no reflection.
+
+    Note [A vanishing column of the transfer matrix]
+    A column of P̂(ω) is a sum of taps times phases and can vanish at some
+    frequency (at every one for a zero kernel, at ω = 0 for taps summing to
+    zero); its reflection I − 2vvᴴ/‖v‖² is then 0/0, and one NaN there made
+    the whole output NaN. Such a column is taken as no reflection (H = I, the
+    zero column of U): Q(ω) stays unitary, and the gradient through it is 0
+    (Q is quadratic in the column near 0). Other columns are normalised as in
+    ``kernels.cwy_matrix``. (A zero free column of the ``cwy`` parametrization
+    still gives NaN there: its gradient would be 0 and the reflection lost for
+    good, where a transfer column depends on taps that other frequencies move.)
+    """
+    sq = (v.abs().square() if v.is_complex() else v.square()).sum(-2, keepdim=True)
+    return kernels.unit_cwy_matrix(v / torch.where(sq == 0, torch.ones_like(sq), sq).sqrt())
+
+
 #: per-frequency unitary maps of OrthogonalConv2d: name -> (skew input?, kernel)
 FFT_METHODS: dict[str, tuple[bool, Callable[[torch.Tensor], torch.Tensor]]] = {
     "cayley": (True, kernels.cayley_map),
     "exp": (True, _exp),
-    "cwy": (False, kernels.cwy_matrix),
+    "cwy": (False, _cwy),
 }
 
 
 def _phases(k: int, size: tuple[int, int], dtype: torch.dtype, device) -> torch.Tensor:
-    r"""θ_t(ω) = 2π(ω_h·(a − p)/h + ω_w·(b − p)/w), shape (h·(w//2+1), k²), tap t = (a, b)."""
+    r"""[cos θ_t(ω), sin θ_t(ω)] at the half spectrum, shape (h·(w//2+1), 2k²), tap t = (a, b).
+
+    θ_t(ω) = 2π(ω_h·(a − p)/h + ω_w·(b − p)/w), reduced exactly to (−π, π]
+    (Note [Conjugate-symmetric transfer matrices]).
+
+    Note [Conjugate-symmetric transfer matrices]
+    The output is read back by ``irfft2``, which assumes Q(−ω) = conj Q(ω) and a
+    real Q at the self-conjugate frequencies; the maps commute with conjugation
+    exactly only when their inputs do. So θ is reduced as the integer
+    N = ω_h(a − p)w + ω_w(b − p)h modulo hw to the signed r ∈ (−hw/2, hw/2] and
+    θ = 2πr/(hw): −ω gives −r, hence cos and sin of exactly opposite angles, and
+    sin θ is set to 0 where θ ∈ {0, π}. Unreduced, the two sides of a pair
+    rounded apart by about eps·|θ|, which a column of P̂(ω) near 0 (a zero-sum
+    kernel) turned into reflections of other directions: 2 % of the norm lost.
+    """
     h, w = size
     p = (k - 1) // 2
-    off = torch.arange(k, dtype=torch.float64) - p
-    wh = torch.arange(h, dtype=torch.float64)[:, None] * off / h  # (h, k)
-    ww = torch.arange(w // 2 + 1, dtype=torch.float64)[:, None] * off / w  # (w', k)
-    theta = 2 * math.pi * (wh[:, None, :, None] + ww[None, :, None, :])  # (h, w', k, k)
-    return theta.reshape(h * (w // 2 + 1), k * k).to(dtype=dtype, device=device)
+    off = torch.arange(k, dtype=torch.int64) - p
+    nh = torch.arange(h, dtype=torch.int64)[:, None] * off * w  # (h, k)
+    nw = torch.arange(w // 2 + 1, dtype=torch.int64)[:, None] * off * h  # (w', k)
+    total = h * w
+    r = torch.remainder(nh[:, None, :, None] + nw[None, :, None, :], total)  # (h, w', k, k)
+    r = torch.where(2 * r > total, r - total, r)
+    theta = (2 * math.pi / total) * r.to(torch.float64)
+    sin = torch.where((r == 0) | (2 * r == total), torch.zeros_like(theta), theta.sin())
+    trig = torch.cat([theta.cos().reshape(-1, k * k), sin.reshape(-1, k * k)], 1)
+    return trig.to(dtype=dtype, device=device)
 
 
 def tap_dft(cos_taps: torch.Tensor, sin_taps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -165,8 +202,7 @@ def tap_dft(cos_taps: torch.Tensor, sin_taps: torch.Tensor, size: tuple[int, int
         size: (h, w) of the image.
     """
     r, c, k = cos_taps.shape[0], cos_taps.shape[1], cos_taps.shape[-1]
-    theta = _phases(k, size, cos_taps.dtype, cos_taps.device)
-    trig = torch.cat([theta.cos(), theta.sin()], 1)  # (F, 2k²)
+    trig = _phases(k, size, cos_taps.dtype, cos_taps.device)  # (F, 2k²)
     # one real product in the complex layout: rows t of the cos taps feed the real
     # parts, rows k² + t of the sin taps the imaginary parts, so (F, 2k²)·(2k², rc·2) is
     # the complex (F, rc) already interleaved (and its gradient is read back unstrided)
@@ -222,7 +258,7 @@ class OrthogonalConv2d(nn.Module):
     Raises:
         ValueError: unknown ``method``, ``stride`` ≠ 1, bad ``kernel_size`` or
             ``reflections``.
-        TypeError: unknown options.
+        TypeError: unknown options, a ``dtype`` that is not a real floating dtype.
 
     Example:
         ```python
@@ -247,13 +283,18 @@ class OrthogonalConv2d(nn.Module):
     ):
         super().__init__()
         _checks.choice("method", method, FFT_METHODS)
-        if stride != 1:
+        if isinstance(stride, bool) or stride != 1:
             raise ValueError(
                 f"stride={stride!r}; allowed: 1 (a strided convolution is not orthogonal)"
             )
         _checks.positive_int("kernel_size", kernel_size)
         _checks.positive_int("channels", channels)
         dtype, device = options.pop("dtype", None), options.pop("device", None)
+        if dtype is not None and dtype not in _checks.REAL_DTYPES:
+            raise TypeError(
+                f"dtype={dtype}; allowed: {', '.join(map(str, _checks.REAL_DTYPES))} (the "
+                "kernel P is real; its transfer matrices are complex)"
+            )
         allowed = ["reflections"] if method == "cwy" else []
         unknown = sorted(set(options) - set(allowed))
         if unknown:
@@ -341,12 +382,15 @@ class OrthogonalConv2d(nn.Module):
         w = self.weight
         if w.device.type == "meta" or torch.compiler.is_compiling():
             return None  # traced: no value can be read, ``cayley_map`` chooses in the graph
-        key = (w._version, w.data_ptr())  # the address: ``w.data = …`` keeps the version
+        try:  # under torch.func transforms (grad, vmap) no value nor address can be read
+            key = (w._version, w.data_ptr())  # the address: ``w.data = …`` keeps the version
+        except RuntimeError:
+            return None
         if self._path is None or self._path[0] is not w or self._path[1] != key:
             a = w.detach().abs().sum((-2, -1))
             try:
                 bound = float((a + a.mT).sum(0).max())
-            except RuntimeError:  # under torch.func transforms no value can be read
+            except RuntimeError:
                 return None
             limit = max(SPECTRAL_THRESHOLD, SPECTRAL_PER_ROW * self.channels)
             self._path = (w, key, False if bound <= limit else None)
@@ -367,25 +411,39 @@ class OrthogonalConv2d(nn.Module):
             q: ``frequency_matrices((h, w))`` computed beforehand (optional).
 
         Returns:
-            y, same shape and dtype as x.
+            y, same shape and dtype as x (computed in the wider of x's and the
+            weight's precision, float32 at least, and rounded once).
+
+        Raises:
+            ValueError: x not of shape (batch, channels, h, w), or smaller than the kernel.
+            TypeError: x not real (float32, float64, float16 or bfloat16).
         """
         if x.dim() != 4 or x.shape[1] != self.channels:
             raise ValueError(
                 f"x must have shape (batch, {self.channels}, h, w), got {tuple(x.shape)}"
             )
+        if x.dtype not in _checks.REAL_DTYPES:
+            raise TypeError(
+                f"x has dtype {x.dtype}; allowed: {', '.join(map(str, _checks.REAL_DTYPES))} "
+                "(a real image)"
+            )
         b, c, h, w = x.shape
-        dtype = x.dtype  # a half-precision input is transformed in float32, rounded once
-        xf = torch.fft.rfft2(x.to(work_dtype(dtype))).permute(2, 3, 1, 0).reshape(-1, c, b)
+        # computed in the wider of x's and the weight's precision (float32 at least: no
+        # half-precision torch.fft on the CPU); y, bias included, is rounded once to x's dtype
+        dtype = x.dtype
+        work = torch.promote_types(work_dtype(dtype), work_dtype(self.weight.dtype))
+        xf = torch.fft.rfft2(x.to(work)).permute(2, 3, 1, 0).reshape(-1, c, b)
         if q is not None:
-            yf = q @ xf
+            yf = q.to(xf.dtype) @ xf
         elif self.method == "cayley":  # the operator form: Q(ω) never formed
-            a = self.skew_transfer((h, w))
+            a = self.skew_transfer((h, w)).to(xf.dtype)
             yf = kernels.cayley_map(a, xf, spectral=self._spectral())
         else:
-            yf = self.frequency_matrices((h, w)) @ xf
+            yf = self.frequency_matrices((h, w)).to(xf.dtype) @ xf
         y = torch.fft.irfft2(yf.reshape(h, w // 2 + 1, c, b).permute(3, 2, 0, 1), s=(h, w))
-        y = y.to(dtype)
-        return y if self.bias is None else y + self.bias[:, None, None]
+        if self.bias is not None:
+            y = y + self.bias[:, None, None].to(y.dtype)
+        return y.to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, kernel_size={self.kernel_size}, method={self.method!r}"

@@ -161,7 +161,7 @@ class OrthogonalRNNCell(nn.Module):
     Raises:
         TypeError: for a dtype other than float32/float64, or a ``complex`` or
             ``nonpositive_bias`` that is not a bool.
-        ValueError: for an unknown ``init``.
+        ValueError: for an unknown ``init``, or ``n_in``/``n_hidden`` not a positive int.
 
     Example:
         ```python
@@ -192,6 +192,8 @@ class OrthogonalRNNCell(nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
+        _checks.positive_int("n_in", n_in)
+        _checks.positive_int("n_hidden", n_hidden)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype={dtype}; allowed: torch.float32, torch.float64")
         _checks.choice("init", init, INITS)

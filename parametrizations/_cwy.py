@@ -23,6 +23,7 @@ __all__ = [
     "cwy_triangle",
     "embed_diagonal",
     "cwy_matrix",
+    "unit_cwy_matrix",
     "tcwy_matrix",
     "cwy_factors",
     "cwy_linear_factored",
@@ -70,9 +71,15 @@ def cwy_matrix(
     triangular with diagonal ½, so the solve is a back substitution and never
     fails. With m = n this is the compact WY form of the square map.
     """
-    n = v.shape[-2]
+    return unit_cwy_matrix(normalize_columns(v), d, m)
+
+
+def unit_cwy_matrix(
+    u: torch.Tensor, d: torch.Tensor | None = None, m: int | None = None
+) -> torch.Tensor:
+    r"""`cwy_matrix` of columns U normalised already (unit, or zero: no reflection)."""
+    n = u.shape[-2]
     m = n if m is None else m
-    u = normalize_columns(v)
     # −U₁ᴴ diag(d): the sign rides on the small right-hand side, so that Q is the
     # product U·W with d added to its diagonal (no n×m E_d and no subtraction pass)
     rhs = u[..., :m, :].mH

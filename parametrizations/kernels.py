@@ -35,6 +35,7 @@ from ._cwy import (
     householder_matrix,
     normalize_columns,
     tcwy_matrix,
+    unit_cwy_matrix,
 )
 from ._householder import householder_apply, wy_triangle
 from ._skew import PANELS_FROM as PANELS_FROM
@@ -58,6 +59,7 @@ __all__ = [
     "wy_triangle",
     "embed_diagonal",
     "cwy_matrix",
+    "unit_cwy_matrix",
     "tcwy_matrix",
     "cwy_linear",
     "householder_apply",
