@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .._core import checks as _checks
+from .._core.autocast import autocast_off, autocast_on
 from ..parametrizations import OrthogonalMap, orthogonalize
 
 __all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]
@@ -238,19 +239,18 @@ class OrthogonalRNNCell(nn.Module):
         # against 0.029 in float32. The recurrence therefore runs in the cell's
         # dtype, like the map; the input drive, the nonlinearity's inputs and
         # the output layer keep autocast's precision.
-        device = self.inp.device.type
-        if device == "meta" or not torch.is_autocast_enabled(device):
+        if not autocast_on(self.inp):
             if operator:
                 return self.transition.operator()
             w = self.transition()
             return lambda h: h @ w.T
-        dtype = self.inp.dtype
-        with torch.autocast(device, enabled=False):
+        dtype, inp = self.inp.dtype, self.inp
+        with autocast_off(inp):
             step = self.transition.operator() if operator else None
             w = None if operator else self.transition()
 
         def full_precision(h: torch.Tensor) -> torch.Tensor:
-            with torch.autocast(device, enabled=False):
+            with autocast_off(inp):
                 return step(h.to(dtype)) if step is not None else h.to(dtype) @ w.T
 
         return full_precision

@@ -80,6 +80,7 @@ import math
 import torch
 
 from .._core import checks as _checks
+from .._core.autocast import backward_autocast_off
 
 __all__ = ["BLOCK", "UNPIVOTED_PER_ROOT", "PATHS", "unpivoted", "cayley_solve"]
 
@@ -217,6 +218,7 @@ class _UnpivotedCayleySolve(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @backward_autocast_off  # Note [Autocast off for the maps' own products]
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:
             return None, None, None

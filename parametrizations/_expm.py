@@ -46,6 +46,8 @@ from fractions import Fraction
 
 import torch
 
+from .._core.autocast import backward_autocast_off
+
 __all__ = ["expm"]
 
 
@@ -291,6 +293,7 @@ class _Expm(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @backward_autocast_off  # Note [Autocast off for the maps' own products]
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:
             return None, None, None, None

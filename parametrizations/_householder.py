@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._core.autocast import backward_autocast_off
+
 __all__ = ["default_block", "householder_apply", "wy_triangle"]
 
 MIN_BLOCK, MAX_BLOCK = 64, 256
@@ -152,6 +154,7 @@ class _HouseholderApply(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @backward_autocast_off  # Note [Autocast off for the maps' own products]
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:
             return None, None, None

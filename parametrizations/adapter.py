@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from .._core import checks as _checks
+from .._core.autocast import autocast_off
 from .base import OrthogonalMap
 from .dense import Cayley, Exp, ScaledCayley
 from .factory import build, resolve
@@ -190,6 +191,24 @@ class Rotation(nn.Module):
             return x
 
         return apply
+
+    def along(self, x: torch.Tensor, axis: int = -1) -> torch.Tensor:
+        r"""x with its features (dimension ``axis``) mapped by Q (x ↦ Qx), in x's dtype.
+
+        Q is applied in its own dtype with autocast off (Note [Autocast off for the
+        maps' own products]). A complex x and a real Q (a model cast to complex) map
+        the real and the imaginary part alike: Q(a + ib) = Qa + iQb.
+        """
+        with autocast_off(x):
+            op = self.operator()
+            z = x if axis == -1 else x.movedim(axis, -1)
+            if z.is_complex() and not self.dtype.is_complex:
+                parts = torch.view_as_real(z).movedim(-1, 0)
+                parts = op(parts.to(self.dtype)).to(parts.dtype).movedim(0, -1)
+                z = torch.view_as_complex(parts.contiguous())
+            else:
+                z = op(z.to(self.dtype)).to(x.dtype)
+        return z if axis == -1 else z.movedim(-1, axis)
 
     def matrix(self) -> torch.Tensor:
         """The dense Q (features × features): for inspection and `merge`."""

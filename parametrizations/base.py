@@ -27,12 +27,12 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import ClassVar, TypeVar
 
 import torch
 
 from .._core import checks as _checks
+from .._core.autocast import autocast_off
 from .._core.registry import Registry
 from ..manifolds import Orthogonal, Stiefel, Unitary
 from ..manifolds.binding import is_dtensor
@@ -301,8 +301,7 @@ class OrthogonalMap(Guards, Originals):
         # map's own products, and float16/bfloat16 parameters (and buffers, after
         # module.half()) are cast to float32; the result comes back in the
         # parameter's dtype. Gradients flow through the casts.
-        meta = original.device.type == "meta"  # autocast has no meta device type
-        with nullcontext() if meta else torch.autocast(original.device.type, enabled=False):
+        with autocast_off(original):  # Note [Autocast off for the maps' own products]
             if original.dtype in _checks.LOW_PRECISION:
                 state = {
                     k: t.float() if t.is_floating_point() else t

@@ -25,7 +25,6 @@ Q itself, its factors and their start at the identity, is a `Rotation`
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,16 +41,17 @@ SIDES = ("input", "output")
 ATTRIBUTE = "rotation"
 
 
-def _feature_dim(module: nn.Module) -> int:
-    return 1 if isinstance(module, nn.modules.conv._ConvNd) else -1
+def spatial_dims(module: nn.Module) -> int:
+    """The spatial dimensions of a convolution (Conv2d: 2), 0 for a layer with features last."""
+    return len(module.kernel_size) if isinstance(module, nn.modules.conv._ConvNd) else 0
 
 
-def _along(x: torch.Tensor, dim: int, op: Callable[[torch.Tensor], torch.Tensor], dtype):
-    """op applied along ``dim`` of x, computed in ``dtype``, returned in x's dtype."""
-    if dim == -1:
-        return op(x.to(dtype)).to(x.dtype)
-    z = x.movedim(dim, -1)
-    return op(z.to(dtype)).to(x.dtype).movedim(-1, dim)
+def feature_axis(spatial: int, x: torch.Tensor) -> int:
+    """The feature axis of a layer's input or output x: −1 with features last (``spatial`` 0),
+    else a convolution's channels: 1 in a batch, 0 in an unbatched input (torch takes both)."""
+    if spatial == 0:
+        return -1
+    return 0 if x.dim() == spatial + 1 else 1
 
 
 def _q_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -174,7 +174,7 @@ def rotate(
     dtype = _q_dtype(w)
     rot = Rotation(features, method, blocks, butterfly, dtype, w.device, dict(options))
     # everything validated and built: now modify the module
-    feature_dim = _feature_dim(module)
+    spatial = spatial_dims(module)
     rot._frozen = w.requires_grad  # restored by merge
     rot._side = side
     if w.requires_grad:
@@ -189,20 +189,19 @@ def rotate(
                     f"got none (keyword arguments: {', '.join(kwargs) or 'none'}): pass the "
                     "input positionally"
                 )
-            x = _along(args[0], feature_dim, mod.rotation.operator(), mod.rotation.dtype)
-            return (x, *args[1:]), kwargs
+            x = args[0]
+            return (mod.rotation.along(x, feature_axis(spatial, x)), *args[1:]), kwargs
 
         rot._handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
     else:
 
         def hook(mod: nn.Module, args: tuple, y: torch.Tensor):
-            op, dt = mod.rotation.operator(), mod.rotation.dtype
+            axis = feature_axis(spatial, y)
             b = getattr(mod, "bias", None)
             if not isinstance(b, torch.Tensor):
-                return _along(y, feature_dim, op, dt)
-            shape = (-1,) + (1,) * (y.dim() - 2) if feature_dim == 1 else (-1,)
-            b = b.view(shape)
-            return _along(y - b, feature_dim, op, dt) + b
+                return mod.rotation.along(y, axis)
+            b = b.view((-1,) + (1,) * (y.dim() - 1 - axis) if axis != -1 else (-1,))
+            return mod.rotation.along(y - b, axis) + b
 
         rot._handle = module.register_forward_hook(hook)
     return module

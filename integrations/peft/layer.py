@@ -33,14 +33,14 @@ it: ``torch.autocast(dtype=bfloat16)`` runs the map's products in bfloat16
 model-wide ``model.to(torch.bfloat16)`` (or ``.half()``, ``.double()``) after
 ``get_peft_model`` cast Q's parameters while the layer still computed in the
 dtype it was built with (a dtype-mismatch error). So Q's operator runs with
-autocast off, and a cast of the whole model applies to Q the rule of
+autocast off (`Rotation.along`, Note [Autocast off for the maps' own
+products]), and a cast of the whole model applies to Q the rule of
 `build_rotation`: float64 and complex dtypes are taken, anything narrower
 leaves Q in float32 (only the device follows).
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +50,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
 from torch import nn
 
 from ...parametrizations import Rotation
-from ...parametrizations.finetuning import check_blocks
+from ...parametrizations.finetuning import check_blocks, feature_axis, spatial_dims
 
 SIDES = ("input", "output")
 ALLOWED_LAYERS = "nn.Linear, nn.Conv1d, nn.Conv2d (groups=1), transformers' Conv1D"
@@ -62,18 +62,11 @@ class Geometry:
 
     in_features: int
     out_features: int
-    axis: int  # feature axis of a batched input and output: -1 (linear) or 1 (convolution)
     stored_transposed: bool  # weight stored (in, out): transformers' Conv1D
-    spatial: int = 0  # spatial dims of a convolution (Conv1d: 1, Conv2d: 2)
+    spatial: int = 0  # spatial dims of a convolution (Conv1d: 1, Conv2d: 2), 0: features last
 
     def features(self, side: str) -> int:
         return self.in_features if side == "input" else self.out_features
-
-    def feature_axis(self, x: torch.Tensor) -> int:
-        """The feature axis of x: 1 for a batched convolution input, 0 for an unbatched one."""
-        if self.axis == -1:
-            return -1
-        return 0 if x.dim() == self.spatial + 1 else 1
 
 
 def _conv1d_hf() -> type | None:
@@ -88,18 +81,17 @@ def geometry(base: nn.Module, where: str) -> Geometry:
     """The geometry of a base layer, or a ValueError naming the module and what is allowed."""
     hf = _conv1d_hf()
     if isinstance(base, nn.Linear):
-        return Geometry(base.in_features, base.out_features, -1, False)
+        return Geometry(base.in_features, base.out_features, False)
     if hf is not None and isinstance(base, hf):
         rows, cols = base.weight.shape
-        return Geometry(rows, cols, -1, True)
+        return Geometry(rows, cols, True)
     if isinstance(base, (nn.Conv1d, nn.Conv2d)):
         if base.groups != 1:
             raise ValueError(
                 f"target_modules: {where} is a {type(base).__name__} with groups={base.groups}; "
                 f"W·Q mixes every channel; allowed: {ALLOWED_LAYERS}"
             )
-        spatial = 1 if isinstance(base, nn.Conv1d) else 2
-        return Geometry(base.in_channels, base.out_channels, 1, False, spatial)
+        return Geometry(base.in_channels, base.out_channels, False, spatial_dims(base))
     raise ValueError(
         f"target_modules: {where} is a {type(base).__module__}.{type(base).__name__}, which "
         f"the 'stiefel' method cannot serve; allowed: {ALLOWED_LAYERS}"
@@ -133,30 +125,6 @@ def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation
             for p in rot.parameters():
                 p.add_(0.1 * torch.randn_like(p))
     return rot
-
-
-def _full_precision(x: torch.Tensor):
-    """Autocast off on x's device (Note [Q keeps its precision])."""
-    device = x.device.type
-    if device == "meta" or not torch.is_autocast_enabled(device):
-        return contextlib.nullcontext()
-    return torch.autocast(device, enabled=False)
-
-
-def _along(x: torch.Tensor, axis: int, rot: Rotation) -> torch.Tensor:
-    """x with its features (``axis``) mapped by Q (x ↦ Q x), computed in Q's dtype."""
-    with _full_precision(x):
-        op = rot.operator()
-        z = x.movedim(axis, -1) if axis != -1 else x
-        if z.is_complex() and not rot.dtype.is_complex:
-            # a real Q (a model cast to complex keeps it real, `_keeping_precision`) maps
-            # the real and the imaginary part alike: Q(a + ib) = Qa + iQb
-            parts = torch.view_as_real(z).movedim(-1, 0)
-            parts = op(parts.to(rot.dtype)).to(parts.dtype).movedim(0, -1)
-            z = torch.view_as_complex(parts.contiguous())
-        else:
-            z = op(z.to(rot.dtype)).to(x.dtype)
-    return z.movedim(-1, axis) if axis != -1 else z
 
 
 def q_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -284,10 +252,10 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         if self.merged:
             return self.base_layer(x, *args, **kwargs)
         active = self._active()
-        axis = self.geometry.feature_axis(x)
+        axis = feature_axis(self.geometry.spatial, x)
         for a in reversed(active):  # Note [Several adapters, in PEFT's order]
             if self.stiefel_side[a] == "input":
-                x = _along(x, axis, self.stiefel_R[a])
+                x = self.stiefel_R[a].along(x, axis)
         y = self.base_layer(x, *args, **kwargs)
         outputs = [a for a in active if self.stiefel_side[a] == "output"]
         if outputs:
@@ -296,7 +264,7 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
             b = b.view(shape) if isinstance(b, torch.Tensor) else None
             z = y if b is None else y - b
             for a in outputs:
-                z = _along(z, axis, self.stiefel_R[a])
+                z = self.stiefel_R[a].along(z, axis)
             y = z if b is None else z + b
         return y
 

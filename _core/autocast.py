@@ -1,0 +1,64 @@
+"""Autocast switched off where this package computes in its own precision.
+
+Note [Autocast off for the maps' own products]
+``torch.autocast(dtype=torch.bfloat16)`` runs every matrix product in bfloat16.
+An orthogonal map's products (a Gram matrix, a Padé solve, a reflection) lose
+their orthogonality to bfloat16's 8-bit mantissa (max |QᵀQ − I| about 3e-3
+where float32 gives 1e-6), and a solve given operands cast apart fails on mixed
+dtypes. So the maps, the rotations of the adapters and the recurrences compute
+with autocast off on their tensors' device, in their own dtype (float32 at
+least), and so do the backward passes of this package's autograd Functions
+(torch's ``custom_bwd`` does the same for one fixed device type): a
+``loss.backward()`` called inside an autocast region would otherwise run them
+in bfloat16. Everything around them keeps autocast's precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["autocast_on", "autocast_off", "backward_autocast_off"]
+
+
+def autocast_on(t: torch.Tensor) -> bool:
+    """Whether autocast is enabled on ``t``'s device (never on meta, which it has no type for)."""
+    device = t.device.type
+    return device != "meta" and torch.is_autocast_enabled(device)
+
+
+def autocast_off(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A context with autocast disabled on ``t``'s device (a no-op where it is off, and on meta).
+
+    Example:
+        ```python
+        import torch
+        from stiefel._core.autocast import autocast_off
+
+        a = torch.randn(4, 4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert (a @ a).dtype == torch.bfloat16
+            with autocast_off(a):
+                assert (a @ a).dtype == torch.float32
+        ```
+    """
+    if not autocast_on(t):
+        return contextlib.nullcontext()
+    return torch.autocast(t.device.type, enabled=False)
+
+
+def backward_autocast_off(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """An autograd Function's ``backward(ctx, g, ...)`` run with autocast off on g's device."""
+
+    @functools.wraps(backward)
+    def run(ctx: Any, g: torch.Tensor | None, *rest: Any) -> Any:
+        if g is None:
+            return backward(ctx, g, *rest)
+        with autocast_off(g):
+            return backward(ctx, g, *rest)
+
+    return run
