@@ -3,6 +3,7 @@ r"""The Stiefel manifold St(N, M) and its square cases O(n) and U(n), as geoopt 
 from __future__ import annotations
 
 import functools
+import math
 
 import geoopt
 import torch
@@ -146,8 +147,14 @@ class Stiefel(Membership, geoopt.Manifold):
         """Default tolerance on ‖XᴴX − I‖_F: 100·n·eps of the dtype.
 
         One retraction lands within about 10·n·eps; the factor 100 leaves room for
-        the rounding that accumulates over a long optimization.
+        the rounding that accumulates over a long optimization. float16 and bfloat16
+        points are computed in float32 and rounded once (Note [Low precision in
+        float32]), so theirs is float32's plus twice the rounding's bound √m·eps:
+        100·n·eps of their own dtype is above 1 (bfloat16, n ≥ 2), which any matrix
+        of the right shape would pass.
         """
+        if dtype in _LOW:
+            return self.default_atol(torch.float32) + 2 * math.sqrt(self.m) * torch.finfo(dtype).eps
         return 100 * self.n * torch.finfo(dtype).eps
 
     def check_point_on_manifold(
@@ -163,7 +170,7 @@ class Stiefel(Membership, geoopt.Manifold):
         The default ``atol`` is 100·n·eps of x's dtype (`default_atol`). With ``explain=True``
         returns ``(ok, reason)`` (geoopt's convention).
         """
-        ok, reason = self._check_shape(tuple(x.shape), "x")
+        ok, reason = self._check_shape(tuple(_checks.tensor("x", x).shape), "x")
         if ok:
             ok, reason = self._check_point_on_manifold(x, atol=atol, rtol=rtol)
         return (ok, reason) if explain else ok
@@ -271,7 +278,7 @@ class Stiefel(Membership, geoopt.Manifold):
         """
         x = self._point(x)
         self._metric(metric)
-        return kernels.proj_tangent(x, self._vector(x, u))
+        return kernels.proj_tangent(*self._broadcast(x=x, u=self._vector(x, u)))
 
     @_in_float32
     def egrad2rgrad(
@@ -281,8 +288,8 @@ class Stiefel(Membership, geoopt.Manifold):
 
         Euclidean metric: G − X sym(XᴴG); canonical metric: G − XGᴴX.
         """
-        x = self._point(x)
-        return EGRAD2RGRAD[self._metric(metric)](x, self._vector(x, u))
+        x, u = self._broadcast(x=self._point(x), u=self._vector(x, u))
+        return EGRAD2RGRAD[self._metric(metric)](x, u)
 
     @_in_float32
     def inner(
@@ -298,6 +305,7 @@ class Stiefel(Membership, geoopt.Manifold):
         x = self._point(x)
         u = self._vector(x, u)
         v = u if v is None else self._vector(x, v, "v")
+        x, u, v = self._broadcast(x=x, u=u, v=v)
         return INNER[self._metric(metric)](x, u, v, keepdim)
 
     # ------------------------------------------------------------------ moving
@@ -316,21 +324,22 @@ class Stiefel(Membership, geoopt.Manifold):
         method = _checks.choice("method", method, self.retractions)
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
+        x, u = self._broadcast(x=x, u=u)  # Note [Batch dimensions broadcast]
         return self.geometry(retraction=method).retract(_near(x), u)
 
     @_in_float32
     def expmap(self, x: torch.Tensor, u: torch.Tensor, *, metric: str | None = None):
         """Exact geodesic of the chosen metric (Edelman, Arias & Smith 1998)."""
         x = _checks.finite("x", self._point(x))
-        u = _checks.finite("u", self._vector(x, u))
+        x, u = self._broadcast(x=x, u=_checks.finite("u", self._vector(x, u)))
         return _EXPMAP[self._metric(metric)](x, u)
 
     @_in_float32
     def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Vector transport by projection: the tangent part of ``v`` at ``y``."""
-        x = self._point(x)
-        y = self._point(y, "y")
-        return kernels.proj_tangent(y, self._vector(y, v, "v"))
+        x, y = self._point(x), self._point(y, "y")
+        x, y, v = self._broadcast(x=x, y=y, v=self._vector(y, v, "v"))
+        return kernels.proj_tangent(y, v)
 
     @_in_float32
     def retr_transp(
@@ -345,7 +354,7 @@ class Stiefel(Membership, geoopt.Manifold):
         method = _checks.choice("method", method, self.retractions)
         x = _checks.finite("x", self._point(x))
         u = _checks.finite("u", self._vector(x, u))
-        v = self._vector(x, v, "v")
+        x, u, v = self._broadcast(x=x, u=u, v=self._vector(x, v, "v"))
         return self.retractions[method](_near(x), u, -1.0, v)
 
 
