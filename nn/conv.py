@@ -139,9 +139,8 @@ def _cwy(v: torch.Tensor) -> torch.Tensor:
     the whole output NaN. Such a column is taken as no reflection (H = I, the
     zero column of U): Q(ω) stays unitary, and the gradient through it is 0
     (Q is quadratic in the column near 0). Other columns are normalised as in
-    ``kernels.cwy_matrix``. (A zero free column of the ``cwy`` parametrization
-    still gives NaN there: its gradient would be 0 and the reflection lost for
-    good, where a transfer column depends on taps that other frequencies move.)
+    ``kernels.cwy_matrix`` (whose zero column stays NaN: its gradient would be 0,
+    the reflection lost for good; here other frequencies move the taps).
     """
     sq = (v.abs().square() if v.is_complex() else v.square()).sum(-2, keepdim=True)
     return kernels.unit_cwy_matrix(v / torch.where(sq == 0, torch.ones_like(sq), sq).sqrt())
@@ -446,4 +445,6 @@ class OrthogonalConv2d(nn.Module):
         return y.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.channels}, kernel_size={self.kernel_size}, method={self.method!r}"
+        cwy = f", reflections={self.weight.shape[1]}" if self.method == "cwy" else ""
+        head = f"{self.channels}, kernel_size={self.kernel_size}, method={self.method!r}"
+        return f"{head}{cwy}, bias={self.bias is not None}"

@@ -144,3 +144,11 @@ def test_rnn_refuses_non_positive_sizes_naming_them(n_in, n_hidden, name):
     ):
         with pytest.raises(ValueError, match=rf"{name}={value} is not allowed; allowed: an int"):
             make()
+
+
+def test_fft_conv_repr_names_its_reflections_and_bias():
+    from stiefel.nn import OrthogonalConv2d
+
+    text = repr(OrthogonalConv2d(4, 3, method="cwy", reflections=2, bias=True))
+    assert "reflections=2" in text and "bias=True" in text
+    assert "reflections" not in repr(OrthogonalConv2d(4, 3)) and "bias=False" in repr(OrthogonalConv2d(4, 3))
