@@ -17,7 +17,9 @@ Parameter sets: 200 × St(8, 4), 200 × St(64, 16), and a transformer-like set o
 48 matrices (12 blocks of 256×768, 256×256, 256×1024 and 1024×256, stepped as
 tall points: St(768, 256), O(256), St(1024, 256) twice); on request (``--sets``)
 one St(4096, 64) and 4096 × St(64, 16) as one parameter, where a step must cost
-what it did before the buckets (``--before``). Each optimizer of this
+what it did before the buckets (``--before``), and ``transformer32``, the
+transformer-like set's structure at 1/32 of its sizes: on a CPU its host time is
+the host side of the transformer-like step, without its arithmetic. Each optimizer of this
 package (every Riemannian optimizer of the registry, and ``rgd`` with the QR
 retraction), with ``foreach=True`` (what ``foreach=None`` does on a GPU; on the
 CPU it leaves parameters over 65,536 entries unstacked, Note [One rule call per
@@ -73,11 +75,14 @@ SETS: dict[str, list[tuple[int, int, int]]] = {
     "st64x16": [(200, 64, 16)],
     "transformer": [(12, 768, 256), (12, 256, 256), (12, 1024, 256), (12, 1024, 256)],
 }
-#: one large point and one large batch (a single stacked parameter), on request only
-#: (``--sets``): the step on one large matrix, which the buckets must leave as fast
+#: on request only (``--sets``): one large point and one large batch (a single stacked
+#: parameter), the step on one large matrix, which the buckets must leave as fast; and
+#: the transformer-like set's structure at 1/32 of its sizes, its host side (the same
+#: buckets and operations, where the arithmetic is negligible)
 LARGE_SETS: dict[str, list[tuple[int, int, int]]] = {
     "st4096x64": [(1, 4096, 64)],
     "batch4096": [(4096, 64, 16)],
+    "transformer32": [(12, 24, 8), (12, 8, 8), (12, 32, 8), (12, 32, 8)],
 }
 #: the sets whose matrices are one parameter (a batch), not separate parameters
 STACKED = {"batch4096"}
@@ -401,7 +406,8 @@ def main(argv: list[str] | None = None) -> str:
         "--sets",
         default=None,
         help=f"comma-separated, of {', '.join(SETS)} (the default: all three) and "
-        f"{', '.join(LARGE_SETS)} (one St(4096, 64); 4096 × St(64, 16) as one parameter)",
+        f"{', '.join(LARGE_SETS)} (one St(4096, 64); 4096 × St(64, 16) as one parameter; "
+        "the transformer-like set at 1/32 of its sizes)",
     )
     parser.add_argument("--optimizers", default=None, help="comma-separated labels to keep")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds")
