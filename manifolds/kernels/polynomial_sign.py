@@ -128,13 +128,11 @@ def _whole(v: torch.Tensor, a: float) -> torch.Tensor:
     return v
 
 
-def _times(x: torch.Tensor, w: torch.Tensor, a: float | None = None) -> torch.Tensor:
-    # X·W, or aX + X·W when ``a`` is given, in X's layout (Note [Products in the layout
-    # of X]); X a (batch, N, M) tensor
+def _times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # X·W in X's layout (Note [Products in the layout of X])
     if x.mH.is_contiguous():
-        x, w = x.mH, w.mH
-        return (torch.bmm(w, x) if a is None else torch.baddbmm(x, w, x, beta=a)).mH
-    return product(x, w) if a is None else torch.baddbmm(x, x, w, beta=a)
+        return product(w.mH, x.mH).mH
+    return product(x, w)
 
 
 def _start(x: torch.Tensor, safety: float, group) -> tuple[torch.Tensor, ...]:
