@@ -166,6 +166,24 @@ class RiemannianOptimizer(ParamGroups):
         self._flags_unread: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
         super().__init__(params, {**defaults, "foreach": foreach, "capturable": capturable})
 
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's ``add_param_group``; warns once when plain matrices become points.
+
+        An optimizer that steps plain matrices as manifold points (`implied_manifold`:
+        pogo, as pogo-torch) changes what those weights can be; a readout made
+        orthonormal without a word is a silently different model.
+        """
+        super().add_param_group(param_group)
+        pairs = zip(self.param_groups[-1]["params"], self._bindings[-1], strict=True)
+        shapes = [tuple(p.shape) for p, b in pairs if b.implied]
+        if shapes:
+            shown = ", ".join(map(str, shapes[:4])) + (", ..." if len(shapes) > 4 else "")
+            self._warn_once("implied", (
+                f"{type(self).__name__} steps {len(shapes)} plain matrix weight(s) (shapes "
+                f"{shown}) as points of the Stiefel manifold: they are made and kept "
+                "orthonormal. A weight that is to stay free goes in a param group with "
+                "manifold=geoopt.Euclidean(), or to another optimizer"))  # fmt: skip
+
     # ------------------------------------------------------------------ plugin interface
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
@@ -412,8 +430,10 @@ def _off_message(name: str, single: buckets.Bucket, err: str) -> str:
             "group with manifold=geoopt.Euclidean(), or to another optimizer"
         )
     return (
-        f"{name}: {single.where()} is off its manifold ({err}, e.g. after load_state_dict or "
-        "an in-place edit); it is projected back (polar factor) before the step"
+        f"{name}: {single.where()} is off its manifold ({err}, e.g. after load_state_dict, "
+        "an in-place edit, or a step too long for the retraction's precision, as a "
+        "float32 Cayley step along a low-rank gradient with lr·‖grad‖ far above 1); it is "
+        "projected back (polar factor) before the step"
     )
 
 

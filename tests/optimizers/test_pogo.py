@@ -233,3 +233,19 @@ def test_groups_of_two_bases_inherit_the_other_bases_options_unrefused():
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(4, 4))], "base": "adam",
                              "momentum": 0.5})  # fmt: skip
     assert len(opt.param_groups) == 2
+
+
+def test_plain_matrices_made_points_are_named_in_a_warning_at_construction():
+    # a plain readout inside POGO's basin was made orthonormal without a word (pogo-torch's
+    # convention); the warning names the shapes and how to keep a weight free
+    import warnings
+
+    from torch import nn
+
+    lin = nn.Linear(16, 1)
+    with pytest.warns(RuntimeWarning, match=r"1 plain matrix weight\(s\) \(shapes \(1, 16\)\)"):
+        optimizers.create("pogo", lin.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        groups = [{"params": [lin.weight], "manifold": geoopt.Euclidean()}, {"params": [lin.bias]}]
+        optimizers.create("pogo", groups, lr=0.01)  # free by request: no warning
