@@ -269,12 +269,16 @@ def smw_step(
     (as in Note [Square steps in the frame of X]). Forming X·(I + Z₂)K instead
     rounds a sum of M products of O(1) terms per entry at every step, a drift
     that is not corrected (docs/performance.md, "Measurements behind code
-    choices"). A known limit: for a rank-deficient
-    step (e.g. a rank-1 gradient) with lr·‖Pd‖ between about 1e2 and 1e10 the
-    2M×2M system is ill-conditioned (its eigenvalues near γ, Note
-    [Overflow-safe step]) and one step may leave the manifold by up to ~1e-2
-    in float32 (the unscaled form did the same); the next steps' correction,
-    or the projection of Note [Off-manifold points at a step], brings it back.
+    choices"). A known limit: where the normal part of Pd
+    is rank-deficient (a rank-1 gradient), B and C share directions and the
+    2M×2M system has Jordan blocks [[γ, −½], [0, γ]] on them (Note
+    [Overflow-safe step]): its rounding is amplified by about β² = (lr·‖Pd‖)²,
+    and Y leaves the manifold by about eps·β² (float32 St(256, 16), rank 1:
+    1e-5 at β = 10, 1e-3 at 100, 0.1 at 1e3, garbage from 1e4; float64 4e-4 at
+    1e6; a full-rank step stays at rounding). The next step's test, or the
+    projection of Note [Off-manifold points at a step], brings the point back,
+    with a warning; a stable long step would take the basis [X, Q] of the
+    normal part's QR instead (a skew 2M×2M Cayley), at an N-sized QR per step.
     The system is written in the scaled form of Note [Overflow-safe step] and
     solved by `woodbury.solve_step_system` (block elimination where it is
     stable, Note [Woodbury system by block elimination]). A
