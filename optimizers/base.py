@@ -161,28 +161,15 @@ class RiemannianOptimizer(ParamGroups):
         self._held: dict[tuple, dict] = {}  # the state views of each bucket (`buckets`)
         self.telemetry = checks.flag("telemetry", telemetry)
         self.orthogonality_history: list[torch.Tensor] = []
-        # per parameter: (its name, skips for a non-finite gradient, all skips) of traced
-        # steps, read by report_skipped
+        # per parameter, of traced steps: (name, non-finite-gradient skips, all skips)
         self._flags_unread: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
         super().__init__(params, {**defaults, "foreach": foreach, "capturable": capturable})
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's ``add_param_group``; warns once when plain matrices become points.
-
-        An optimizer that steps plain matrices as manifold points (`implied_manifold`:
-        pogo, as pogo-torch) changes what those weights can be; a readout made
-        orthonormal without a word is a silently different model.
-        """
+        """torch's, and a warning once where plain matrices become points (`_implied_warning`)."""
         super().add_param_group(param_group)
-        pairs = zip(self.param_groups[-1]["params"], self._bindings[-1], strict=True)
-        shapes = [tuple(p.shape) for p, b in pairs if b.implied]
-        if shapes:
-            shown = ", ".join(map(str, shapes[:4])) + (", ..." if len(shapes) > 4 else "")
-            self._warn_once("implied", (
-                f"{type(self).__name__} steps {len(shapes)} plain matrix weight(s) (shapes "
-                f"{shown}) as points of the Stiefel manifold: they are made and kept "
-                "orthonormal. A weight that is to stay free goes in a param group with "
-                "manifold=geoopt.Euclidean(), or to another optimizer"))  # fmt: skip
+        if message := _implied_warning(self, self.param_groups[-1], self._bindings[-1]):
+            self._warn_once("implied", message)
 
     # ------------------------------------------------------------------ plugin interface
     def update(
@@ -418,6 +405,26 @@ def _caller() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _implied_warning(opt: RiemannianOptimizer, group: dict, bindings: list) -> str | None:
+    """The warning for plain matrices a param group's optimizer steps as points, or None.
+
+    An optimizer that steps plain matrices as manifold points (`implied_manifold`:
+    pogo, as pogo-torch) changes what those weights can be; a readout made
+    orthonormal without a word is a silently different model.
+    """
+    pairs = zip(group["params"], bindings, strict=True)
+    shapes = [tuple(p.shape) for p, b in pairs if b.implied]
+    if not shapes:
+        return None
+    shown = ", ".join(map(str, shapes[:4])) + (", ..." if len(shapes) > 4 else "")
+    return (
+        f"{type(opt).__name__} steps {len(shapes)} plain matrix weight(s) (shapes {shown}) as "
+        "points of the Stiefel manifold: they are made and kept orthonormal. A weight that "
+        "is to stay free goes in a param group with manifold=geoopt.Euclidean(), or to "
+        "another optimizer"
+    )
 
 
 def _off_message(name: str, single: buckets.Bucket, err: str) -> str:

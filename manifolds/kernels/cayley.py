@@ -17,7 +17,8 @@ from types import MappingProxyType
 
 import torch
 
-from .basic import eye_like, newton_schulz, sub_product, sym
+from .basic import newton_schulz, sub_product, sym
+from .cayley_dense import dense_cayley_step
 from .factor import qr_descent
 from .frame import (
     frame_update,
@@ -66,29 +67,6 @@ def _woodbury_for(x: torch.Tensor, group) -> bool:
 
 
 # --------------------------------------------------------------------------- Cayley
-def _dense(x, dn, lr, v, xx):
-    """The same scaled Cayley step through a dense N×N solve (cheaper when 2M ≥ N)."""
-    n, m = x.shape[-2:]
-    pd = dn - 0.5 * (x @ (x.mH @ dn))
-    t = torch.linalg.matrix_norm(pd, keepdim=True)
-    gamma, sigma = weights(lr * t)
-    ph = pd / t.clamp_min(torch.finfo(t.dtype).tiny)
-    a = ph @ x.mH
-    a = a - a.mH  # P̂Xᴴ − XP̂ᴴ; A = −β(P̂Xᴴ − XP̂ᴴ)
-    omega = x if v is None else torch.cat((x, v), -1)
-    # Cayley(A) = 2(I − ½A)⁻¹ − I and (I − ½A)⁻¹ = γ(γI + ½σ·(P̂Xᴴ − XP̂ᴴ))⁻¹: on
-    # the null space of A (where the solve meets the pivot γ) the answer is Ω itself.
-    # γ is kept above √eps, so that the rounding of that pivot (eps/γ) stays below
-    # √eps: a longer step is taken as one of length 1/√eps, a change of O(√eps) in Y
-    # towards the same limit, and the Newton–Schulz step on Y's own Gram (N ≤ 2M
-    # here, so it is cheap beside the N×N solve) takes the error to O(eps).
-    gamma = gamma.clamp_min(torch.finfo(gamma.dtype).eps ** 0.5)
-    lhs = gamma * eye_like(x, n) + (0.5 * sigma) * a
-    out = (2 * gamma) * torch.linalg.solve(lhs, omega) - omega
-    y = newton_schulz(out[..., :m])
-    return y if v is None else (y, out[..., m:])
-
-
 def _square(x, w, lr, v=None, v_is_d=False, mu=1.0, xx=None, checks=None, reads=True):
     r"""The Cayley step of a square X in X's own frame: one n×n solve, no n×n A.
 
@@ -167,7 +145,7 @@ def _cayley(x, d, lr, v, xx, smw, checks=None, group=None, reads=True):
         return _square(x, x.mH @ dn, lr, v, v is d, mu, xx, checks, reads)
     xx = tall_gram(x, xx, group)
     if not (_woodbury_for(x, group) if smw is None else smw):
-        return _dense(x, dn, lr, v, xx)
+        return dense_cayley_step(x, dn, lr, v)
     # Pd = d − ½X·Xᴴd, never formed (Note [Pd through d])
     mu_v = mu if v is d else 1.0
     xhd = gram(x, dn, group)
@@ -287,7 +265,7 @@ def cayley_gradient_step(
     h = gram(x, gn, group)
     w = sym(h) if metric == "euclidean" else h.mH
     if not _woodbury_for(x, group):
-        return _dense(x, gn - x @ w, lr, None, xx)
+        return dense_cayley_step(x, gn - x @ w, lr)
     xhd = h - xx @ w
     # Pd = G − X(W + ½Xᴴd), over G/μ (never over the caller's G)
     pd = sub_product(gn, x, w + 0.5 * xhd, over_u=in_place() and gn is not g)

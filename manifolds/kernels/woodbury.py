@@ -78,6 +78,7 @@ from __future__ import annotations
 import torch
 
 from .basic import eye_like, flat, product_on, sub_product, three_products, two_products
+from .cayley_dense import long_cayley_step
 from .euler import solve_near_identity
 from .reads import host_reads_allowed
 from .reduce import gram
@@ -192,9 +193,14 @@ def solve_step_system(
     Returns:
         V₁/t and Z₂, each (..., M, M) or, with ``xv``, (..., M, M + K).
     """
-    m = xpd.shape[-1]
     t = norm_from_gram(pdpd)
     bounds = None if lu else elimination_bounds(xpd, g, t, lr, checks, reads)
+    return _solve(xpd, g, pdpd, t, lr, xv, pdv, bounds, checks)
+
+
+def _solve(xpd, g, pdpd, t, lr, xv, pdv, bounds, checks):
+    # `solve_step_system` with the elimination's bounds given (None: the scaled LU)
+    m = xpd.shape[-1]
     if bounds is not None:  # Note [Woodbury system by block elimination]
         # unscaled (|β| ≤ 4): T = I + aXᴴPd, a = ½lr; S = I + W₁ with
         # W = a²PdᴴPd·Q − a[PdᴴX, Pdᴴv]; Z₂ = −2S⁻¹W and V₁/t = 2a(Q − Q₁S⁻¹W),
@@ -269,16 +275,16 @@ def smw_step(
     (as in Note [Square steps in the frame of X]). Forming X·(I + Z₂)K instead
     rounds a sum of M products of O(1) terms per entry at every step, a drift
     that is not corrected (docs/performance.md, "Measurements behind code
-    choices"). A known limit: where the normal part of Pd
-    is rank-deficient (a rank-1 gradient), B and C share directions and the
-    2M×2M system has Jordan blocks [[γ, −½], [0, γ]] on them (Note
-    [Overflow-safe step]): its rounding is amplified by about β² = (lr·‖Pd‖)²,
-    and Y leaves the manifold by about eps·β² (float32 St(256, 16), rank 1:
-    1e-5 at β = 10, 1e-3 at 100, 0.1 at 1e3, garbage from 1e4; float64 4e-4 at
-    1e6; a full-rank step stays at rounding). The next step's test, or the
-    projection of Note [Off-manifold points at a step], brings the point back,
-    with a warning; a stable long step would take the basis [X, Q] of the
-    normal part's QR instead (a skew 2M×2M Cayley), at an N-sized QR per step.
+    choices"). Where the normal part of Pd is rank-deficient
+    (a rank-1 gradient), B and C share directions and the 2M×2M system has
+    Jordan blocks [[γ, −½], [0, γ]] on them (Note [Overflow-safe step]): its
+    rounding grows as β² = (lr·‖Pd‖)², and Y left the manifold by about eps·β²
+    (float32 St(256, 16), rank 1: 1e-3 at β = 100, 0.1 at 1e3). So a step the
+    elimination refuses (|β| > 4 or |β|·‖XᴴPd‖ > 1), where the host knows it,
+    is taken in the basis of span{X, d} instead (Note [A long Cayley step in the
+    basis of X and the step] in `stiefel.manifolds.kernels.cayley_dense`); a
+    step that reads nothing (traced, capturable) or on row-sharded points keeps
+    the system, and the test of the next step brings its point back.
     The system is written in the scaled form of Note [Overflow-safe step] and
     solved by `woodbury.solve_step_system` (block elimination where it is
     stable, Note [Woodbury system by block elimination]). A
@@ -352,7 +358,14 @@ def smw_step(
         return product_on(a, half, b, alpha=-1) if implicit else a
 
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
-    z1, z2 = solve_step_system(xpd, xx, pdpd, lr, xv, pdv, checks=checks, reads=reads)
+    t = norm_from_gram(pdpd)
+    bounds = elimination_bounds(xpd, xx, t, lr, checks, reads)
+    if bounds is None and checks is None and group is None and host_reads_allowed(reads):
+        # a long step, known on the host (Note [A long Cayley step in the basis of X
+        # and the step]): the Woodbury system's rounding would grow as β²
+        d = pd_or_d if implicit else product_on(pd_or_d, x, half)  # d = Pd + ½X·Xᴴd
+        return long_cayley_step(x, d, lr, v)
+    z1, z2 = _solve(xpd, xx, pdpd, t, lr, xv, pdv, bounds, checks)
     z, vt = z2[..., :m], z1[..., :m]
     k = 1.5 * eye - 0.5 * xx
     # Y = X + X((I + Z₂)K − I) − Pd(V₁/t)K, (I + Z₂)K − I = Z₂K − ½(XᴴX − I): two
