@@ -438,9 +438,9 @@ def _off_message(name: str, single: buckets.Bucket, err: str) -> str:
         )
     return (
         f"{name}: {single.where()} is off its manifold ({err}, e.g. after load_state_dict, "
-        "an in-place edit, or a step too long for the retraction's precision, as a "
-        "float32 Cayley step along a low-rank gradient with lr·‖grad‖ far above 1); it is "
-        "projected back (polar factor) before the step"
+        "an in-place edit, or a compiled or capturable Cayley step along a low-rank "
+        "gradient with lr·‖grad‖ far above 1); it is projected back (polar factor) before "
+        "the step"
     )
 
 
