@@ -73,6 +73,28 @@ def _linear_part(layer: Callable, batch: torch.Tensor) -> torch.Tensor:
     return out[:-1] - out[-1:]
 
 
+def _check_affine(layer: Callable, shape: tuple[int, ...], dtype, device) -> None:
+    """ValueError unless A(a + b) = Aa + Ab for A x = layer(x) − layer(0), on two random inputs.
+
+    A nonlinear layer (a ReLU network) has no singular values: its impulse responses
+    and its power iteration would give numbers with no meaning, without an error.
+    """
+    gen = torch.Generator().manual_seed(1)
+    a, b = (torch.randn(1, *shape, dtype=torch.float64, generator=gen) for _ in range(2))
+    with torch.no_grad():
+        batch = torch.cat([a, b, a + b]).to(dtype=dtype, device=device)
+        ya, yb, yab = _high(_linear_part(layer, batch)).unbind(0)
+    gap, scale = float((ya + yb - yab).norm()), float(ya.norm() + yb.norm() + yab.norm())
+    if not gap <= 100 * math.sqrt(math.prod(shape)) * torch.finfo(dtype).eps * scale:
+        raise ValueError(
+            f"the layer is not affine on inputs of shape {shape}: A(a + b) differs from "
+            f"Aa + Ab by {gap / max(scale, 1e-300):.1e} of their size on random inputs "
+            "(A x = layer(x) − layer(0)); allowed: an affine layer (convolutions, linear "
+            "layers and their compositions); for a nonlinear network pass its "
+            "Jacobian-vector product at a point"
+        )
+
+
 def _grid(n: int, m: int) -> tuple[int, int, int] | None:
     """(grid, input phases, output phases) of an axis of n inputs and m outputs, or None."""
     if n % m == 0:
@@ -193,7 +215,7 @@ def singular_values(
         ValueError: a bad ``input_shape`` or ``method``; ``method="fft"`` for a
             layer that does not commute with circular shifts; ``"auto"`` when
             it does not and the input has more than 4096 values (use
-            `lipschitz_bound`).
+            `lipschitz_bound`); a layer that is not affine.
 
     Example:
         ```python
@@ -229,6 +251,7 @@ def singular_values(
                 f"and its dense matrix would have {numel} columns (> {DENSE_LIMIT}); use a "
                 "smaller input_shape, method='dense' explicitly, or lipschitz_bound"
             )
+    _check_affine(layer, shape, dtype, device)
     return torch.linalg.svdvals(_dense(layer, shape, dtype, device))
 
 
@@ -267,7 +290,8 @@ def lipschitz_bound(
         The estimate of the largest singular value.
 
     Raises:
-        ValueError: a bad ``input_shape``, ``iterations`` or ``rtol``.
+        ValueError: a bad ``input_shape``, ``iterations`` or ``rtol``; a layer that
+            is not affine.
 
     Example:
         ```python
@@ -285,6 +309,7 @@ def lipschitz_bound(
     if not (isinstance(rtol, int | float) and 0 <= rtol < 1):
         raise ValueError(f"rtol={rtol!r}; allowed: a number in [0, 1)")
     dtype, device = _like(layer, dtype, device)
+    _check_affine(layer, shape, dtype, device)
     with torch.no_grad():
         offset = layer(torch.zeros(1, *shape, dtype=dtype, device=device))
     v = torch.randn(1, *shape, generator=generator, dtype=dtype).to(device)
