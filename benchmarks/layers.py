@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         print("| layer | min ‖y‖/‖x‖ | max ‖y‖/‖x‖ | ‖layer‖₂ (power iteration) |")
         print("|---|---|---|---|")
         for name, lo, hi, op in norm_table(draws, device):
-            print(f"| {name} | {float(lo):.6f} | {float(hi):.6f} | {op:.6f} |")
+            shown = "—" if op != op else f"{op:.6f}"  # NaN: no operator norm to take
+            print(f"| {name} | {float(lo):.6f} | {float(hi):.6f} | {shown} |")
     clock = timed  # the wall time of a call, its CUDA kernels included
     if args.clock == "thread":  # Note [Thread CPU time on a shared machine] (benchmarks._timing)
         torch.set_num_threads(1)
