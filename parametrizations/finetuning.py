@@ -252,7 +252,8 @@ def _rotation_of(module: object) -> Rotation:
     if not isinstance(rot, Rotation):
         raise ValueError(
             f"{type(module).__name__} is not rotated (no Rotation in module.{ATTRIBUTE}); "
-            "allowed: a module returned by stiefel.rotate"
+            "allowed: a module returned by stiefel.rotate (a PEFT 'stiefel' adapter's Q is "
+            "layer.stiefel_R[adapter_name].matrix(), or layer.get_delta_weight(adapter_name))"
         )
     return rot
 
