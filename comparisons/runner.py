@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -80,10 +81,22 @@ def _named(name: str, params: list, lr: float, options: dict, exc: Exception) ->
 
 def check_optimizer(strategy: Strategy, lr: float | None) -> None:
     """Build the strategy's optimizer over a stand-in weight: its options are checked (naming
-    the one refused) before any training."""
+    the one refused) before any training, and a map's free parameters are not given to an
+    optimizer that steps plain matrices as Stiefel points (pogo): it would constrain them."""
     options = {k: v for k, v in strategy.optimizer_options.items() if k != "lr"}
     weight = nn.Parameter(torch.zeros(2, 2))
-    _create(strategy, strategy.optimizer, [weight], strategy.lr(lr), options)
+    with warnings.catch_warnings():  # its warning about the stand-in is not the user's
+        warnings.simplefilter("ignore", RuntimeWarning)
+        opt = _create(strategy, strategy.optimizer, [weight], strategy.lr(lr), options)
+    points = getattr(opt, "manifold_parameters", list)()
+    a_map = strategy.method in parametrizations.available() and strategy.method != "riemannian"
+    if points and a_map:
+        raise ValueError(
+            f"strategy {strategy.name!r}: {strategy.optimizer} steps plain matrices as points of "
+            f"the Stiefel manifold, so it would constrain the free parameters of the "
+            f"{strategy.method!r} map; allowed: riemannian+{strategy.optimizer}, or the map "
+            "with another optimizer"
+        )
 
 
 def build_optimizers(

@@ -83,6 +83,8 @@ ADAM_BETAS = inspect.signature(torch.optim.Adam).parameters["betas"].default
         ("cwy+adam(betas=1)", f"option betas=1 (int) is refused ('int' object is not "
          f"subscriptable); allowed: a value like its default betas={ADAM_BETAS!r}"),
         ("householder(reflections=100)+adam", "reflections=100 is out of range"),
+        # pogo steps plain matrices as points: cwy's free V would be constrained
+        ("cwy+pogo", "would constrain the free parameters of the 'cwy' map"),
     ],
 )  # fmt: skip
 def test_a_bad_strategy_of_a_later_section_fails_before_any_training(tmp_path, strategy, message):
