@@ -21,7 +21,7 @@ from .cost import GEOOPT_STEPS, measure_many, optimizer_steps, peak_bytes, saved
 
 __all__ = [
     "map_plan", "step_plan", "map_costs", "optimizer_costs", "left_out_steps", "LEFT_OUT",
-    "with_multiples", "register_part", "FIT_MIN_N", "FIT_MIN_STEP_N",
+    "with_multiples", "register_part", "FIT_MIN_N", "FIT_MIN_STEP_N", "STEP_NOTES",
 ]  # fmt: skip
 
 LEFT_OUT = "not declared riemannian=True"  # why `left_out_steps` are not stepped
@@ -31,6 +31,21 @@ LEFT_OUT = "not declared riemannian=True"  # why `left_out_steps` are not steppe
 FIT_MIN_N = 512
 FIT_MIN_STEP_N = 8192
 
+_OURS = ("no FLOP model; geoopt's {} on this package's `Stiefel(N, M)`: Euclidean metric, a Cayley "
+         "retraction through a 2M×2M Woodbury solve (never N×N), O(NM²) a step")  # fmt: skip
+_CANONICAL = ("no FLOP model; geoopt's `CanonicalStiefel`: canonical metric, a Cayley retraction "
+              "that forms and solves an N×N system, O(N³) a step: far slower than geoopt_radam "
+              "and geoopt_rsgd, the same optimizers on `Stiefel(N, M)`, at large N")  # fmt: skip
+#: the step table's note (key, text) of a step with no formula: the manifold and retraction it
+#: steps on; another step's note is its optimizer's formula, keyed by its name
+STEP_NOTES = {
+    "geoopt_rsgd": ("geoopt_rsgd", _OURS.format("RiemannianSGD")),
+    "geoopt_radam": ("geoopt_radam", _OURS.format("RiemannianAdam")),
+    GEOOPT_STEPS[0]: ("CanonicalStiefel", _CANONICAL),
+    GEOOPT_STEPS[1]: ("EuclideanStiefel", "no FLOP model; geoopt's `EuclideanStiefel`: Euclidean "
+                      "metric, a QR retraction of X + U, O(NM²) a step"),
+    GEOOPT_STEPS[2]: ("CanonicalStiefel", _CANONICAL),
+}  # fmt: skip
 Limits = Mapping[str, int] | None  # largest n (or N) per map or optimizer label
 Measure = Callable[[dict], list[dict]]
 Table = Callable[[list[dict], float], list[str]]  # (rows, GEMM rate) → markdown lines

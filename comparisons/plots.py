@@ -3,6 +3,11 @@
 Legends outside the axes, one title per figure, ticks at the measured sizes, axis labels in
 words; complexity plots carry the roofline (Note [Roofline] in `stiefel.comparisons.cost`)
 as dashed lines; losses are floored at the resolution of the run's dtype.
+
+Note [One meaning per line style]
+In a figure a line style means one thing, which its legend names: drift, the dtype; convergence,
+dashed the baseline, dotted a run off the manifold, dash-dot (wall time) one that waited for a
+core; complexity, dashed the roofline.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from .cost import fit_exponent  # noqa: E402
+from .cost import CONTENTION, fit_exponent  # noqa: E402
 from .precision import precision  # noqa: E402
 from .writers import save_figure  # noqa: E402
 
@@ -29,15 +34,18 @@ LABELS = {
 }
 
 
-#: tab20's ten dark shades, then its ten light ones, and seven markers: the first 20
-#: series get 20 colours, and a colour never comes back with the same marker
-COLOURS = [plt.get_cmap("tab20")(i) for i in (*range(0, 20, 2), *range(1, 20, 2))]
+#: tab10, then ten hues away from its own: the 15 series of a quick step figure get clearly
+#: different colours; seven markers, a colour never back with the same one
+COLOURS = [*plt.get_cmap("tab10").colors, "#000080", "#e6007e", "#e6b800", "#008080", "#556b2f",
+           "#9acd32", "#4b0082", "#ff7f50", "#2f4f4f", "#d2b48c"]  # fmt: skip
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
 def style(i: int) -> dict:
-    """The colour and marker of series ``i`` (distinct for up to 20 series)."""
-    return dict(color=COLOURS[i % len(COLOURS)], marker=MARKERS[i % len(MARKERS)])
+    """The colour and marker of series ``i`` (distinct for up to 20 series); each series is drawn
+    thinner, with a smaller marker, than those before it, so two that coincide both show."""
+    return dict(color=COLOURS[i % len(COLOURS)], marker=MARKERS[i % len(MARKERS)],
+                ms=max(4.0, 10 - 0.4 * i), lw=max(1.0, 3.0 - 0.13 * i))  # fmt: skip
 
 
 def save(store, fig, stem: str) -> list[str]:
@@ -56,7 +64,7 @@ def _resolution(dtype: str) -> float:
     return float(torch.finfo(precision(dtype)[0]).eps)
 
 
-_DTYPE_STYLES = ("-", "--", ":", "-.")
+_DTYPE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}  # and names
 
 
 def drift_figure(runs: list[dict]):
@@ -69,8 +77,11 @@ def drift_figure(runs: list[dict]):
         vals = [max(d, 1e-18) for d in r["drift"] if d is not None]
         if vals:
             kw = style(strategies.index(r["strategy"])) | dict(markevery=max(1, len(steps) // 10))
-            ls = _DTYPE_STYLES[dtypes.index(r["dtype"]) % len(_DTYPE_STYLES)]
+            ls = [*_DTYPE_STYLES][dtypes.index(r["dtype"]) % len(_DTYPE_STYLES)]
             ax.semilogy(steps, vals, ls=ls, label=f"{r['strategy']} [{r['dtype']}]", **kw)
+    for i, d in enumerate(dtypes if len(dtypes) > 1 else []):  # Note [One meaning per line style]
+        ls = [*_DTYPE_STYLES][i % len(_DTYPE_STYLES)]
+        ax.plot([], [], "k", ls=ls, label=f"{_DTYPE_STYLES[ls]}: {d}")
     ax.set_xlabel("step")
     ax.set_ylabel(r"orthogonality error $\|X^H X - I\|_F$")
     ax.set_title("Orthogonality drift")
@@ -82,8 +93,9 @@ def drift_figure(runs: list[dict]):
 def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozenset()):
     """Loss (or |gap|) against step and wall time per ``strategy [dtype]``, the geometric mean over
     seeds on a log axis (band × or ÷ one geometric std), else the mean ± one std. One in
-    ``flagged`` (it waited for a core) is dashed against wall time, ends hollow, its bar back to
-    its CPU time; one with a run ``off_manifold`` (not converged) is dotted, its legend says so."""
+    ``flagged`` (it waited for a core) is dash-dot against wall time, ends hollow, its bar back to
+    its CPU time; one with a run ``off_manifold`` (not converged) is dotted, its legend says so;
+    the baseline is dashed (Note [One meaning per line style])."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     groups: dict[str, list[dict]] = {}
     for r in runs:
@@ -116,14 +128,15 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
         label = f"{name}: off the manifold in {off} of {len(rs)}" if off else name
         for ax, x in ((a1, steps), (a2, times)):
             waited = ax is a2 and name in flagged
-            ax.plot(x, m, label=label, ls=":" if off else "--" if waited else "-", **kw)
+            ax.plot(x, m, label=label, ls=":" if off else "-." if waited else "-", **kw)
             ax.fill_between(x, lo, hi, alpha=0.2, color=kw["color"])
         if name in flagged:
             cpu = np.mean([r["cpu_time"][n - 1] for r in rs])
             a2.errorbar([times[-1]], [m[-1]], xerr=[[times[-1] - cpu], [0]], fmt=kw["marker"],
                         ms=9, mfc="white", color=kw["color"], capsize=3, zorder=3)  # fmt: skip
     if flagged:
-        a2.plot([], [], "k--o", mfc="white", label="waited for a core (bar: back to CPU time)")
+        a2.plot([], [], "k-.o", mfc="white", label="dash-dot, hollow end: waited for a core (wall "
+                f"> {CONTENTION:g}× CPU time; bar: back to its CPU time)")  # fmt: skip
     if any(r.get("off_manifold") for r in runs):
         a2.plot([], [], "k:", label="dotted: ended off the manifold (not converged)")
     stat = "geometric mean" if logy else "mean"
@@ -133,7 +146,7 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
         if logy:
             ax.set_yscale("log")
         if baseline is not None and optimum is None:
-            ax.axhline(baseline, color="k", ls="--", lw=1, label="baseline (chance)")
+            ax.axhline(baseline, color="k", ls="--", lw=1, label="dashed: baseline (chance)")
         ax.grid(alpha=0.3)
     band = "× or ÷ one geometric std" if logy else "± one std"
     fig.suptitle(f"{task}: {stat} over seeds, band {band}")
@@ -175,7 +188,7 @@ def complexity_figure(
             ax.loglog(xs, times, "--", marker="_", ms=12, color=line.get_color(), lw=0.8)
             modelled = True
     if modelled:
-        ax.plot([], [], "k--", marker="_", ms=12, lw=0.8, label="roofline (FLOPs or bytes)")
+        ax.plot([], [], "k--", marker="_", ms=12, lw=0.8, label="dashed: roofline (FLOPs or bytes)")
     if flagged:
         ax.plot([], [], "ko", mfc="white", label="flagged: spread or waited (± MAD)")
     sizes = sorted({r[x] for r in rows})

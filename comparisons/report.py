@@ -12,7 +12,7 @@ from .config import PRESETS
 from .store import RunStore
 from .writers import write_text
 
-__all__ = ["summarize_runs", "mean_std", "write_report", "machine_line"]
+__all__ = ["summarize_runs", "mean_std", "geo_mean", "write_report", "machine_line"]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -20,6 +20,15 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if not vals:
         return float("nan"), float("nan")
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def geo_mean(values: list[float]) -> float | None:
+    """The geometric mean of the finite ``values`` (what the log-axis figures plot): 0 with a 0
+    among them, None with a negative one or none finite."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals or min(vals) < 0:
+        return None
+    return 0.0 if min(vals) == 0 else math.exp(statistics.fmean(map(math.log, vals)))
 
 
 def summarize_runs(runs: list[dict]) -> list[dict]:
@@ -32,6 +41,7 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
         loss_m, loss_s = mean_std([r["final_loss"] for r in rs])
         row = dict(task=task, strategy=strategy, dtype=dtype, seeds=len(rs), lr=rs[0].get("lr"))
         row.update(final_loss=loss_m, final_loss_std=loss_s, baseline=rs[0]["baseline"])
+        row.update(final_loss_geo=geo_mean([r["final_loss"] for r in rs]))
         row.update(
             optimum=rs[0]["optimum"],
             max_drift=max((d for r in rs for d in r["drift"] if d is not None), default=None),
@@ -47,6 +57,7 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
         if rs[0]["optimum"] is not None:  # each seed draws its own problem and optimum
             row["optimum"], _ = mean_std([r["optimum"] for r in rs])
             row["gap"], row["gap_std"] = mean_std([r["gap"] for r in rs])
+            row["gap_geo"] = geo_mean([abs(r["gap"]) for r in rs])  # the figures' |gap|
         for key in rs[0]["metrics"]:
             row[key], row[key + "_std"] = mean_std([r["metrics"][key] for r in rs])
         out.append(row)

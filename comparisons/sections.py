@@ -15,6 +15,7 @@ from . import cost, plots
 from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
+from .strategies import parse
 from .task import get as get_task
 from .writers import Progress, fmt, md_table, write_text
 
@@ -58,7 +59,7 @@ def drift_section(store: RunStore, opts: dict) -> list[dict]:
     text = (f"{opts['steps']} steps and {opts['seeds']} seed(s) per run on "
             f"{', '.join(opts['tasks'])} (sizes below); the drift of the constrained matrix "
             "after each recorded step.\n\n" + _setup_text(opts, runs))  # fmt: skip
-    write_text(store.path("drift.md"), text + _skipped_text(skipped) + md_table(head, body))
+    write_text(store.path("drift.md"), text + _skipped_text(skipped) + _lr_table(head, body, runs))
     store.end_section("drift", ["drift.md", *figs], skipped)
     return runs
 
@@ -67,7 +68,9 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     runs, skipped = run_grid(store, "convergence", opts)
     summary = summarize_runs(runs)
     text = [
-        f"{opts['steps']} steps, {opts['seeds']} seed(s), mean ± std over seeds. A run *diverged* "
+        f"{opts['steps']} steps, {opts['seeds']} seed(s); *(mean)*: the arithmetic mean over seeds "
+        "(± its std); *geometric mean*: the statistic the figures plot on their log axes (a 0 "
+        "among the seeds makes it 0). A run *diverged* "
         "when its loss became not finite; it *did not converge* when its final gap to a known "
         "optimum is above a declared fraction of its first (`Task.converged_fraction`), or, "
         "with no optimum, its final loss is above the baseline or a held-out accuracy at "
@@ -90,19 +93,21 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         size = _size(next(r for r in runs if r["task"] == task))
         text.append(f"### {task}\n\n*{size}; {r0['seeds']} seed(s) × {opts['steps']} steps; "
                     f"{what}*\n")  # fmt: skip
-        head = ["strategy", "dtype", "lr", "final loss", "± std", "gap to optimum"]
-        head += ["max drift", "time [s]", "CPU [s]", "diverged / not finite", "did not converge"]
+        geo = ("gap to optimum", "gap_geo") if opt is not None else ("final loss", "final_loss_geo")
+        head = ["strategy", "dtype", "lr", "final loss (mean)", "± std", "gap to optimum (mean)"]
+        head += [f"{geo[0]} (geometric mean)", "max drift", "time [s]", "CPU [s]"]
+        head += ["diverged / not finite", "did not converge"]
         body = [
             [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
-            + [s.get("gap"), s["max_drift"], _t(s, "time"), s["cpu_s"]]
+            + [s.get("gap"), s.get(geo[1]), s["max_drift"], _t(s, "time"), s["cpu_s"]]
             + [f"{s['diverged']} of {s['seeds']}", f"{s['unconverged']} of {s['seeds']}"]
             + [f"{s['off_manifold']} of {s['seeds']}"]
             + [s[k] for k in extra]
             for s in rows
         ]
         task_runs = [r for r in runs if r["task"] == task]
-        text.append(md_table(head + ["of them off the manifold", *extra], body) + _near_best(rows))
-        text[-1] += _off(task_runs) + _rose(task_runs)
+        text.append(_lr_table(head + ["of them off the manifold", *extra], body, rows))
+        text[-1] += _near_best(rows) + _off(task_runs) + _rose(task_runs)
         waited = [f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]]
         text += _flagged(waited, "the wall time counts waits: compare the CPU column")
         flagged = {f"{s['strategy']} [{s['dtype']}]" for s in rows if s["time_flag"]}
@@ -111,6 +116,14 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
     write_text(store.path("convergence.md"), "\n".join(text))
     store.end_section("convergence", ["convergence.md", *figs], skipped)
     return runs
+
+
+def _lr_table(head: list[str], body: list[list], rows: list[dict]) -> str:
+    """`md_table`, without its lr column where every strategy names its lr (it would repeat it)."""
+    if all("lr" in parse(r["strategy"]).optimizer_options for r in rows):
+        i = head.index("lr")
+        head, body = head[:i] + head[i + 1 :], [b[:i] + b[i + 1 :] for b in body]
+    return md_table(head, body)
 
 
 def _near_best(rows: list[dict]) -> str:
@@ -313,6 +326,11 @@ def _map_table(maps: list[dict], methods: list[str], repeats: int) -> list[str]:
         "### Maps (CWY paper Table 1 layout), measured at the largest n\n",
         f"*n = {', '.join(map(str, sorted({r['n'] for r in maps})))}; {repeats} blocks, median*\n",
         md_table(head, rows),
+        "\n*saved*: the bytes autograd saves for the backward of (map() · C).sum(), summed over "
+        "its saves: a tensor saved by k ops counts k times, the weights and C (there before the "
+        "call) too. *peak fwd+bwd*: the most bytes of tensors created during forward + backward "
+        "alive at once (on CUDA the allocator's peak above its start), not what was there before. "
+        "So *saved* can exceed the peak: it bounds the activation memory, it is no part of it.\n",
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
         *_flagged(why),
@@ -320,8 +338,7 @@ def _map_table(maps: list[dict], methods: list[str], repeats: int) -> list[str]:
 
 
 def _step_table(steps: list[dict], repeats: int) -> list[str]:
-    known = cost.optimizer_steps()
-    rows, pairs, why = [], [], []
+    known, rows, pairs, why, notes = cost.optimizer_steps(), [], [], [], {}
     shapes = dict.fromkeys(f"{r['N']}×{r['M']}" for r in steps)
     for label in dict.fromkeys(r["optimizer"] for r in steps):
         rs = [r for r in steps if r["optimizer"] == label]
@@ -329,18 +346,24 @@ def _step_table(steps: list[dict], repeats: int) -> list[str]:
         fit, model = _fits(rs, "N", ("step_s", "flops"), cx.FIT_MIN_STEP_N, why)
         modelled = math.isfinite(big["flops"])
         pairs.append((fit, model if modelled else None))
-        formula = known[label][0].formula if label in known else ""
+        info = known.get(label, (None,))[0]  # None: no longer registered, no note
+        mine = (getattr(info, "name", label), info and info.formula)
+        key, note = cx.STEP_NOTES.get(label, mine)
+        notes[key] = note
         rows.append(
-            [label, formula or "–", big["N"], big["M"], big["flops"] if modelled else "–"]
-            + [_t(big, "step"), big["peak_bytes"] / 2**20]
+            [label, f"[{key}]" if note else "–", big["N"], big["M"]]
+            + [big["flops"] if modelled else "–", _t(big, "step"), big["peak_bytes"] / 2**20]
             + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
         )
-    head = ["optimizer", "FLOPs (formula)", "N", "M", "FLOP model", "step [s]", "peak [MiB]"]
-    head += ["exponent in N", "model exponent", "fitted over N"]
+    head = ["optimizer", "FLOPs (formula) or manifold", "N", "M", "FLOP model", "step [s]"]
+    head += ["peak [MiB]", "exponent in N", "model exponent", "fitted over N"]
     return [
         "\n### One optimizer step on St(N, M) (CWY paper Table 2 layout)\n",
         f"*N × M = {', '.join(shapes)}; median of {repeats} blocks*\n",
         md_table(head, rows),
+        "\nEach formula or manifold once, keyed as in the table (an optimizer's variants share its "
+        "formula; every row but geoopt's anchors steps on this package's `Stiefel(N, M)`):\n\n"
+        + "".join(f"- [{k}] {v}\n" for k, v in notes.items() if v),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
         *_flagged(why),
     ]

@@ -20,8 +20,12 @@ HARNESS = ROOT / "comparisons"
 #: every section is built before any training (optimizer options named when refused),
 #: duplicates are refused, and resume ignores where --out is and how many --jobs; 11
 #: more for the distance at which an optimizer near the manifold by design counts on it; 4
-#: for `grid.plan`'s ``build``: the CLI builds the maps and optimizers once, a section not again
-CAP = 3321
+#: for `grid.plan`'s ``build``: the CLI builds the maps and optimizers once, a section not again;
+#: 13 for refusing a map with an optimizer that steps plain matrices as points (runner);
+#: 62 for a report that cannot be misread: the figures' geometric mean beside the tables' mean,
+#: each step formula and geoopt manifold once as a note, saved vs peak memory defined, legends
+#: naming every line style, no lr said twice (tests/comparisons/test_report_clarity.py)
+CAP = 3396
 PACKAGE = "stiefel.comparisons"
 
 

@@ -126,7 +126,7 @@ def test_convergence_figure_marks_a_run_that_waited_for_a_core():
     fig = plots.convergence_figure(runs, "procrustes", flagged={"s [float32]"})
     time_axis = fig.axes[1]
     dashed = [ln for ln in time_axis.get_lines() if ln.get_label() == "s [float32]"]
-    assert dashed and dashed[0].get_linestyle() == "--"
+    assert dashed and dashed[0].get_linestyle() == "-."  # dash-dot: dashed is the baseline
     hollow = [ln for ln in time_axis.get_lines() if ln.get_markerfacecolor() == "white"]
     assert any(list(ln.get_xdata()) == [4.0] for ln in hollow)  # the end, at its wall time
     # its error bar reaches back to the CPU time: a segment from 1.0 to 4.0
@@ -134,7 +134,7 @@ def test_convergence_figure_marks_a_run_that_waited_for_a_core():
     assert any(s[0][0][0] == 1.0 and s[0][1][0] == 4.0 for s in segs if len(s))
     assert (
         not plots.convergence_figure(runs, "procrustes").axes[1].get_lines()[0].get_linestyle()
-        == "--"
+        == "-."
     )
 
 
