@@ -83,6 +83,16 @@ class LipschitzDigits(Classification, Task):
                 f"task 'lipschitz_digits': kernel_size={kernel_size}; allowed: ≤ size={size}"
             )
         self.scale, self.radius = float(scale), float(radius)
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(
+                f"task 'lipschitz_digits': scale={scale}; allowed: a finite number > 0 "
+                "(the logits' factor)"
+            )
+        if not (math.isfinite(self.radius) and self.radius >= 0):
+            raise ValueError(
+                f"task 'lipschitz_digits': radius={radius}; allowed: a finite number >= 0 "
+                "(the ℓ₂ radius of the certified accuracy)"
+            )
         x, y, xt, yt = digits_split(self.name, self.generator)
 
         def upsample(images: torch.Tensor) -> torch.Tensor:
@@ -113,17 +123,25 @@ class LipschitzDigits(Classification, Task):
                     f"task 'lipschitz_digits': layer={layer!r}; allowed: "
                     f"{', '.join(DEFAULT_MAPS)} (or the methods {', '.join(self.extra_methods)})"
                 )
-        net = LipschitzNet(
-            layer,
-            method,
-            self.channels,
-            self.kernel_size,
-            self.size,
-            10,
-            self.scale,
-            dtype=self.dtype,
-            **options,
-        )
+        try:
+            net = LipschitzNet(
+                layer,
+                method,
+                self.channels,
+                self.kernel_size,
+                self.size,
+                10,
+                self.scale,
+                dtype=self.dtype,
+                **options,
+            )
+        except ValueError as exc:
+            if layer != "fft" or "not supported" not in str(exc):
+                raise
+            raise ValueError(
+                f"{exc} (the FFT layer's maps; the method option layer= picks a layer that "
+                "takes the others: tcwy(layer=conv_kernel), cwy(layer=orthoconv))"
+            ) from exc
         return net.to(self.device)
 
     def check_method(self, method: str, method_options: dict) -> None:

@@ -33,6 +33,7 @@ layer's linear part is A x = layer(x) − layer(0).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -137,6 +138,10 @@ def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
     whose weight changes at every call, as orthogonium's, is measured at one
     weight), the responses' FFT, and the largest singular value of the s²
     transfer matrices in float64 (Note [Exact norm of a circular convolution]).
+    The layer's ``bias`` tensor, if it has one, is zero during the measurement
+    (restored after): A x = layer(x) − layer(0) does not depend on it, and a
+    bias far larger than A x (a float32 run at a large learning rate) would leave
+    only rounding in the difference.
 
     Args:
         layer: a stride-1 circular convolution (any of `conv_layer`), or any
@@ -146,7 +151,9 @@ def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
         size: s.
 
     Returns:
-        The largest singular value of the layer's linear part.
+        The largest singular value of the layer's linear part; NaN for a layer
+        whose response to the zero image or to a unit impulse is not finite (a
+        diverged run's: its norm is undefined, and a NaN layer commutes with no shift).
 
     Raises:
         ValueError: the layer does not map (B, c, s, s) to (B, c, s, s), or does not
@@ -162,15 +169,33 @@ def circular_norm(layer: nn.Module, channels: int, size: int) -> float:
         assert abs(circular_norm(conv, 2, 5) - torch.linalg.matrix_norm(dense, 2)) < 1e-5
         ```
     """
+    bias = getattr(layer, "bias", None)
+    if not isinstance(bias, torch.Tensor):
+        return _circular_norm(layer, channels, size)
+    saved = bias.detach().clone()
+    with torch.no_grad():
+        bias.zero_()  # A does not depend on it; a large bias would drown A x in rounding
+    try:
+        return _circular_norm(layer, channels, size)
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+
+
+def _circular_norm(layer: nn.Module, channels: int, size: int) -> float:
     params = next(iter(layer.parameters()), None)
     dtype = params.dtype if params is not None else torch.float32
     device = params.device if params is not None else None
     shape = (1, channels, size, size)
-    out = layer(torch.zeros(shape, dtype=dtype, device=device))
-    if out.shape != shape:
+    probe = torch.zeros((2, *shape[1:]), dtype=dtype, device=device)
+    probe[1, :, 0, 0] = 1  # the zero image and an impulse in every channel
+    out = layer(probe)
+    if out.shape[1:] != shape[1:]:
         raise ValueError(
             f"layer maps {(channels + 1, *shape[1:])} to {(channels + 1, *out.shape[1:])}; "
             f"allowed: a shape-preserving circular convolution ({channels} channels, "
             f"{size}×{size})"
         )
+    if not bool(torch.isfinite(out).all()):
+        return math.nan
     return float(singular_values(layer, shape[1:], method="fft", dtype=dtype, device=device)[0])

@@ -28,6 +28,7 @@ the exactly orthogonal layers, at most scale with ``conv_kernel=True``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -158,11 +159,17 @@ class LipschitzNet(nn.Module):
         norms under ``torch.nn.utils.parametrize.cached()`` to see one weight.
         """
         norms = [circular_norm(conv, self.channels, self.size) for conv in self.convs]
-        return [*norms, float(torch.linalg.matrix_norm(self.head.weight.double(), ord=2))]
+        head = self.head.weight.double()
+        if not bool(torch.isfinite(head).all()):
+            return [*norms, math.nan]  # a diverged head: its SVD would fail
+        return [*norms, float(torch.linalg.matrix_norm(head, ord=2))]
 
     def lipschitz_bound(self) -> float:
-        """scale · Π ‖layer‖₂, an upper bound of the network's Lipschitz constant (module Note)."""
-        bound = self.scale
+        """|scale| · Π ‖layer‖₂, an upper bound of the network's Lipschitz constant (module Note).
+
+        NaN when a layer is not finite (`circular_norm`).
+        """
+        bound = abs(self.scale)
         for norm in self.layer_norms():
             bound *= norm
         return bound

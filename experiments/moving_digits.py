@@ -53,13 +53,16 @@ def moving_digits(
         frames: frames per sequence.
         size: frame height and width (≥ 8).
         max_digits: each sequence has 1…max_digits digits.
-        max_speed: velocities are integers in [−max_speed, max_speed] per axis.
+        max_speed: velocities are integers in [−max_speed, max_speed] per axis
+            (0 ≤ max_speed ≤ size − 8: one bounce per step keeps a digit inside).
         generator: random generator.
 
     Returns:
         The sequences.
     """
     span = size - 8
+    if not 0 <= max_speed <= span:
+        raise ValueError(f"max_speed={max_speed}; allowed: an int in [0, {span}] (size - 8)")
     video = torch.zeros(batch, frames, 1, size, size)
     for b in range(batch):
         count = int(torch.randint(1, max_digits + 1, (1,), generator=generator))
@@ -123,7 +126,17 @@ class MovingDigits(Task):
         super().__init__(dtype, device, seed)
         real_dtype(self.name, dtype)
         if size % 8 or size < 16:
-            raise ValueError(f"size={size}; allowed: a multiple of 8, at least 16")
+            raise ValueError(
+                f"task 'moving_digits': size={size}; allowed: a multiple of 8, at least 16"
+            )
+        if isinstance(max_speed, bool) or not isinstance(max_speed, int):
+            raise ValueError(f"task 'moving_digits': max_speed={max_speed!r}; allowed: an int")
+        if not 0 <= max_speed <= size - 8:
+            raise ValueError(
+                f"task 'moving_digits': max_speed={max_speed}; allowed: an int in "
+                f"[0, {size - 8}] (size - 8: a digit bounces at most once per frame)"
+            )
+        test_sequences = positive_int(self.name, "test_sequences", test_sequences)
         if positive_int(self.name, "frames", frames) < 2:
             raise ValueError(f"task 'moving_digits': frames={frames}; allowed: an integer >= 2")
         if loss not in _LOSSES:

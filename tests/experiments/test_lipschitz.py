@@ -163,3 +163,54 @@ def test_bad_layer_and_options_name_what_is_allowed():
         task.check_method("aoc", {"layer": "fft"})
     with pytest.raises(ValueError, match="not supported; allowed: cayley, exp, cwy"):
         task.check_method("householder", {})  # the FFT layer's maps
+
+
+def test_a_diverged_run_is_counted_not_a_crash():
+    """NaN weights: the bound is NaN and nothing is certified (the norm check raised)."""
+    opts = {"channels": 2, "size": 8, "batch": 8}
+    rec = run(RunConfig("lipschitz_digits", "conv+sgd(lr=1e6)", 0, 5, task_options=opts))
+    assert rec["diverged"]
+    assert math.isnan(rec["metrics"]["lipschitz_bound"])
+    assert rec["metrics"]["certified_accuracy"] == 0
+
+
+@pytest.mark.parametrize("layer", ["fft", "aoc", "conv"])  # the maps refuse a NaN parameter
+def test_the_norm_of_a_nan_layer_is_nan(layer):
+    conv = conv_layer(layer, None, 2, 3, dtype=_dtype(layer))
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.fill_(math.nan)
+    assert math.isnan(circular_norm(conv, 2, 4))
+    net = LipschitzNet("conv", channels=2, kernel_size=3, size=4)
+    with torch.no_grad():
+        net.head.weight.fill_(math.nan)
+    assert math.isnan(net.layer_norms()[-1]) and math.isnan(net.lipschitz_bound())
+
+
+def test_circular_norm_is_exact_under_a_large_bias():
+    """A bias far above A x (float32) leaves A x = layer(x) − layer(0) to rounding."""
+    torch.manual_seed(0)
+    conv = conv_layer("fft", None, 4, 3, dtype=torch.float32)
+    with torch.no_grad():
+        conv.bias.fill_(5e7)
+    bias = conv.bias.detach().clone()
+    assert circular_norm(conv, 4, 6) == pytest.approx(1.0, abs=1e-5)
+    assert torch.equal(conv.bias, bias)  # restored
+
+
+def test_scale_and_radius_are_checked():
+    make = tasks.make
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match=r"scale=-8.0; allowed: a finite number > 0"):
+        make("lipschitz_digits", torch.float32, cpu, 0, channels=2, size=4, scale=-8.0)
+    with pytest.raises(ValueError, match=r"radius=-0.3; allowed: a finite number >= 0"):
+        make("lipschitz_digits", torch.float32, cpu, 0, channels=2, size=4, radius=-0.3)
+    net = LipschitzNet("fft", channels=2, kernel_size=3, size=4, scale=-2.0, dtype=torch.float64)
+    assert net.lipschitz_bound() == pytest.approx(2.0, rel=1e-12)  # |scale|
+
+
+def test_a_map_the_fft_layer_refuses_names_the_layer_option():
+    task = tasks.make("lipschitz_digits", torch.float32, torch.device("cpu"), 0, channels=2, size=4)
+    with pytest.raises(ValueError, match=r"allowed: cayley, exp, cwy \(the FFT layer's maps; .*"
+                       r"tcwy\(layer=conv_kernel\)"):  # fmt: skip
+        task.check_method("tcwy", {})

@@ -1,8 +1,9 @@
 """The moving_digits task in the harness: registered, baselines declared, every strategy runs."""
 
 import pytest
+import torch
 
-import experiments.moving_digits  # noqa: F401  (registers moving_digits)
+from experiments.moving_digits import moving_digits  # registers the task moving_digits
 from stiefel.comparisons import tasks
 from stiefel.comparisons.grid import plan
 from stiefel.comparisons.runner import RunConfig, run
@@ -74,3 +75,20 @@ def test_bad_options_name_the_option():
         run(RunConfig("moving_digits", "tcwy+adam", steps=1, task_options={**TINY, "loss": "l2"}))
     with pytest.raises(ValueError, match="frames=1; allowed: an integer >= 2"):
         run(RunConfig("moving_digits", "tcwy+adam", steps=1, task_options={**TINY, "frames": 1}))
+    for speed in (-1, 9):  # a negative speed, or two bounces in one frame (size 16)
+        opts = {**TINY, "max_speed": speed}
+        with pytest.raises(ValueError, match=rf"max_speed={speed}; allowed: an int in \[0, 8\]"):
+            run(RunConfig("moving_digits", "tcwy+adam", steps=1, task_options=opts))
+    with pytest.raises(ValueError, match="test_sequences=0 is not allowed"):
+        opts = {**TINY, "test_sequences": 0}
+        run(RunConfig("moving_digits", "tcwy+adam", steps=1, task_options=opts))
+    with pytest.raises(ValueError, match="task 'moving_digits': size=20; allowed: a multiple of 8"):
+        run(RunConfig("moving_digits", "tcwy+adam", steps=1, task_options={**TINY, "size": 20}))
+
+
+def test_the_fastest_digits_stay_inside_the_frame():
+    """max_speed = size − 8: every step at most one bounce, every frame holds its digits."""
+    images = torch.ones(3, 8, 8)
+    g = torch.Generator().manual_seed(0)
+    video = moving_digits(images, 16, 12, size=16, max_digits=1, max_speed=8, generator=g)
+    assert torch.equal(video.sum((-3, -2, -1)), torch.full((16, 12), 64.0))
