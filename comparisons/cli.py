@@ -169,6 +169,11 @@ def _flags(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the harness; raises ValueError/TypeError/OSError on bad options (before training)."""
     _quiet_dependencies()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:  # --help lists the tasks the --import modules add
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--import", dest="imports", action="append", default=[])
+        tasks.import_modules(pre.parse_known_args(argv)[0].imports)
     args = parser().parse_args(argv)
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite together; allowed: one of them")

@@ -186,3 +186,12 @@ def test_the_quick_report_links_the_configs_from_any_out(tmp_path):
         assert links
         for link in links:
             assert (out / link).resolve() == (config.PRESETS / pathlib.Path(link).name).resolve()
+
+
+def test_help_lists_the_tasks_of_the_imported_modules(capsys):
+    # docs/comparisons.md: "--help lists them with their defaults"; the parser had been built
+    # before --import ran, so an experiment's task never appeared
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["convergence", "--import", "experiments.lipschitz", "--help"])
+    assert exit_.value.code == 0
+    assert "lipschitz_digits" in capsys.readouterr().out
