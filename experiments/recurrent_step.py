@@ -74,7 +74,8 @@ def _step_row(label, n, L, fn, h, repeats) -> dict:
 def recurrent_table(rows: list[dict], rate: float) -> list[str]:
     """The markdown part of `recurrent_step_costs`' rows."""
     return [
-        "\n### One recurrent step, batch 1 (Householder paper Table 2 layout)\n",
+        "\n### One recurrent step, batch 1 (Householder paper Table 2 layout: L = n/8 "
+        "reflections; --fractions sets the maps' L only)\n",
         md_table(
             ["model", "n", "FP flops", "BP flops", "FP [s]", "BP [s]"],
             [
