@@ -54,7 +54,7 @@ def plan(opts: dict[str, Any], build: bool = False) -> tuple[list[RunConfig], li
                 reasons.append(f"{s.name}: {reason}")
         if not runnable:
             raise ValueError(
-                f"task {task!r} is a {cls.kind} task and every strategy given cannot run on it "
+                f"task {task!r} is of kind {cls.kind!r} and every strategy given cannot run on it "
                 f"({'; '.join(reasons)}); add a METHOD+OPTIMIZER strategy such as cwy+adam"
             )
         for s in runnable:

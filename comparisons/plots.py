@@ -146,7 +146,7 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
         if logy:
             ax.set_yscale("log")
         if baseline is not None and optimum is None:
-            ax.axhline(baseline, color="k", ls="--", lw=1, label="dashed: baseline (chance)")
+            ax.axhline(baseline, color="k", ls="--", lw=1, label="dashed: trivial predictor")
         ax.grid(alpha=0.3)
     band = "× or ÷ one geometric std" if logy else "± one std"
     fig.suptitle(f"{task}: {stat} over seeds, band {band}")

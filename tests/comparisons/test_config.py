@@ -52,7 +52,7 @@ BASE += ["--jobs", "1"]  # no worker processes to start for runs this small
         (
             ["--strategies", "lstm+rmsprop"],
             ValueError,
-            r"'procrustes' is a matrix task and every strategy .* " + re.escape(LSTM_ONLY),
+            r"'procrustes' is of kind 'matrix' and every strategy .* " + re.escape(LSTM_ONLY),
         ),
         (["--tasks", "mnist"], ValueError, r"task='mnist' is not supported; allowed: adding"),
     ],
