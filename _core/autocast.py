@@ -7,8 +7,9 @@ their orthogonality to bfloat16's 8-bit mantissa (max |QᵀQ − I| about 3e-3
 where float32 gives 1e-6), and a solve given operands cast apart fails on mixed
 dtypes. So the maps, the rotations of the adapters and the recurrences compute
 with autocast off on their tensors' device, in their own dtype (float32 at
-least), and so do the backward passes of this package's autograd Functions
-(torch's ``custom_bwd`` does the same for one fixed device type): a
+least), and so do the backward passes of its autograd Functions of products
+and solves (exp's Padé, the blocked reflections, the unpivoted Cayley solve;
+torch's ``custom_bwd`` does the same for one fixed device type): a
 ``loss.backward()`` called inside an autocast region would otherwise run them
 in bfloat16. Everything around them keeps autocast's precision.
 """

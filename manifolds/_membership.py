@@ -125,7 +125,8 @@ class Membership:
             return False, f"u has dtype {u.dtype} but x has {x.dtype}; both must be of {self!r}"
         if x.is_meta or u.is_meta:
             return True, None
-        atol = self.default_atol(x.dtype) if atol is None else atol
+        coarse = max((x.dtype, u.dtype), key=lambda t: torch.finfo(t).eps)
+        atol = self.default_atol(coarse) if atol is None else atol  # the rounding of either
         rtol = 0.0 if rtol is None else rtol
         work = torch.promote_types(x.dtype, u.dtype)
         work = torch.float32 if work in _LOW else work

@@ -169,7 +169,7 @@ class RiemannianOptimizer(ParamGroups):
         """torch's, and a warning once where plain matrices become points (`_implied_warning`)."""
         super().add_param_group(param_group)
         if message := _implied_warning(self, self.param_groups[-1], self._bindings[-1]):
-            self._warn_once("implied", message)
+            self._warn_once(f"implied {len(self.param_groups)}", message)  # once per group
 
     # ------------------------------------------------------------------ plugin interface
     def update(

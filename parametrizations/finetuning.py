@@ -54,10 +54,17 @@ def feature_axis(spatial: int, x: torch.Tensor) -> int:
     return 0 if x.dim() == spatial + 1 else 1
 
 
-def _q_dtype(weight: torch.Tensor) -> torch.dtype:
-    if weight.dtype in (torch.float64, torch.complex64, torch.complex128):
-        return weight.dtype
+def q_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype Q is computed in for a weight of ``dtype``: float32 at least, float64 and
+    complex as they are."""
+    if dtype in (torch.float64, torch.complex64, torch.complex128):
+        return dtype
     return torch.float32
+
+
+def bias_view(b: torch.Tensor, y: torch.Tensor, axis: int) -> torch.Tensor:
+    """A bias of the features at ``axis`` (`feature_axis`), shaped to broadcast against y."""
+    return b.view((-1,) + (1,) * (y.dim() - 1 - axis) if axis != -1 else (-1,))
 
 
 def _check_module(module: object) -> torch.Tensor:
@@ -171,7 +178,7 @@ def rotate(
             "training there too; freeze the shared weight first (it then stays frozen in both), or "
             "untie it (module.weight = nn.Parameter(module.weight.detach().clone())) and rotate"
         )
-    dtype = _q_dtype(w)
+    dtype = q_dtype(w.dtype)
     rot = Rotation(features, method, blocks, butterfly, dtype, w.device, dict(options))
     # everything validated and built: now modify the module
     spatial = spatial_dims(module)
@@ -200,7 +207,7 @@ def rotate(
             b = getattr(mod, "bias", None)
             if not isinstance(b, torch.Tensor):
                 return mod.rotation.along(y, axis)
-            b = b.view((-1,) + (1,) * (y.dim() - 1 - axis) if axis != -1 else (-1,))
+            b = bias_view(b, y, axis)
             return mod.rotation.along(y - b, axis) + b
 
         rot._handle = module.register_forward_hook(hook)

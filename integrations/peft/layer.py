@@ -34,9 +34,10 @@ model-wide ``model.to(torch.bfloat16)`` (or ``.half()``, ``.double()``) after
 ``get_peft_model`` cast Q's parameters while the layer still computed in the
 dtype it was built with (a dtype-mismatch error). So Q's operator runs with
 autocast off (`Rotation.along`, Note [Autocast off for the maps' own
-products]), and a cast of the whole model applies to Q the rule of
-`build_rotation`: float64 and complex dtypes are taken, anything narrower
-leaves Q in float32 (only the device follows).
+products]), and a cast of the whole model applies to a real Q the rule of
+`build_rotation` (`q_dtype`): float64 is taken, anything narrower leaves Q in
+float32 (only the device follows); a cast to complex keeps a real Q real (a
+real Q maps both parts of complex features), and a complex Q stays complex.
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ from peft.tuners.tuners_utils import BaseTunerLayer, check_adapters_to_merge
 from torch import nn
 
 from ...parametrizations import Rotation
-from ...parametrizations.finetuning import check_blocks, feature_axis, spatial_dims
+from ...parametrizations.finetuning import (
+    bias_view,
+    check_blocks,
+    feature_axis,
+    q_dtype,
+    spatial_dims,
+)
 
 SIDES = ("input", "output")
 ALLOWED_LAYERS = "nn.Linear, nn.Conv1d, nn.Conv2d (groups=1), transformers' Conv1D"
@@ -127,17 +134,11 @@ def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation
     return rot
 
 
-def q_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype Q is computed in for a weight of ``dtype`` (at least float32)."""
-    wide = (torch.float64, torch.complex64, torch.complex128)
-    return dtype if dtype in wide else torch.float32
-
-
 def _keeping_precision(fn: Any, tensors: set[int]) -> Any:
     """``fn`` of ``Module._apply``, with Q's tensors cast by the rule of `q_dtype` only.
 
-    Note [Q keeps its precision]: a cast to a narrower dtype moves the tensor
-    (the device of ``fn``'s result) and keeps its values, bit for bit.
+    Note [Q keeps its precision]: a cast to a narrower dtype moves the tensor (the
+    device of ``fn``'s result) in the dtype `q_dtype` gives (float32 at least).
     """
 
     def apply(t: torch.Tensor) -> torch.Tensor:
@@ -260,8 +261,7 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         outputs = [a for a in active if self.stiefel_side[a] == "output"]
         if outputs:
             b = self.get_base_layer().bias
-            shape = (-1,) + (1,) * (y.dim() - 1 - axis) if axis != -1 else (-1,)
-            b = b.view(shape) if isinstance(b, torch.Tensor) else None
+            b = bias_view(b, y, axis) if isinstance(b, torch.Tensor) else None
             z = y if b is None else y - b
             for a in outputs:
                 z = self.stiefel_R[a].along(z, axis)

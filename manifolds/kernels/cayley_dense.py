@@ -14,13 +14,21 @@ column blocks of R), so A = B·A_B·Bᴴ with A_B the step's A built from the
 
     Cayley(A)X = B·Cayley(A_B)R₁,   Cayley(A)v = v + B(Cayley(A_B) − I)Bᴴv
 
-(Cayley(A) is the identity on the complement of span B). Cayley(A_B)R₁ is the
-dense step of `dense_cayley_step` on 2M rows, a normal system whose rounding is
-of order eps·β with its Newton–Schulz step on the result's own Gram, so Y is on
-the manifold to rounding at any β; its limit as β → ∞ is the same reflection.
-It costs a QR of N×2M and two N-sized products (one more for a transported
-vector) against six N×M×M products of the Woodbury step: `smw_step` takes it
-only where the host already learned that the step is long (its exact path).
+(Cayley(A) is the identity on the complement of span B). A_B is skew-Hermitian
+of order 2M, so Cayley(A_B) = V diag(f(ν)) Vᴴ from the eigendecomposition of the
+Hermitian iÂ (A_B = −βÂ, ‖Â‖ bounded), with f(ν) = (1 + iβν/2)/(1 − iβν/2)
+written in the weights γ, σ of Note [Overflow-safe step]: each f is unimodular
+to rounding whatever β, a null direction of A_B (a rank-deficient step) keeps
+f = 1, and β → ∞ gives the Cayley map's reflection. A solve with I − ½A_B
+instead has a pivot of order 1/β there (`dense_cayley_step` keeps it above
+√eps, which in float32 shortens a step beyond β ≈ 3e3). Y is on the manifold
+to rounding at any β, and the Cayley step to rounding along a full-rank
+direction; along a rank-deficient one the rounding of the data (eps·β in A, on
+directions where A is 0) moves it by about that much. It costs a QR of N×2M, an
+eigendecomposition of 2M×2M and two N-sized products (one more for a
+transported vector), more than the six N×M×M products of the Woodbury step:
+`smw_step` takes it only where the host already learned that the step is long
+(its exact path).
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ def dense_cayley_step(x, dn, lr, v=None):
 
 
 def long_cayley_step(x, d, lr, v=None):
-    """The Cayley step of `dense_cayley_step` in the basis of span{X, d} (Note [A long ...]).
+    """The Cayley step in the basis of span{X, d}, exact at any length (Note [A long ...]).
 
     Args:
         x: points (..., N, M), N ≥ 2M.
@@ -72,9 +80,35 @@ def long_cayley_step(x, d, lr, v=None):
         Y, or (Y, Cayley(A)v) when ``v`` is given.
     """
     m = x.shape[-1]
-    b, r = torch.linalg.qr(torch.cat((x, d), -1))
+    basis = torch.cat((x, d), -1)
+    # a matrix that is not finite gives NaN, as the other paths do (the optimizer's
+    # step then keeps its point), not a LAPACK error for the whole batch
+    bad = ~torch.isfinite(basis).all(-1).all(-1)[..., None, None]
+    if not isinstance(lr, torch.Tensor) or lr.dim() == 0:  # ±inf: the Cayley map's limit
+        bad = bad | torch.isnan(torch.as_tensor(lr, dtype=torch.float64))
+    b, r = torch.linalg.qr(torch.where(bad, 0.0, basis))
+    xb, db = r[..., :m], r[..., m:]  # X = B·R₁, d = B·R₂
+    pd = db - 0.5 * (xb @ (xb.mH @ db))
+    t = torch.linalg.matrix_norm(pd, keepdim=True)
+    gamma, sigma = weights(lr * t)
+    ph = pd / t.clamp_min(torch.finfo(t.dtype).tiny)
+    a = ph @ xb.mH
+    a = a - a.mH  # Â; A = −βÂ, and iÂ is Hermitian
+    wide = torch.promote_types(a.dtype, torch.complex64)
+    nu, vec = torch.linalg.eigh(a.to(wide) * 1j)  # Â = −i·V diag(ν) Vᴴ
+    # Cayley(A) = V diag(f) Vᴴ, f = (1 + iβν/2)/(1 − iβν/2) = (γ + iσν/2)/(γ − iσν/2):
+    # unimodular at any β (σ = βγ); 0/0 only on the null space at β = ±inf, where f = 1
+    # eigenvalues at Â's rounding are its null space: f = 1 there exactly (a phase on
+    # a cluster of complex eigenvectors would not be real, and its real part not unitary)
+    tol = 4 * nu.shape[-1] * torch.finfo(nu.dtype).eps * nu.abs().amax(-1, keepdim=True)
+    nu = torch.where(nu.abs() <= tol, torch.zeros_like(nu), nu)
+    g, h = gamma[..., 0].to(nu.dtype), 0.5 * sigma[..., 0].to(nu.dtype) * nu
+    num, den = torch.complex(g, h), torch.complex(g, -h)
+    f = torch.where(den == 0, torch.ones_like(num), num / den)
+    c = (vec * f.unsqueeze(-2)) @ vec.mH
+    c = c if c.dtype == x.dtype else c.real.to(x.dtype)  # a real Cayley(A) for a real Â
+    y = (b @ newton_schulz(c @ xb)).masked_fill(bad, torch.nan)  # NS: X's drift corrected
     if v is None:
-        return b @ dense_cayley_step(r[..., :m], r[..., m:], lr)
+        return y
     bv = b.mH @ v
-    y, moved = dense_cayley_step(r[..., :m], r[..., m:], lr, bv)
-    return b @ y, v + b @ (moved - bv)
+    return y, v + b @ (c @ bv - bv)

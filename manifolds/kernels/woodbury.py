@@ -345,18 +345,10 @@ def smw_step(
     eye = eye_like(x, m)
     half = 0.5 * xhd
     xpd = sub_product(xhd, xx, half)  # XᴴPd = Xᴴd − ½XᴴX·Xᴴd
-    other = v is not None and not v_is_d
-    xv = gram(x, v, group) if other else None
     if implicit:  # Note [Pd through d]
         pdpd = product_on(gram(pd_or_d, pd_or_d, group), (xhd + xpd).mH, half, alpha=-1)
-        pdv = product_on(gram(pd_or_d, v, group), half.mH, xv, alpha=-1) if other else None
     else:
         pdpd = gram(pd_or_d, pd_or_d, group)
-        pdv = gram(pd_or_d, v, group) if other else None
-
-    def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
-        return product_on(a, half, b, alpha=-1) if implicit else a
-
     # V₁/t and Z₂, t = ‖Pd‖_F: Note [Woodbury system by block elimination]
     t = norm_from_gram(pdpd)
     bounds = elimination_bounds(xpd, xx, t, lr, checks, reads)
@@ -365,6 +357,16 @@ def smw_step(
         # and the step]): the Woodbury system's rounding would grow as β²
         d = pd_or_d if implicit else product_on(pd_or_d, x, half)  # d = Pd + ½X·Xᴴd
         return long_cayley_step(x, d, lr, v)
+    other = v is not None and not v_is_d
+    xv = gram(x, v, group) if other else None
+    pdv = None
+    if other:
+        pdv = gram(pd_or_d, v, group)
+        pdv = product_on(pdv, half.mH, xv, alpha=-1) if implicit else pdv
+
+    def on_x(a, b):  # A of A·X + Pd·B written as (A − ½E·B)·X + d·B
+        return product_on(a, half, b, alpha=-1) if implicit else a
+
     z1, z2 = _solve(xpd, xx, pdpd, t, lr, xv, pdv, bounds, checks)
     z, vt = z2[..., :m], z1[..., :m]
     k = 1.5 * eye - 0.5 * xx

@@ -72,3 +72,27 @@ def test_an_optimizer_step_along_a_huge_rank_one_gradient_stays_on_the_manifold(
             assert (
                 float(st.orthogonality_error(w.detach())) < 10 * 16 * torch.finfo(torch.float32).eps
             )
+
+
+def _cayley_float64(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    # (I − ½A)⁻¹(I + ½A)X with A = PuXᵀ − XPuᵀ, P = I − ½XXᵀ, by a dense float64 solve
+    x, u = x.double(), u.double()
+    pu = u - 0.5 * x @ (x.mT @ u)
+    a = pu @ x.mT - x @ pu.mT
+    eye = torch.eye(x.shape[-2], dtype=torch.float64)
+    return torch.linalg.solve(eye - 0.5 * a, (eye + 0.5 * a) @ x)
+
+
+@pytest.mark.parametrize(("n", "m"), [(40, 6), (256, 16)])
+@pytest.mark.parametrize("beta", [1e3, 1e4, 1e6])
+def test_a_long_float32_step_along_a_full_rank_direction_is_the_cayley_step(n, m, beta):
+    # the basis step's solve had kept its pivot above √eps: beyond β ≈ 3e3 in float32 it took
+    # a shorter step (2e-3 off at β = 1.4e4 on St(40, 6), where the Woodbury step was 2e-7)
+    st = Stiefel(n, m)
+    x = st.random(dtype=torch.float32, generator=torch.Generator().manual_seed(0))
+    u = _step(st, x, m, beta)
+    y = kernels.cayley_retraction(x, u)
+    assert (
+        float((y.double() - _cayley_float64(x, u)).abs().max())
+        < 10 * n * torch.finfo(torch.float32).eps
+    )

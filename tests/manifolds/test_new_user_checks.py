@@ -188,3 +188,13 @@ def test_dist_and_logmap_say_why_they_are_missing():
     for call in (lambda: st.dist(x, x), lambda: st.logmap(x, x)):
         with pytest.raises(NotImplementedError, match="no geodesic distance"):
             call()
+
+
+def test_a_tangent_check_of_mixed_precision_takes_the_coarser_tolerance():
+    # a float64 point with its tangent vector rounded to float32 was judged off (4e-8 > 7e-13)
+    st = Stiefel(8, 3)
+    x = st.random(dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    t = st.proju(
+        x, torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    )
+    assert st.check_vector_on_tangent(x, t.float()) and st.check_vector_on_tangent(x.float(), t)

@@ -40,3 +40,13 @@ def test_an_affine_composition_is_measured_as_its_dense_matrix():
     assert (
         abs(lipschitz_bound(layer, (1, 4, 4), iterations=500, rtol=0) - float(reference[0])) < 1e-6
     )
+
+
+def test_an_affine_layer_with_a_large_offset_is_measured():
+    # the check's tolerance had left out layer(0): a bias of 1e4 made a Linear "not affine"
+    lin = nn.Linear(16, 16)
+    with torch.no_grad():
+        lin.bias.fill_(1e4)
+    reference = float(torch.linalg.matrix_norm(lin.weight.detach().double(), 2))
+    assert abs(float(singular_values(lin, (16,))[0]) - reference) < 1e-3 * reference
+    assert abs(lipschitz_bound(lin, (16,), iterations=300, rtol=0) - reference) < 1e-3 * reference
