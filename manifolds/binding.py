@@ -75,6 +75,7 @@ __all__ = [
     "records",
     "slot",
     "is_dtensor",
+    "guard_optimizers",
 ]
 
 _ATTR = "_stiefel_manifolds"
@@ -149,6 +150,16 @@ def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) 
     if first:
         module.register_forward_pre_hook(KeepManifold())
         module.register_load_state_dict_post_hook(_loaded)
+    guard_optimizers()
+
+
+def guard_optimizers() -> None:
+    """Register `_euclidean_guard` as torch.optim's global step pre-hook, once per process.
+
+    Called by `attach` and by every `Stiefel` manifold made: a point built by hand
+    (``geoopt.ManifoldParameter(x, manifold=Stiefel(n, m))``) stepped by a torch
+    optimizer left its manifold without a word.
+    """
     if not _GUARD:
         _GUARD.append(register_optimizer_step_pre_hook(_euclidean_guard))
 

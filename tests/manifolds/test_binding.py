@@ -216,3 +216,25 @@ def test_a_point_loaded_off_its_manifold_is_refused_at_the_next_forward():
     assert torch.equal(lin(x), torch.nn.functional.linear(x, drifted, good["bias"]))
     lin.load_state_dict(good)
     assert torch.equal(lin(x), torch.nn.functional.linear(x, good["weight"], good["bias"]))
+
+
+def test_a_torch_optimizer_stepping_a_hand_made_manifold_parameter_is_warned_about():
+    # the guard was registered only by orthogonalize: a point built by hand with this
+    # package's manifold left it under torch's Adam without a word
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch, geoopt\n"
+        "from stiefel.manifolds import Stiefel\n"
+        "st = Stiefel(8, 3)\n"
+        "w = geoopt.ManifoldParameter(st.random(), manifold=st)\n"
+        "opt = torch.optim.Adam([w], lr=0.1)\n"
+        "w.grad = torch.randn_like(w)\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    opt.step()\n"
+        "assert any('Adam is not a Riemannian optimizer' in str(x.message) for x in seen)\n"
+    )
+    # a fresh process: this one registered the guard long ago (orthogonalize in other tests)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
