@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 import torch
+from _tables import table_row
 
 from stiefel.comparisons import cli, strategies, table
 from stiefel.comparisons.runner import RunConfig, run
@@ -208,24 +209,15 @@ def test_complexity_subcommand(tmp_path, monkeypatch):
     assert methods == set(parametrizations.maps())
     assert {r["value"] for r in steps} >= set(optimizer_steps())
     # the FLOP model of a reflection map is homogeneous of degree 3 in n at fixed L/n
-    cwy = _table_row(md, "| method |", "| cwy | L = 0.5·n")
+    cwy = table_row(md, "| method |", "| cwy | L = 0.5·n")
     assert cwy["model exponent"] == "3" and cwy["fitted over n"] == "8–16"
     assert cwy["serial complexity"] == parametrizations.maps()["cwy"].formula
     assert float(cwy["peak fwd+bwd [MiB]"]) > 0
-    landing = _table_row(md, "| optimizer |", "| landing")
+    landing = table_row(md, "| optimizer |", "| landing")
     assert landing["exponent in N"] == landing["model exponent"] == "–"  # one size
     assert landing["fitted over N"] == "–" and float(landing["peak [MiB]"]) > 0
     report = cli.main(["report", "--out", str(tmp_path)])
     assert report == 0 and "## Complexity" in (tmp_path / "report.md").read_text()
-
-
-def _table_row(md: str, header: str, row: str) -> dict[str, str]:
-    """The cells of the markdown row starting with ``row``, keyed by the table's header."""
-    lines = md.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    names = [c.strip() for c in lines[start].strip("|").split("|")]
-    line = next(line for line in lines[start:] if line.startswith(row))
-    return dict(zip(names, [c.strip() for c in line.strip("|").split("|")], strict=True))
 
 
 def test_fit_exponent_matches_a_least_squares_reference():

@@ -8,20 +8,13 @@ import math
 
 import matplotlib.colors as mcolors
 import numpy as np
+from _tables import table_row
 
 from stiefel.comparisons import cli, plots, sections
 from stiefel.comparisons.complexity import map_costs
 from stiefel.comparisons.cost import GEOOPT_STEPS, optimizer_steps
 
 TINY = ["--steps", "30", "--seeds", "2", "--jobs", "1", "--n", "5", "--m", "2"]
-
-
-def _row(md: str, header: str, row: str) -> dict[str, str]:
-    lines = md.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    names = [c.strip() for c in lines[start].strip("|").split("|")]
-    line = next(line for line in lines[start:] if line.startswith(row))
-    return dict(zip(names, [c.strip() for c in line.strip("|").split("|")], strict=True))
 
 
 def _run(loss, **kw) -> dict:
@@ -69,7 +62,7 @@ def test_the_convergence_table_gives_the_geometric_mean_the_figure_plots(tmp_pat
               "cwy+adam(lr=0.01)", *TINY])  # fmt: skip
     md = (tmp_path / "convergence.md").read_text()
     assert "*(mean)*: the arithmetic mean over seeds" in md and "the statistic the figures" in md
-    row = _row(md, "| strategy |", "| cwy+adam(lr=0.01)")
+    row = table_row(md, "| strategy |", "| cwy+adam(lr=0.01)")
     recs = [json.loads(p.read_text())["record"] for p in tmp_path.glob("runs/convergence/*")]
     gaps = [abs(r["gap"]) for r in recs]
     assert math.isclose(float(row["gap to optimum (mean)"]), sum(gaps) / 2, rel_tol=1e-3)
@@ -102,13 +95,13 @@ def test_the_step_table_gives_each_formula_once_and_the_geoopt_manifolds():
     rgd = [k for k in optimizer_steps() if k.startswith("rgd(")]
     formula = optimizer_steps()[rgd[0]][0].formula
     assert len(rgd) > 1 and md.count(formula) == 1  # once, for every variant
-    assert all(_row(md, "| optimizer |", f"| {k} |")["FLOPs (formula) or manifold"] == "[rgd]"
+    assert all(table_row(md, "| optimizer |", f"| {k} |")["FLOPs (formula) or manifold"] == "[rgd]"
                for k in rgd)  # fmt: skip
-    canonical = _row(md, "| optimizer |", "| geoopt RiemannianAdam CanonicalStiefel")
+    canonical = table_row(md, "| optimizer |", "| geoopt RiemannianAdam CanonicalStiefel")
     assert canonical["FLOPs (formula) or manifold"] == "[CanonicalStiefel]"
     note = next(line for line in md.splitlines() if line.startswith("- [CanonicalStiefel]"))
     assert "N×N system" in note and "O(N³)" in note
-    radam = _row(md, "| optimizer |", "| geoopt_radam |")["FLOPs (formula) or manifold"]
+    radam = table_row(md, "| optimizer |", "| geoopt_radam |")["FLOPs (formula) or manifold"]
     note = next(line for line in md.splitlines() if line.startswith(f"- {radam}"))
     assert "`Stiefel(N, M)`" in note and "2M×2M Woodbury" in note
     assert "- [EuclideanStiefel]" in md and "QR retraction" in md
