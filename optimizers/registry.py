@@ -71,8 +71,40 @@ def _int_steps(opt: torch.optim.Optimizer) -> None:
             state["step"] = int(step.item())
 
 
+def _finite_gradients(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Refuse a geoopt step with a non-finite gradient before it writes any parameter.
+
+    Note [geoopt's steps are parameter by parameter]
+    geoopt steps its parameters one after another, and `Stiefel.retr` refuses a
+    non-finite step: a NaN gradient of a later parameter raised after the earlier
+    ones had moved, a half-stepped model and a message naming no parameter. The
+    gradients are tested first, in one read (this package's optimizers skip such
+    a step with a warning instead).
+    """
+    grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    if not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+        return
+    for gi, group in enumerate(opt.param_groups):
+        for i, p in enumerate(group["params"]):
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                raise ValueError(
+                    f"{type(opt).__name__}: parameter {i} of param group {gi} (shape "
+                    f"{tuple(p.shape)}) has a non-finite gradient, and geoopt would step the "
+                    "parameters before it first; nothing was stepped. Allowed: finite "
+                    "gradients (clip, or skip the step), or this package's rgd/radam, "
+                    "which skip such a step with a warning"
+                )
+
+
+def _geoopt_rsgd(params, **hyper: Any) -> geoopt.optim.RiemannianSGD:
+    """geoopt's `RiemannianSGD`, refusing a non-finite gradient before any write."""
+    opt = geoopt.optim.RiemannianSGD(params, **hyper)
+    opt.register_step_pre_hook(_finite_gradients)
+    return opt
+
+
 def _geoopt_radam(params, **hyper: Any) -> geoopt.optim.RiemannianAdam:
-    """geoopt's `RiemannianAdam`, resumable exactly.
+    """geoopt's `RiemannianAdam`, resumable exactly, refusing a non-finite gradient first.
 
     Note [geoopt's integer step after load_state_dict]
     geoopt keeps `state["step"]` as a Python int; torch's `load_state_dict`
@@ -82,10 +114,12 @@ def _geoopt_radam(params, **hyper: Any) -> geoopt.optim.RiemannianAdam:
     """
     opt = geoopt.optim.RiemannianAdam(params, **hyper)
     opt.register_load_state_dict_post_hook(_int_steps)
+    opt.register_step_pre_hook(_finite_gradients)
     return opt
 
 
-_geoopt_radam.__wrapped__ = geoopt.optim.RiemannianAdam  # its options are the class's
+_geoopt_rsgd.__wrapped__ = geoopt.optim.RiemannianSGD  # its options are the class's
+_geoopt_radam.__wrapped__ = geoopt.optim.RiemannianAdam
 
 
 _INFO_FIELDS = (
@@ -272,7 +306,7 @@ for _name, _obj, _declared in (
     ("adamw", torch.optim.AdamW, dict(default_lr=1e-2)),
     ("rmsprop", torch.optim.RMSprop, dict(default_lr=1e-3)),
     ("adagrad", torch.optim.Adagrad, dict(default_lr=0.1)),
-    ("geoopt_rsgd", geoopt.optim.RiemannianSGD, dict(default_lr=0.05)),
+    ("geoopt_rsgd", _geoopt_rsgd, dict(default_lr=0.05, riemannian=True)),
     ("geoopt_radam", _geoopt_radam, dict(default_lr=1e-2, riemannian=True)),
 ):
     register(_name, **_declared)(_obj)
