@@ -41,18 +41,22 @@ from .scaling import weights
 __all__ = ["dense_cayley_step", "long_cayley_step"]
 
 
+def _generator(x, dn, lr):
+    """(Â, γ, σ): A = −βÂ with Â = P̂Xᴴ − XP̂ᴴ, P̂ = Pd/‖Pd‖_F, and the weights of β."""
+    pd = dn - 0.5 * (x @ (x.mH @ dn))
+    t = torch.linalg.matrix_norm(pd, keepdim=True)
+    gamma, sigma = weights(lr * t)
+    a = (pd / t.clamp_min(torch.finfo(t.dtype).tiny)) @ x.mH
+    return a - a.mH, gamma, sigma
+
+
 def dense_cayley_step(x, dn, lr, v=None):
     """The scaled Cayley step Y = retr(X, −lr·dn) through a dense N×N solve (cheaper when 2M ≥ N).
 
     Returns Y, or (Y, Cayley(A)v) when ``v`` is given.
     """
     n, m = x.shape[-2:]
-    pd = dn - 0.5 * (x @ (x.mH @ dn))
-    t = torch.linalg.matrix_norm(pd, keepdim=True)
-    gamma, sigma = weights(lr * t)
-    ph = pd / t.clamp_min(torch.finfo(t.dtype).tiny)
-    a = ph @ x.mH
-    a = a - a.mH  # P̂Xᴴ − XP̂ᴴ; A = −β(P̂Xᴴ − XP̂ᴴ)
+    a, gamma, sigma = _generator(x, dn, lr)
     omega = x if v is None else torch.cat((x, v), -1)
     # Cayley(A) = 2(I − ½A)⁻¹ − I and (I − ½A)⁻¹ = γ(γI + ½σ·(P̂Xᴴ − XP̂ᴴ))⁻¹: on
     # the null space of A (where the solve meets the pivot γ) the answer is Ω itself.
@@ -83,17 +87,11 @@ def long_cayley_step(x, d, lr, v=None):
     basis = torch.cat((x, d), -1)
     # a matrix that is not finite gives NaN, as the other paths do (the optimizer's
     # step then keeps its point), not a LAPACK error for the whole batch
+    # (a NaN lr gives NaN weights, and so NaN through f)
     bad = ~torch.isfinite(basis).all(-1).all(-1)[..., None, None]
-    if not isinstance(lr, torch.Tensor) or lr.dim() == 0:  # ±inf: the Cayley map's limit
-        bad = bad | torch.isnan(torch.as_tensor(lr, dtype=torch.float64))
     b, r = torch.linalg.qr(torch.where(bad, 0.0, basis))
-    xb, db = r[..., :m], r[..., m:]  # X = B·R₁, d = B·R₂
-    pd = db - 0.5 * (xb @ (xb.mH @ db))
-    t = torch.linalg.matrix_norm(pd, keepdim=True)
-    gamma, sigma = weights(lr * t)
-    ph = pd / t.clamp_min(torch.finfo(t.dtype).tiny)
-    a = ph @ xb.mH
-    a = a - a.mH  # Â; A = −βÂ, and iÂ is Hermitian
+    xb = r[..., :m]  # X = B·R₁, d = B·R₂
+    a, gamma, sigma = _generator(xb, r[..., m:], lr)  # A = −βÂ, and iÂ is Hermitian
     wide = torch.promote_types(a.dtype, torch.complex64)
     nu, vec = torch.linalg.eigh(a.to(wide) * 1j)  # Â = −i·V diag(ν) Vᴴ
     # Cayley(A) = V diag(f) Vᴴ, f = (1 + iβν/2)/(1 − iβν/2) = (γ + iσν/2)/(γ − iσν/2):
