@@ -79,8 +79,9 @@ TITLES = {"drift": "Orthogonality drift", "convergence": "Convergence"}
 #: the full runs behind a smoke run's sections (each file's first lines give its command)
 FULL = dict(drift=["drift"], convergence=["digits", "copying", "adding"], complexity=["complexity"])
 SMOKE = ("A smoke run: tiny sizes, a few hundred steps and two seeds, times on whatever else the "
-         "machine ran. It shows that every section runs end to end and that the matrix problems "
-         "reach their optima; it cannot rank strategies, show how well the classifiers and "
+         "machine ran. It shows that every section runs end to end and how far each strategy "
+         "gets on the matrix problems in a few hundred steps (the tables count the runs that "
+         "did not converge); it cannot rank strategies, show how well the classifiers and "
          "recurrent models learn, or how costs grow with size. For those, run the full configs: "
          "{}.\n")  # fmt: skip
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._core import checks as _checks
+from ..manifolds.kernels.reduce import abs_square
 from ..parametrizations import kernels, orthogonalize
 from ..parametrizations._precision import work_dtype
 from ..parametrizations._spectral import SPECTRAL_PER_ROW, SPECTRAL_THRESHOLD
@@ -125,8 +126,7 @@ class ConvNERUCell(nn.Module):
 
 
 def _exp(a: torch.Tensor) -> torch.Tensor:
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    return kernels.exp_map(a, eye)
+    return kernels.exp_map(a, torch.eye(a.shape[-1], dtype=a.dtype, device=a.device))
 
 
 def _cwy(v: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,7 @@ def _cwy(v: torch.Tensor) -> torch.Tensor:
     ``kernels.cwy_matrix`` (whose zero column stays NaN: its gradient would be 0,
     the reflection lost for good; here other frequencies move the taps).
     """
-    sq = (v.abs().square() if v.is_complex() else v.square()).sum(-2, keepdim=True)
+    sq = abs_square(v).sum(-2, keepdim=True)  # Note [|v|² as a sum of squares]
     return kernels.unit_cwy_matrix(v / torch.where(sq == 0, torch.ones_like(sq), sq).sqrt())
 
 

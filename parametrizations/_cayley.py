@@ -81,6 +81,7 @@ import torch
 
 from .._core import checks as _checks
 from .._core.autocast import backward_autocast_off
+from .._core.first_order import first_order
 
 __all__ = ["BLOCK", "UNPIVOTED_PER_ROOT", "PATHS", "unpivoted", "cayley_solve"]
 
@@ -217,7 +218,7 @@ class _UnpivotedCayleySolve(torch.autograd.Function):
         ctx.save_for_backward(q.reshape(-1, n, m), b.reshape(-1, n, m), *factors)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("the unpivoted Cayley solve of the cayley maps")
     @backward_autocast_off  # Note [Autocast off for the maps' own products]
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..manifolds.kernels.reduce import abs_square
 from ._householder import householder_apply
 
 __all__ = [
@@ -41,8 +42,8 @@ def normalize_columns(v: torch.Tensor) -> torch.Tensor:
     matrix adds whole contiguous rows at a time, where ``vector_norm`` along
     dimension −2 walks each column with a stride (the same values to rounding).
     """
-    sq = v.abs().square() if v.is_complex() else v.square()
-    return v / sq.sum(-2, keepdim=True).sqrt()
+    # Note [|v|² as a sum of squares]
+    return v / abs_square(v).sum(-2, keepdim=True).sqrt()
 
 
 def cwy_triangle(u: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ from fractions import Fraction
 import torch
 
 from .._core.autocast import backward_autocast_off
+from .._core.first_order import first_order
 
 __all__ = ["expm"]
 
@@ -292,7 +293,7 @@ class _Expm(torch.autograd.Function):
         ctx.save_for_backward(a, *output)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("the exp map (its adjoint Fréchet backward)")
     @backward_autocast_off  # Note [Autocast off for the maps' own products]
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:

@@ -11,9 +11,9 @@ the n×L intermediates.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._core.autocast import backward_autocast_off
+from .._core.first_order import first_order
 
 __all__ = ["default_block", "householder_apply", "wy_triangle"]
 
@@ -153,7 +153,7 @@ class _HouseholderApply(torch.autograd.Function):
         ctx.save_for_backward(v, *output)
 
     @staticmethod
-    @once_differentiable
+    @first_order("the householder map (its backward by Algorithm 1)")
     @backward_autocast_off  # Note [Autocast off for the maps' own products]
     def backward(ctx, g: torch.Tensor | None, *_):  # type: ignore[override]
         if g is None:

@@ -44,6 +44,7 @@ import math
 import torch
 
 from .._core import checks as _checks
+from .._core.first_order import first_order
 
 __all__ = [
     "SPECTRAL_THRESHOLD",
@@ -160,7 +161,7 @@ class _SkewSpectral(torch.autograd.Function):
         ctx.save_for_backward(a)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order("the spectral path of the exp and Cayley maps (‖A‖₁ above its threshold)")
     def backward(ctx, g: torch.Tensor):  # type: ignore[override]
         (a,) = ctx.saved_tensors
         lam, v = _eigh_skew(a)

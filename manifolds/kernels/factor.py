@@ -44,7 +44,7 @@ from .frame import (
     tall_gram,
     wide_gram,
 )
-from .reduce import by_columns, gram
+from .reduce import abs_square, by_columns, gram
 from .scaling import scaled_gram, scaled_step
 
 __all__ = [
@@ -277,7 +277,7 @@ def _unit_columns(d: torch.Tensor) -> torch.Tensor:
     """
     diag = d.diagonal(dim1=-2, dim2=-1)
     # ‖d_j‖² as a sum of squares, faster than torch's vector_norm along rows (docs/performance.md)
-    sq = (torch.view_as_real(d).square().sum(-1) if d.is_complex() else d.square()).sum(-2)
+    sq = abs_square(d).sum(-2)
     s = sq.add_(diag.real, alpha=2).mul_(-0.5)
     if in_place():
         diag.addcmul_(s, 1 + diag)
