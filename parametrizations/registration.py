@@ -192,8 +192,12 @@ def orthogonalize_module(root: nn.Module, name: str, method: object, options: di
         original = param.initial(w, init, generator).to(dtype=w.dtype, device=w.device)
     with fmap.initialised_with(original):  # Note [Registering with a precomputed original]
         parametrize.register_parametrization(module, leaf, param, unsafe=True)
+    held = module.parametrizations[leaf].original  # the weight's Parameter, now coordinates
+    # a gradient left from a backward is the weight's, not the coordinates' (possibly of
+    # another shape): an optimizer stepping it would move the coordinates by it
+    held.grad = None
     if isinstance(fmap, ManifoldPoint):  # riemannian kernel: the point is the parameter
-        fmap.claim(module.parametrizations[leaf].original)
+        fmap.claim(held)
     hook_reset_parameters(module)  # Note [Deferred initialisation by reset_parameters]
     return root
 

@@ -202,6 +202,30 @@ def test_an_optimizer_built_before_the_call_trains_the_constrained_model():
     assert orth_err(first.weight) < tol(torch.float64, 6)
 
 
+@pytest.mark.parametrize("method", ["cwy", "exp"])
+def test_a_gradient_left_on_the_weight_does_not_step_its_coordinates(method):
+    # backward, then orthogonalize, then step: the gradient was the weight's (of another
+    # shape for exp on a tall weight); SGD moved the coordinates by it (or raised a bare
+    # shape error), where a model constrained before the backward has no gradient yet
+    lin = nn.Linear(4, 6, dtype=torch.float64)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    lin(torch.randn(8, 4, dtype=torch.float64)).pow(2).mean().backward()
+    p = orthogonalize(lin.weight, method=method)
+    assert p.grad is None
+    before = p.detach().clone()
+    opt.step()
+    assert torch.equal(p.detach(), before)
+    assert lin.bias.grad is not None  # the rest of the model keeps its gradients
+
+
+def test_riemannian_keeps_the_weights_gradient_which_is_still_its_own():
+    lin = nn.Linear(4, 6, dtype=torch.float64)
+    lin(torch.randn(8, 4, dtype=torch.float64)).pow(2).mean().backward()
+    grad = lin.weight.grad.clone()
+    p = orthogonalize(lin.weight, method="riemannian")
+    assert torch.equal(p.grad, grad)
+
+
 def test_a_free_parameter_gets_a_holder_that_is_that_parameter_without_warning():
     g = torch.Generator().manual_seed(4)
     p = nn.Parameter(torch.randn(6, 3, generator=g, dtype=torch.float64))
