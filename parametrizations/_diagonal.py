@@ -33,6 +33,20 @@ class SignPhaseDiagonal:
         else:
             self.register_buffer(self.diagonal_buffer, d)  # type: ignore[attr-defined]
 
+    def _apply(self, fn, recurse=True):
+        # module.to(torch.complex128) casts every floating tensor to complex, the phases
+        # θ too: they stay real, in the cast's real dtype (θ of a unit-modulus e^{iθ})
+        if not self.is_complex:  # type: ignore[attr-defined]
+            return super()._apply(fn, recurse)  # type: ignore[misc]
+        theta = self.phases
+        keep = {id(theta)} | ({id(theta.grad)} if theta.grad is not None else set())
+
+        def real_phases(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return out.real.clone() if id(t) in keep and out.is_complex() else out
+
+        return super()._apply(real_phases, recurse)  # type: ignore[misc]
+
     def check_state(self) -> str | None:
         """Real signs must be ±1 (a unit-modulus diagonal); complex phases are any finite θ."""
         why = super().check_state()  # type: ignore[misc]

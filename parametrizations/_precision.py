@@ -13,7 +13,7 @@ import torch
 
 from .._core import checks as _checks
 
-__all__ = ["DTYPES", "work_dtype", "high"]
+__all__ = ["DTYPES", "work_dtype", "real_work_dtype", "high"]
 
 DTYPES = (
     torch.float32,
@@ -28,6 +28,15 @@ DTYPES = (
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a map computes in: float32 for float16/bfloat16, else the dtype itself."""
     return torch.float32 if dtype in _checks.LOW_PRECISION else dtype
+
+
+def real_work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The real dtype of `work_dtype`: float32 for complex64, float64 for complex128.
+
+    (A table, not ``dtype.to_real()``, which Dynamo does not trace.)
+    """
+    work = work_dtype(dtype)
+    return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(work, work)
 
 
 def high(x: torch.Tensor) -> torch.Tensor:

@@ -31,14 +31,13 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from .._core import checks as _checks
 from .._core.autocast import autocast_off
 from .._core.registry import Registry
 from ..manifolds import Orthogonal, Stiefel, Unitary
 from ..manifolds.binding import is_dtensor
 from ._guards import Guards
 from ._originals import Originals
-from ._precision import DTYPES
+from ._precision import DTYPES, real_work_dtype, work_dtype
 
 __all__ = [
     "OrthogonalMap",
@@ -298,16 +297,20 @@ class OrthogonalMap(Guards, Originals):
             )
         # Note [Maps compute in float32 or wider]
         # A bfloat16 Gram matrix is off by 1e-2: autocast must not lower the
-        # map's own products, and float16/bfloat16 parameters (and buffers, after
-        # module.half()) are cast to float32; the result comes back in the
-        # parameter's dtype. Gradients flow through the casts.
+        # map's own products, and float16/bfloat16 parameters are cast to float32;
+        # the map's own real tensors (signs, a complex map's phases) are computed in
+        # the real dtype of that precision whatever a cast of the module left them
+        # in (module.half() lowers the phases of a complex64 weight it leaves as it
+        # is; module.double() raises them). The result comes back in the parameter's
+        # dtype. Gradients flow through the casts.
+        work, real = work_dtype(original.dtype), real_work_dtype(original.dtype)
+        own = [*self.named_parameters(), *self.named_buffers()]
         with autocast_off(original):  # Note [Autocast off for the maps' own products]
-            if original.dtype in _checks.LOW_PRECISION:
-                state = {
-                    k: t.float() if t.is_floating_point() else t
-                    for k, t in [*self.named_parameters(), *self.named_buffers()]
-                }
-                q = torch.func.functional_call(self, state, (original.float(),))
+            if work != original.dtype or any(
+                t.is_floating_point() and t.dtype != real for _, t in own
+            ):
+                state = {k: t.to(real) if t.is_floating_point() else t for k, t in own}
+                q = torch.func.functional_call(self, state, (original.to(work),))
                 return q.to(original.dtype)
             q = self.matrix(original)
         return q.mT if self.transposed else q

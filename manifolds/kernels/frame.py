@@ -224,8 +224,16 @@ def in_frame(x: torch.Tensor, group=None) -> bool:
 
 
 def in_place() -> bool:
-    """Whether the kernels may write their temporaries in place (autograd is off)."""
-    return not torch.is_grad_enabled()
+    """Whether the kernels may write their temporaries in place (autograd off, not traced).
+
+    Note [No hand-made buffer reuse in a traced step]
+    Writing a step's result over its own temporary (``out=``, ``addcmul_``) saves an
+    N×M buffer in eager mode. A compiler plans its buffers itself, and Dynamo does
+    not trace ``out=`` into a non-contiguous tensor (a column-major gradient gives
+    one): it broke the graph there, and the compiled ``landing`` step then wrote the
+    first weight's new value into every weight. Traced kernels write new tensors.
+    """
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 def frame_update(x: torch.Tensor, d: torch.Tensor, xx) -> torch.Tensor:

@@ -52,3 +52,56 @@ def test_module_dtype_conversions(name, dtype):
     if dtype == torch.float64:  # Note [Changing the dtype of a based map]: re-store once
         lin.weight = lin.weight
     assert err64(lin.weight) <= max(bound(dtype, 12), 100 * 12 * torch.finfo(dtype).eps)
+
+
+PHASED = ["householder", "cwy", "tcwy", "scaled_cayley"]  # complex maps with trainable phases
+
+
+def _unitary_error(w: torch.Tensor) -> float:
+    w = w.detach().to(torch.complex128)
+    return float((w.mH @ w - torch.eye(w.shape[-1], dtype=w.dtype)).norm())
+
+
+@pytest.mark.parametrize("name", PHASED)
+def test_a_complex_model_cast_to_complex128_keeps_its_phases_real(name):
+    # module.to(torch.complex128) casts every floating tensor to complex, the phases θ
+    # too; the map then failed ("Expected both inputs to be Half, Float or Double")
+    torch.manual_seed(0)
+    lin = orthogonalize(torch.nn.Linear(5, 5, bias=False, dtype=torch.complex64), method=name)
+    with torch.no_grad():
+        lin.parametrizations.weight[0].phases.uniform_(-3, 3)
+    before = lin.weight.detach()
+    lin.to(torch.complex128)
+    phases = lin.parametrizations.weight[0].phases
+    assert phases.dtype == torch.float64 and isinstance(phases, torch.nn.Parameter)
+    w = lin.weight
+    assert w.dtype == torch.complex128
+    assert torch.allclose(w.detach(), before.to(torch.complex128), atol=1e-5)
+    assert _unitary_error(w) < 100 * 5 * torch.finfo(torch.float64).eps
+    w.abs().square().mul(torch.arange(5.0, dtype=torch.float64)).sum().backward()
+    assert phases.grad.dtype == torch.float64 and torch.isfinite(phases.grad).all()
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", PHASED)
+def test_a_complex_model_lowered_by_half_computes_its_phases_in_float32(name, low):
+    # module.half() leaves the complex64 weight and lowers its real phases: the map
+    # computes them in float32 (torch.polar has no half kernel; the map raised)
+    torch.manual_seed(0)
+    lin = orthogonalize(torch.nn.Linear(5, 5, bias=False, dtype=torch.complex64), method=name)
+    with torch.no_grad():
+        lin.parametrizations.weight[0].phases.uniform_(-3, 3)
+    lin.half() if low == torch.float16 else lin.bfloat16()  # .to(low) would cast the weight
+    phases = lin.parametrizations.weight[0].phases
+    assert phases.dtype == low
+    w = lin.weight
+    assert w.dtype == torch.complex64
+    assert _unitary_error(w) < 100 * 5 * torch.finfo(torch.float32).eps
+    # the reference: the same phases, read in float32, through the same map
+    reference = orthogonalize(torch.nn.Linear(5, 5, bias=False, dtype=torch.complex64), method=name)
+    with torch.no_grad():
+        reference.parametrizations.weight.original.copy_(lin.parametrizations.weight.original)
+        reference.parametrizations.weight[0].phases.copy_(phases.float())
+    assert torch.allclose(w.detach(), reference.weight.detach(), atol=1e-6)
+    w.abs().square().mul(torch.arange(5.0)).sum().backward()
+    assert phases.grad.dtype == low and torch.isfinite(phases.grad).all()
