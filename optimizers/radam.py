@@ -171,6 +171,8 @@ class RAdam(RiemannianOptimizer):
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:
+        if not geo.riemannian and x.is_complex():
+            return _as_real_pairs(self.update, geo, x, grad, state, group)
         b1, b2 = group["betas"]
         grad = terms.weight_decay(grad, x, group["weight_decay"])
         # a square point keeps m in its frame, m = X·exp_avg_frame (Note [Moments in
@@ -215,6 +217,40 @@ class RAdam(RiemannianOptimizer):
         denom = (v.sqrt() / bias2.sqrt()).add_(group["eps"] / s2)
         new, state[key] = geo.descend_transport(x, m, (group["lr"] / bias1) / s2 / denom)
         return new
+
+
+def _as_real_pairs(update, geo: Geometry, x, grad, state: dict, group: dict) -> torch.Tensor:
+    """The Adam step of a plain complex tensor as torch's: on its real and imaginary parts.
+
+    Note [A plain complex tensor is its real and imaginary parts]
+    A plain tensor is the product of its entries (Note [Adaptive term per manifold
+    component]); torch's Adam takes a complex entry as two real ones (``view_as_real``),
+    each with its own second moment, where one moment of |ξ|² per entry gives another
+    step. The state is kept in torch's form, complex tensors of the parameter's shape
+    whose real and imaginary parts are the two moments, so a state of torch's Adam
+    continues here and the reverse.
+    """
+    pairs = torch.view_as_real(x)
+    # the pairs have one more dimension: the state's tensors of x's shape are viewed
+    # as pairs, and its numbers shaped to broadcast against x (a bucket's step counts,
+    # (P, 1, 1)) get a trailing dimension of 1
+    work = {k: _pairs(v, x) for k, v in state.items()}
+    new = update(geo, pairs, torch.view_as_real(grad), work, group)
+    for k, v in work.items():
+        state[k] = _unpaired(v, pairs)
+    return torch.view_as_complex(new.contiguous())
+
+
+def _pairs(v: object, x: torch.Tensor) -> object:
+    if not isinstance(v, torch.Tensor) or v.dim() != x.dim() or v.dim() == 0:
+        return v
+    return torch.view_as_real(v) if v.is_complex() else v.unsqueeze(-1)
+
+
+def _unpaired(v: object, pairs: torch.Tensor) -> object:
+    if not isinstance(v, torch.Tensor) or v.dim() != pairs.dim():
+        return v
+    return torch.view_as_complex(v.contiguous()) if v.shape == pairs.shape else v.squeeze(-1)
 
 
 # Note [Second moment in scaled form]

@@ -165,13 +165,35 @@ def test_radam_matches_geoopt_on_euclidean_stiefel(amsgrad):
     assert (p - q).abs().max() < 1e-12 and (pb - qb).abs().max() < 1e-14
 
 
-def test_radam_on_plain_tensors_is_torch_adam():
-    x = RNG.standard_normal((5, 2))
+@pytest.mark.parametrize("foreach", [None, False])
+@pytest.mark.parametrize("complex_", [False, True])
+def test_radam_on_plain_tensors_is_torch_adam(complex_, foreach):
+    # a complex entry is two real ones with their own second moments, as torch's Adam
+    # takes it (Note [A plain complex tensor is its real and imaginary parts])
+    def draw(*shape):
+        a = RNG.standard_normal(shape)
+        return a + 1j * RNG.standard_normal(shape) if complex_ else a
+
+    x = draw(5, 2)
     p, q = torch.nn.Parameter(torch.tensor(x)), torch.nn.Parameter(torch.tensor(x))
+    twin = torch.nn.Parameter(torch.tensor(x))  # a second of the bucket, stepped as well
     hyper = dict(amsgrad=True, weight_decay=0.1, betas=(0.9, 0.99))
-    grads = [[RNG.standard_normal((5, 2)) / (1 + k)] for k in range(5)]
-    ours = optimizers.create("radam", [p], lr=0.01, **hyper)
-    _run_pair(ours, torch.optim.Adam([q], lr=0.01, **hyper), [(p, q)], grads)
+    grads = [[draw(5, 2) / (1 + k * k)] for k in range(5)]
+    ours = optimizers.create("radam", [p, twin], lr=0.01, foreach=foreach, **hyper)
+    ref = torch.optim.Adam([q], lr=0.01, **hyper)
+    for (g,) in grads:
+        p.grad, twin.grad, q.grad = (torch.tensor(g) for _ in range(3))
+        ours.step()
+        ref.step()
+    assert torch.allclose(p, q, rtol=0, atol=1e-15)
+    for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):  # torch's state, entry for entry
+        assert torch.allclose(ours.state[p][key], ref.state[q][key], rtol=1e-14, atol=0)
+    # and a state of torch's Adam continues here
+    mid = optimizers.create("radam", [q], lr=0.01, **hyper)
+    mid.load_state_dict(ref.state_dict())
+    for opt, w in ((ours, p), (mid, q)):
+        w.grad = torch.tensor(grads[0][0])
+        opt.step()
     assert torch.allclose(p, q, rtol=0, atol=1e-15)
 
 
