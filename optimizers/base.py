@@ -142,12 +142,15 @@ class RiemannianOptimizer(ParamGroups):
     # whether the rule's Euclidean form (plain tensors) is elementwise, so that plain
     # tensors of one shape may be stacked into one call (Note [One rule call per bucket])
     buckets_plain: ClassVar[bool] = False
-    # whether the rule steps a stack of same-kind manifold points as one batch: every
-    # reduction per matrix, every state tensor one row per parameter; False (a plugin's
-    # default) calls `update` for one parameter at a time, as docs/plugins.md describes
+    # whether the rule steps same-kind manifold points stacked (reductions per matrix, state
+    # a row each); False (a plugin's default): one `update` per parameter (docs/plugins.md)
     buckets_points: ClassVar[bool] = False
     # state keys kept in a dtype of their own, not the working one (`master.restore_dtypes`)
     wide_state: ClassVar[frozenset[str]] = frozenset()
+    # a copy keeps telemetry; it remakes each bucket's state views and the unread flags of
+    # traced steps, (name, non-finite-gradient, all skips) per parameter (Note [Copies ...])
+    copied = ("telemetry", "orthogonality_history")
+    host: ClassVar[dict[str, type]] = {"_held": dict, "_flags_unread": dict}
 
     def __init__(
         self,
@@ -158,11 +161,9 @@ class RiemannianOptimizer(ParamGroups):
         foreach: bool | None = None,
         capturable: bool = False,
     ):
-        self._held: dict[tuple, dict] = {}  # the state views of each bucket (`buckets`)
+        self.__dict__.update({k: make() for k, make in self.host.items()})
         self.telemetry = checks.flag("telemetry", telemetry)
         self.orthogonality_history: list[torch.Tensor] = []
-        # per parameter, of traced steps: (name, non-finite-gradient skips, all skips)
-        self._flags_unread: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
         super().__init__(params, {**defaults, "foreach": foreach, "capturable": capturable})
 
     def add_param_group(self, param_group: dict) -> None:
@@ -171,7 +172,6 @@ class RiemannianOptimizer(ParamGroups):
         if message := _implied_warning(self, self.param_groups[-1], self._bindings[-1]):
             self._warn_once(f"implied {len(self.param_groups)}", message)  # once per group
 
-    # ------------------------------------------------------------------ plugin interface
     def update(
         self, geo: Geometry, x: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     ) -> torch.Tensor:

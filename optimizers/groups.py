@@ -63,6 +63,10 @@ class ParamGroups(torch.optim.Optimizer):
 
     accepts_off_manifold: ClassVar[bool] = False
     dtensor_points: ClassVar[bool] = True
+    #: attributes a copy keeps (pickle, deepcopy), beside torch's defaults, state and groups
+    copied: ClassVar[tuple[str, ...]] = ()
+    #: host structures a copy makes afresh, by their empty value's type
+    host: ClassVar[dict[str, type]] = {}
 
     def __init__(self, params, defaults: dict):
         self._bindings: list[list[Binding]] = []
@@ -74,6 +78,29 @@ class ParamGroups(torch.optim.Optimizer):
             defaults.update(dict.fromkeys(terms.REPAIR_KEYS, period))
         self.check_group(dict(defaults), defaults=True)
         super().__init__(params, defaults)
+
+    def __getstate__(self) -> dict:
+        """torch's (defaults, state, param groups) and the attributes named in `copied`."""
+        return {**super().__getstate__(), **{k: getattr(self, k) for k in self.copied}}
+
+    def __setstate__(self, state: dict) -> None:
+        """torch's; then the `host` structures and the bindings, made again from the groups.
+
+        Note [Copies of an optimizer]
+        torch's Optimizer pickles its defaults, state and param groups only, and a
+        deepcopy goes the same way: the copy of a Riemannian optimizer lost the
+        bindings of its parameters to their geometries and the host's structures of
+        the step, and its first step raised AttributeError. They are made again here
+        from the copied groups, as ``add_param_group`` made them, and the options
+        the constructor took (`copied`) travel with the copy.
+        """
+        super().__setstate__(state)
+        self.__dict__.update({k: make() for k, make in self.host.items()})
+        self._bindings = [
+            [bind_parameter(self, i, p, g) for i, p in enumerate(g["params"])]
+            for g in self.param_groups
+        ]
+        self._bound = [None] * len(self.param_groups)
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         """Validate a param group's hyper-parameters (ValueError/TypeError naming them).

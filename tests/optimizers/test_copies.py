@@ -1,0 +1,73 @@
+"""A copy of an optimizer (``copy.deepcopy``, pickling) steps as the original does.
+
+torch's optimizers deep-copy and pickle with their model (their defaults, state and
+param groups); the copy of a Riemannian optimizer lost its parameters' bindings and
+its first step raised AttributeError (Note [Copies of an optimizer]). Reference: the
+original optimizer, stepped on the same gradients, and torch's Adam on a plain tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import geoopt
+import pytest
+import torch
+
+from stiefel import optimizers
+from stiefel.manifolds import Stiefel
+
+#: the package's optimizers (the registry also lists torch's and geoopt's, which copy alike)
+OURS = [
+    n
+    for n in optimizers.available()
+    if isinstance(optimizers.get(n), type)
+    and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)
+]
+
+
+def _model(name: str):
+    st = Stiefel(8, 3)
+    gen = torch.Generator().manual_seed(0)
+    points = [
+        torch.linalg.qr(torch.randn(8, 3, generator=gen, dtype=torch.float64)).Q for _ in range(3)
+    ]
+    ws = [geoopt.ManifoldParameter(x, manifold=st) for x in points]
+    plain = torch.nn.Parameter(torch.randn(5, generator=gen, dtype=torch.float64))
+    groups = [{"params": ws}, {"params": [plain], "manifold": geoopt.Euclidean()}]
+    return [*ws, plain], optimizers.create(name, groups, lr=0.05, telemetry=True)
+
+
+def _step(params, opt, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+    opt.step()
+
+
+def _pickled(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("name", OURS)
+def test_a_copy_of_an_optimizer_steps_as_the_original(name, how):
+    params, opt = _model(name)
+    _step(params, opt, 1)
+    copied_params, copied = (copy.deepcopy if how == "deepcopy" else _pickled)((params, opt))
+    assert copied.telemetry and len(copied.orthogonality_history) == 1
+    for seed in (2, 3):
+        _step(params, opt, seed)
+        _step(copied_params, copied, seed)
+    for p, q in zip(params, copied_params, strict=True):
+        assert q is not p
+        assert torch.equal(p.detach(), q.detach())
+    assert len(copied.orthogonality_history) == 3
+    # the copy's state is its own: stepping it leaves the original's untouched
+    before = [p.detach().clone() for p in params]
+    _step(copied_params, copied, 4)
+    assert all(torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))
