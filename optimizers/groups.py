@@ -92,9 +92,15 @@ class ParamGroups(torch.optim.Optimizer):
         bindings of its parameters to their geometries and the host's structures of
         the step, and its first step raised AttributeError. They are made again here
         from the copied groups, as ``add_param_group`` made them, and the options
-        the constructor took (`copied`) travel with the copy.
+        the constructor took (`copied`) travel with the copy. torch's
+        ``load_state_dict`` comes here too: a group saved without a key of today's
+        defaults (by an older version, or by torch's SGD or Adam) takes its default,
+        as torch's optimizers fill theirs, where the next step raised KeyError.
         """
         super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
         self.__dict__.update({k: make() for k, make in self.host.items()})
         self._bindings = [
             [bind_parameter(self, i, p, g) for i, p in enumerate(g["params"])]

@@ -71,3 +71,35 @@ def test_a_copy_of_an_optimizer_steps_as_the_original(name, how):
     before = [p.detach().clone() for p in params]
     _step(copied_params, copied, 4)
     assert all(torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))
+
+
+def test_a_state_saved_without_todays_group_keys_loads_them_at_their_defaults():
+    # torch's SGD saves no "capturable"; a checkpoint of an older version lacked
+    # "foreach" too: the next step raised KeyError, where torch fills its defaults
+    gen = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5, 3, generator=gen))
+    q = torch.nn.Parameter(p.detach().clone())
+    sgd = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    twin = torch.optim.SGD([q], lr=0.1, momentum=0.9)
+    grads = [torch.randn(5, 3, generator=gen) for _ in range(3)]
+    for w, o in ((p, sgd), (q, twin)):
+        w.grad = grads[0].clone()
+        o.step()
+    saved = copy.deepcopy(sgd.state_dict())
+    assert "capturable" not in saved["param_groups"][0]
+    rgd = optimizers.create("rgd", [p], lr=0.1, momentum=0.9)  # on a plain tensor: SGD
+    rgd.load_state_dict(saved)
+    assert rgd.param_groups[0]["capturable"] is False
+    for g in grads[1:]:
+        for w, o in ((p, rgd), (q, twin)):
+            w.grad = g.clone()
+            o.step()
+    assert torch.allclose(p, q, rtol=0, atol=1e-6)
+    older = copy.deepcopy(rgd.state_dict())
+    for group in older["param_groups"]:
+        del group["foreach"], group["capturable"]
+    again = optimizers.create("rgd", [p], lr=0.1, momentum=0.9)
+    again.load_state_dict(older)
+    p.grad = grads[0].clone()
+    again.step()
+    assert again.param_groups[0]["foreach"] is None
