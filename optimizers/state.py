@@ -30,18 +30,43 @@ __all__ = ["pack", "unpack", "after_load"]
 
 
 def pack(opt, sd: dict[str, Any]) -> dict[str, Any]:
-    """torch's ``state_dict`` of ``opt``, with shapes and without version records."""
+    """torch's ``state_dict`` of ``opt``, with shapes, without version records, manifolds named.
+
+    Note [A group's manifold is saved by name]
+    A group's ``manifold`` (e.g. ``geoopt.Euclidean()`` to keep a weight free) is an
+    object, which ``torch.load(weights_only=True)``, torch's default, refuses to
+    unpickle: a checkpoint of such an optimizer could not be resumed the documented
+    way. It is saved as its repr, and loaded as the object the loading optimizer's
+    group holds, when the two reprs agree (`unpack`).
+    """
     sd["state"] = {k: master.strip(v) for k, v in sd["state"].items()}
     for saved, group in zip(sd["param_groups"], opt.param_groups, strict=True):
         saved["param_shapes"] = [list(p.shape) for p in group["params"]]
+        if saved.get("manifold") is not None:
+            saved["manifold"] = repr(saved["manifold"])
     return sd
+
+
+def _manifold(g: int, saved: object, group: dict | None) -> object:
+    """The manifold object of loaded group ``g`` (Note [A group's manifold is saved by name])."""
+    if not isinstance(saved, str):
+        return saved  # None, or an object saved whole by an older version
+    held = None if group is None else group.get("manifold")
+    if held is None or repr(held) != saved:
+        raise ValueError(
+            f"load_state_dict: param group {g} was saved with manifold={saved} but this "
+            f"optimizer's group {g} has manifold={held!r}; allowed: the state of an optimizer "
+            "whose groups name the same manifolds"
+        )
+    return held
 
 
 def unpack(opt, state_dict: dict[str, Any]) -> dict[str, Any]:
     """The state dict torch's ``load_state_dict`` gets, after checking the shapes.
 
     Raises:
-        ValueError: a parameter's shape differs from the saved one.
+        ValueError: a parameter's shape differs from the saved one, or a group's
+            manifold from the saved one's.
     """
     saved_groups = state_dict.get("param_groups", [])
     if len(saved_groups) == len(opt.param_groups):
@@ -57,8 +82,11 @@ def unpack(opt, state_dict: dict[str, Any]) -> dict[str, Any]:
                         "load it into a model of the same shapes"
                     )
     groups = []
-    for saved in saved_groups:
+    for g, saved in enumerate(saved_groups):
         group = {k: v for k, v in saved.items() if k != "param_shapes"}
+        if "manifold" in group:
+            held = opt.param_groups[g] if g < len(opt.param_groups) else None
+            group["manifold"] = _manifold(g, group["manifold"], held)
         if any(key in group for key in terms.REPAIR_KEYS):  # saved before `stabilize` was kept
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
         groups.append(group)

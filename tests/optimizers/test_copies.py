@@ -103,3 +103,39 @@ def test_a_state_saved_without_todays_group_keys_loads_them_at_their_defaults():
     p.grad = grads[0].clone()
     again.step()
     assert again.param_groups[0]["foreach"] is None
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_a_state_with_a_group_manifold_resumes_through_a_weights_only_load(name):
+    # a group's manifold object made torch.load(weights_only=True) refuse the file
+    # (Note [A group's manifold is saved by name])
+    params, opt = _model(name)
+    _step(params, opt, 1)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    copied_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    st = params[0].manifold
+    copied_params[:3] = [
+        geoopt.ManifoldParameter(p.detach(), manifold=st) for p in copied_params[:3]
+    ]
+    groups = [
+        {"params": copied_params[:3]},
+        {"params": copied_params[3:], "manifold": geoopt.Euclidean()},
+    ]
+    resumed = optimizers.create(name, groups, lr=0.05)
+    resumed.load_state_dict(saved)
+    assert isinstance(resumed.param_groups[1]["manifold"], geoopt.Euclidean)  # torch copies it
+    for seed in (2, 3):
+        _step(params, opt, seed)
+        _step(copied_params, resumed, seed)
+    for p, q in zip(params, copied_params, strict=True):
+        assert torch.equal(p.detach(), q.detach())
+    other = optimizers.create(
+        name,
+        [groups[0], {"params": copied_params[3:], "manifold": geoopt.Euclidean(ndim=1)}],
+        lr=0.05,
+    )
+    with pytest.raises(ValueError, match="param group 1 was saved with manifold=Euclidean"):
+        other.load_state_dict(saved)
