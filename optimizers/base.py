@@ -80,7 +80,7 @@ import torch
 from .._core import checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from . import buckets, engine, master, skips, telemetry, terms
-from .geometry import OPTIONS, Geometry, bind_parameter, check_kind, manifold_of
+from .geometry import OPTIONS, Geometry, bind_again, check_kind, manifold_of
 from .groups import ParamGroups
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
@@ -253,8 +253,8 @@ class RiemannianOptimizer(ParamGroups):
                 for k, p in enumerate(bucket.params)
             )  # fmt: skip
             raise RuntimeError(
-                f"{type(self).__name__}: the step of {shapes} failed: {err} (a state of "
-                "another shape, e.g. from a state_dict edited by hand, is a common cause)"
+                f"{type(self).__name__}: the step of {shapes} failed: {err} "
+                f"({buckets.state_hint(self, bucket)})"
             ) from err
 
     def _buckets(self, index: int, group: dict, quiet: bool) -> list[buckets.Bucket]:
@@ -355,7 +355,7 @@ class RiemannianOptimizer(ParamGroups):
             bound = bindings[i]
             if bound.manifold is None:
                 if getattr(p, "manifold", None) is not None and manifold_of(p) is not None:
-                    bindings[i] = bind_parameter(self, i, p, group)
+                    bindings[i] = bind_again(self, i, p, group)
                     self._bound[index] = None
             elif p.grad is not None and p.is_complex() != bound.complex:
                 where = f"parameter {i} of its group (shape {tuple(p.shape)})"

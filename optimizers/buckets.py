@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._core.checks import LOW_PRECISION
 from .geometry import Binding
 
 __all__ = [
@@ -139,6 +140,30 @@ class Bucket:
 def rule_keys(state: dict) -> list[str]:
     """The keys of a parameter's state that its rule owns (not the master, not the host's)."""
     return [k for k in state if not k.startswith("_") and k not in ("master", BOUNDS)]
+
+
+def state_hint(opt, bucket: Bucket) -> str:
+    """A likely cause of a rule's failure on ``bucket``, read from its parameters' state."""
+    wide = getattr(opt, "wide_state", frozenset())
+    for p in bucket.params:
+        state = opt.state[p]
+        dtype = torch.float32 if p.dtype in LOW_PRECISION else p.dtype
+        for key in rule_keys(state):
+            v = state[key]
+            if key == STEP or key in wide or not isinstance(v, torch.Tensor):
+                continue
+            if (
+                v.device != p.device
+                or (v.is_floating_point() or v.is_complex())
+                and v.dtype != dtype
+            ):
+                return (
+                    f"its state {key!r} is {v.dtype} on {v.device} where the parameter is "
+                    f"{p.dtype} on {p.device}: a module moved or cast after the optimizer's "
+                    "steps; as for torch's optimizers, build the optimizer after the move, or "
+                    "save its state_dict and load it into one built after (the load casts it)"
+                )
+    return "a state of another shape, e.g. from a state_dict edited by hand, is a common cause"
 
 
 def last_bounds(states: list[dict]) -> dict[str, float]:
@@ -225,6 +250,9 @@ def plan(
 
     Returns:
         One bucket per kind of parameter (each parameter alone without ``foreach``).
+
+    Raises:
+        TypeError: a sparse gradient.
     """
     buckets: list[Bucket] = []
     by_kind: dict[tuple, Bucket] = {}
@@ -232,6 +260,12 @@ def plan(
     for i, (p, binding) in enumerate(zip(params, bindings, strict=True)):
         if p.grad is None:
             continue
+        if p.grad.layout != torch.strided:  # before any step of the group is computed
+            raise TypeError(
+                f"parameter {i} of its group (shape {tuple(p.shape)}) has a {p.grad.layout} "
+                "gradient; allowed: dense (strided) gradients, as torch's Adam; for "
+                "nn.Embedding(sparse=True) use torch.optim.SparseAdam, or sparse=False"
+            )
         state = states[p]
         kind = None if alone else _kind(p, binding, state, foreach, batches, quiet)
         bucket = None if kind is None else by_kind.get(kind)

@@ -29,6 +29,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import geoopt
 import torch
 
@@ -326,6 +328,30 @@ def bind_parameter(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
     if man is not None and not opt.accepts_off_manifold:
         binding.check_on_manifold(i, p, geo, owner)
     opt.check_parameter(i, p, geo, group)
+    return binding
+
+
+def bind_again(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
+    """`bind_parameter` for a parameter bound as a plain tensor that carries a manifold now.
+
+    Note [A weight constrained after its plain steps]
+    ``orthogonalize(module, method="riemannian")`` after the optimizer stepped the
+    weight leaves a state made by the plain rule (an ambient momentum, radam's
+    second moment per entry where the manifold rule keeps one per matrix, which
+    made the next step fail on its shapes). It means nothing on the manifold: it is
+    dropped, with a warning, and the manifold rule starts afresh.
+    """
+    binding = bind_parameter(opt, i, p, group)
+    keys = [k for k in opt.state.get(p, {}) if not k.startswith("_")]
+    if keys and binding.manifold is not None:
+        del opt.state[p]
+        warnings.warn(
+            f"{type(opt).__name__}: parameter {i} of its group (shape {tuple(p.shape)}) is a "
+            f"point of {binding.manifold!r} now, after steps as a plain tensor; its state "
+            f"({', '.join(keys)}) was made by the plain rule and starts afresh",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return binding
 
 
