@@ -247,6 +247,7 @@ class _OrthoConvBase(nn.Module):
         the layer orthogonal again.
         """
         initialize(self.kernel, init=self.kernel.init, generator=generator)
+        self.kernel.centre_identity()  # Note [The identity convolution from projector steps]
         if self.bias is not None:
             with torch.no_grad():
                 self.bias.zero_()
@@ -289,8 +290,12 @@ class OrthoConv2d(_OrthoConvBase):
         bias: add a learned per-channel bias.
         method: the map of every factor (any of
             ``stiefel.parametrizations.available()``).
-        **options: ``dtype``, ``device``, ``init`` ("haar" default, "identity",
-            "random"), ``generator`` and the map's options (e.g. ``reflections``).
+        **options: ``dtype``, ``device``, ``init`` ("haar" default, "identity":
+            the identity convolution for in = out, stride 1, odd k and an even
+            channel count per group, a delta-orthogonal kernel for odd k and even
+            channels, every factor at its identity point otherwise (Note [The
+            identity convolution from projector steps]), "random"), ``generator`` and
+            the map's options (e.g. ``reflections``).
 
     Raises:
         ValueError: a non-positive size, stride, dilation or group count,

@@ -174,6 +174,39 @@ class OrthoKernel(nn.Module):
             shape = (g, max(rows, cols), min(rows, cols))
             self._factor("reshaped", shape, method, opts, dtype, device)
         self._cache: tuple[list[torch.Tensor], torch.Tensor] | None = None
+        self.centre_identity()
+
+    @torch.no_grad()
+    def centre_identity(self) -> None:
+        r"""With ``init="identity"``: the projector steps that put every channel at the centre tap.
+
+        Note [The identity convolution from projector steps]
+        Every factor at its identity point (V = the first ⌊c/2⌋ columns of I) makes P
+        the same projector at every step: the first half of the channels is never
+        delayed, the second half by one tap per step, and the layer shifted half its
+        channels by k − 1 against the other half. With P on the first half at even
+        steps and on the second half (V = the last c/2 columns) at odd ones, each
+        channel is delayed at half of the k − 1 steps of an axis: for odd k and an
+        even c every channel sits at the centre tap (k − 1)/2, the kernel is the
+        isometry there and zero elsewhere (Xiao et al. 2018's delta-orthogonal
+        kernel, with H at its identity point): for in = out and stride 1, the
+        identity convolution. For even k or odd c no composition of rank-⌊c/2⌋ steps
+        delays every channel equally; the factors are left at their identity points.
+        """
+        bcop = self.plan["bcop"]
+        if self.init != "identity" or bcop is None or bcop[2] % 2 == 0 or bcop[0] % 2:
+            return
+        c, steps = bcop[0], bcop[2] - 1
+        if steps == 0:
+            return
+        eye = torch.eye(c, dtype=self.projectors.dtype, device=self.projectors.device)
+        top, bottom = eye[:, : c // 2], eye[:, c // 2 :]
+        points = torch.stack([top if (j // 2) % 2 == 0 else bottom for j in range(2 * steps)])
+        points = points.expand(self.groups, *points.shape).clone()
+        if "projectors" in getattr(self, "parametrizations", {}):
+            self.projectors = points  # through the map's right inverse
+        else:  # method="riemannian": the parameter is the point
+            self.projectors.copy_(points)
 
     def _factor(self, name: str, shape, method, options, dtype, device) -> None:
         """Register ``name`` as a constrained (…, n, m) factor: the one call to the map API."""

@@ -11,6 +11,7 @@ from torch.nn.utils import parametrize
 from stiefel.nn import OrthoConv2d, OrthoConvTranspose2d
 from stiefel.nn.orthoconv import _adjoint_pad
 from stiefel.nn.orthokernel import compose_kernels, projector_step
+from stiefel.parametrizations import initialize
 
 DT = torch.float64
 
@@ -456,3 +457,32 @@ def test_cache_sees_data_assignment():
     assert torch.allclose(fresh, other(x))
     with torch.no_grad():  # cached again while nothing changes
         assert layer.weight is layer.weight
+
+
+@pytest.mark.parametrize("method", ["cwy", "riemannian"])
+@pytest.mark.parametrize(("channels", "k", "groups"), [(4, 3, 1), (6, 5, 1), (8, 3, 2)])
+@pytest.mark.parametrize("padding_mode", ["circular", "zeros"])
+def test_identity_init_is_the_identity_convolution_for_odd_k(
+    method, channels, k, groups, padding_mode
+):
+    # every factor at its identity point shifted half the channels by k − 1 against the
+    # other half (max |conv(x) − x| = 4 at k = 3); the projector steps now alternate
+    # (Note [The identity convolution from projector steps]); reference: x itself
+    x = torch.randn(2, channels, 7, 7, dtype=torch.float64)
+    conv = OrthoConv2d(channels, channels, k, groups=groups, padding_mode=padding_mode,
+                       bias=False, method=method, init="identity", dtype=torch.float64)  # fmt: skip
+    assert torch.allclose(conv(x), x, atol=1e-12)
+    weight = conv.weight.detach()
+    centre = weight[..., k // 2, k // 2]
+    assert torch.allclose(weight.sum((-2, -1)), centre, atol=1e-12)  # all at the centre tap
+    initialize(conv.kernel, init="haar")  # another point of every factor
+    assert not torch.allclose(conv(x), x, atol=1e-3)
+    conv.reset_parameters()  # back to the identity
+    assert torch.allclose(conv(x), x, atol=1e-12)
+
+
+def test_identity_init_keeps_factors_at_identity_where_no_centre_exists():
+    # even k: no rank-⌊c/2⌋ steps delay every channel equally; the layer stays orthogonal
+    conv = OrthoConv2d(4, 4, 2, init="identity", bias=False, dtype=torch.float64)
+    x = torch.randn(1, 4, 6, 6, dtype=torch.float64)
+    assert torch.allclose(conv(x).norm(), x.norm(), rtol=1e-12)
