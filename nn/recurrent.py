@@ -162,7 +162,8 @@ class OrthogonalRNNCell(nn.Module):
     Raises:
         TypeError: for a dtype other than float32/float64, or a ``complex`` or
             ``nonpositive_bias`` that is not a bool.
-        ValueError: for an unknown ``init``, or ``n_in``/``n_hidden`` not a positive int.
+        ValueError: for an unknown ``init``, ``n_in``/``n_hidden`` not a positive int,
+            or a build under ``torch.device("meta")``.
 
     Example:
         ```python
@@ -195,6 +196,13 @@ class OrthogonalRNNCell(nn.Module):
         super().__init__()
         _checks.positive_int("n_in", n_in)
         _checks.positive_int("n_hidden", n_hidden)
+        if torch.empty(0).device.type == "meta":  # `with torch.device("meta")`
+            raise ValueError(
+                "OrthogonalRNNCell is built from drawn values (its init) and has no "
+                "reset_parameters to draw them again after to_empty: build it on a real "
+                "device (it is n_hidden² + n_hidden·n_in values) and move it; the meta "
+                "recipe is for orthogonalize and the convolution layers (docs/scaling.md)"
+            )
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype={dtype}; allowed: torch.float32, torch.float64")
         _checks.choice("init", init, INITS)

@@ -239,3 +239,12 @@ def test_bool_arguments_must_be_bools(build):
 def test_operator_one_or_zero_is_not_a_bool(operator):
     with pytest.raises(ValueError, match=f"operator={operator}; allowed: True, False, 'auto'"):
         OrthogonalRNN(2, 4, 3, operator=operator)
+
+
+@pytest.mark.parametrize("build", [lambda: OrthogonalRNNCell(3, 8), lambda: OrthogonalRNN(3, 8, 2)])
+def test_a_recurrent_layer_built_on_meta_is_refused_with_the_reason(build):
+    # it failed inside its init with "Tensor.item() cannot be called on meta tensors"; and
+    # with no reset_parameters, to_empty would leave it unset
+    with torch.device("meta"), pytest.raises(ValueError, match="build it on a real device"):
+        build()
+    assert next(build().parameters()).device.type == "cpu"  # outside the context: built
