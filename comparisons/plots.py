@@ -23,6 +23,7 @@ from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
 from .cost import CONTENTION, fit_exponent  # noqa: E402
 from .precision import precision  # noqa: E402
+from .task import BASELINE  # noqa: E402
 from .writers import save_figure  # noqa: E402
 
 LABELS = {
@@ -146,7 +147,7 @@ def convergence_figure(runs: list[dict], task: str, flagged: set[str] = frozense
         if logy:
             ax.set_yscale("log")
         if baseline is not None and optimum is None:
-            ax.axhline(baseline, color="k", ls="--", lw=1, label="dashed: trivial predictor")
+            ax.axhline(baseline, color="k", ls="--", lw=1, label=f"dashed: {BASELINE}")
         ax.grid(alpha=0.3)
     band = "× or ÷ one geometric std" if logy else "± one std"
     fig.suptitle(f"{task}: {stat} over seeds, band {band}")

@@ -16,6 +16,7 @@ from .grid import run_grid
 from .report import summarize_runs
 from .store import RunStore, run_key
 from .strategies import parse
+from .task import BASELINE
 from .task import get as get_task
 from .writers import Progress, fmt, md_table, write_text
 
@@ -43,7 +44,7 @@ def _setup_text(opts: dict, runs: list[dict]) -> str:
 
 
 def _size(r: dict) -> str:  # a task's options: its size
-    return ", ".join(f"{k}={v}" for k, v in r["task_options"].items())
+    return ", ".join(f"{k}={fmt(v)}" for k, v in r["task_options"].items())
 
 
 def drift_section(store: RunStore, opts: dict) -> list[dict]:
@@ -88,8 +89,8 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         extra = [k for k in get_task(task).table_metrics if k in rows[0]]
         r0, opt, frac = rows[0], rows[0]["optimum"], get_task(task).converged_fraction
         what = (f"mean optimum over seeds (each draws a problem) {opt:.6g}; not converged: gap "
-                f"above {frac:g} of the first" if opt is not None else "baseline (chance "
-                f"level) {r0['baseline']:.6g}" if r0["baseline"] else "no optimum")  # fmt: skip
+                f"above {frac:g} of the first" if opt is not None else f"{BASELINE} "
+                f"{r0['baseline']:.6g}" if r0["baseline"] else "no optimum")  # fmt: skip
         size = _size(next(r for r in runs if r["task"] == task))
         text.append(f"### {task}\n\n*{size}; {r0['seeds']} seed(s) × {opts['steps']} steps; "
                     f"{what}*\n")  # fmt: skip

@@ -57,6 +57,10 @@ def digits_split(task: str, generator: torch.Generator) -> tuple[torch.Tensor, .
     return x[train], y[train], x[test], y[test]
 
 
+#: what a task's ``baseline`` is, as tables and figures name it
+BASELINE = "baseline (a trivial predictor's loss)"
+
+
 class Task:
     """A learning problem on which strategies are compared.
 

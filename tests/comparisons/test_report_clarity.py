@@ -30,7 +30,7 @@ def test_each_line_style_means_one_thing_named_in_the_legend():
     baseline = next(ln for ln in time_axis.get_lines() if "trivial" in ln.get_label())
     assert waited.get_linestyle() != baseline.get_linestyle() == "--"
     legend = [t.get_text() for t in time_axis.get_legend().get_texts()]
-    assert "dashed: trivial predictor" in legend
+    assert "dashed: baseline (a trivial predictor's loss)" in legend
     assert any(t.startswith("dash-dot, hollow end: waited for a core") for t in legend)
     # drift: the dtype's line style is named in the legend
     drift = [dict(strategy="a", dtype=d, step=[0, 1], drift=[1e-7, 1e-7]) for d in
