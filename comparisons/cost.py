@@ -3,9 +3,11 @@ bandwidth, roofline multiples.
 
 Note [Fastest run for cost models]
 On a shared machine other processes only ever slow a run down, so the fastest
-of several runs is the closest to the cost of the computation itself (the
-advice of Python's ``timeit``). The complexity section fits exponents to these
-times and divides FLOP models by a GEMM rate measured the same way.
+of several runs is the closest to what the machine can reach (the advice of
+Python's ``timeit``): the rates a roofline divides by (the GEMM rate, the memory
+bandwidth) are the fastest runs. The times the complexity section reports and
+fits, its experiment parts' (``experiments/``) included, are medians of blocks
+on the trusted clock, flagged where they spread (Note [Trusted times]).
 
 Note [Forward+backward FLOP convention]
 A map is charged 3× its forward FLOPs for forward+backward: the backward of a

@@ -20,7 +20,14 @@ from .task import BASELINE
 from .task import get as get_task
 from .writers import Progress, fmt, md_table, write_text
 
-__all__ = ["drift_section", "convergence_section", "complexity_section", "SECTIONS"]
+__all__ = [
+    "drift_section",
+    "convergence_section",
+    "complexity_section",
+    "SECTIONS",
+    "time_cell",
+    "flag_note",
+]
 
 
 def _skipped_text(skipped: list[str]) -> str:
@@ -100,7 +107,7 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         head += ["diverged / not finite", "did not converge"]
         body = [
             [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
-            + [s.get("gap"), s.get(geo[1]), s["max_drift"], _t(s, "time"), s["cpu_s"]]
+            + [s.get("gap"), s.get(geo[1]), s["max_drift"], time_cell(s, "time"), s["cpu_s"]]
             + [f"{s['diverged']} of {s['seeds']}", f"{s['unconverged']} of {s['seeds']}"]
             + [f"{s['off_manifold']} of {s['seeds']}"]
             + [s[k] for k in extra]
@@ -110,7 +117,7 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         text.append(_lr_table(head + ["of them off the manifold", *extra], body, rows))
         text[-1] += _near_best(rows) + _off(task_runs) + _rose(task_runs)
         waited = [f"{s['strategy']} {s['time_flag']}" for s in rows if s["time_flag"]]
-        text += _flagged(waited, "the wall time counts waits: compare the CPU column")
+        text += flag_note(waited, "the wall time counts waits: compare the CPU column")
         flagged = {f"{s['strategy']} [{s['dtype']}]" for s in rows if s["time_flag"]}
         fig = plots.convergence_figure(task_runs, task, flagged)
         figs += plots.save(store, fig, f"convergence_{task}")
@@ -193,12 +200,12 @@ def _fits(rows: list[dict], size: str, keys: tuple[str, ...], min_size: int, why
     return out
 
 
-def _t(r: dict, t: str) -> Any:
+def time_cell(r: dict, t: str) -> Any:
     """Time cell ``<t>_s``, marked † when its measurement is flagged (Note [Trusted times])."""
     return f"{fmt(r[f'{t}_s'])} †" if r.get(f"{t}_flag") else r[f"{t}_s"]
 
 
-def _flagged(why: list[str], then: str = "refused by the fits and the × columns") -> list[str]:
+def flag_note(why: list[str], then: str = "refused by the fits and the × columns") -> list[str]:
     """The one-line reason under a table for its flagged cells (and what ``then`` follows)."""
     if not why:
         return []
@@ -317,7 +324,11 @@ def _map_table(maps: list[dict], methods: list[str], repeats: int) -> list[str]:
             rows.append(
                 [method, f"L = {frac:g}·n" if cls.takes_reflections() else "–"]
                 + [cls.formula or "–", cls.domain or "–", big["n"], big["flops"]]
-                + [_t(big, "forward"), _t(big, "forward_backward"), big["saved_bytes"] / 2**20]
+                + [
+                    time_cell(big, "forward"),
+                    time_cell(big, "forward_backward"),
+                    big["saved_bytes"] / 2**20,
+                ]
                 + [big["peak_bytes"] / 2**20, fit_f, fit_fb, model, _span(rs, "n", cx.FIT_MIN_N)]
             )
     head = ["method", "L", "serial complexity", "domain", "n", "FLOP model", "forward [s]"]
@@ -334,7 +345,7 @@ def _map_table(maps: list[dict], methods: list[str], repeats: int) -> list[str]:
         "So *saved* can exceed the peak: it bounds the activation memory, it is no part of it.\n",
         f"\nFitted exponents within 0.3 of the FLOP model's (maps, forward and forward+backward): "
         f"{_within(pairs)}.\n",
-        *_flagged(why),
+        *flag_note(why),
     ]
 
 
@@ -353,7 +364,7 @@ def _step_table(steps: list[dict], repeats: int) -> list[str]:
         notes[key] = note
         rows.append(
             [label, f"[{key}]" if note else "–", big["N"], big["M"]]
-            + [big["flops"] if modelled else "–", _t(big, "step"), big["peak_bytes"] / 2**20]
+            + [big["flops"] if modelled else "–", time_cell(big, "step"), big["peak_bytes"] / 2**20]
             + [fit, model if modelled else "–", _span(rs, "N", cx.FIT_MIN_STEP_N)]
         )
     head = ["optimizer", "FLOPs (formula) or manifold", "N", "M", "FLOP model", "step [s]"]
@@ -366,7 +377,7 @@ def _step_table(steps: list[dict], repeats: int) -> list[str]:
         "formula; every row but geoopt's anchors steps on this package's `Stiefel(N, M)`):\n\n"
         + "".join(f"- [{k}] {v}\n" for k, v in notes.items() if v),
         f"\nFitted exponents within 0.3 of the FLOP model's (optimizer steps): {_within(pairs)}.\n",
-        *_flagged(why),
+        *flag_note(why),
     ]
 
 
@@ -392,7 +403,7 @@ def _roofline_table(maps: list[dict], steps: list[dict]) -> list[str]:
         f"{cost.FWD_BWD_FACTOR:g}× the forward's FLOPs and bytes (the backward of each product is "
         "two products of its size); a step has no backward (its gradient is given); – where "
         "no model is declared.\n",
-        *_flagged([f"{r['label']} {t}: {r[t + '_flag']}" for r in [*maps, *steps]
+        *flag_note([f"{r['label']} {t}: {r[t + '_flag']}" for r in [*maps, *steps]
                    for t in ("forward", "forward_backward", "step") if r.get(t + "_flag")]),
     ]  # fmt: skip
 
@@ -402,7 +413,7 @@ def _cols(r: dict, t: str, flops: float, nbytes: float) -> list:
     cols = [_known(r[f"{t}_{k}"]) for k in ("roofline_s", "x_gemm", "x_roofline")]
     if r.get(f"{t}_flag"):  # a flagged time has no trusted multiple
         cols[1:] = ["refused †", "refused †"]
-    return [*map(_known, (flops, nbytes)), _t(r, t), *cols, r[f"{t}_bound"]]
+    return [*map(_known, (flops, nbytes)), time_cell(r, t), *cols, r[f"{t}_bound"]]
 
 
 SECTIONS = {

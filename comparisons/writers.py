@@ -51,17 +51,18 @@ def write_json(path: str | pathlib.Path, obj: Any) -> pathlib.Path:
 def fmt(v: Any) -> str:
     """A table cell: None as '–', floats with 4 significant digits (scientific when far from 1).
 
-    A whole number of 1,000 or more (a parameter count stored as a float) is written
-    whole, with thousands separators: 141,268, not 1.41e+05.
+    From 1,000 to below a million a float is written to the unit, with thousands
+    separators (a parameter count stored as a float: 141,268, not 1.41e+05), so
+    that one column never mixes the two notations in that range.
     """
     if v is None:
         return "–"
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"
-        if v.is_integer() and 1e3 <= abs(v) < 1e15:
-            return f"{int(v):,}"
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+        if 1e3 <= abs(v) < 1e6:
+            return f"{round(v):,}"
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
             return f"{v:.2e}"
         return f"{v:.4g}"
     return str(v)

@@ -142,9 +142,12 @@ def test_fits_refuse_a_flagged_point_and_say_why():
     fit, model = sections._fits(rows, "n", ("t_s", "flops"), 512, why)
     assert fit == "refused" and model == pytest.approx(3.0)
     assert why == ["m t at n = 1024: spread 0.3 (MAD / median > 0.1)"]
-    (line,) = sections._flagged(why)
+    (line,) = sections.flag_note(why)
     assert "† flagged" in line and "refused by the fits" in line and "n = 1024" in line
-    assert sections._t(rows[1], "t").endswith(" †") and sections._t(rows[0], "t") == rows[0]["t_s"]
+    assert (
+        sections.time_cell(rows[1], "t").endswith(" †")
+        and sections.time_cell(rows[0], "t") == rows[0]["t_s"]
+    )
 
 
 def test_figure_draws_flagged_points_hollow_with_their_mad():

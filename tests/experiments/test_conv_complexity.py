@@ -23,3 +23,27 @@ def test_conv_rows_and_flop_models():
     assert all(r["forward_backward_s"] > 0 for r in rows)
     text = "\n".join(conv_table(rows, 1e10))
     assert text.count("| 4 | 3 |") == 3
+
+
+def test_layer_times_are_medians_of_interleaved_blocks_flagged_where_they_spread(monkeypatch):
+    # the report says "median of blocks on the trusted clock, † where flagged"; the layers
+    # were timed by their fastest single run, with no flag
+    import experiments.conv_complexity as cc
+    import experiments.recurrent_step as rs
+
+    seen = []
+
+    def fake(fns, repeats, device="cpu", **_):
+        seen.append(list(fns))
+        return {k: dict(s=0.5 + i, flag="spread" if i == 1 else None) for i, k in enumerate(fns)}
+
+    monkeypatch.setattr(cc, "measure_many", fake)
+    rows = cc.conv_costs(3, plan=[(4, 3)])
+    assert seen == [[r["layer"] for r in rows]]  # one interleaved measurement per (c, k)
+    assert [r["forward_backward_s"] for r in rows] == [0.5, 1.5, 2.5]
+    text = "\n".join(cc.conv_table(rows, 1e10))
+    assert "| 1.5 † |" in text and "conv_kernel=True (tcwy) c=4 k=3" in text
+    monkeypatch.setattr(rs, "measure_many", fake)
+    (row, *_) = rs.recurrent_step_costs([8], 1 / 8, 3)
+    assert (row["forward_s"], row["backward_s"]) == (0.5, 1.0)  # fwd+bwd less fwd
+    assert "† flagged" in "\n".join(rs.recurrent_table([row], 1e10))
