@@ -379,8 +379,18 @@ class OrthogonalRNN(nn.Module):
 
         Returns:
             (batch, T, n_out) if ``all_steps`` else (batch, n_out).
+
+        Raises:
+            ValueError: ``x`` not of shape (batch, T ≥ 1, n_in).
         """
         _checks.flag("all_steps", all_steps)
+        n_in = self.cell.inp.shape[1]
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] < 1 or x.shape[2] != n_in:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"x has shape {shape}; allowed: (batch, T, n_in) with T ≥ 1 and n_in = {n_in} "
+                "(batch first; a single sequence is x[None])"
+            )
         b, t, _ = x.shape
         x = x.to(self.cell.inp.dtype)
         drive = x @ self.cell.inp.T  # (b, T, n), one matmul for the whole sequence

@@ -248,3 +248,11 @@ def test_a_recurrent_layer_built_on_meta_is_refused_with_the_reason(build):
     with torch.device("meta"), pytest.raises(ValueError, match="build it on a real device"):
         build()
     assert next(build().parameters()).device.type == "cpu"  # outside the context: built
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3), (5, 3), (2, 4, 5)])
+def test_an_input_of_another_shape_is_refused_naming_the_one_allowed(shape):
+    # T = 0 failed in torch.stack, a 2-D input in an unpacking, a wrong n_in in a matmul
+    rnn = OrthogonalRNN(3, 8, 2)
+    with pytest.raises(ValueError, match=r"allowed: \(batch, T, n_in\) with T ≥ 1 and n_in = 3"):
+        rnn(torch.randn(shape))
