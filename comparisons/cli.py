@@ -141,10 +141,17 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line, as the harness's own (usage: --help)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser (help texts list what the registries hold)."""
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="stiefel-compare", description=DESCRIPTION, epilog=_epilog(), formatter_class=fmt
     )
     sub = p.add_subparsers(dest="command", required=True)

@@ -188,10 +188,29 @@ def test_the_quick_report_links_the_configs_from_any_out(tmp_path):
             assert (out / link).resolve() == (config.PRESETS / pathlib.Path(link).name).resolve()
 
 
-def test_help_lists_the_tasks_of_the_imported_modules(capsys):
+def test_help_lists_the_tasks_of_the_imported_modules(capsys, monkeypatch):
     # docs/comparisons.md: "--help lists them with their defaults"; the parser had been built
-    # before --import ran, so an experiment's task never appeared
+    # before --import ran, so an experiment's task never appeared. The experiments import
+    # from the checkout's root, as from `python -m stiefel.comparisons` run there
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2]))
     with pytest.raises(SystemExit) as exit_:
         cli.main(["convergence", "--import", "experiments.lipschitz", "--help"])
     assert exit_.value.code == 0
     assert "lipschitz_digits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["drift", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+        ([], "the following arguments are required: command"),
+    ],
+)
+def test_a_malformed_command_line_is_refused_in_one_line(argv, says, capsys):
+    # argparse printed its whole usage block above the error
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "--help)" in err
