@@ -102,12 +102,14 @@ def convergence_section(store: RunStore, opts: dict) -> list[dict]:
         text.append(f"### {task}\n\n*{size}; {r0['seeds']} seed(s) × {opts['steps']} steps; "
                     f"{what}*\n")  # fmt: skip
         geo = ("gap to optimum", "gap_geo") if opt is not None else ("final loss", "final_loss_geo")
-        head = ["strategy", "dtype", "lr", "final loss (mean)", "± std", "gap to optimum (mean)"]
+        gap = [] if opt is None else ["gap to optimum (mean)"]  # no optimum: no such column
+        head = ["strategy", "dtype", "lr", "final loss (mean)", "± std", *gap]
         head += [f"{geo[0]} (geometric mean)", "max drift", "time [s]", "CPU [s]"]
         head += ["diverged / not finite", "did not converge"]
         body = [
             [s["strategy"], s["dtype"], s["lr"], s["final_loss"], s["final_loss_std"]]
-            + [s.get("gap"), s.get(geo[1]), s["max_drift"], time_cell(s, "time"), s["cpu_s"]]
+            + [s.get("gap")] * len(gap)
+            + [s.get(geo[1]), s["max_drift"], time_cell(s, "time"), s["cpu_s"]]
             + [f"{s['diverged']} of {s['seeds']}", f"{s['unconverged']} of {s['seeds']}"]
             + [f"{s['off_manifold']} of {s['seeds']}"]
             + [s[k] for k in extra]

@@ -114,3 +114,14 @@ def test_the_map_table_defines_saved_and_peak():
     assert "*saved*: the bytes autograd saves" in md and "counts k times" in md
     assert "*peak fwd+bwd*: the most bytes of tensors created during forward + backward" in md
     assert "*saved* can exceed the peak" in md
+
+
+def test_a_task_without_an_optimum_has_no_gap_column(tmp_path):
+    # digits has a baseline, no optimum: its gap column was "–" on every row
+    cli.main(["convergence", "--out", str(tmp_path), "--tasks", "digits", "--steps", "20",
+              "--seeds", "1", "--jobs", "1", "--n", "8", "--batch", "8",
+              "--strategies", "cwy+adam(lr=0.01)"])  # fmt: skip
+    md = (tmp_path / "convergence.md").read_text()
+    row = table_row(md, "| strategy |", "| cwy+adam(lr=0.01)")
+    assert "gap to optimum (mean)" not in row and "final loss (geometric mean)" in row
+    assert "baseline (a trivial predictor's loss) 2.30259" in md
