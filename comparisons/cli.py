@@ -186,12 +186,18 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("--resume and --overwrite together; allowed: one of them")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads {args.threads}; allowed: an integer >= 1")
-    threads = torch.get_num_threads()
+    threads, shown = torch.get_num_threads(), warnings.formatwarning
     torch.set_num_threads(args.threads or 1)  # Note [Trusted times]: work on one thread
+    warnings.formatwarning = _one_line  # a note to the user, not a source line
     try:
         return _main(args)
     finally:
         torch.set_num_threads(threads)
+        warnings.formatwarning = shown
+
+
+def _one_line(message, category, *_: object, **__: object) -> str:
+    return f"{category.__name__}: {message}\n"
 
 
 def _load_note() -> None:

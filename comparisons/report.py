@@ -102,6 +102,12 @@ def write_report(store: RunStore) -> str:
     never picked up; a section that did not finish is named as such.
     """
     sections = store.manifest.get("sections", {})
+    if not sections and store.damaged:
+        raise FileNotFoundError(
+            f"no readable manifest in {store.out} (kept as {store.out}/manifest.json.damaged): "
+            f"run the sections again with --out {store.out} --resume; their stored runs "
+            "are reused, not trained again"
+        )
     if not sections:
         raise FileNotFoundError(
             f"no results in {store.out}: run drift, convergence or complexity with "

@@ -124,6 +124,7 @@ class RunStore:
         self.root: pathlib.Path | None = None
         self.manifest: dict[str, Any] = {}
         self._locked = False
+        self.damaged = False  # the manifest found was unreadable (kept as .damaged)
 
     def __enter__(self) -> RunStore:
         self.open()
@@ -149,7 +150,7 @@ class RunStore:
             os.replace(path, self.inside(MANIFEST + ".damaged", "a link to"))
             note = f"{path} kept as {MANIFEST}.damaged; stored runs are reused on --resume"
             warnings.warn(note, stacklevel=2)
-            m = {}
+            m, self.damaged = {}, True
         self.manifest = m
         self.manifest.setdefault("sections", {})
         v = {"python": platform.python_version(), "torch": torch.__version__, "stiefel": version}

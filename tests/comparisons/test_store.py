@@ -274,6 +274,25 @@ def test_a_damaged_manifest_is_kept_and_the_runs_reused(tmp_path, capsys):
     assert "1 of 1 runs already done" in capsys.readouterr().out
 
 
+def test_a_report_of_a_damaged_manifest_says_how_to_rebuild_it(tmp_path):
+    # it answered "no results in …: run drift, … first" beside stored runs
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *TINY])
+    (tmp_path / "manifest.json").write_text('{"sections": {"dri')
+    with pytest.warns(UserWarning), pytest.raises(FileNotFoundError, match="--resume; their"):
+        cli.main(["report", "--out", str(tmp_path)])
+
+
+def test_the_harness_writes_its_warnings_as_one_line_each(tmp_path):
+    # a warning printed the source line that raised it ("m = read_json(path, ...)")
+    import warnings
+
+    shown = warnings.formatwarning
+    cli.main(["drift", "--out", str(tmp_path), "--seeds", "1", *TINY])
+    assert warnings.formatwarning is shown  # one-line notes during a run only
+    line = cli._one_line(UserWarning("kept as manifest.json.damaged"), UserWarning, "f.py", 3)
+    assert line == "UserWarning: kept as manifest.json.damaged\n"
+
+
 def test_table_read_skips_a_damaged_line_naming_it(tmp_path):
     rows = [{"section": "drift", "metric": "loss", "value": 1.0}]
     (tmp_path / "results.jsonl").write_text(table.dumps(rows) + '{"section": "dr\n')
