@@ -8,6 +8,9 @@ is reported, never dropped silently; each finished run is stored at once
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 import torch
@@ -102,9 +105,24 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
 
 
 def _worker(imports: list[str], threads: int = 1) -> None:
-    """A worker's start: its torch threads, and the modules that register the tasks."""
+    """A worker's start: its torch threads, the modules that register the tasks, its watch.
+
+    Note [Workers end with the harness]
+    A harness stopped by SIGKILL (or the kernel's OOM killer) cannot shut its pool
+    down, and a worker waiting for its next run holds the queue's pipe open itself:
+    it never sees the end of it and waited for work forever, one idle process per
+    job left on the machine. Each worker watches its parent and exits when it is gone.
+    """
     torch.set_num_threads(threads)
     tasks_mod.import_modules(imports)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:

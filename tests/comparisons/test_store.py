@@ -84,6 +84,24 @@ def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
             a.wait()
 
 
+def test_the_workers_of_a_killed_harness_end_with_it(tmp_path):
+    # SIGKILL leaves no shutdown to run: the pool's workers waited for work forever
+    # (Note [Workers end with the harness])
+    import psutil
+
+    out = tmp_path / "out"
+    a = _spawn(out, "--seeds", "200", "--jobs", "2", *RUN)
+    try:
+        _wait_for_runs(out, a, 1)
+        workers = psutil.Process(a.pid).children()
+        assert len(workers) >= 2
+    finally:
+        a.kill()
+        a.wait()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"workers {[p.pid for p in alive]} outlived their harness"
+
+
 @pytest.mark.slow
 def test_sigint_then_resume(tmp_path):
     out = tmp_path / "out"
