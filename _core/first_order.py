@@ -9,7 +9,7 @@ torch's ``once_differentiable`` makes such a gradient depend on a node that rais
 when reached, but that node's inputs are detached copies of the gradient: a second
 derivative asked with ``torch.autograd.grad(..., inputs=θ)`` never reaches it and
 finds θ unused, so ``allow_unused=True`` (as Hessian-vector-product and MAML code
-passes) returned zeros, silently. Here the gradient is made to depend on the
+passes) gives zeros, silently. Here the gradient is made to depend on the
 tensors a second derivative really flows through (the incoming gradient and the
 saved inputs that require grad), through a node whose backward raises, naming the
 computation: a Hessian-vector product, a MAML inner step or a gradient penalty
@@ -58,7 +58,8 @@ class _SecondOrderRefused(torch.autograd.Function):
         raise RuntimeError(
             f"a second derivative through {ctx.what} is not supported: its backward is "
             "written by hand and is first order only (Note [A second derivative through a "
-            "first-order backward]); the maps 'cwy' and 'tcwy' can be differentiated twice"
+            "first-order backward]); 'cwy' and 'tcwy' are differentiated twice, and so are "
+            "'cayley' and 'scaled_cayley' below the sizes and norms that take these paths"
         )
 
 

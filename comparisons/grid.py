@@ -104,18 +104,17 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     return records, skipped  # type: ignore[return-value]
 
 
-def _worker(imports: list[str], threads: int = 1) -> None:
-    """A worker's start: its torch threads, the modules that register the tasks, its watch.
+def _worker(imports: list[str], threads: int = 1, parent: int | None = None) -> None:
+    """A worker's start: its watch of the harness, its torch threads, the task modules.
 
     Note [Workers end with the harness]
     A harness stopped by SIGKILL (or the kernel's OOM killer) cannot shut its pool
     down, and a worker waiting for its next run holds the queue's pipe open itself:
-    it never sees the end of it and waited for work forever, one idle process per
-    job left on the machine. Each worker watches its parent and exits when it is gone.
+    it never sees the end of it and would wait for work forever, one idle process
+    per job left on the machine. Each worker watches the harness (its pid, passed in)
+    from its start and exits when it is gone.
     """
-    torch.set_num_threads(threads)
-    tasks_mod.import_modules(imports)
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -123,6 +122,8 @@ def _worker(imports: list[str], threads: int = 1) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    torch.set_num_threads(threads)
+    tasks_mod.import_modules(imports)
 
 
 def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:
@@ -138,7 +139,7 @@ def _run_parallel(store, section, jobs, todo, records, opts, bar) -> None:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
-    start = (opts.get("imports") or [], torch.get_num_threads())
+    start = (opts.get("imports") or [], torch.get_num_threads(), os.getpid())
     pool = cf.ProcessPoolExecutor(opts["jobs"], mp_context=ctx, initializer=_worker, initargs=start)
     try:
         futures = {pool.submit(run, jobs[i], None): i for i in todo}

@@ -183,7 +183,7 @@ class OrthoKernel(nn.Module):
         Note [The identity convolution from projector steps]
         Every factor at its identity point (V = the first ⌊c/2⌋ columns of I) makes P
         the same projector at every step: the first half of the channels is never
-        delayed, the second half by one tap per step, and the layer shifted half its
+        delayed, the second half by one tap per step, and the layer shifts half its
         channels by k − 1 against the other half. With P on the first half at even
         steps and on the second half (V = the last c/2 columns) at odd ones, each
         channel is delayed at half of the k − 1 steps of an axis: for odd k and an
@@ -197,7 +197,7 @@ class OrthoKernel(nn.Module):
         if self.init != "identity" or bcop is None or bcop[2] % 2 == 0 or bcop[0] % 2:
             return
         c, steps = bcop[0], bcop[2] - 1
-        if steps == 0:
+        if steps == 0 or self.projectors.device.type == "meta":  # to_empty, then reset
             return
         eye = torch.eye(c, dtype=self.projectors.dtype, device=self.projectors.device)
         top, bottom = eye[:, : c // 2], eye[:, c // 2 :]

@@ -381,12 +381,15 @@ class OrthogonalRNN(nn.Module):
             (batch, T, n_out) if ``all_steps`` else (batch, n_out).
 
         Raises:
+            TypeError: ``x`` not a tensor.
             ValueError: ``x`` not of shape (batch, T ≥ 1, n_in).
         """
         _checks.flag("all_steps", all_steps)
         n_in = self.cell.inp.shape[1]
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] < 1 or x.shape[2] != n_in:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x is a {type(x).__name__}; allowed: a tensor (batch, T, n_in)")
+        if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] != n_in:
+            shape = tuple(x.shape)
             raise ValueError(
                 f"x has shape {shape}; allowed: (batch, T, n_in) with T ≥ 1 and n_in = {n_in} "
                 "(batch first; a single sequence is x[None])"

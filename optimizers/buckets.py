@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._core.checks import LOW_PRECISION
+from ..parametrizations._precision import real_work_dtype, work_dtype
 from .geometry import Binding
 
 __all__ = [
@@ -147,7 +147,8 @@ def state_hint(opt, bucket: Bucket) -> str:
     wide = getattr(opt, "wide_state", frozenset())
     for p in bucket.params:
         state = opt.state[p]
-        dtype = torch.float32 if p.dtype in LOW_PRECISION else p.dtype
+        # a complex point keeps real per-matrix terms (radam's second moment) beside its own
+        dtypes = {work_dtype(p.dtype), real_work_dtype(p.dtype)}
         for key in rule_keys(state):
             v = state[key]
             if key == STEP or key in wide or not isinstance(v, torch.Tensor):
@@ -155,7 +156,7 @@ def state_hint(opt, bucket: Bucket) -> str:
             if (
                 v.device != p.device
                 or (v.is_floating_point() or v.is_complex())
-                and v.dtype != dtype
+                and v.dtype not in dtypes
             ):
                 return (
                     f"its state {key!r} is {v.dtype} on {v.device} where the parameter is "

@@ -337,9 +337,9 @@ def bind_again(opt, i: int, p: torch.Tensor, group: dict) -> Binding:
     Note [A weight constrained after its plain steps]
     ``orthogonalize(module, method="riemannian")`` after the optimizer stepped the
     weight leaves a state made by the plain rule (an ambient momentum, radam's
-    second moment per entry where the manifold rule keeps one per matrix, which
-    made the next step fail on its shapes). It means nothing on the manifold: it is
-    dropped, with a warning, and the manifold rule starts afresh.
+    second moment per entry where the manifold rule keeps one per matrix, on whose
+    shapes that rule fails). It means nothing on the manifold: it is dropped, with a
+    warning, and the manifold rule starts afresh.
     """
     binding = bind_parameter(opt, i, p, group)
     keys = [k for k in opt.state.get(p, {}) if not k.startswith("_")]

@@ -88,25 +88,28 @@ class ParamGroups(torch.optim.Optimizer):
 
         Note [Copies of an optimizer]
         torch's Optimizer pickles its defaults, state and param groups only, and a
-        deepcopy goes the same way: the copy of a Riemannian optimizer lost the
-        bindings of its parameters to their geometries and the host's structures of
-        the step, and its first step raised AttributeError. They are made again here
-        from the copied groups, as ``add_param_group`` made them, and the options
+        deepcopy goes the same way: neither carries the bindings of the parameters to
+        their geometries nor the host's structures of the step, without which a copy
+        cannot step. They are made again here from the copied groups, as
+        ``add_param_group`` made them, and the options
         the constructor took (`copied`) travel with the copy. torch's
-        ``load_state_dict`` comes here too: a group saved without a key of today's
-        defaults (by an older version, or by torch's SGD or Adam) takes its default,
-        as torch's optimizers fill theirs, where the next step raised KeyError.
+        ``load_state_dict`` comes here too, into an optimizer that keeps its bindings
+        (its points are tested at the next step, not refused here): a group saved
+        without a key of today's defaults (by an older version, or by torch's SGD or
+        Adam) takes its default, as torch's optimizers fill theirs.
         """
+        copy = "_bindings" not in self.__dict__  # else torch's load_state_dict
         super().__setstate__(state)
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
-        self.__dict__.update({k: make() for k, make in self.host.items()})
-        self._bindings = [
-            [bind_parameter(self, i, p, g) for i, p in enumerate(g["params"])]
-            for g in self.param_groups
-        ]
-        self._bound = [None] * len(self.param_groups)
+        if copy:
+            self.__dict__.update({k: make() for k, make in self.host.items()})
+            self._bindings = [
+                [bind_parameter(self, i, p, g) for i, p in enumerate(g["params"])]
+                for g in self.param_groups
+            ]
+        self._bound = [None] * len(self.param_groups)  # geometries made at the next step
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         """Validate a param group's hyper-parameters (ValueError/TypeError naming them).

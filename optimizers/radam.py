@@ -242,9 +242,11 @@ def _as_real_pairs(update, geo: Geometry, x, grad, state: dict, group: dict) -> 
 
 
 def _pairs(v: object, x: torch.Tensor) -> object:
-    if not isinstance(v, torch.Tensor) or v.dim() != x.dim() or v.dim() == 0:
+    if not isinstance(v, torch.Tensor):
         return v
-    return torch.view_as_real(v) if v.is_complex() else v.unsqueeze(-1)
+    if v.is_complex() and v.shape == x.shape:
+        return torch.view_as_real(v)
+    return v.unsqueeze(-1) if not v.is_complex() and v.dim() == x.dim() > 0 else v
 
 
 def _unpaired(v: object, pairs: torch.Tensor) -> object:

@@ -35,8 +35,7 @@ def pack(opt, sd: dict[str, Any]) -> dict[str, Any]:
     Note [A group's manifold is saved by name]
     A group's ``manifold`` (e.g. ``geoopt.Euclidean()`` to keep a weight free) is an
     object, which ``torch.load(weights_only=True)``, torch's default, refuses to
-    unpickle: a checkpoint of such an optimizer could not be resumed the documented
-    way. It is saved as its repr, and loaded as the object the loading optimizer's
+    unpickle. It is saved as its repr, and loaded as the object the loading optimizer's
     group holds, when the two reprs agree (`unpack`).
     """
     sd["state"] = {k: master.strip(v) for k, v in sd["state"].items()}
@@ -47,11 +46,11 @@ def pack(opt, sd: dict[str, Any]) -> dict[str, Any]:
     return sd
 
 
-def _manifold(g: int, saved: object, group: dict | None) -> object:
+def _manifold(g: int, saved: object, group: dict) -> object:
     """The manifold object of loaded group ``g`` (Note [A group's manifold is saved by name])."""
     if not isinstance(saved, str):
         return saved  # None, or an object saved whole by an older version
-    held = None if group is None else group.get("manifold")
+    held = group.get("manifold")
     if held is None or repr(held) != saved:
         raise ValueError(
             f"load_state_dict: param group {g} was saved with manifold={saved} but this "
@@ -84,9 +83,8 @@ def unpack(opt, state_dict: dict[str, Any]) -> dict[str, Any]:
     groups = []
     for g, saved in enumerate(saved_groups):
         group = {k: v for k, v in saved.items() if k != "param_shapes"}
-        if "manifold" in group:
-            held = opt.param_groups[g] if g < len(opt.param_groups) else None
-            group["manifold"] = _manifold(g, group["manifold"], held)
+        if "manifold" in group and len(saved_groups) == len(opt.param_groups):
+            group["manifold"] = _manifold(g, group["manifold"], opt.param_groups[g])
         if any(key in group for key in terms.REPAIR_KEYS):  # saved before `stabilize` was kept
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
         groups.append(group)

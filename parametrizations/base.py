@@ -304,12 +304,13 @@ class OrthogonalMap(Guards, Originals):
         # is; module.double() raises them). The result comes back in the parameter's
         # dtype. Gradients flow through the casts.
         work, real = work_dtype(original.dtype), real_work_dtype(original.dtype)
-        own = [*self.named_parameters(), *self.named_buffers()]
+        own = (*self._parameters.values(), *self._buffers.values())  # the map's, not its manifold's
         with autocast_off(original):  # Note [Autocast off for the maps' own products]
             if work != original.dtype or any(
-                t.is_floating_point() and t.dtype != real for _, t in own
+                t is not None and t.is_floating_point() and t.dtype != real for t in own
             ):
-                state = {k: t.to(real) if t.is_floating_point() else t for k, t in own}
+                named = [*self.named_parameters(), *self.named_buffers()]
+                state = {k: t.to(real) if t.is_floating_point() else t for k, t in named}
                 q = torch.func.functional_call(self, state, (original.to(work),))
                 return q.to(original.dtype)
             q = self.matrix(original)

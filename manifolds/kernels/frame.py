@@ -230,8 +230,8 @@ def in_place() -> bool:
     Writing a step's result over its own temporary (``out=``, ``addcmul_``) saves an
     N×M buffer in eager mode. A compiler plans its buffers itself, and Dynamo does
     not trace ``out=`` into a non-contiguous tensor (a column-major gradient gives
-    one): it broke the graph there, and the compiled ``landing`` step then wrote the
-    first weight's new value into every weight. Traced kernels write new tensors.
+    one): the graph breaks there, and a step compiled across that break can write one
+    weight's new value into the others of its bucket. Traced kernels write new tensors.
     """
     return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 

@@ -31,9 +31,9 @@ HARNESS = ROOT / "comparisons"
 #: and flag note the experiments' parts share, and a note that rates are fastest runs, times
 #: medians; 7 for argparse's errors on one line, as the harness's own; 3 for no gap column
 #: where a task has no optimum; 12 for a report of a damaged manifest that says how to rebuild
-#: it, and warnings printed as one-line notes during a run; 18 for workers that end with a
-#: harness killed by SIGKILL (they had waited for work forever)
-CAP = 3468
+#: it, and warnings printed as one-line notes during a run; 19 for workers that end with a
+#: harness killed by SIGKILL (they had waited for work forever), watched from their start
+CAP = 3469
 PACKAGE = "stiefel.comparisons"
 
 

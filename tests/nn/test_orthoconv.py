@@ -486,3 +486,13 @@ def test_identity_init_keeps_factors_at_identity_where_no_centre_exists():
     conv = OrthoConv2d(4, 4, 2, init="identity", bias=False, dtype=torch.float64)
     x = torch.randn(1, 4, 6, 6, dtype=torch.float64)
     assert torch.allclose(conv(x).norm(), x.norm(), rtol=1e-12)
+
+
+def test_identity_init_builds_on_meta_and_is_the_identity_after_reset():
+    # its projectors were written through the map's right inverse on meta (no kernel there)
+    with torch.device("meta"):
+        conv = OrthoConv2d(4, 4, 3, init="identity", bias=False, dtype=torch.float64)
+    conv.to_empty(device="cpu")
+    conv.reset_parameters()
+    x = torch.randn(1, 4, 6, 6, dtype=torch.float64)
+    assert torch.allclose(conv(x), x, atol=1e-12)

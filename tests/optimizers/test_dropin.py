@@ -197,6 +197,20 @@ def test_radam_on_plain_tensors_is_torch_adam(complex_, foreach):
     assert torch.allclose(p, q, rtol=0, atol=1e-15)
 
 
+def test_radam_on_a_complex_scalar_is_torch_adam():
+    # a 0-dim complex parameter: its complex state reached torch.maximum at the second step
+    p = torch.nn.Parameter(torch.tensor(1.0 + 1.0j, dtype=torch.complex128))
+    q = torch.nn.Parameter(p.detach().clone())
+    ours = optimizers.create("radam", [p], lr=0.02, amsgrad=True)
+    ref = torch.optim.Adam([q], lr=0.02, amsgrad=True)
+    for k in range(4):
+        g = torch.tensor(complex(1.0 / (1 + k), -2.0 + k), dtype=torch.complex128)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    assert torch.allclose(p, q, rtol=0, atol=1e-15)
+
+
 def test_radam_step_length_against_adam():
     """Note [Step length of radam against Adam]: lr in Frobenius norm vs Adam's lr·√(NM)."""
     n, m, lr = 64, 4, 1e-4

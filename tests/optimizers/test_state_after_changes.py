@@ -6,6 +6,7 @@ the change), torch's Adam's refusal of sparse gradients, and each message's cont
 
 from __future__ import annotations
 
+import geoopt
 import pytest
 import torch
 
@@ -71,3 +72,19 @@ def test_a_sparse_gradient_is_refused_before_anything_moves(name):
     assert torch.equal(dense.detach(), before)
     with pytest.raises(RuntimeError, match="sparse gradients"):  # torch's, for comparison
         torch.optim.Adam([emb.weight]).step()
+
+
+def test_a_complex_points_real_moment_is_not_taken_for_a_cast():
+    # a complex point keeps a real per-matrix second moment: a failure on a state edited by
+    # hand was blamed on a module cast
+    from stiefel.manifolds import Stiefel
+
+    st = Stiefel(8, 3, complex=True)
+    x = torch.linalg.qr(torch.randn(8, 3, dtype=torch.complex128)).Q
+    w = geoopt.ManifoldParameter(x, manifold=st)
+    opt = optimizers.create("radam", [w], lr=0.01)
+    w.grad = torch.randn(8, 3, dtype=torch.complex128)
+    opt.step()
+    opt.state[w]["exp_avg"] = torch.zeros(8, 4, dtype=torch.complex128)
+    with pytest.raises(RuntimeError, match="a state of another shape"):
+        opt.step()

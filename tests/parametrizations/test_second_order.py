@@ -116,3 +116,10 @@ def test_first_order_maps_still_run_under_torch_func_grad():
     key = "parametrizations.weight.original"
     expected = torch.autograd.grad(loss(params), params[key])[0]
     assert torch.allclose(grads[key], expected, atol=1e-12)
+
+
+def test_the_squared_modulus_takes_a_conjugated_view():
+    from stiefel.manifolds.kernels.reduce import abs_square
+
+    v = torch.randn(5, 3, dtype=torch.complex128)
+    assert torch.allclose(abs_square(v.mH), v.mH.abs().square(), rtol=1e-15)
