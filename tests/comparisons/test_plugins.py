@@ -82,6 +82,7 @@ def test_plugins_are_read_from_the_registries(plugins):
     assert cost.optimizer_steps()[OPT] == (o, {})
 
 
+@pytest.mark.slow  # every subcommand end to end: about ten seconds
 def test_plugins_run_in_every_subcommand(plugins, tmp_path):
     tiny = ["--n", "5", "--m", "2", "--steps", "6", "--record-every", "2", "--seeds", "1"]
     tiny += ["--jobs", "1"]  # registered in this process only: a spawned worker has no plugin

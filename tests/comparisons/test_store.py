@@ -67,6 +67,7 @@ def _stamps(out: pathlib.Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
 
 
+@pytest.mark.slow  # a harness process of its own: seconds of start-up
 def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
     out = tmp_path / "out"
     # far more runs than can finish while the second process starts (imports torch)
@@ -84,6 +85,7 @@ def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
             a.wait()
 
 
+@pytest.mark.slow  # a harness process of its own: seconds of start-up
 def test_the_workers_of_a_killed_harness_end_with_it(tmp_path):
     # SIGKILL leaves no shutdown to run: the pool's workers waited for work forever
     # (Note [Workers end with the harness])
