@@ -104,7 +104,7 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     return records, skipped  # type: ignore[return-value]
 
 
-def _worker(imports: list[str], threads: int = 1, parent: int | None = None) -> None:
+def _worker(imports: list[str], threads: int, parent: int) -> None:
     """A worker's start: its watch of the harness, its torch threads, the task modules.
 
     Note [Workers end with the harness]
@@ -114,7 +114,6 @@ def _worker(imports: list[str], threads: int = 1, parent: int | None = None) -> 
     per job left on the machine. Each worker watches the harness (its pid, passed in)
     from its start and exits when it is gone.
     """
-    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -161,7 +161,6 @@ class RiemannianOptimizer(ParamGroups):
         foreach: bool | None = None,
         capturable: bool = False,
     ):
-        self.__dict__.update({k: make() for k, make in self.host.items()})
         self.telemetry = checks.flag("telemetry", telemetry)
         self.orthogonality_history: list[torch.Tensor] = []
         super().__init__(params, {**defaults, "foreach": foreach, "capturable": capturable})

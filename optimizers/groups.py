@@ -69,6 +69,7 @@ class ParamGroups(torch.optim.Optimizer):
     host: ClassVar[dict[str, type]] = {}
 
     def __init__(self, params, defaults: dict):
+        self._make_host()
         self._bindings: list[list[Binding]] = []
         # per group, the options its parameters' geometries were made for (None: not yet,
         # made at the next step; `RiemannianOptimizer._bind`)
@@ -91,8 +92,8 @@ class ParamGroups(torch.optim.Optimizer):
         deepcopy goes the same way: neither carries the bindings of the parameters to
         their geometries nor the host's structures of the step, without which a copy
         cannot step. They are made again here from the copied groups, as
-        ``add_param_group`` made them, and the options
-        the constructor took (`copied`) travel with the copy. torch's
+        ``add_param_group`` made them, and the options the constructor took
+        (`copied`) travel with the copy. torch's
         ``load_state_dict`` comes here too, into an optimizer that keeps its bindings
         (its points are tested at the next step, not refused here): a group saved
         without a key of today's defaults (by an older version, or by torch's SGD or
@@ -104,12 +105,16 @@ class ParamGroups(torch.optim.Optimizer):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
         if copy:
-            self.__dict__.update({k: make() for k, make in self.host.items()})
+            self._make_host()
             self._bindings = [
                 [bind_parameter(self, i, p, g) for i, p in enumerate(g["params"])]
                 for g in self.param_groups
             ]
         self._bound = [None] * len(self.param_groups)  # geometries made at the next step
+
+    def _make_host(self) -> None:
+        """The `host` structures, empty (at construction and in a copy)."""
+        self.__dict__.update({k: make() for k, make in self.host.items()})
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         """Validate a param group's hyper-parameters (ValueError/TypeError naming them).

@@ -145,7 +145,9 @@ def abs_square(t: torch.Tensor) -> torch.Tensor:
     re² + im² is a polynomial: a Hessian-vector product through complex CWY
     coordinates holding exact zeros (as `orthogonalize` writes them) would be off.
     """
-    return t.real.square() + t.imag.square() if t.is_complex() else t.square()
+    if not t.is_complex():
+        return t.square()
+    return torch.view_as_real(t.resolve_conj()).square().sum(-1)  # one pass, a conj view too
 
 
 def rows_sum(t: torch.Tensor, group=None) -> torch.Tensor:
