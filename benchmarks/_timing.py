@@ -36,6 +36,7 @@ __all__ = [
     "measure",
     "interleaved",
     "rounds",
+    "schedule",
     "thread_timed",
     "fmt_time",
     "fmt_ratio",
@@ -115,19 +116,29 @@ def rounds(
     during the run into every ``fn``'s times alike; ``clock`` times one call (CUDA
     synchronised by default, `thread_timed` for the CPU time of one thread). The
     order rotates by one from round to round, so that no ``fn`` always runs first
-    or after the same neighbour: a call that follows another one's pass over other
-    data finds its own evicted from the caches, which is worth several per cent of
-    a step on a large matrix. Round ``r``'s times of two ``fn`` share the load of
-    that round: their ratio is the one to take where the load changes.
+    or after the same neighbour, and every other round runs in reverse: a call that
+    follows another one's pass over other data finds its own evicted from the
+    caches, worth several per cent of a step on a large matrix, and a rotation alone
+    keeps each ``fn``'s predecessor (`schedule`).
+    Round ``r``'s times of two ``fn`` share the load of that round: their ratio is
+    the one to take where the load changes.
     """
     for fn in fns.values():
         fn()
-    keys = list(fns)
-    times: dict[Any, list[float]] = {k: [] for k in keys}
-    for r in range(count):
-        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            times[key].append(clock(fns[key]))
+    times: dict[Any, list[float]] = {k: [] for k in fns}
+    for key in schedule(list(fns), count):
+        times[key].append(clock(fns[key]))
     return times
+
+
+def schedule(keys: list, count: int) -> list:
+    """The calls of ``count`` `rounds`: every key once per round, rotated by the round
+    and reversed in odd rounds, so each key follows each of its two neighbours."""
+    order = []
+    for r in range(count):
+        turn = keys[r % len(keys) :] + keys[: r % len(keys)]
+        order += turn[::-1] if r % 2 else turn
+    return order
 
 
 def interleaved(

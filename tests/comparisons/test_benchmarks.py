@@ -60,6 +60,24 @@ def test_measure_counts_runs(bench):
     assert _timing.fmt_ratio(None) == "—" and _timing.fmt_ratio(12.345) == "12.3x"
 
 
+def test_interleaved_rounds_give_every_call_both_neighbours(bench):
+    """A fixed cyclic order times each call always after the same other one (whose pass
+    over its data evicts this one's from the caches): the order alternates."""
+    _timing = bench["_timing"]
+    keys = ["a", "b", "c", "d"]
+    order = _timing.schedule(keys, 8)
+    assert sorted(order) == sorted(keys * 8)
+    for r in range(8):  # every key once per round
+        assert sorted(order[4 * r : 4 * r + 4]) == keys
+    before = {k: {p for p, q in zip(order, order[1:], strict=False) if q == k} for k in keys}
+    neighbours = {k: {keys[(i - 1) % 4], keys[(i + 1) % 4]} for i, k in enumerate(keys)}
+    for k in keys:
+        assert neighbours[k] <= before[k], (k, before[k])
+    calls = []
+    times = _timing.rounds({k: (lambda k=k: calls.append(k)) for k in keys}, 8, lambda f: f() or 1.0)
+    assert calls == keys + order and all(v == [1.0] * 8 for v in times.values())
+
+
 def test_median_time_ends_warmup_after_a_slow_call(bench, monkeypatch):
     from stiefel.comparisons import cost as timing
 
