@@ -22,6 +22,7 @@ from torch.nn.utils import parametrize
 
 from .._core import checks as _checks
 from ..manifolds import binding
+from . import stale_state
 from ._precision import DTYPES
 from .base import INITS, RIEMANNIAN
 from .conv import CONVOLUTIONS, check_convolution, conv_kernel_map
@@ -196,6 +197,7 @@ def orthogonalize_module(root: nn.Module, name: str, method: object, options: di
     # a gradient left from a backward is the weight's, not the coordinates' (possibly of
     # another shape): an optimizer stepping it would move the coordinates by it
     held.grad = None
+    stale_state.forget(held, fmap.label, label)  # Note [Coordinates are a new parameter ...]
     if isinstance(fmap, ManifoldPoint):  # riemannian kernel: the point is the parameter
         fmap.claim(held)
     hook_reset_parameters(module)  # Note [Deferred initialisation by reset_parameters]

@@ -1,0 +1,79 @@
+r"""An optimizer's state of a weight that a map turned into coordinates: dropped, not used.
+
+Note [Coordinates are a new parameter to an optimizer]
+``orthogonalize(module, name, method=<map>)`` keeps the weight's Parameter object
+(an optimizer built before the call steps the constrained model) but its values
+become the map's coordinates: a skew matrix, reflectors, a generator, often of
+another shape. An optimizer that stepped the weight before the call keeps a state
+made for the weight (Adam's moments of the weight's gradient, a momentum along the
+weight): on coordinates of another shape its next step failed, and on coordinates
+of the same shape (a square weight under ``cayley`` or ``exp``) it moved them by
+the weight's old moments, a silently wrong step. So every optimizer that stepped
+in this process (torch's, geoopt's, this package's) forgets the Parameter's state
+when it becomes coordinates, with a warning, and starts afresh on it, as on a new
+parameter. Which optimizers hold a state is learnt from torch.optim's global step
+pre-hook (registered when this module is imported), which records each optimizer
+at its eager steps in a weak set: an optimizer that has never stepped holds no
+state of its own making. A state loaded after the call is the coordinates' and is
+kept.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+import weakref
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+__all__ = ["forget"]
+
+# every optimizer that took an eager step since this module was imported
+_STEPPED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _record(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if not torch.compiler.is_compiling():  # a traced step records nothing (no weak set)
+        _STEPPED.add(opt)
+
+
+_HOOK = register_optimizer_step_pre_hook(_record)
+
+
+def forget(p: torch.Tensor, label: str, method: str) -> None:
+    """Drop the state every optimizer that stepped keeps for ``p``, warning once if any.
+
+    Args:
+        p: the Parameter that holds the map's coordinates now.
+        label: the weight's name, for the warning.
+        method: the map's name, for the warning.
+    """
+    dropped = []
+    for opt in list(_STEPPED):
+        state = opt.state
+        if p in state:  # ``in``: a defaultdict makes no entry
+            keys = [k for k in state[p] if not str(k).startswith("_")]
+            del state[p]
+            if keys:
+                dropped.append(f"{type(opt).__name__} ({', '.join(map(str, keys))})")
+    if dropped:
+        warnings.warn(
+            f"orthogonalize({label}, method={method!r}): the weight's Parameter holds the "
+            f"map's coordinates now, and the state an optimizer kept for the weight was "
+            f"dropped, as it would move the coordinates by the weight's history: "
+            f"{'; '.join(dropped)}; the optimizer starts afresh on them",
+            RuntimeWarning,
+            stacklevel=_outside_the_package(),
+        )
+
+
+def _outside_the_package() -> int:
+    # the ``stacklevel`` of the first frame that is not this package's: the caller's
+    # line, whichever entry point (a module and a name, a Parameter) led here
+    package = __name__.partition(".")[0] + "."
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
