@@ -75,17 +75,18 @@ __all__ = [
     "records",
     "slot",
     "is_dtensor",
-    "guard_optimizers",
+    "stepped_optimizers",
 ]
 
 _ATTR = "_stiefel_manifolds"
 #: set on a module by `load_state_dict` until its points were checked (`_check_loaded`)
 _LOADED = "_stiefel_loaded"
-_GUARD: list = []  # the handle of the global optimizer step pre-hook, once registered
 # optimizer -> what the guard last looked at (Note [The guard sees every param group]),
 # or _DONE once it warned or found the optimizer Riemannian
 _SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DONE = object()
+# every optimizer that took an eager step while the guard was registered (weakly held)
+_STEPPED: weakref.WeakSet = weakref.WeakSet()
 _MARKS = [0]  # how many times a tensor was marked (a new mark: the guard looks again)
 # the modules that hold a record, as `attach` and `restore` met them (`claim` looks here)
 _HOLDERS: weakref.WeakSet = weakref.WeakSet()
@@ -150,18 +151,11 @@ def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) 
     if first:
         module.register_forward_pre_hook(KeepManifold())
         module.register_load_state_dict_post_hook(_loaded)
-    guard_optimizers()
 
 
-def guard_optimizers() -> None:
-    """Register `_euclidean_guard` as torch.optim's global step pre-hook, once per process.
-
-    Called by `attach` and by every `Stiefel` manifold made: a point built by hand
-    (``geoopt.ManifoldParameter(x, manifold=Stiefel(n, m))``) stepped by a torch
-    optimizer left its manifold without a word.
-    """
-    if not _GUARD:
-        _GUARD.append(register_optimizer_step_pre_hook(_euclidean_guard))
+def stepped_optimizers() -> list[torch.optim.Optimizer]:
+    """The optimizers alive that took an eager step since the guard was registered."""
+    return list(_STEPPED)
 
 
 def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -182,6 +176,8 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     far (`mark`). A step that changes none of them costs one tuple of group
     sizes.
     """
+    if not torch.compiler.is_compiling():  # a traced step touches no weak set
+        _STEPPED.add(opt)  # Note [Coordinates are a new parameter to an optimizer]
     if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
         return  # before any look-up: a compiled step traces no weak dictionary here
     seen = _SEEN.get(opt)
@@ -205,6 +201,13 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
                 )
                 _SEEN[opt] = _DONE
                 return
+
+
+# torch.optim's global step pre-hook, registered once, at import: a point built by hand
+# (``geoopt.ManifoldParameter(x, manifold=Stiefel(n, m))``) or by `attach` and stepped by a
+# torch optimizer left its manifold without a word, and `stepped_optimizers` must know the
+# optimizers that stepped before any weight was constrained
+_GUARD = register_optimizer_step_pre_hook(_euclidean_guard)
 
 
 def is_dtensor(t: torch.Tensor) -> bool:

@@ -11,7 +11,6 @@ import torch
 from .._core import checks as _checks
 from . import kernels
 from ._membership import Membership
-from .binding import guard_optimizers
 from .geometry import EGRAD2RGRAD, INNER, METRICS, StiefelGeometry
 
 __all__ = ["Stiefel", "Orthogonal", "Unitary", "METRICS", "RETRACTIONS"]
@@ -104,7 +103,6 @@ class Stiefel(Membership, geoopt.Manifold):
 
     def __init__(self, n: int, m: int, complex: bool = False, metric: str = "euclidean"):
         super().__init__()
-        guard_optimizers()  # a torch optimizer stepping one of its points warns
         self.n = _checks.positive_int("n", n)
         self.m = _checks.positive_int("m", m)
         if m > n:

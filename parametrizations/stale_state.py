@@ -12,34 +12,22 @@ the weight's old moments, a silently wrong step. So every optimizer that stepped
 in this process (torch's, geoopt's, this package's) forgets the Parameter's state
 when it becomes coordinates, with a warning, and starts afresh on it, as on a new
 parameter. Which optimizers hold a state is learnt from torch.optim's global step
-pre-hook (registered when this module is imported), which records each optimizer
-at its eager steps in a weak set: an optimizer that has never stepped holds no
-state of its own making. A state loaded after the call is the coordinates' and is
-kept.
+pre-hook, registered when the package is imported (`stiefel.manifolds.binding`),
+which records each optimizer at its eager steps in a weak set: an optimizer that
+has never stepped holds no state of its own making. A state loaded after the call
+is the coordinates' and is kept.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-import weakref
-from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ..manifolds.binding import stepped_optimizers
 
 __all__ = ["forget"]
-
-# every optimizer that took an eager step since this module was imported
-_STEPPED: weakref.WeakSet = weakref.WeakSet()
-
-
-def _record(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if not torch.compiler.is_compiling():  # a traced step records nothing (no weak set)
-        _STEPPED.add(opt)
-
-
-_HOOK = register_optimizer_step_pre_hook(_record)
 
 
 def forget(p: torch.Tensor, label: str, method: str) -> None:
@@ -51,7 +39,7 @@ def forget(p: torch.Tensor, label: str, method: str) -> None:
         method: the map's name, for the warning.
     """
     dropped = []
-    for opt in list(_STEPPED):
+    for opt in stepped_optimizers():
         state = opt.state
         if p in state:  # ``in``: a defaultdict makes no entry
             keys = [k for k in state[p] if not str(k).startswith("_")]
