@@ -246,8 +246,8 @@ class _OrthoConvBase(nn.Module):
         After ``module.to_empty(device=...)`` (deferred initialisation) this makes
         the layer orthogonal again.
         """
+        # the kernel centres an identity init (Note [The identity convolution from ...])
         initialize(self.kernel, init=self.kernel.init, generator=generator)
-        self.kernel.centre_identity()  # Note [The identity convolution from projector steps]
         if self.bias is not None:
             with torch.no_grad():
                 self.bias.zero_()

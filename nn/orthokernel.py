@@ -174,11 +174,14 @@ class OrthoKernel(nn.Module):
             shape = (g, max(rows, cols), min(rows, cols))
             self._factor("reshaped", shape, method, opts, dtype, device)
         self._cache: tuple[list[torch.Tensor], torch.Tensor] | None = None
-        self.centre_identity()
+        self.finish_initialize(self.init)
 
     @torch.no_grad()
-    def centre_identity(self) -> None:
+    def finish_initialize(self, init: str) -> None:
         r"""With ``init="identity"``: the projector steps that put every channel at the centre tap.
+
+        Called by `stiefel.parametrizations.initialize` after it wrote every factor
+        (Note [A module finishes the point of its factors]) and at construction.
 
         Note [The identity convolution from projector steps]
         Every factor at its identity point (V = the first ⌊c/2⌋ columns of I) makes P
@@ -194,7 +197,7 @@ class OrthoKernel(nn.Module):
         delays every channel equally; the factors are left at their identity points.
         """
         bcop = self.plan["bcop"]
-        if self.init != "identity" or bcop is None or bcop[2] % 2 == 0 or bcop[0] % 2:
+        if init != "identity" or bcop is None or bcop[2] % 2 == 0 or bcop[0] % 2:
             return
         c, steps = bcop[0], bcop[2] - 1
         if steps == 0 or self.projectors.device.type == "meta":  # to_empty, then reset

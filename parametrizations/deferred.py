@@ -300,6 +300,15 @@ def initialize(
     recorded (Note [The manifold lives on the module] in
     `stiefel.manifolds.binding`).
 
+    Note [A module finishes the point of its factors]
+    A layer built from several constrained factors may need them in a relation that
+    no factor's own ``init`` gives: `stiefel.nn.OrthoConv2d`'s identity
+    convolution takes its projector steps on alternating channel halves, where every
+    factor at its identity point shifts half the channels against the other half.
+    Such a module defines ``finish_initialize(init)``, called after every factor
+    was written, so that ``initialize(model, init="identity")`` gives what the
+    layer built with ``init="identity"`` has.
+
     Args:
         module: the model (searched recursively).
         init: ``"random"`` (default: a random point the map reaches; Haar for
@@ -371,4 +380,8 @@ def initialize(
             _write(owner, w, init, generator)
         for sub in {id(o): o for _, _, o in found if isinstance(o, Rotation)}.values():
             sub.reset_parameters()
+        for sub in module.modules():  # Note [A module finishes the point of its factors]
+            finish = getattr(sub, "finish_initialize", None)
+            if callable(finish):
+                finish(init)
     return module

@@ -479,6 +479,13 @@ def test_identity_init_is_the_identity_convolution_for_odd_k(
     assert not torch.allclose(conv(x), x, atol=1e-3)
     conv.reset_parameters()  # back to the identity
     assert torch.allclose(conv(x), x, atol=1e-12)
+    initialize(conv.kernel, init="haar")
+    initialize(conv, init="identity")  # the layer's identity, not its factors' alone
+    assert torch.allclose(conv(x), x, atol=1e-12)
+    model = nn.Sequential(conv, nn.ReLU())
+    initialize(model, init="haar")
+    initialize(model, init="identity")
+    assert torch.allclose(conv(x), x, atol=1e-12)
 
 
 def test_identity_init_keeps_factors_at_identity_where_no_centre_exists():
