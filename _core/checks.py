@@ -58,10 +58,16 @@ def int_at_least(name: str, value: object, low: int, *, none_ok: bool = False) -
     """
     if value is None and none_ok:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not integer(value) or value < low:
         allowed = ("None or " if none_ok else "") + f"an int >= {low}"
         raise ValueError(f"{name}={value!r} is not allowed; allowed: {allowed}")
-    return value
+    return int(value)
+
+
+def integer(value: object) -> bool:
+    """An int, or an integer of another library (numpy's int64 from a config or an array
+    shape, which torch takes too); never a bool (True is not a size)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def positive_int(name: str, value: object, *, none_ok: bool = False) -> int | None:
@@ -137,11 +143,11 @@ def int_in_range(
     ``none_ok`` only changes the message (the caller handles None itself).
     """
     allowed = ("None or " if none_ok else "") + f"an int with {low} <= {name} <= {high}"
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not integer(value):
         raise TypeError(f"{name}={value!r} is not an int; allowed: {allowed}")
     if not low <= value <= high:
         raise ValueError(f"{name}={value!r} is out of range{where}; allowed: {allowed}")
-    return value
+    return int(value)
 
 
 def tensor(name: str, x: object) -> torch.Tensor:

@@ -155,14 +155,14 @@ class Membership:
         """geoopt's size convention: the whole shape (..., n, m), tuple or ints, () → (n, m)."""
         shape = geoopt.utils.size2shape(*size) if size else (self.n, self.m)
         for b in shape:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            if not _checks.integer(b) or b < 0:
                 raise ValueError(f"size must be non-negative ints, got {size!r}")
         if len(shape) < 2 or tuple(shape[-2:]) != (self.n, self.m):
             raise ValueError(
                 f"size={tuple(shape)!r} does not fit {self!r}: the whole shape (..., "
                 f"{self.n}, {self.m}) is expected (empty means ({self.n}, {self.m}))"
             )
-        return tuple(shape)
+        return tuple(map(int, shape))
 
     def _dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         if dtype is None:

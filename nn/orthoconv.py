@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._core import checks as _checks
 from ..parametrizations.conv import _check_padding
 from ..parametrizations.deferred import initialize
 from .orthokernel import OrthoKernel
@@ -40,9 +41,9 @@ INITS = ("haar", "identity", "random")
 
 
 def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not _checks.integer(value) or value < 1:
         raise ValueError(f"{name}={value!r}; allowed: a positive int")
-    return value
+    return int(value)
 
 
 def _padding(value: object, k: int, stride: int, dilation: int) -> tuple[int, int, int, int]:
@@ -52,14 +53,15 @@ def _padding(value: object, k: int, stride: int, dilation: int) -> tuple[int, in
         return (total // 2, total - total // 2) * 2
     if value == "valid":
         return (0, 0, 0, 0)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return (value,) * 4
+    if _checks.integer(value) and value >= 0:
+        return (int(value),) * 4
     if (
         isinstance(value, tuple | list)
         and len(value) == 2
-        and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in value)
+        and all(_checks.integer(p) and p >= 0 for p in value)
     ):
-        return (value[1], value[1], value[0], value[0])
+        h, w = map(int, value)
+        return (w, w, h, h)
     raise ValueError(
         f"padding={value!r}; allowed: 'same', 'valid', a non-negative int or a pair of them"
     )
@@ -215,6 +217,11 @@ class _OrthoConvBase(nn.Module):
         )
         names = ("out_channels", "in_channels") if transposed else ("in_channels", "out_channels")
         _check(conv_in, conv_out, kernel_size, stride, groups, dilation, padding_mode, dtype, names)
+        # numpy's integers pass the checks: Python's from here on (repr, state, arithmetic)
+        in_channels, out_channels, kernel_size, stride, groups, dilation = map(
+            int, (in_channels, out_channels, kernel_size, stride, groups, dilation)
+        )
+        conv_in, conv_out = int(conv_in), int(conv_out)
         pads = _padding(padding, kernel_size, stride, dilation)
         if padding_mode == "circular":
             _check_circular(type(self).__name__, padding, pads, kernel_size, stride, dilation)

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .._core import checks as _checks
+
 __all__ = ["singular_values", "lipschitz_bound"]
 
 METHODS = ("auto", "fft", "dense")
@@ -44,13 +46,13 @@ def _shape(input_shape: object) -> tuple[int, ...]:
     if (
         not isinstance(input_shape, Sequence)
         or len(input_shape) < 1
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in input_shape)
+        or not all(_checks.integer(s) and s > 0 for s in input_shape)
     ):
         raise ValueError(
             f"input_shape={input_shape!r}; allowed: the shape of one input without the batch "
             "dimension, positive ints, e.g. (channels, height, width)"
         )
-    return tuple(input_shape)
+    return tuple(map(int, input_shape))
 
 
 def _like(layer: Callable, dtype: torch.dtype | None, device) -> tuple[torch.dtype, object]:
@@ -306,7 +308,7 @@ def lipschitz_bound(
         ```
     """
     shape = _shape(input_shape)
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+    if not _checks.integer(iterations) or iterations < 1:
         raise ValueError(f"iterations={iterations!r}; allowed: a positive int")
     if not (isinstance(rtol, int | float) and 0 <= rtol < 1):
         raise ValueError(f"rtol={rtol!r}; allowed: a number in [0, 1)")

@@ -74,7 +74,8 @@ def test_interleaved_rounds_give_every_call_both_neighbours(bench):
     for k in keys:
         assert neighbours[k] <= before[k], (k, before[k])
     calls = []
-    times = _timing.rounds({k: (lambda k=k: calls.append(k)) for k in keys}, 8, lambda f: f() or 1.0)
+    fns = {k: (lambda k=k: calls.append(k)) for k in keys}
+    times = _timing.rounds(fns, 8, lambda f: f() or 1.0)
     assert calls == keys + order and all(v == [1.0] * 8 for v in times.values())
 
 

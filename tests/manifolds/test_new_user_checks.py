@@ -198,3 +198,24 @@ def test_a_tangent_check_of_mixed_precision_takes_the_coarser_tolerance():
         x, torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     )
     assert st.check_vector_on_tangent(x, t.float()) and st.check_vector_on_tangent(x.float(), t)
+
+
+def test_sizes_from_numpy_are_taken_as_ints_and_bools_refused():
+    # numpy's integers (a config's values, an array's shape) are sizes to torch too; they
+    # were refused as "not an int". A bool is no size, numpy's or Python's.
+    np = pytest.importorskip("numpy")
+    from stiefel.nn import OrthoConv2d
+    from stiefel.nn.spectrum import lipschitz_bound
+
+    st = Stiefel(np.int64(5), np.int32(3))
+    assert (st.n, st.m) == (5, 3) and type(st.n) is int and type(st.m) is int
+    x = st.random(np.int64(2), 5, 3, dtype=D)
+    assert x.shape == (2, 5, 3) and st.check_point_on_manifold(x)
+    conv = OrthoConv2d(np.int64(4), 4, np.int64(3), padding=np.int64(1), dtype=D)
+    assert conv.kernel_size == 3 and type(conv.kernel_size) is int
+    assert conv(torch.randn(1, 4, 6, 6, dtype=D)).shape == (1, 4, 6, 6)
+    bound = lipschitz_bound(conv, (np.int64(4), 6, 6), iterations=np.int64(50))
+    assert 0.99 < bound < 1.01  # orthogonal: every singular value 1
+    for bad in (True, np.bool_(True)):
+        with pytest.raises(ValueError, match="n="):
+            Stiefel(bad, 1)
