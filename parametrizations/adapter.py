@@ -26,6 +26,21 @@ map runs. The map, its checks and its gradient are unchanged; the entries
 it never read are no longer parameters (nor trained, nor decayed, nor saved).
 `full_original` converts a stored full original (an older checkpoint) into
 the free values, exactly: the entries dropped are those the map ignores.
+
+Note [Q keeps its precision]
+Q is computed in float32, or in W's dtype when that is float64 or complex
+(`q_dtype`). Two standard recipes would lower it silently or break it:
+``torch.autocast(dtype=bfloat16)`` runs the map's products in bfloat16 (max
+|QᵀQ − I| about 3e-3 where float32 gives 1e-6), and a cast of the whole model
+after `rotate` or ``get_peft_model`` (``model.to(torch.bfloat16)``, ``.half()``,
+``.double()``) cast Q's tensors while the rotation still computed in the dtype
+it was built with (a dtype-mismatch error at the next forward). So Q's operator
+runs with autocast off (`Rotation.along`, Note [Autocast off for the maps' own
+products]), and a cast of a `Rotation` (``Module._apply``, whoever holds it)
+applies the rule of `q_dtype` to its tensors: float64 is taken, anything
+narrower leaves Q in float32 (only the device follows); a cast to complex keeps
+a real Q real (a real Q maps both parts of complex features), and a complex Q
+stays complex.
 """
 
 from __future__ import annotations
@@ -68,6 +83,36 @@ def blockwise(x: torch.Tensor, blocks: int, fn: Callable[[torch.Tensor], torch.T
     lead = x.shape[:-1]
     z = x.reshape(-1, blocks, x.shape[-1] // blocks).transpose(0, 1)
     return fn(z).transpose(0, 1).reshape(*lead, -1)
+
+
+def q_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype Q is computed in for a weight of ``dtype``: float32 at least, float64 and
+    complex as they are (Note [Q keeps its precision])."""
+    if dtype in (torch.float64, torch.complex64, torch.complex128):
+        return dtype
+    return torch.float32
+
+
+def _keeping_precision(fn: Any, tensors: set[int]) -> Any:
+    """``fn`` of ``Module._apply``, the tensors of ``tensors`` cast by the rule of `q_dtype`.
+
+    Note [Q keeps its precision]: a cast to a narrower dtype moves the tensor (the
+    device of ``fn``'s result) in the dtype `q_dtype` gives (float32 at least).
+    """
+
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        out = fn(t)
+        if id(t) not in tensors or out.dtype == t.dtype:
+            return out
+        if not (out.is_floating_point() or out.is_complex()):
+            return out
+        if out.is_complex() != t.is_complex():
+            want = t.dtype  # a real Q stays real, a complex one complex
+        else:
+            want = q_dtype(out.dtype)
+        return out if want == out.dtype else t.to(device=out.device, dtype=want)
+
+    return apply
 
 
 class Rotation(nn.Module):
@@ -156,6 +201,19 @@ class Rotation(nn.Module):
         """The i-th factor's original as its map reads it."""
         original = self.originals[i]
         return self.full_original(original) if self.free else original
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Rotation:
+        """``Module._apply`` (``.to``, ``.half()``, ``.double()``, …), Q keeping its precision.
+
+        Note [Q keeps its precision].
+        """
+        tensors = {id(t) for t in self.parameters()} | {id(t) for t in self.buffers()}
+        tensors |= {id(p.grad) for p in self.parameters() if p.grad is not None}
+        super()._apply(_keeping_precision(fn, tensors), recurse)
+        first = next(iter(self.parameters()), None)
+        if first is not None:
+            self.dtype = first.dtype
+        return self
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .._core import checks as _checks
-from .adapter import Rotation
+from .adapter import Rotation, q_dtype
 from .factory import resolve
 from .holders import holder_names, holders
 
@@ -52,14 +52,6 @@ def feature_axis(spatial: int, x: torch.Tensor) -> int:
     if spatial == 0:
         return -1
     return 0 if x.dim() == spatial + 1 else 1
-
-
-def q_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype Q is computed in for a weight of ``dtype``: float32 at least, float64 and
-    complex as they are."""
-    if dtype in (torch.float64, torch.complex64, torch.complex128):
-        return dtype
-    return torch.float32
 
 
 def bias_view(b: torch.Tensor, y: torch.Tensor, axis: int) -> torch.Tensor:

@@ -25,19 +25,8 @@ another order, or added after merged adapters in another order) is refused
 before W is touched rather than making the merged model differ silently
 from the unmerged one; adapters that are not active may be merged anywhere.
 
-Note [Q keeps its precision]
-Q is computed in float32 (float64 or complex when W has that dtype,
-`build_rotation`). Two standard recipes would lower it silently or break
-it: ``torch.autocast(dtype=bfloat16)`` runs the map's products in bfloat16
-(max |QᵀQ − I| about 3e-3, measured, where float32 gives 1e-6), and a
-model-wide ``model.to(torch.bfloat16)`` (or ``.half()``, ``.double()``) after
-``get_peft_model`` cast Q's parameters while the layer still computed in the
-dtype it was built with (a dtype-mismatch error). So Q's operator runs with
-autocast off (`Rotation.along`, Note [Autocast off for the maps' own
-products]), and a cast of the whole model applies to a real Q the rule of
-`build_rotation` (`q_dtype`): float64 is taken, anything narrower leaves Q in
-float32 (only the device follows); a cast to complex keeps a real Q real (a
-real Q maps both parts of complex features), and a complex Q stays complex.
+Each adapter's Q is a `Rotation`, which keeps its precision through a cast of the
+whole model (Note [Q keeps its precision] in `stiefel.parametrizations.adapter`).
 """
 
 from __future__ import annotations
@@ -134,28 +123,6 @@ def build_rotation(features: int, config: Any, weight: torch.Tensor) -> Rotation
     return rot
 
 
-def _keeping_precision(fn: Any, tensors: set[int]) -> Any:
-    """``fn`` of ``Module._apply``, with Q's tensors cast by the rule of `q_dtype` only.
-
-    Note [Q keeps its precision]: a cast to a narrower dtype moves the tensor (the
-    device of ``fn``'s result) in the dtype `q_dtype` gives (float32 at least).
-    """
-
-    def apply(t: torch.Tensor) -> torch.Tensor:
-        out = fn(t)
-        if id(t) not in tensors or out.dtype == t.dtype:
-            return out
-        if not (out.is_floating_point() or out.is_complex()):
-            return out
-        if out.is_complex() != t.is_complex():
-            want = t.dtype  # a real Q stays real, a complex one complex
-        else:
-            want = q_dtype(out.dtype)
-        return out if want == out.dtype else t.to(device=out.device, dtype=want)
-
-    return apply
-
-
 def check_merge_order(active: list[str], merged: list[str], names: list[str]) -> None:
     r"""Refuse a merge in another order than the forward's, for the adapters of one side.
 
@@ -225,21 +192,6 @@ class StiefelLayer(nn.Module, BaseTunerLayer):
         target = device if device is not None else self._weight().device
         if adapter_name in self.stiefel_R and target.type != "meta":
             self.stiefel_R[adapter_name].to(target)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> StiefelLayer:
-        """``Module._apply`` (``.to``, ``.half()``, ``.cuda()``, …), Q keeping its precision.
-
-        Note [Q keeps its precision].
-        """
-        tensors = {id(t) for t in self.stiefel_R.parameters()}
-        tensors |= {id(t) for t in self.stiefel_R.buffers()}
-        tensors |= {id(p.grad) for p in self.stiefel_R.parameters() if p.grad is not None}
-        super()._apply(_keeping_precision(fn, tensors), recurse)
-        for rot in self.stiefel_R.values():
-            first = next(iter(rot.parameters()), None)
-            if first is not None:
-                rot.dtype = first.dtype
-        return self
 
     # ------------------------------------------------------------------ forward
     def _active(self) -> list[str]:

@@ -260,3 +260,38 @@ def test_complex_weight_unitary_q(method):
     q = rotation(lin)
     assert torch.allclose(q.mH @ q, torch.eye(8, dtype=q.dtype), atol=TOL)
     assert torch.allclose(lin(x), F.linear(x, w0 @ q, lin.bias), atol=TOL)
+
+
+@pytest.mark.parametrize(
+    "options", [dict(method="cwy", reflections=2), dict(method="cayley", blocks=3)]
+)
+@pytest.mark.parametrize(
+    ("cast", "q_dtype", "x_dtype"),
+    [
+        (lambda m: m.double(), torch.float64, torch.float64),
+        (lambda m: m.to(torch.bfloat16), torch.float32, torch.bfloat16),
+        (lambda m: m.half(), torch.float32, torch.float16),
+    ],
+)
+def test_a_cast_of_the_rotated_module_keeps_q_in_its_precision(options, cast, q_dtype, x_dtype):
+    # Note [Q keeps its precision]: after rotate, module.double() or .to(bf16) cast Q's
+    # tensors while the rotation computed in its build dtype (a dtype-mismatch error at
+    # the forward); the reference is the float64 product x (W Q)ᵀ + b of the cast weights
+    torch.manual_seed(0)
+    lin = nn.Linear(12, 12)
+    lin.requires_grad_(False)
+    rotate(lin, **options)
+    with torch.no_grad():  # Q away from the identity
+        for p in lin.rotation.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    cast(lin)
+    rot = lin.rotation
+    assert rot.dtype == q_dtype and all(p.dtype == q_dtype for p in rot.parameters())
+    x = torch.randn(4, 12).to(x_dtype)
+    y = lin(x)
+    assert y.dtype == x_dtype
+    q = rotation(lin).double()
+    assert torch.dist(q.T @ q, torch.eye(12, dtype=torch.float64)) < 50 * torch.finfo(q_dtype).eps
+    ref = x.double() @ (lin.weight.double() @ q).T + lin.bias.double()
+    tol = 4 * torch.finfo(x_dtype).eps * ref.abs().max()
+    assert (y.double() - ref).abs().max() <= tol
