@@ -35,7 +35,18 @@ __all__ = ["RGD"]
 
 
 def _transport(geo: Geometry, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Vector transport of `v` from `x` to `y` for Nesterov's buffer (by projection)."""
+    """Vector transport of `v` from `x` to `y` for Nesterov's buffer (by projection).
+
+    Note [A momentum buffer through steps without momentum]
+    torch's SGD neither reads nor changes its buffer at a step with momentum 0 (a
+    schedule passing through 0) and uses it again when the momentum returns. Here
+    the buffer is a tangent vector at the point of its last step: kept as it was,
+    it would be added at a point it is not tangent to (‖XᴴB + BᴴX‖ of order 1
+    after one step). It is carried to every new point by this transport instead;
+    on a plain tensor the transport is the identity, so the rule is torch's. A
+    buffer held in the frame of a square point (B = XΩ, Note [Moments in the frame
+    of X]) is carried by keeping Ω, as at every step: nothing to do.
+    """
     if geo.stiefel:  # also on the shards of a DTensor point, by DTensor propagation
         return proj_tangent(y, v)
     return geo.transport(x, y, v)
@@ -220,7 +231,11 @@ class RGD(RiemannianOptimizer):
         if group["weight_decay"]:
             grad = terms.weight_decay(grad, x, group["weight_decay"])
         if mu == 0:
-            return geo.gradient_step(x, grad, lr)
+            new = geo.gradient_step(x, grad, lr)
+            # Note [A momentum buffer through steps without momentum]
+            if "momentum_buffer" in state:
+                state["momentum_buffer"] = _transport(geo, x, new, state["momentum_buffer"])
+            return new
         # a square point keeps B in its frame (Note [Moments in the frame of X]), except
         # Nesterov's: its transport by projection onto the tangent space at the new point
         # changes the coordinates

@@ -88,3 +88,46 @@ def test_a_complex_points_real_moment_is_not_taken_for_a_cast():
     opt.state[w]["exp_avg"] = torch.zeros(8, 4, dtype=torch.complex128)
     with pytest.raises(RuntimeError, match="a state of another shape"):
         opt.step()
+
+
+def _qf(a: torch.Tensor) -> torch.Tensor:
+    q, r = torch.linalg.qr(a)
+    return q * torch.sign(torch.diagonal(r)).unsqueeze(-2)
+
+
+def _proj(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    s = x.T @ v
+    return v - x @ ((s + s.T) / 2)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_momentum_buffer_is_carried_through_steps_without_momentum(foreach):
+    # Note [A momentum buffer through steps without momentum]: a schedule passing through
+    # momentum 0 left the buffer at an old point, and the step after it added a vector
+    # that is not tangent (‖XᵀB + BᵀX‖ ≈ 1.7). Reference: the float64 QR rule by hand,
+    # the buffer transported by projection at every step, torch's B = ξ at the first.
+    from stiefel.manifolds import Stiefel
+
+    st = Stiefel(10, 3)
+    torch.manual_seed(0)
+    points = [st.random(dtype=torch.float64) for _ in range(2)]
+    ws = [geoopt.ManifoldParameter(p.clone(), manifold=st) for p in points]
+    opt = optimizers.create("rgd", ws, lr=0.1, momentum=0.9, retraction="qr", foreach=foreach)
+    refs, bufs = [p.clone() for p in points], [None, None]
+    for mu in (0.9, 0.9, 0.0, 0.0, 0.9, 0.9):
+        opt.param_groups[0]["momentum"] = mu
+        grads = [torch.randn(10, 3, dtype=torch.float64) for _ in ws]
+        for w, g in zip(ws, grads, strict=True):
+            w.grad = g
+        opt.step()
+        for i, g in enumerate(grads):
+            x = refs[i]
+            xi = _proj(x, g)
+            if mu:
+                bufs[i] = xi if bufs[i] is None else mu * bufs[i] + xi
+            new = _qf(x - 0.1 * (bufs[i] if mu else xi))
+            bufs[i] = None if bufs[i] is None else _proj(new, bufs[i])
+            refs[i] = new
+        for w, ref, buf in zip(ws, refs, bufs, strict=True):
+            assert torch.allclose(w.detach(), ref, atol=1e-12)
+            assert torch.allclose(opt.state[w]["momentum_buffer"], buf, atol=1e-12)
