@@ -264,8 +264,9 @@ def plan(
         if p.grad.layout != torch.strided:  # before any step of the group is computed
             raise TypeError(
                 f"parameter {i} of its group (shape {tuple(p.shape)}) has a {p.grad.layout} "
-                "gradient; allowed: dense (strided) gradients, as torch's Adam; for "
-                "nn.Embedding(sparse=True) use torch.optim.SparseAdam, or sparse=False"
+                "gradient; allowed: dense (strided) gradients (every rule here reads the "
+                "whole gradient); for nn.Embedding(sparse=True) step the embedding with "
+                "torch.optim.SparseAdam or SGD, or build it with sparse=False"
             )
         state = states[p]
         kind = None if alone else _kind(p, binding, state, foreach, batches, quiet)
