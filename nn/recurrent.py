@@ -24,7 +24,11 @@ INITS = ("henaff", "haar", "identity")
 
 
 class ModReLU(nn.Module):
-    r"""modReLU σ(z) = (|z| + b)·z/|z| if |z| + b ≥ 0, else 0 (real z: sign(z)·relu(|z| + b)).
+    r"""modReLU σ(z) = relu(|z| + b)·z/|z|: (|z| + b)·z/|z| if |z| + b ≥ 0, else 0.
+
+    With the smoothing ε (``eps``) in the quotient: relu(m + b)·z/m with m = √(|z|² + ε)
+    for complex z, and relu(|z| + b)·z/(|z| + ε) for real z (sign(z)·relu(|z| + b) up to
+    a relative ε/|z|).
 
     Note [modReLU singularity]
     For b > 0 the derivative blows up as z → 0 (scaled Cayley paper, §4, Theorems
@@ -46,7 +50,7 @@ class ModReLU(nn.Module):
     Args:
         n: number of features (one bias each).
         nonpositive_bias: use min(b, 0) as the bias (bounded derivative).
-        eps: the smoothing ε ≥ 0 of |z|.
+        eps: the smoothing ε ≥ 0 of |z| (see above; 0: the exact quotient).
 
     Raises:
         ValueError: a negative or non-finite ``eps``.
