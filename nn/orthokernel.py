@@ -174,14 +174,15 @@ class OrthoKernel(nn.Module):
             shape = (g, max(rows, cols), min(rows, cols))
             self._factor("reshaped", shape, method, opts, dtype, device)
         self._cache: tuple[list[torch.Tensor], torch.Tensor] | None = None
-        self.finish_initialize(self.init)
+        self.stiefel_finish_init(None)
 
     @torch.no_grad()
-    def finish_initialize(self, init: str) -> None:
+    def stiefel_finish_init(self, init: str | None) -> None:
         r"""With ``init="identity"``: the projector steps that put every channel at the centre tap.
 
-        Called by `stiefel.parametrizations.initialize` after it wrote every factor
-        (Note [A module finishes the point of its factors]) and at construction.
+        Called after every factor was written (Note [A module finishes the point of its
+        factors]): by `stiefel.parametrizations.initialize` with its ``init``, by
+        ``reset_parameters`` and at construction with None (the kernel's own ``init``).
 
         Note [The identity convolution from projector steps]
         Every factor at its identity point (V = the first ⌊c/2⌋ columns of I) makes P
@@ -197,6 +198,7 @@ class OrthoKernel(nn.Module):
         delays every channel equally; the factors are left at their identity points.
         """
         bcop = self.plan["bcop"]
+        init = self.init if init is None else init
         if init != "identity" or bcop is None or bcop[2] % 2 == 0 or bcop[0] % 2:
             return
         c, steps = bcop[0], bcop[2] - 1

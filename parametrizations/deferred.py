@@ -252,6 +252,15 @@ def _reset_parameters(self: nn.Module) -> None:
         # parametrization on top of it, which writes into a computed tensor)
         own_wrote = own is not None and p is old and p._version != version
         _reset_riemannian(self, name, p, manifold, label, own_wrote)
+    _finish(self, None)
+
+
+def _finish(module: nn.Module, init: str | None) -> None:
+    """The module's own completion of its factors' point (Note [A module finishes the
+    point of its factors]), if it has one."""
+    finish = getattr(module, "stiefel_finish_init", None)
+    if callable(finish):
+        finish(init)
 
 
 _RESET = _reset_parameters
@@ -305,9 +314,12 @@ def initialize(
     no factor's own ``init`` gives: `stiefel.nn.OrthoConv2d`'s identity
     convolution takes its projector steps on alternating channel halves, where every
     factor at its identity point shifts half the channels against the other half.
-    Such a module defines ``finish_initialize(init)``, called after every factor
-    was written, so that ``initialize(model, init="identity")`` gives what the
-    layer built with ``init="identity"`` has.
+    Such a module defines ``stiefel_finish_init(init)``, called after every factor
+    was written: by ``initialize(model, init=...)`` with its ``init``, and by the
+    ``reset_parameters`` that ``orthogonalize`` installs (torch's recipe, every
+    module's ``reset_parameters()``) with None, the module's own. So
+    ``initialize(model, init="identity")`` and the recipe give what the layer built
+    with ``init="identity"`` has.
 
     Args:
         module: the model (searched recursively).
@@ -381,7 +393,5 @@ def initialize(
         for sub in {id(o): o for _, _, o in found if isinstance(o, Rotation)}.values():
             sub.reset_parameters()
         for sub in module.modules():  # Note [A module finishes the point of its factors]
-            finish = getattr(sub, "finish_initialize", None)
-            if callable(finish):
-                finish(init)
+            _finish(sub, init)
     return module

@@ -486,6 +486,11 @@ def test_identity_init_is_the_identity_convolution_for_odd_k(
     initialize(model, init="haar")
     initialize(model, init="identity")
     assert torch.allclose(conv(x), x, atol=1e-12)
+    initialize(model, init="haar")
+    for module in model.modules():  # torch's recipe: the kernel's own reset comes last
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    assert torch.allclose(conv(x), x, atol=1e-12)
 
 
 def test_identity_init_keeps_factors_at_identity_where_no_centre_exists():
@@ -502,4 +507,11 @@ def test_identity_init_builds_on_meta_and_is_the_identity_after_reset():
     conv.to_empty(device="cpu")
     conv.reset_parameters()
     x = torch.randn(1, 4, 6, 6, dtype=torch.float64)
+    assert torch.allclose(conv(x), x, atol=1e-12)
+    with torch.device("meta"):
+        conv = OrthoConv2d(4, 4, 3, init="identity", bias=False, dtype=torch.float64)
+    conv.to_empty(device="cpu")
+    for module in conv.modules():  # torch's recipe
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
     assert torch.allclose(conv(x), x, atol=1e-12)
