@@ -177,7 +177,10 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     sizes.
     """
     if not torch.compiler.is_compiling():  # a traced step touches no weak set
-        _STEPPED.add(opt)  # Note [Coordinates are a new parameter to an optimizer]
+        try:  # Note [Coordinates are a new parameter to an optimizer]
+            _STEPPED.add(opt)
+        except TypeError:  # a class with __eq__ and no __hash__: not recorded, still stepped
+            pass
     if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
         return  # before any look-up: a compiled step traces no weak dictionary here
     seen = _SEEN.get(opt)

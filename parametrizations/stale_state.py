@@ -13,9 +13,14 @@ in this process (torch's, geoopt's, this package's) forgets the Parameter's stat
 when it becomes coordinates, with a warning, and starts afresh on it, as on a new
 parameter. Which optimizers hold a state is learnt from torch.optim's global step
 pre-hook, registered when the package is imported (`stiefel.manifolds.binding`),
-which records each optimizer at its eager steps in a weak set: an optimizer that
-has never stepped holds no state of its own making. A state loaded after the call
-is the coordinates' and is kept.
+which records each optimizer at its eager steps in a weak set. Three states escape
+it, and an optimizer holding one is to be built again, or its ``opt.state[p]``
+cleared, after the call: a state made only by steps traced by ``torch.compile``
+(a traced step touches no weak set), or before the package was imported, and a
+state loaded into an optimizer that has not stepped since. Finding those would
+take a search of every object of the process at every call (the holders of the
+Parameter), tens of milliseconds each, for what is rare. A state loaded after the
+call is taken for the coordinates' and kept.
 """
 
 from __future__ import annotations
