@@ -115,11 +115,10 @@ def rounds(
     One warm-up call each first. Interleaving puts a change of the machine's speed
     during the run into every ``fn``'s times alike; ``clock`` times one call (CUDA
     synchronised by default, `thread_timed` for the CPU time of one thread). The
-    order rotates by one from round to round, so that no ``fn`` always runs first
-    or after the same neighbour, and every other round runs in reverse: a call that
-    follows another one's pass over other data finds its own evicted from the
-    caches, worth several per cent of a step on a large matrix, and a rotation alone
-    keeps each ``fn``'s predecessor (`schedule`).
+    order changes from round to round (`schedule`), so that no ``fn`` always runs
+    first or after the same neighbour: a call that follows another one's pass over
+    other data finds its own evicted from the caches, worth several per cent of a
+    step on a large matrix, and a rotation alone keeps each ``fn``'s predecessor.
     Round ``r``'s times of two ``fn`` share the load of that round: their ratio is
     the one to take where the load changes.
     """
@@ -132,12 +131,14 @@ def rounds(
 
 
 def schedule(keys: list, count: int) -> list:
-    """The calls of ``count`` `rounds`: every key once per round, rotated by the round
-    and reversed in odd rounds, so each key follows each of its two neighbours."""
+    """The calls of ``count`` `rounds`: every key once per round, the keys in reverse in
+    odd rounds (each key follows each of its two neighbours) and rotated by one every
+    second round (each key comes first in turn)."""
     order = []
     for r in range(count):
-        turn = keys[r % len(keys) :] + keys[: r % len(keys)]
-        order += turn[::-1] if r % 2 else turn
+        base = keys[::-1] if r % 2 else keys
+        shift = (r // 2) % len(keys)
+        order += base[shift:] + base[:shift]
     return order
 
 

@@ -73,6 +73,10 @@ def test_interleaved_rounds_give_every_call_both_neighbours(bench):
     neighbours = {k: {keys[(i - 1) % 4], keys[(i + 1) % 4]} for i, k in enumerate(keys)}
     for k in keys:
         assert neighbours[k] <= before[k], (k, before[k])
+    assert {order[4 * r] for r in range(8)} == set(keys)  # each key comes first in turn
+    two = _timing.schedule(["a", "b"], 4)
+    assert {two[0], two[2], two[4], two[6]} == {"a", "b"} and ("a", "b") in zip(two, two[1:])
+    assert ("b", "a") in zip(two, two[1:])
     calls = []
     fns = {k: (lambda k=k: calls.append(k)) for k in keys}
     times = _timing.rounds(fns, 8, lambda f: f() or 1.0)
