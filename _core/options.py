@@ -29,6 +29,8 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .checks import integer
+
 __all__ = ["REQUIRED", "signature_options", "option_types", "conforms", "describe"]
 
 
@@ -114,7 +116,7 @@ def conforms(value: Any, types_: tuple[type, ...] | None) -> bool:
         return True
     if isinstance(value, bool):
         return bool in types_
-    if isinstance(value, int) and float in types_:
+    if integer(value) and (int in types_ or float in types_):
         return True
     if isinstance(value, list) and tuple in types_:
         return True

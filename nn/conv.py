@@ -286,8 +286,8 @@ class OrthogonalConv2d(nn.Module):
             raise ValueError(
                 f"stride={stride!r}; allowed: 1 (a strided convolution is not orthogonal)"
             )
-        _checks.positive_int("kernel_size", kernel_size)
-        _checks.positive_int("channels", channels)
+        kernel_size = _checks.positive_int("kernel_size", kernel_size)
+        channels = _checks.positive_int("channels", channels)
         dtype, device = options.pop("dtype", None), options.pop("device", None)
         if dtype is not None and dtype not in _checks.REAL_DTYPES:
             raise TypeError(

@@ -40,12 +40,6 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INITS = ("haar", "identity", "random")
 
 
-def _positive(name: str, value: object) -> int:
-    if not _checks.integer(value) or value < 1:
-        raise ValueError(f"{name}={value!r}; allowed: a positive int")
-    return int(value)
-
-
 def _padding(value: object, k: int, stride: int, dilation: int) -> tuple[int, int, int, int]:
     """(left, right, top, bottom) for ``padding`` ("same", "valid", an int or an (h, w) pair)."""
     if value == "same":
@@ -128,7 +122,7 @@ def _check(
         ("groups", groups),
         ("dilation", dilation),
     ):
-        _positive(name, value)
+        _checks.positive_int(name, value)
     if in_channels % groups or out_channels % groups:
         raise ValueError(
             f"groups={groups} does not divide both channel counts ({ni}={in_channels}, "
@@ -233,6 +227,8 @@ class _OrthoConvBase(nn.Module):
             groups,
             dilation,
         )
+        if _checks.integer(padding) or isinstance(padding, tuple | list):  # checked: ints
+            padding = int(padding) if _checks.integer(padding) else tuple(map(int, padding))
         self.padding, self.padding_mode, self.pads = padding, padding_mode, pads
         self.method = method
         self.kernel = OrthoKernel(

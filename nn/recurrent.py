@@ -198,8 +198,8 @@ class OrthogonalRNNCell(nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        _checks.positive_int("n_in", n_in)
-        _checks.positive_int("n_hidden", n_hidden)
+        n_in = _checks.positive_int("n_in", n_in)
+        n_hidden = _checks.positive_int("n_hidden", n_hidden)
         if torch.empty(0).device.type == "meta":  # `with torch.device("meta")`
             raise ValueError(
                 "OrthogonalRNNCell is built from drawn values (its init) and has no "

@@ -155,7 +155,7 @@ def rotate(
         raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
     resolve(method)  # unknown names raise, listing the registry
     features = int(w.shape[1] if side == "input" else w.shape[0])
-    check_blocks(features, blocks, butterfly, side)
+    blocks, butterfly = check_blocks(features, blocks, butterfly, side)
     # Note [Rotating a tied weight]
     # W is frozen by setting requires_grad=False on the Parameter; when another module
     # holds the same Parameter (an output layer tied to the embedding) that would stop
@@ -208,7 +208,7 @@ def rotate(
 
 def check_blocks(
     features: int, blocks: object, butterfly: object, side: str, where: str = ""
-) -> None:
+) -> tuple[int, int]:
     """``blocks`` divides the features and ``butterfly`` fits the blocks (ValueError otherwise).
 
     Args:
@@ -217,9 +217,12 @@ def check_blocks(
         butterfly: the number of butterfly factors (an int >= 0).
         side: ``"input"`` or ``"output"``, for the message.
         where: the layer, for the message (e.g. a PEFT target's name).
+
+    Returns:
+        ``(blocks, butterfly)`` as Python ints (numpy's integers are taken).
     """
-    _checks.positive_int("blocks", blocks)
-    _checks.int_at_least("butterfly", butterfly, 0)
+    blocks = _checks.positive_int("blocks", blocks)
+    butterfly = _checks.int_at_least("butterfly", butterfly, 0)
     of = f" of {where}" if where else ""
     if features % blocks:
         divisors = [d for d in range(1, features + 1) if features % d == 0]
@@ -235,6 +238,7 @@ def check_blocks(
             f"by 2^(butterfly-1) = {2 ** (butterfly - 1)}; allowed: butterfly <= "
             f"{_max_butterfly(blocks, size)} for these blocks"
         )
+    return blocks, butterfly
 
 
 def _max_butterfly(blocks: int, size: int) -> int:

@@ -103,8 +103,9 @@ class StiefelConfig(PeftConfig):
                 f"unknown option(s) {', '.join(unknown)} for method={self.method!r}; "
                 f"allowed: {', '.join(names) or 'none'}"
             )
-        _checks.positive_int("blocks", self.blocks)
-        _checks.int_at_least("butterfly", self.butterfly, 0)
+        # Python ints: the config is saved as JSON (numpy's integers are taken, not written)
+        self.blocks = _checks.positive_int("blocks", self.blocks)
+        self.butterfly = _checks.int_at_least("butterfly", self.butterfly, 0)
         _checks.choice("side", self.side, SIDES)
         _checks.choice("bias", self.bias, BIASES)
         _checks.flag("init_weights", self.init_weights)

@@ -204,6 +204,9 @@ def test_sizes_from_numpy_are_taken_as_ints_and_bools_refused():
     # numpy's integers (a config's values, an array's shape) are sizes to torch too; they
     # were refused as "not an int". A bool is no size, numpy's or Python's.
     np = pytest.importorskip("numpy")
+    from torch import nn
+
+    import stiefel
     from stiefel.nn import OrthoConv2d
     from stiefel.nn.spectrum import lipschitz_bound
 
@@ -216,6 +219,20 @@ def test_sizes_from_numpy_are_taken_as_ints_and_bools_refused():
     assert conv(torch.randn(1, 4, 6, 6, dtype=D)).shape == (1, 4, 6, 6)
     bound = lipschitz_bound(conv, (np.int64(4), 6, 6), iterations=np.int64(50))
     assert 0.99 < bound < 1.01  # orthogonal: every singular value 1
+    assert "padding=1," in repr(conv)  # stored as Python's int
+    from stiefel.nn import OrthogonalRNNCell
+
+    assert type(OrthogonalRNNCell(np.int64(3), np.int64(4)).n) is int
+    lin = nn.Linear(8, 8)
+    lin.requires_grad_(False)
+    stiefel.rotate(lin, method="cwy", reflections=np.int64(2), blocks=np.int64(2))
+    assert type(lin.rotation.blocks) is int
+    peft = pytest.importorskip("peft")
+    from stiefel.integrations.peft import StiefelConfig
+
+    config = StiefelConfig(target_modules=["q"], blocks=np.int64(2), butterfly=np.int64(0))
+    assert type(config.blocks) is int and type(config.butterfly) is int  # JSON-writable
+    assert peft is not None
     for bad in (True, np.bool_(True)):
         with pytest.raises(ValueError, match="n="):
             Stiefel(bad, 1)

@@ -298,9 +298,9 @@ def _raises(match, **kw):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(stride=0), "stride=0; allowed: a positive int"),
-        (dict(dilation=0), "dilation=0; allowed"),
-        (dict(kernel_size=0), "kernel_size=0; allowed"),
+        (dict(stride=0), "stride=0 is not allowed; allowed: an int >= 1"),
+        (dict(dilation=0), "dilation=0 is not allowed; allowed"),
+        (dict(kernel_size=0), "kernel_size=0 is not allowed; allowed"),
         (dict(groups=3), "groups=3 does not divide both channel counts"),
         (dict(padding_mode="reflect"), "padding_mode='reflect'; allowed: circular, zeros"),
         (dict(padding="full"), "padding='full'; allowed"),
