@@ -193,11 +193,17 @@ def test_an_optimizer_built_before_the_call_trains_the_constrained_model():
     opt_second = torch.optim.Adam(second.parameters(), lr=0.05)
     assert first.parametrizations.weight.original.shape == (6, 6)
     x = torch.randn(8, 6, generator=g, dtype=torch.float64)
-    for model, opt in ((first, opt_first), (second, opt_second)):
-        for _ in range(4):
+    _trained_alike([(first, opt_first), (second, opt_second)], x, 4)
+
+
+def _trained_alike(pairs: list, x: torch.Tensor, steps: int) -> None:
+    """Train each (model, optimizer) on the same loss; the first two end equal, orthogonal."""
+    for model, opt in pairs:
+        for _ in range(steps):
             opt.zero_grad()
             model(x).pow(2).sum().backward()
             opt.step()
+    first, second = pairs[0][0], pairs[1][0]
     assert torch.equal(first.weight, second.weight)
     assert orth_err(first.weight) < tol(torch.float64, 6)
 
@@ -238,14 +244,7 @@ def test_an_optimizer_that_stepped_the_weight_starts_afresh_on_its_coordinates(
     assert rec[0].filename == __file__  # the caller's line
     assert first.parametrizations.weight.original not in opt.state
     orthogonalize(second, "weight", method=method)
-    fresh = make(second.parameters())
-    for model, o in ((first, opt), (second, fresh)):
-        for _ in range(3):
-            o.zero_grad()
-            model(x).pow(2).sum().backward()
-            o.step()
-    assert torch.equal(first.weight, second.weight)
-    assert orth_err(first.weight) < tol(torch.float64, 6)
+    _trained_alike([(first, opt), (second, make(second.parameters()))], x, 3)
 
 
 @pytest.mark.parametrize("method", ["cwy", "exp"])
