@@ -19,15 +19,16 @@ tall points: St(768, 256), O(256), St(1024, 256) twice); on request (``--sets``)
 one St(4096, 64) and 4096 × St(64, 16) as one parameter, where a step must cost
 what it did before the buckets (``--before``), and ``transformer32``, the
 transformer-like set's structure at 1/32 of its sizes: on a CPU its host time is
-the host side of the transformer-like step, without its arithmetic. Each optimizer of this
-package (every Riemannian optimizer of the registry, and ``rgd`` with the QR
-retraction), with ``foreach=True`` (what ``foreach=None`` does on a GPU; on the
-CPU it leaves parameters over 65,536 entries unstacked, Note [One rule call per
-bucket]), steps them beside torch's Adam (foreach and fused), torch's Muon,
-pogo-torch's POGO and geoopt's RiemannianSGD / RiemannianAdam on the same
-points with the same fixed gradients. ``flat`` is the ratio of a step's ops on
-the separate parameters to its ops on the same matrices stacked, one parameter
-per distinct shape (1: the step costs what the stacked matrices cost).
+the host side of the transformer-like step, without its arithmetic. Each optimizer
+of this package (every Riemannian optimizer of the registry, ``rgd`` with the QR
+retraction and ``manifold_muon`` with one inner step, `VARIANTS`), with
+``foreach=True`` (what ``foreach=None`` does on a GPU; on the CPU it leaves
+parameters over 65,536 entries unstacked, Note [One rule call per bucket]), steps
+them beside torch's Adam (foreach and fused), torch's Muon, pogo-torch's POGO and
+geoopt's RiemannianSGD / RiemannianAdam on the same points with the same fixed
+gradients. ``flat`` is the ratio of a step's ops on the separate parameters to its
+ops on the same matrices stacked, one parameter per distinct shape (1: the step
+costs what the stacked matrices cost).
 
 ``--device cuda`` times every step on the GPU (synchronised wall time) and, for
 the optimizers that take ``capturable=True``, one replay of the step captured
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -65,9 +67,9 @@ from ._timing import (
     header,
     interleaved,
     table,
-    thread_timed,
     write_json,
 )
+from ._timing import rounds as timing_rounds
 
 #: the parameter sets: name → list of (count, N, M) blocks of tall points
 SETS: dict[str, list[tuple[int, int, int]]] = {
@@ -227,6 +229,14 @@ def _earlier(package, name: str, **hyper):
     return make
 
 
+#: our optimizers with other settings than their defaults: label → (name, hyperparameters)
+VARIANTS = {
+    "rgd (qr)": ("rgd", {"retraction": "qr"}),
+    # what manifold_muon's default ten msign evaluations of its dual descent cost
+    "manifold_muon (inner_steps=1)": ("manifold_muon", {"inner_steps": 1}),
+}
+
+
 def candidates(before=None) -> dict[str, Callable]:
     """label → factory(points, stacked) -> (params, optimizer); ours first, then the peers.
 
@@ -240,10 +250,11 @@ def candidates(before=None) -> dict[str, Callable]:
             ours[name] = _ours(name)
             if before is not None and name in before.optimizers.available():
                 ours[f"{name} (before)"] = _earlier(before, name)
-            if name == "rgd":
-                ours["rgd (qr)"] = _ours(name, retraction="qr")
-                if before is not None:
-                    ours["rgd (qr) (before)"] = _earlier(before, name, retraction="qr")
+            for label, (base, hyper) in VARIANTS.items():
+                if base == name:
+                    ours[label] = _ours(name, **hyper)
+                    if before is not None and name in before.optimizers.available():
+                        ours[f"{label} (before)"] = _earlier(before, name, **hyper)
     peers = {
         "torch Adam foreach": _plain(lambda ps: torch.optim.Adam(ps, lr=LR, foreach=True)),
         "torch Adam fused": _plain(lambda ps: torch.optim.Adam(ps, lr=LR, fused=True)),
@@ -299,16 +310,28 @@ def measure_set(
             pass  # shown as "—", which the legend explains
         steps[label] = opt.step
         rows.append({"set": name, "optimizer": label, "ops": ops, "reads": reads, "flat": flat})
-    cpu = (
-        interleaved(steps, rounds, thread_timed)
-        if device.type == "cpu"
-        else dict.fromkeys(steps, float("nan"))
-    )
-    wall = interleaved(steps, rounds, _wall(device))
+    # both clocks around the same calls: a step's thread time never exceeds its wall time
+    times = timing_rounds(steps, rounds, _both(device))
     for row in rows:
         if row["optimizer"] in steps:
-            row["host_s"], row["wall_s"] = cpu[row["optimizer"]], wall[row["optimizer"]]
+            pairs = times[row["optimizer"]]
+            row["host_s"] = statistics.median(t for t, _ in pairs)
+            row["wall_s"] = statistics.median(w for _, w in pairs)
     return rows
+
+
+def _both(device):
+    """(thread CPU time, wall time) of one call; the CPU time NaN on a GPU (not the host's
+    whole work there: the synchronisation spins)."""
+    wall = _wall(device)
+
+    def clock(fn):
+        t0 = time.thread_time()
+        seconds = wall(fn)
+        cpu = time.thread_time() - t0 if device.type == "cpu" else float("nan")
+        return cpu, seconds
+
+    return clock
 
 
 def _wall(device):
@@ -333,7 +356,7 @@ def captured(name: str, blocks, device, rounds: int) -> list[dict]:
     for label in candidates():
         if label.split(" ")[0] not in optimizers.available():
             continue
-        hyper = {"retraction": "qr"} if label == "rgd (qr)" else {}
+        hyper = VARIANTS.get(label, (label, {}))[1]
         params = [
             geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape[-2:])) for x in points
         ]
@@ -366,14 +389,20 @@ LEGEND = """\
   per shape (—: the set is one parameter, or the optimizer cannot step the stack, as
   torch's Muon steps 2-D parameters only)
 - host/step: the step's CPU time on its thread (the host side of a GPU step); wall/step:
-  its wall time; each the median of {rounds} interleaved rounds"""
+  its wall time, of the same calls; each the median of {rounds} interleaved rounds
+- host ÷ torch Adam foreach: host/step over that of torch's Adam (foreach) in the same
+  run and set"""
 
 
 def describe(blocks: list[tuple[int, int, int]], stacked: bool) -> str:
-    """A parameter set in words: its matrices and how many parameters hold them."""
+    """A parameter set in words: its matrices (equal shapes counted together) and how many
+    parameters hold them."""
+    counts: dict[tuple[int, int], int] = {}
+    for count, n, m in blocks:
+        counts[n, m] = counts.get((n, m), 0) + count
     parts = " + ".join(
         f"{count} × {'O' if n == m else 'St'}({n}{'' if n == m else f', {m}'})"
-        for count, n, m in blocks
+        for (n, m), count in counts.items()
     )
     total = sum(count for count, _, _ in blocks)
     holders = "one parameter" if stacked or total == 1 else f"{total} parameters"
@@ -400,7 +429,9 @@ def results_table(rows: list[dict[str, Any]], anchor: str = "torch Adam foreach"
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.launch", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="small sets, few rounds")
     parser.add_argument(
         "--sets",
@@ -411,7 +442,9 @@ def main(argv: list[str] | None = None) -> str:
     )
     parser.add_argument("--optimizers", default=None, help="comma-separated labels to keep")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default) or cuda[:k]: time the GPU too"
+    )
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument(
         "--before",

@@ -129,7 +129,7 @@ class ManifoldMuon(RiemannianOptimizer):
         "(4 + 4r)NM² + 2M³(4·steps − 3 − 3r), r = ⌊(steps − 1)/3⌋; for polar_express "
         "and newton_schulz_cubic 2 more steps, not in r] + 4NM² per inner step + retraction"
     )
-    variants: ClassVar[list[dict]] = [{}, {"inner_steps": 1}]
+    variants: ClassVar[tuple[dict, ...]] = ({}, {"inner_steps": 1})
 
     def __init__(
         self,

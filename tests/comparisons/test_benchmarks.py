@@ -611,3 +611,16 @@ def test_wheel_holds_no_benchmark(tmp_path):
     assert not [n for n in names if "experiments/" in n]
     bad = [n for n in names if "benchmarks/" in n or "/bench/" in n or "bench" in n.split("/")[-1]]
     assert bad == [], bad
+
+
+def test_launch_describes_equal_shapes_once_and_times_both_clocks_on_the_same_calls():
+    launch = importlib.import_module("stiefel.benchmarks.launch")
+    text = launch.describe(launch.SETS["transformer"], False)
+    assert text == "12 × St(768, 256) + 12 × O(256) + 24 × St(1024, 256) (48 parameters)"
+    calls = []
+    clock = launch._both(torch.device("cpu"))
+    cpu, wall = clock(lambda: calls.append(sum(range(20000))))
+    assert len(calls) == 1 and 0 <= cpu and 0 < wall  # one call, both clocks around it
+    name, hyper = launch.VARIANTS["manifold_muon (inner_steps=1)"]
+    assert name == "manifold_muon" and hyper == {"inner_steps": 1}
+    assert "manifold_muon (inner_steps=1)" in launch.candidates()
