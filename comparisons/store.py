@@ -125,6 +125,9 @@ class RunStore:
         self.manifest: dict[str, Any] = {}
         self._locked = False
         self.damaged = False  # the manifest found was unreadable (kept as .damaged)
+        # section → its machine and end as the run that measured it recorded them, while a
+        # resume has measured nothing new in it (`end_section` keeps them)
+        self._measured: dict[str, dict[str, Any]] = {}
 
     def __enter__(self) -> RunStore:
         self.open()
@@ -267,6 +270,8 @@ class RunStore:
             for path in [self.inside(run["file"]) for run in old["runs"]]:  # all checked first
                 path.unlink(missing_ok=True)
             old = None
+        if old is not None and old.get("state") == "finished":
+            self._measured[name] = {"machine": old.get("machine"), "ended": old.get("ended")}
         sec = old or {"options": opts, "runs": [], "outputs": [], "skipped": []}
         sec.update(state="running", started=sec.get("started") or _now(), ended=None)
         sec["machine"] = machine(opts.get("jobs", 1)) | {"load_end": None}
@@ -294,6 +299,7 @@ class RunStore:
     def save_run(self, section: str, key: str, record: dict[str, Any]) -> None:
         """Write a finished run's record now, then list it in the manifest."""
         finished = _now()
+        self._measured.pop(section, None)  # measured now: this run's machine applies
         sec_options = self.manifest["sections"][section]["options"]
         write_json(
             self.path(self._file(section, key)),
@@ -313,6 +319,9 @@ class RunStore:
         sec = self.manifest["sections"][name]
         sec.update(state="finished", ended=_now(), outputs=list(outputs), skipped=list(skipped))
         sec.setdefault("machine", {})["load_end"] = machine()["load"]
+        kept = self._measured.pop(name, None)
+        if kept is not None and kept["machine"] is not None:  # a resume that measured nothing
+            sec.update(kept)
         self.save_manifest()
         rows = []
         for section, sec in self.manifest["sections"].items():

@@ -44,6 +44,27 @@ def test_resume_from_a_moved_folder_another_spelling_or_worker_count(tmp_path, m
     assert "steps: stored 4, given 5" in str(info.value)
 
 
+def test_a_resume_that_measures_nothing_keeps_the_measuring_runs_machine(tmp_path, monkeypatch):
+    # a resume reusing every run rewrote the section's load average and end time with its
+    # own, while the tables still hold the first run's times
+    from stiefel.comparisons import store
+
+    out = tmp_path / "a"
+    cli.main(["convergence", "--out", str(out), "--jobs", "1", *TINY])
+    first = json.loads((out / "manifest.json").read_text())["sections"]["convergence"]
+    busy = store.machine() | {"load": 123.0}
+    monkeypatch.setattr(store, "machine", lambda workers=1: busy | {"workers": workers})
+    cli.main(["convergence", "--out", str(out), "--resume", "--jobs", "1", *TINY])
+    again = json.loads((out / "manifest.json").read_text())["sections"]["convergence"]
+    assert again["machine"] == first["machine"] and again["ended"] == first["ended"]
+    assert "123" not in (out / "report.md").read_text()
+    # a resume that runs a lost run again measures under this load: its machine is recorded
+    next(out.glob("runs/convergence/*.json")).unlink()
+    cli.main(["convergence", "--out", str(out), "--resume", "--jobs", "1", *TINY])
+    third = json.loads((out / "manifest.json").read_text())["sections"]["convergence"]
+    assert third["machine"]["load"] == 123.0 and third["ended"] != first["ended"]
+
+
 def test_a_record_of_a_moved_folder_without_its_manifest_is_reused(tmp_path, capsys):
     cli.main(["convergence", "--out", str(tmp_path / "a"), "--jobs", "1", *TINY])
     shutil.copytree(tmp_path / "a", tmp_path / "b")
