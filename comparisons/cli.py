@@ -123,7 +123,10 @@ def _add(p: argparse.ArgumentParser, command: str, options: list) -> argparse.Ar
     return p
 
 
-def _epilog() -> str:
+def _epilog(command: str | None = None) -> str:
+    """The registries' lists; a task's options with the values ``command`` runs it with
+    (its section of configs/defaults.toml over the task's own defaults)."""
+    configured = config.preset("defaults").get(command, {}).get("task_options") or {}
     maps = ", ".join(parametrizations.available())
     opts = ", ".join(optimizers.available())
     lines = [
@@ -133,7 +136,7 @@ def _epilog() -> str:
     ]
     for t in tasks.available():
         cls = tasks.get(t)
-        o = ", ".join(f"{k}={v!r}" for k, v in tasks.options(t).items())
+        o = ", ".join(f"{k}={configured.get(k, v)!r}" for k, v in tasks.options(t).items())
         lines.append(f"  {t} ({cls.kind}): {o}")
         if cls.extra_methods:
             own = "; ".join(f"{m}: {what}" for m, what in cls.extra_methods.items())
@@ -162,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
         ("report", "gather the results in --out into report.md", []),
         ("quick", "a small run of everything and the report", []),
     ):
-        epilog = _epilog() if options is TRAINING else None
+        epilog = _epilog(name) if options is TRAINING else None
         _add(sub.add_parser(name, help=text, epilog=epilog, formatter_class=fmt), name, options)
     return p
 
@@ -200,11 +203,14 @@ def _one_line(message, category, *_: object, **__: object) -> str:
     return f"{category.__name__}: {message}\n"
 
 
-def _load_note() -> None:
+def _load_note(jobs: int) -> None:
     """Say when the machine is busier than its cores before a section that takes times."""
     m = cost.machine()
     if m["load"] > m["cores"]:
-        fix = "run with --threads 1" if m["threads"] > 1 else "use fewer --jobs, or a quiet machine"
+        if m["threads"] > 1:
+            fix = "run with --threads 1"
+        else:
+            fix = "use fewer --jobs, or a quiet machine" if jobs > 1 else "use a quiet machine"
         print(f"note: load average {m['load']:g} is above the {m['cores']} cores: times that "
               f"waited for a core or spread are flagged; {fix}", flush=True)  # fmt: skip
 
@@ -227,7 +233,7 @@ def _main(args: argparse.Namespace) -> int:
                 store.manifest["preset"] = "quick" if quick else None
             for s in names:
                 print(f"== {s}", flush=True)
-                _load_note()
+                _load_note(opts[s].get("jobs", 1))
                 SECTIONS[s](store, opts[s])
             path = write_report(store)
     finally:

@@ -267,12 +267,15 @@ def task_options_for(task: str, opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_task_options(opts: dict[str, Any]) -> None:
-    for k in opts.get("task_options") or {}:
+    given = opts.get("task_options") or {}
+    for k in given:
         if not any(k in tasks_mod.options(t) for t in opts["tasks"]):
-            listing = "; ".join(
-                f"{t}: " + ", ".join(f"{o}={d!r}" for o, d in tasks_mod.options(t).items())
-                for t in opts["tasks"]
-            )
+
+            def values(t: str) -> str:  # those this run would use (its layers over the task's)
+                taken = tasks_mod.options(t).items()
+                return ", ".join(f"{o}={given.get(o, d)!r}" for o, d in taken)
+
+            listing = "; ".join(f"{t}: {values(t)}" for t in opts["tasks"])
             raise ValueError(f"task option {k!r} is taken by none of the tasks; options: {listing}")
     for t in opts["tasks"]:
         tasks_mod.check_options(t, task_options_for(t, opts))

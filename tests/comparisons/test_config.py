@@ -41,7 +41,7 @@ BASE += ["--jobs", "1"]  # no worker processes to start for runs this small
             r"batch=0 is not allowed; allowed: an int >= 1",
         ),
         (["--m", "9"], ValueError, r"task 'procrustes': m=9; allowed: 1 <= m <= n=4"),
-        (["--T", "5"], ValueError, r"option 'T' is taken by none .*: procrustes: n=32"),
+        (["--T", "5"], ValueError, r"option 'T' is taken by none .*: procrustes: n=4, m=None"),
         (["--task-option", "q=1"], ValueError, r"option 'q' is taken by none .* k=64"),
         (["--task-option", "k=abc"], TypeError, r"option k='abc' \(str\); allowed: int"),
         (

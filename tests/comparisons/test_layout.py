@@ -32,8 +32,11 @@ HARNESS = ROOT / "comparisons"
 #: medians; 7 for argparse's errors on one line, as the harness's own; 3 for no gap column
 #: where a task has no optimum; 12 for a report of a damaged manifest that says how to rebuild
 #: it, and warnings printed as one-line notes during a run; 19 for workers that end with a
-#: harness killed by SIGKILL (they had waited for work forever), watched from their start
-CAP = 3469
+#: harness killed by SIGKILL (they had waited for work forever), watched from their start;
+#: 17 for a resume that measures nothing keeping the machine of the run that measured, each
+#: command's help showing the task options it runs with, and a load note that suggests fewer
+#: jobs only where there are several
+CAP = 3486
 PACKAGE = "stiefel.comparisons"
 
 
