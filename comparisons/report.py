@@ -82,8 +82,8 @@ SMOKE = ("A smoke run: tiny sizes, a few hundred steps and two seeds, times on w
          "machine ran. It shows that every section runs end to end and how far each strategy "
          "gets on the matrix problems in a few hundred steps (the tables count the runs that "
          "did not converge); it cannot rank strategies, show how well the classifiers and "
-         "recurrent models learn, or how costs grow with size. For those, run the full configs: "
-         "{}.\n")  # fmt: skip
+         "recurrent models learn, or how costs grow with size. For those, run the full configs "
+         "from the checkout's root (where `configs/` is): {}.\n")  # fmt: skip
 
 
 def _link(store: RunStore, config: str) -> str:
