@@ -301,9 +301,9 @@ def _intro(rate: float, bandwidth: float, opts: dict, sizes: list[int], shapes: 
     )
     if max(sizes) < cx.FIT_MIN_N or max(s[0] for s in shapes) < cx.FIT_MIN_STEP_N:
         text += (
-            "\n**These sizes are too small to show how cost grows**: below them per-call overhead "
-            "dominates, so the exponents are not fitted (–). For the paper-scale measurement, run "
-            "`python -m stiefel.comparisons complexity --config configs/complexity.toml` in the checkout.\n"
+            "\n**These sizes are too small to show how cost grows**: per-call overhead dominates "
+            "there; the exponents are not fitted (–). Paper scale, from the checkout's root: "
+            "`python -m stiefel.comparisons complexity --config configs/complexity.toml`.\n"
         )
     return text
 
