@@ -19,7 +19,7 @@ import torch
 from .. import optimizers, parametrizations
 from . import config, cost, tasks
 from .grid import plan
-from .report import write_report
+from .report import no_results, write_report
 from .sections import SECTIONS
 from .store import OutputLocked, RunStore
 from .strategies import literal
@@ -226,6 +226,8 @@ def _main(args: argparse.Namespace) -> int:
         plan(opts[s], build=True)
     only = {k: flags.get(k) for k in ("out", "imports")}
     out = config.resolve("report", only, args.config, trust=trust)["out"]
+    if not names and not pathlib.Path(out).is_dir():  # a report creates no folder
+        raise no_results(out)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with RunStore(out, resume=args.resume, overwrite=args.overwrite) as store:

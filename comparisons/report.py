@@ -86,6 +86,13 @@ SMOKE = ("A smoke run: tiny sizes, a few hundred steps and two seeds, times on w
          "from the checkout's root (where `configs/` is): {}.\n")  # fmt: skip
 
 
+def no_results(out) -> FileNotFoundError:
+    """The error of a report asked of a folder that holds no results."""
+    return FileNotFoundError(
+        f"no results in {out}: run drift, convergence or complexity with --out {out} first"
+    )
+
+
 def _link(store: RunStore, config: str) -> str:
     """The path of ``configs/<config>.toml`` relative to the report, wherever ``--out`` is."""
     path = PRESETS / f"{config}.toml"
@@ -109,10 +116,7 @@ def write_report(store: RunStore) -> str:
             "are reused, not trained again"
         )
     if not sections:
-        raise FileNotFoundError(
-            f"no results in {store.out}: run drift, convergence or complexity with "
-            f"--out {store.out} first"
-        )
+        raise no_results(store.out)
     v = store.manifest.get("versions", {})
     parts = [
         "# stiefel comparison report\n",

@@ -251,3 +251,10 @@ def test_each_commands_help_lists_the_task_options_it_runs_with(capsys):
         want = tasks.options("procrustes") | defaults[command].get("task_options", {})
         shown = ", ".join(f"{k}={want[k]!r}" for k in tasks.options("procrustes"))
         assert f"procrustes (matrix): {shown}" in text, command
+
+
+def test_a_report_of_a_folder_that_does_not_exist_creates_none(tmp_path):
+    # it failed, and left the folder behind with a manifest saying "failed"
+    with pytest.raises(FileNotFoundError, match="no results in .*nothere: run drift"):
+        cli.main(["report", "--out", str(tmp_path / "nothere")])
+    assert not (tmp_path / "nothere").exists()
