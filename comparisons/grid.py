@@ -90,7 +90,7 @@ def run_grid(store: RunStore, section: str, opts: dict[str, Any]) -> tuple[list[
     todo = [i for i, r in enumerate(records) if r is None]
     if len(todo) < len(jobs):
         print(f"{section}: {len(jobs) - len(todo)} of {len(jobs)} runs already done", flush=True)
-    bar = Progress(sum(jobs[i].steps for i in todo), section)  # steps: runs differ in length
+    bar = Progress(sum(jobs[i].steps for i in todo), section, "steps")  # runs differ in length
     try:
         if opts.get("jobs", 1) > 1 and len(todo) > 1:
             _run_parallel(store, section, jobs, todo, records, opts, bar)

@@ -254,7 +254,7 @@ def complexity_section(store, opts: dict) -> dict:
     bandwidth = _measure(store, "bandwidth", lambda: cost.stream_bandwidth(device))
     run, only = (repeats, device, limits), opts.get("optimizers")
     plan = [*cx.map_plan(methods, sizes, fractions, limits), *cx.step_plan(shapes, limits, only)]
-    bar = Progress(len(plan), "complexity")
+    bar = Progress(len(plan), "complexity", "measurements")
     maps = _measure(store, "maps", lambda: cx.map_costs(methods, sizes, fractions, *run, bar))
     steps = _measure(store, "steps", lambda: cx.optimizer_costs(shapes, *run, only, bar))
     bar.close()

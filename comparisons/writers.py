@@ -101,8 +101,9 @@ class Progress:
     """Progress of a long section on stderr: a tqdm bar with ETA on a terminal, elsewhere (a log,
     a pipe, no tqdm) one line per finished unit with its ETA (time so far × left / done)."""
 
-    def __init__(self, total: int, desc: str):
+    def __init__(self, total: int, desc: str, unit: str):
         self.total, self.desc, self.done, self.t0 = total, desc, 0, time.perf_counter()
+        self.unit = unit  # what is counted ("steps", "measurements")
         tqdm = importlib.util.find_spec("tqdm") and importlib.import_module("tqdm").tqdm
         tty = tqdm and sys.stderr.isatty()  # tqdm (the compare extra's) writes to stderr
         self.bar = tqdm(total=total, desc=desc, leave=False) if tty else None
@@ -117,7 +118,7 @@ class Progress:
         """``what`` finished (and ``n`` more units): the bar's note, or a line with the ETA."""
         self.update(n)
         eta = (time.perf_counter() - self.t0) * (self.total - self.done) / max(self.done, 1)
-        line = f"{self.desc}: {self.done}/{self.total}, {what} done, ETA {eta:.0f} s"
+        line = f"{self.desc}: {self.done}/{self.total} {self.unit}, {what} done, ETA {eta:.0f} s"
         _ = self.bar.set_postfix_str(f"{what} done") if self.bar else print(line, file=sys.stderr)
 
     def close(self) -> None:

@@ -35,8 +35,9 @@ HARNESS = ROOT / "comparisons"
 #: harness killed by SIGKILL (they had waited for work forever), watched from their start;
 #: 17 for a resume that measures nothing keeping the machine of the run that measured, each
 #: command's help showing the task options it runs with, and a load note that suggests fewer
-#: jobs only where there are several; 6 for a report of a missing folder that creates none
-CAP = 3492
+#: jobs only where there are several; 6 for a report of a missing folder that creates none;
+#: 1 for progress lines that name the unit they count
+CAP = 3493
 PACKAGE = "stiefel.comparisons"
 
 

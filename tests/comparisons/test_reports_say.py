@@ -92,14 +92,14 @@ def test_progress_off_a_terminal_prints_a_line_per_finished_unit_with_eta(monkey
     monkeypatch.setattr("sys.stderr", err)
     clock = iter([0.0, 10.0, 30.0])
     monkeypatch.setattr("time.perf_counter", lambda: next(clock))
-    bar = Progress(4, "convergence")
+    bar = Progress(4, "convergence", "steps")  # the unit counted is named
     bar.update(1)
     bar.finished("run a")  # 1 of 4 in 10 s: 30 s left
     bar.finished("run b", 1)  # 2 of 4 in 30 s: 30 s left
     bar.close()
     assert err.getvalue().splitlines() == [
-        "convergence: 1/4, run a done, ETA 30 s",
-        "convergence: 2/4, run b done, ETA 30 s",
+        "convergence: 1/4 steps, run a done, ETA 30 s",
+        "convergence: 2/4 steps, run b done, ETA 30 s",
     ]
 
 
