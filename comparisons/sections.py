@@ -272,10 +272,10 @@ def complexity_section(store, opts: dict) -> dict:
     for name, rows in parts.items():
         text += cx.PARTS[name][1](rows, rate)
     write_text(store.path("complexity.md"), "\n".join(text))
-    figs, fb = [], "forward_backward"
+    figs, fb, m = [], "forward_backward", "/".join(sorted({str(s[1]) for s in shapes}, key=int))
     for rows, x, y, group, title, fit, stem in (
         (maps, "n", fb, "label", "Maps: forward + backward", cx.FIT_MIN_N, "maps"),
-        (steps, "N", "step", "optimizer", "Optimizer step on St(N, M)", cx.FIT_MIN_STEP_N,
+        (steps, "N", "step", "optimizer", f"Optimizer step on St(N, {m})", cx.FIT_MIN_STEP_N,
          "optimizers"),
     ):  # fmt: skip
         fig = plots.complexity_figure(rows, x, f"{y}_s", group, title, fit, f"{y}_roofline_s")
