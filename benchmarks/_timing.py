@@ -38,6 +38,7 @@ __all__ = [
     "rounds",
     "schedule",
     "thread_timed",
+    "both_clocks",
     "fmt_time",
     "fmt_ratio",
     "table",
@@ -180,6 +181,26 @@ def _device(text: str | None) -> torch.device:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     return device
+
+
+def both_clocks(fn: Callable[[], object], device: torch.device | None = None) -> tuple:
+    """(thread CPU time, wall time) of one call ``fn()``, in seconds.
+
+    The CPU interval lies inside the wall one (each clock read costs about a
+    microsecond), so the CPU time of a call never exceeds its wall time. On a CUDA
+    ``device`` the wall time is synchronised before and after, and the CPU time is NaN
+    (the host waits on the device there: not the step's host work).
+    """
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    w0 = time.perf_counter()
+    t0 = time.thread_time()
+    fn()
+    cpu = time.thread_time() - t0
+    if cuda:
+        torch.cuda.synchronize(device)
+    return (float("nan") if cuda else cpu), time.perf_counter() - w0
 
 
 def thread_timed(fn: Callable[[], object]) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -25,7 +24,7 @@ from stiefel.parametrizations import _cayley
 from stiefel.parametrizations import kernels as K
 from stiefel.parametrizations._spectral import LazyNorm
 
-from ._timing import fmt_ratio, fmt_time, header, table
+from ._timing import both_clocks, fmt_ratio, fmt_time, header, table
 
 SIZES = (64, 256, 1024)
 
@@ -69,12 +68,6 @@ def workloads(sizes: tuple[int, ...], gen: torch.Generator) -> list[tuple[str, s
     return out
 
 
-def _clocks(fn: Callable[[], object]) -> tuple[float, float]:
-    t0, w0 = time.thread_time(), time.perf_counter()
-    fn()
-    return time.thread_time() - t0, time.perf_counter() - w0
-
-
 def _forward_backward(op: Callable, raw: torch.Tensor, w: torch.Tensor) -> Callable[[], object]:
     leaf = raw.clone().requires_grad_()
     return lambda: torch.autograd.grad((op(leaf) * w).sum(), leaf)
@@ -93,7 +86,7 @@ def measure(op: Callable, raw: torch.Tensor, rounds: int) -> dict[str, float]:
     for r in range(rounds + 1):  # the first round warms up
         for key, fn in calls.items():
             with dispatch.policy(reference=key[0] == "reference"):
-                t = _clocks(fn)
+                t = both_clocks(fn)
             if r:
                 times[key].append(t)
     out = {}

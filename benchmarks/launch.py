@@ -61,6 +61,7 @@ from stiefel.manifolds import Orthogonal, Stiefel
 
 from . import _before
 from ._timing import (
+    both_clocks,
     device_of,
     fmt_ratio,
     fmt_time,
@@ -321,17 +322,8 @@ def measure_set(
 
 
 def _both(device):
-    """(thread CPU time, wall time) of one call; the CPU time NaN on a GPU (not the host's
-    whole work there: the synchronisation spins)."""
-    wall = _wall(device)
-
-    def clock(fn):
-        t0 = time.thread_time()
-        seconds = wall(fn)
-        cpu = time.thread_time() - t0 if device.type == "cpu" else float("nan")
-        return cpu, seconds
-
-    return clock
+    """`both_clocks` on ``device``: (thread CPU time, wall time) of one call."""
+    return lambda fn: both_clocks(fn, device)
 
 
 def _wall(device):
@@ -354,14 +346,14 @@ def captured(name: str, blocks, device, rounds: int) -> list[dict]:
     grads = [torch.randn_like(x) for x in points]
     rows = []
     for label in candidates():
-        if label.split(" ")[0] not in optimizers.available():
+        ours, hyper = VARIANTS.get(label, (label, {}))
+        if ours not in optimizers.available():  # a peer
             continue
-        hyper = VARIANTS.get(label, (label, {}))[1]
         params = [
             geoopt.ManifoldParameter(x.clone(), manifold=_manifold(*x.shape[-2:])) for x in points
         ]
         try:
-            opt = optimizers.create(label.split(" ")[0], params, lr=LR, capturable=True, **hyper)
+            opt = optimizers.create(ours, params, lr=LR, capturable=True, **hyper)
         except (TypeError, ValueError) as err:
             rows.append({"set": name, "optimizer": label, "error": str(err)})
             continue
@@ -391,7 +383,7 @@ LEGEND = """\
 - host/step: the step's CPU time on its thread (the host side of a GPU step); wall/step:
   its wall time, of the same calls; each the median of {rounds} interleaved rounds
 - host ÷ torch Adam foreach: host/step over that of torch's Adam (foreach) in the same
-  run and set"""
+  run and set (—: on a GPU, where host/step is not taken: the host waits for the device)"""
 
 
 def describe(blocks: list[tuple[int, int, int]], stacked: bool) -> str:
