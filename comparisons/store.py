@@ -125,9 +125,9 @@ class RunStore:
         self.manifest: dict[str, Any] = {}
         self._locked = False
         self.damaged = False  # the manifest found was unreadable (kept as .damaged)
-        # section → its machine and end as the run that measured it recorded them, while a
-        # resume has measured nothing new in it (`end_section` keeps them)
-        self._measured: dict[str, dict[str, Any]] = {}
+        # section → this process's machine and the stored end, while a resume has measured
+        # nothing in it: its runs keep the machine that measured them (until `save_run`)
+        self._pending: dict[str, dict[str, Any]] = {}
 
     def __enter__(self) -> RunStore:
         self.open()
@@ -270,11 +270,13 @@ class RunStore:
             for path in [self.inside(run["file"]) for run in old["runs"]]:  # all checked first
                 path.unlink(missing_ok=True)
             old = None
-        if old is not None and old.get("state") == "finished":
-            self._measured[name] = {"machine": old.get("machine"), "ended": old.get("ended")}
         sec = old or {"options": opts, "runs": [], "outputs": [], "skipped": []}
+        current = machine(opts.get("jobs", 1)) | {"load_end": None}
+        if sec["runs"] and sec.get("machine"):  # a resume: the stored times' machine stays
+            self._pending[name] = {"machine": current, "ended": sec.get("ended")}
+        else:
+            sec["machine"] = current
         sec.update(state="running", started=sec.get("started") or _now(), ended=None)
-        sec["machine"] = machine(opts.get("jobs", 1)) | {"load_end": None}
         sections[name] = sec
         self.save_manifest()
         return sec
@@ -299,7 +301,9 @@ class RunStore:
     def save_run(self, section: str, key: str, record: dict[str, Any]) -> None:
         """Write a finished run's record now, then list it in the manifest."""
         finished = _now()
-        self._measured.pop(section, None)  # measured now: this run's machine applies
+        pending = self._pending.pop(section, None)  # measured now: this machine applies
+        if pending is not None:
+            self.manifest["sections"][section]["machine"] = pending["machine"]
         sec_options = self.manifest["sections"][section]["options"]
         write_json(
             self.path(self._file(section, key)),
@@ -317,11 +321,11 @@ class RunStore:
     def end_section(self, name: str, outputs: list[str], skipped: list[str] = ()) -> None:
         """Mark section ``name`` finished with the files its report part uses; write the table."""
         sec = self.manifest["sections"][name]
-        sec.update(state="finished", ended=_now(), outputs=list(outputs), skipped=list(skipped))
-        sec.setdefault("machine", {})["load_end"] = machine()["load"]
-        kept = self._measured.pop(name, None)
-        if kept is not None and kept["machine"] is not None:  # a resume that measured nothing
-            sec.update(kept)
+        kept = self._pending.pop(name, None)  # a resume that measured nothing: its record
+        sec.update(state="finished", outputs=list(outputs), skipped=list(skipped))
+        sec["ended"] = kept["ended"] if kept and kept["ended"] else _now()
+        if kept is None:
+            sec.setdefault("machine", {})["load_end"] = machine()["load"]
         self.save_manifest()
         rows = []
         for section, sec in self.manifest["sections"].items():
