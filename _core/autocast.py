@@ -11,7 +11,11 @@ least), and so do the backward passes of its autograd Functions of products
 and solves (exp's Padé, the blocked reflections, the unpivoted Cayley solve;
 torch's ``custom_bwd`` does the same for one fixed device type): a
 ``loss.backward()`` called inside an autocast region would otherwise run them
-in bfloat16. Everything around them keeps autocast's precision.
+in bfloat16. The products a map leaves to autograd are not covered: their
+backward follows the region ``backward()`` runs in (bfloat16 inside one, a
+gradient about 3e-3 off relative), which docs/scaling.md says, with torch's
+advice to call it after the region. Everything around them keeps autocast's
+precision.
 """
 
 from __future__ import annotations

@@ -163,7 +163,11 @@ def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: 
     Everything else follows the parameter as torch casts it, so a state saved by a
     float32 run loads into a float64 model and back. A master saved for a
     parameter that is no longer of low precision is dropped: its point is the
-    parameter itself.
+    parameter itself. Where the parameter holds that master's rounding (a bfloat16
+    run resumed in float32, the model's weights loaded before the optimizer's state,
+    as torch's recipes do), the master is written into it: the parameter goes on from the precise
+    point the run had reached, not from its rounding (4e-3 off St(32, 8) in
+    bfloat16, projected away at the next step).
     """
     wide = getattr(opt, "wide_state", frozenset())
     ids = [i for g in saved_groups for i in g["params"]]
@@ -173,7 +177,7 @@ def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: 
             continue
         held = opt.state[p]
         if p.dtype not in LOW_PRECISION:
-            held.pop("master", None)
+            _resume_from(p, held.pop("master", None))
         for key, value in saved_state[i].items():
             if key == "step" or key not in held or not isinstance(value, torch.Tensor):
                 continue
@@ -187,3 +191,15 @@ def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: 
                 continue  # torch's cast to the parameter's dtype stands
             if held[key].dtype != dtype:
                 held[key] = value.to(device=p.device, dtype=dtype, copy=True)
+
+
+@torch.no_grad()
+def _resume_from(p: torch.Tensor, master: torch.Tensor | None) -> None:
+    """Write a low-precision run's ``master`` into ``p`` when ``p`` holds its rounding."""
+    if master is None or master.shape != p.shape or not master.is_floating_point():
+        return
+    master = master.to(p.device)
+    for low in LOW_PRECISION:
+        if torch.equal(master.to(low).to(p.dtype), p.detach()):
+            p.copy_(master)
+            return
