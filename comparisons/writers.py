@@ -106,7 +106,7 @@ class Progress:
         self.unit = unit  # what is counted ("steps", "measurements")
         tqdm = importlib.util.find_spec("tqdm") and importlib.import_module("tqdm").tqdm
         tty = tqdm and sys.stderr.isatty()  # tqdm (the compare extra's) writes to stderr
-        self.bar = tqdm(total=total, desc=desc, leave=False) if tty else None
+        self.bar = tqdm(total=total, desc=desc, unit=unit, leave=False) if tty else None
 
     def update(self, n: int = 1) -> None:
         """``n`` more units done: the bar moves."""

@@ -35,10 +35,11 @@ HARNESS = ROOT / "comparisons"
 #: harness killed by SIGKILL (they had waited for work forever), watched from their start;
 #: 17 for a resume that measures nothing keeping the machine of the run that measured, each
 #: command's help showing the task options it runs with, and a load note that suggests fewer
-#: jobs only where there are several; 6 for a report of a missing folder that creates none;
+#: jobs only where there are several; 7 for a report of a folder without results that
+#: writes nothing there;
 #: 1 for progress lines that name the unit they count; 1 for the optimizer figure's M; 3 for
 #: the machine of a section's stored runs kept through resumes that fail or are interrupted
-CAP = 3497
+CAP = 3498
 PACKAGE = "stiefel.comparisons"
 
 

@@ -266,3 +266,7 @@ def test_a_report_of_a_folder_that_does_not_exist_creates_none(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results in .*nothere: run drift"):
         cli.main(["report", "--out", str(tmp_path / "nothere")])
     assert not (tmp_path / "nothere").exists()
+    (tmp_path / "empty").mkdir()  # nor a manifest in a folder without results
+    with pytest.raises(FileNotFoundError, match="no results in"):
+        cli.main(["report", "--out", str(tmp_path / "empty")])
+    assert not any((tmp_path / "empty").iterdir())
