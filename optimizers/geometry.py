@@ -219,7 +219,9 @@ class Binding:
             raise ValueError(
                 f"parameter {i} of the new param group is not on its manifold {man!r}: {reason}. "
                 f"{owner} needs points on the manifold (project with manifold.projx, or use "
-                "'landing', which accepts points off it)"
+                "'landing', which accepts points off it; a weight loaded from a float16/"
+                "bfloat16 run: build the optimizer before loading, then load its state, whose "
+                "float32 master is the precise point)"
             )
 
 
