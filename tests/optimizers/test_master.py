@@ -112,10 +112,6 @@ def test_a_low_precision_run_resumed_in_float32_goes_on_from_its_master(low):
     err = torch.linalg.matrix_norm(w.double().T @ w.double() - torch.eye(8, dtype=torch.float64))
     assert err < 100 * torch.finfo(torch.float32).eps
     late = make(torch.float32)  # the rounding loaded first: refused, saying what to do
-    late.load_state_dict(saved_model)
-    if (
-        torch.linalg.matrix_norm(late[0].weight.detach().T @ late[0].weight.detach() - torch.eye(8))
-        > 1e-4
-    ):
-        with pytest.raises(ValueError, match="build the optimizer before loading"):
-            optimizers.create("rgd", late.parameters(), lr=0.02)
+    late.load_state_dict(saved_model)  # the rounding is off St(32, 8) at float32's tolerance
+    with pytest.raises(ValueError, match="build the optimizer before loading"):
+        optimizers.create("rgd", late.parameters(), lr=0.02)
