@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import LOW_PRECISION
+from ..manifolds.sharded import is_dtensor
 from .buckets import record_versions, unchanged, write
 
 __all__ = [
@@ -198,6 +199,8 @@ def _resume_from(p: torch.Tensor, master: torch.Tensor | None) -> None:
     """Write a low-precision run's ``master`` into ``p`` when ``p`` holds its rounding."""
     if master is None or master.shape != p.shape or not master.is_floating_point():
         return
+    if is_dtensor(p) or p.device.type == "meta":
+        return  # a DTensor's shards or no values: the parameter stays as loaded
     master = master.to(p.device)
     for low in LOW_PRECISION:
         if torch.equal(master.to(low).to(p.dtype), p.detach()):
