@@ -67,10 +67,11 @@ def summarize_runs(runs: list[dict]) -> list[dict]:
 def machine_line(m: dict) -> str:
     """What a section ran on (`stiefel.comparisons.cost.machine`), said before its tables."""
     busy = max(m["load"], m.get("load_end") or 0) > m["cores"]
+    end = m.get("load_end")  # None: the measuring run stopped before its section ended
     return (
         f"*Machine*: {m['cpu']}, {m['cores']} cores, {m['threads']} torch thread(s) per worker, "
         f"{m['workers']} worker(s); load average {m['load']:g} at the start, "
-        f"{m.get('load_end')} at the end"
+        + ("none recorded at the end" if end is None else f"{end:g} at the end")
         + (" (above the cores: times that waited for a core are flagged †).\n" if busy else ".\n")
     )
 

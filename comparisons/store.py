@@ -179,10 +179,10 @@ class RunStore:
             return
         try:
             if self.manifest:
-                for sec in self.manifest["sections"].values():
-                    if sec["state"] == "running":
+                for name, sec in self.manifest["sections"].items():
+                    if sec["state"] == "running":  # a resume that measured nothing: its end
                         sec["state"] = state
-                        sec["ended"] = _now()
+                        sec["ended"] = self._pending.get(name, {}).get("ended") or _now()
                 self.manifest.update(state=state, ended=_now())
                 self.save_manifest()
         finally:
@@ -304,6 +304,7 @@ class RunStore:
         pending = self._pending.pop(section, None)  # measured now: this machine applies
         if pending is not None:
             self.manifest["sections"][section]["machine"] = pending["machine"]
+            self.save_manifest()  # a run listed already is not listed (nor saved) again
         sec_options = self.manifest["sections"][section]["options"]
         write_json(
             self.path(self._file(section, key)),

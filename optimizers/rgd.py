@@ -233,7 +233,7 @@ class RGD(RiemannianOptimizer):
         if mu == 0:
             new = geo.gradient_step(x, grad, lr)
             # Note [A momentum buffer through steps without momentum]
-            if "momentum_buffer" in state:
+            if state.get("momentum_buffer") is not None:  # torch < 2.0 saved None
                 state["momentum_buffer"] = _transport(geo, x, new, state["momentum_buffer"])
             return new
         # a square point keeps B in its frame (Note [Moments in the frame of X]), except

@@ -38,8 +38,9 @@ HARNESS = ROOT / "comparisons"
 #: jobs only where there are several; 7 for a report of a folder without results that
 #: writes nothing there;
 #: 1 for progress lines that name the unit they count; 1 for the optimizer figure's M; 3 for
-#: the machine of a section's stored runs kept through resumes that fail or are interrupted
-CAP = 3498
+#: the machine of a section's stored runs kept through resumes that fail or are interrupted;
+#: 2 for a machine line whose end load was not recorded
+CAP = 3500
 PACKAGE = "stiefel.comparisons"
 
 

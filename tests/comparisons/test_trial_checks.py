@@ -63,10 +63,12 @@ def test_a_resume_that_measures_nothing_keeps_the_measuring_runs_machine(tmp_pat
     # resume that measures nothing still keeps the measuring run's machine
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["sections"]["convergence"]["state"] = "interrupted"
+    manifest["sections"]["convergence"]["machine"]["load_end"] = None  # stopped before it
     (out / "manifest.json").write_text(json.dumps(manifest))
     cli.main(["convergence", "--out", str(out), "--resume", "--jobs", "1", *TINY])
     again = json.loads((out / "manifest.json").read_text())["sections"]["convergence"]
-    assert again["machine"] == first["machine"] and again["state"] == "finished"
+    assert again["machine"]["load"] == first["machine"]["load"] and again["state"] == "finished"
+    assert "none recorded at the end" in (out / "report.md").read_text()
     # a resume that runs a lost run again measures under this load: its machine is recorded
     next(out.glob("runs/convergence/*.json")).unlink()
     cli.main(["convergence", "--out", str(out), "--resume", "--jobs", "1", *TINY])

@@ -131,3 +131,29 @@ def test_a_momentum_buffer_is_carried_through_steps_without_momentum(foreach):
         for w, ref, buf in zip(ws, refs, bufs, strict=True):
             assert torch.allclose(w.detach(), ref, atol=1e-12)
             assert torch.allclose(opt.state[w]["momentum_buffer"], buf, atol=1e-12)
+
+
+def test_a_momentum_buffer_saved_as_none_starts_afresh_through_steps_without_momentum():
+    # torch's SGD before 2.0 saved momentum_buffer = None at momentum 0; the step that
+    # carries the buffer through such steps took None for a tensor (AttributeError)
+    from stiefel.manifolds import Stiefel
+
+    st = Stiefel(10, 3)
+    torch.manual_seed(0)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    opt = optimizers.create("rgd", [w], lr=0.1, momentum=0.0, retraction="qr")
+    w.grad = torch.randn(10, 3, dtype=torch.float64)
+    opt.step()
+    saved = opt.state_dict()
+    saved["state"][0]["momentum_buffer"] = None
+    opt.load_state_dict(saved)
+    w.grad = torch.randn(10, 3, dtype=torch.float64)
+    opt.step()  # momentum 0: nothing to carry
+    assert st.check_point_on_manifold(w.detach())
+    opt.param_groups[0]["momentum"] = 0.9
+    x, g = w.detach().clone(), torch.randn(10, 3, dtype=torch.float64)
+    w.grad = g
+    opt.step()  # the first buffer is the Riemannian gradient, as torch's first buffer is g
+    s = x.T @ g
+    buf = opt.state[w]["momentum_buffer"]  # carried to the new point by projection
+    assert torch.allclose(buf, _proj(w.detach(), g - x @ ((s + s.T) / 2)), atol=1e-12)
