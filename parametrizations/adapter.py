@@ -33,8 +33,8 @@ Q is computed in float32, or in W's dtype when that is float64 or complex
 ``torch.autocast(dtype=bfloat16)`` runs the map's products in bfloat16 (max
 |QᵀQ − I| about 3e-3 where float32 gives 1e-6), and a cast of the whole model
 after `rotate` or ``get_peft_model`` (``model.to(torch.bfloat16)``, ``.half()``,
-``.double()``) cast Q's tensors while the rotation still computed in the dtype
-it was built with (a dtype-mismatch error at the next forward). So Q's operator
+``.double()``) casts Q's tensors while the rotation computes in the dtype it was
+built with (a dtype mismatch at the next forward). So Q's operator
 runs with autocast off (`Rotation.along`, Note [Autocast off for the maps' own
 products]), and a cast of a `Rotation` (``Module._apply``, whoever holds it)
 applies the rule of `q_dtype` to its tensors: float64 is taken, anything

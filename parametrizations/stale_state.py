@@ -6,8 +6,8 @@ Note [Coordinates are a new parameter to an optimizer]
 become the map's coordinates: a skew matrix, reflectors, a generator, often of
 another shape. An optimizer that stepped the weight before the call keeps a state
 made for the weight (Adam's moments of the weight's gradient, a momentum along the
-weight): on coordinates of another shape its next step failed, and on coordinates
-of the same shape (a square weight under ``cayley`` or ``exp``) it moved them by
+weight): on coordinates of another shape its next step fails, and on coordinates
+of the same shape (a square weight under ``cayley`` or ``exp``) it moves them by
 the weight's old moments, a silently wrong step. So every optimizer that stepped
 in this process (torch's, geoopt's, this package's) forgets the Parameter's state
 when it becomes coordinates, with a warning, and starts afresh on it, as on a new
