@@ -21,7 +21,7 @@ from . import config, cost, tasks
 from .grid import plan
 from .report import no_results, write_report
 from .sections import SECTIONS
-from .store import MANIFEST, OutputLocked, RunStore
+from .store import DAMAGED, MANIFEST, OutputLocked, RunStore
 from .strategies import literal
 
 __all__ = ["main", "run"]
@@ -226,7 +226,7 @@ def _main(args: argparse.Namespace) -> int:
         plan(opts[s], build=True)
     only = {k: flags.get(k) for k in ("out", "imports")}
     out = config.resolve("report", only, args.config, trust=trust)["out"]
-    held = [pathlib.Path(out, MANIFEST + end) for end in ("", ".damaged")]
+    held = [pathlib.Path(out, name) for name in (MANIFEST, DAMAGED)]
     if not names and not any(p.is_file() for p in held):  # a report writes nothing there
         raise no_results(out)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

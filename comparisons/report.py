@@ -9,7 +9,7 @@ import statistics
 
 from . import cost
 from .config import PRESETS
-from .store import RunStore
+from .store import DAMAGED, RunStore
 from .writers import write_text
 
 __all__ = ["summarize_runs", "mean_std", "geo_mean", "write_report", "machine_line"]
@@ -112,7 +112,7 @@ def write_report(store: RunStore) -> str:
     sections = store.manifest.get("sections", {})
     if not sections and store.damaged:
         raise FileNotFoundError(
-            f"no readable manifest in {store.out} (kept as {store.out}/manifest.json.damaged): "
+            f"no readable manifest in {store.out} (kept as {store.out / DAMAGED}): "
             f"run the sections again with --out {store.out} --resume; their stored runs "
             "are reused, not trained again"
         )

@@ -49,6 +49,7 @@ from .writers import write_json, write_text
 __all__ = ["RunStore", "OutputLocked", "run_key", "normalize", "read_json"]
 
 MANIFEST = "manifest.json"
+DAMAGED = MANIFEST + ".damaged"  # an unreadable manifest, kept beside the new one
 LOCK = ".lock"
 TABLE = "results.jsonl"
 #: seconds a lock without a pid counts as held (its owner may be about to write the pid)
@@ -150,8 +151,8 @@ class RunStore:
         path = self.root / MANIFEST
         m = read_json(path, "manifest") if path.exists() else {}
         if not isinstance(m, dict) or not isinstance(m.get("sections", {}), dict):
-            os.replace(path, self.inside(MANIFEST + ".damaged", "a link to"))
-            note = f"{path} kept as {MANIFEST}.damaged; stored runs are reused on --resume"
+            os.replace(path, self.inside(DAMAGED, "a link to"))
+            note = f"{path} kept as {DAMAGED}; stored runs are reused on --resume"
             warnings.warn(note, stacklevel=2)
             m, self.damaged = {}, True
         self.manifest = m

@@ -39,8 +39,9 @@ HARNESS = ROOT / "comparisons"
 #: writes nothing there;
 #: 1 for progress lines that name the unit they count; 1 for the optimizer figure's M; 3 for
 #: the machine of a section's stored runs kept through resumes that fail or are interrupted;
-#: 2 for a machine line whose end load was not recorded
-CAP = 3500
+#: 2 for a machine line whose end load was not recorded; 1 for the damaged manifest's
+#: name kept once (`store.DAMAGED`), where three modules spelled it
+CAP = 3501
 PACKAGE = "stiefel.comparisons"
 
 
