@@ -166,9 +166,9 @@ def restore_dtypes(opt: torch.optim.Optimizer, saved_groups: list, saved_state: 
     parameter that is no longer of low precision is dropped: its point is the
     parameter itself. Where the parameter holds that master's rounding (a bfloat16
     run resumed in float32, the model's weights loaded before the optimizer's state,
-    as torch's recipes do), the master is written into it: the parameter goes on from the precise
-    point the run had reached, not from its rounding (4e-3 off St(32, 8) in
-    bfloat16, projected away at the next step).
+    as torch's recipes do), the master is written into it: the parameter goes on
+    from the precise point the run had reached, not from its rounding (4e-3 off
+    St(32, 8) in bfloat16, projected away at the next step).
     """
     wide = getattr(opt, "wide_state", frozenset())
     ids = [i for g in saved_groups for i in g["params"]]
