@@ -53,7 +53,8 @@ class ModReLU(nn.Module):
         eps: the smoothing ε ≥ 0 of |z| (see above; 0: the exact quotient).
 
     Raises:
-        ValueError: a negative or non-finite ``eps``.
+        ValueError: ``n`` not a positive int, a negative or non-finite ``eps``; in
+            ``forward``, an input whose last dimension is not ``n``.
         TypeError: ``eps`` not a real number, ``nonpositive_bias`` not a bool.
 
     Example:
@@ -70,6 +71,7 @@ class ModReLU(nn.Module):
 
     def __init__(self, n: int, nonpositive_bias: bool = False, eps: float = 1e-5):
         super().__init__()
+        n = _checks.positive_int("n", n)
         _checks.flag("nonpositive_bias", nonpositive_bias)
         eps = _checks.number("eps", eps, low=0.0)
         self.bias = nn.Parameter(torch.full((n,), -0.01 if nonpositive_bias else 0.0))
@@ -77,8 +79,13 @@ class ModReLU(nn.Module):
         self.eps = eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """σ(z), elementwise over the last dimension (of size n)."""
+        """σ(z), elementwise over the last dimension (of size n), in the dtype of ``z``."""
+        n = self.bias.shape[0]
+        _checks.tensor("z", z)
+        if z.dim() < 1 or z.shape[-1] != n:
+            raise ValueError(f"z has shape {tuple(z.shape)}; allowed: (..., {n}), n = {n} features")
         b = -torch.relu(-self.bias) if self.nonpositive_bias else self.bias
+        b = b.to(z.real.dtype if z.is_complex() else z.dtype)  # the output follows z
         zero = None
         if self.eps == 0:  # Note [modReLU at zero]
             zero = z == 0
@@ -94,6 +101,19 @@ class ModReLU(nn.Module):
         if zero is not None:
             scale = torch.where(zero, (b >= 0).to(scale.dtype), scale)
         return z * scale
+
+
+def _in_cell_dtype(name: str, t: object, dtype: torch.dtype, shape: str) -> torch.Tensor:
+    """``t`` cast to the cell's ``dtype``, refused where the cast would drop an imaginary part."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} is a {type(t).__name__}; allowed: a tensor {shape}")
+    if t.is_complex() and not dtype.is_complex:
+        raise TypeError(
+            f"{name} has dtype {t.dtype} and the cell is real ({dtype}), so the cast would "
+            f"drop its imaginary part; allowed: a real tensor {shape}, or a cell built with "
+            "complex=True"
+        )
+    return t.to(dtype)
 
 
 def henaff_init(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -276,16 +296,32 @@ class OrthogonalRNNCell(nn.Module):
         """h' = σ(U x + W h).
 
         Args:
-            x: input (batch, n_in), real (cast to the cell's dtype).
-            h: hidden state (batch, n).
+            x: input (batch, n_in), cast to the cell's dtype; complex only for a complex
+                cell.
+            h: hidden state (batch, n), cast to the cell's dtype (so real zeros start a
+                complex cell); complex only for a complex cell.
             step: h ↦ W h from `rollout_step`; by default W is read
                 (and its map recomputed) now.
 
         Returns:
             The next hidden state (batch, n).
+
+        Raises:
+            TypeError: ``x`` or ``h`` not a tensor, or complex for a real cell.
+            ValueError: ``x`` not (batch, n_in), ``h`` not (batch, n), or their batches
+                differ.
         """
+        dtype, (n, n_in) = self.inp.dtype, self.inp.shape
+        x = _in_cell_dtype("x", x, dtype, "(batch, n_in)")
+        h = _in_cell_dtype("h", h, dtype, "(batch, n_hidden)")
+        for name, t, width in (("x", x, n_in), ("h", h, n)):
+            if t.dim() != 2 or t.shape[1] != width:
+                allowed = f"(batch, {'n_in' if name == 'x' else 'n_hidden'} = {width})"
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; allowed: {allowed}")
+        if x.shape[0] != h.shape[0]:
+            raise ValueError(f"x has batch {x.shape[0]}, h {h.shape[0]}; allowed: the same batch")
         step = step or self.rollout_step()
-        return self.act(x.to(self.inp.dtype) @ self.inp.T + step(h))
+        return self.act(x @ self.inp.T + step(h))
 
 
 class OrthogonalRNN(nn.Module):
@@ -385,13 +421,12 @@ class OrthogonalRNN(nn.Module):
             (batch, T, n_out) if ``all_steps`` else (batch, n_out).
 
         Raises:
-            TypeError: ``x`` not a tensor.
+            TypeError: ``x`` not a tensor, or complex for a real cell.
             ValueError: ``x`` not of shape (batch, T ≥ 1, n_in).
         """
         _checks.flag("all_steps", all_steps)
         n_in = self.cell.inp.shape[1]
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x is a {type(x).__name__}; allowed: a tensor (batch, T, n_in)")
+        x = _in_cell_dtype("x", x, self.cell.inp.dtype, "(batch, T, n_in)")
         if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] != n_in:
             shape = tuple(x.shape)
             raise ValueError(
@@ -399,7 +434,6 @@ class OrthogonalRNN(nn.Module):
                 "(batch first; a single sequence is x[None])"
             )
         b, t, _ = x.shape
-        x = x.to(self.cell.inp.dtype)
         drive = x @ self.cell.inp.T  # (b, T, n), one matmul for the whole sequence
         step = self.cell.rollout_step(self.use_operator)  # Note [Factors once per rollout]
         h = self.h0.expand(b, self.n)

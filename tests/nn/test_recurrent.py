@@ -256,3 +256,74 @@ def test_an_input_of_another_shape_is_refused_naming_the_one_allowed(shape):
     rnn = OrthogonalRNN(3, 8, 2)
     with pytest.raises(ValueError, match=r"allowed: \(batch, T, n_in\) with T ≥ 1 and n_in = 3"):
         rnn(torch.randn(shape))
+
+
+@pytest.mark.parametrize("complex_", [False, True])
+def test_the_cell_casts_its_state_as_it_casts_its_input(complex_):
+    # real float32 zeros, as the docs start a sequence, failed in a matmul on a complex or
+    # float64 cell: h was not cast as x was
+    cell = OrthogonalRNNCell(3, 4, complex=complex_, dtype=torch.float64)
+    x = torch.randn(2, 3)
+    out = cell(x, torch.zeros(2, 4))
+    dtype = cell.inp.dtype
+    ref = cell.act(x.to(dtype) @ cell.inp.T + torch.zeros(2, 4, dtype=dtype) @ cell.transition().T)
+    assert out.dtype == dtype
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize(
+    "x, h, error, message",
+    [
+        ((2, 5), (2, 4), ValueError, r"x has shape \(2, 5\); allowed: \(batch, n_in = 3\)"),
+        ((2, 3), (2, 5), ValueError, r"h has shape \(2, 5\); allowed: \(batch, n_hidden = 4\)"),
+        ((2, 3), (4,), ValueError, r"h has shape \(4,\); allowed: \(batch, n_hidden = 4\)"),
+        ((2, 3), (3, 4), ValueError, "x has batch 2, h 3; allowed: the same batch"),
+        ("complex", (2, 4), TypeError, "x has dtype torch.complex64 and the cell is real"),
+        ((2, 3), "complex", TypeError, "h has dtype torch.complex64 and the cell is real"),
+    ],
+)
+def test_the_cell_refuses_an_input_or_state_it_cannot_step_naming_it(x, h, error, message):
+    # each gave torch's matmul error naming neither, and a complex x or h on a real cell lost
+    # its imaginary part with only torch's cast warning
+    def make(shape, width):
+        return (
+            torch.randn(2, width, dtype=torch.complex64)
+            if shape == "complex"
+            else torch.randn(shape)
+        )
+
+    with pytest.raises(error, match=message):
+        OrthogonalRNNCell(3, 4)(make(x, 3), make(h, 4))
+
+
+def test_the_model_refuses_a_complex_input_for_a_real_cell():
+    with pytest.raises(TypeError, match="x has dtype torch.complex64 and the cell is real"):
+        OrthogonalRNN(3, 4, 2)(torch.randn(2, 5, 3, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, True])
+def test_modrelu_refuses_a_number_of_features_that_is_not_a_positive_int(n):
+    # 0 built an empty layer; -1 and 2.5 failed in torch.full naming neither
+    with pytest.raises(ValueError, match=f"n={n!r}"):
+        ModReLU(n)
+
+
+def test_modrelu_refuses_an_input_of_another_width_naming_it():
+    with pytest.raises(ValueError, match=r"z has shape \(2, 5\); allowed: \(\.\.\., 4\)"):
+        ModReLU(4)(torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.complex128])
+def test_modrelu_output_follows_the_input_dtype(dtype):
+    # a float16 input came back float32: the float32 bias promoted it
+    act = ModReLU(4)
+    with torch.no_grad():
+        act.bias.copy_(torch.tensor([-0.3, 0.0, 0.2, 0.5]))
+    z = torch.randn(3, 4, dtype=torch.complex128 if dtype.is_complex else torch.float64)
+    z = z.to(dtype)
+    out = act(z)
+    assert out.dtype == dtype
+    wide = z.to(torch.complex128 if dtype.is_complex else torch.float64)
+    ref = _modrelu(act.bias.double().tolist(), eps=act.eps)(wide)  # the same float32 bias
+    tol = 10 * 4 * torch.finfo(out.real.dtype if dtype.is_complex else dtype).eps
+    assert torch.allclose(out.to(ref.dtype), ref, atol=tol, rtol=tol)
