@@ -54,7 +54,8 @@ class RAdam(RiemannianOptimizer):
     v = `exp_avg_sq`·`exp_avg_sq_scale`², so that a gradient whose square
     overflows the dtype (float32: ‖ξ‖ ≳ 1e19) still gives a finite step and a
     finite state (Note [Second moment in scaled form]); for ordinary
-    gradients the scale is 1 and the arithmetic is Adam's, bit for bit. The
+    gradients the scale is 1 and the arithmetic is Adam's formula unscaled (equal to
+    torch's Adam to the rounding of another order of operations). The
     options of geoopt's `RiemannianAdam` are accepted with its meaning:
     `amsgrad`, `weight_decay`, and `stabilize` as an alias of `repair_every`.
 
@@ -265,11 +266,11 @@ def _unpaired(v: object, pairs: torch.Tensor) -> object:
 # ṽ ← β₂ṽ(s/s')² + (1 − β₂)⟨ξ/μ, ξ/μ⟩(μ/s')² with s' = max(s, μ). Afterwards s
 # is reset to the least power of two ≥ 1 with √ṽ ≤ H, so ṽ keeps its precision
 # while v decays. Ordinary gradients (max|ξ| ≤ H, ≈ 1e15–1e19 in float32) have
-# μ = s = 1: every scaling is by exactly 1 and the arithmetic is bit for bit
-# Adam's. Scalings by powers of two are exact, so a scaled step differs from the
-# exact-arithmetic one by rounding only (to the dtype's precision; a small
-# component of a tensor whose other components are ≥ 1e30 may lose bits to
-# underflow). Adam's memory is unchanged: after a burst of size B, v needs
+# μ = s = 1: every scaling is by exactly 1 and the arithmetic is, bit for bit,
+# that of the unscaled formula. Scalings by powers of two are exact, so a
+# scaled step differs from the exact-arithmetic one by rounding only (to the
+# dtype's precision; a small component of a tensor whose other components are
+# ≥ 1e30 may lose bits to underflow). Adam's memory is unchanged: after a burst of size B, v needs
 # about ln(B²/g²)/(1 − β₂) steps to forget it, as in float64.
 
 

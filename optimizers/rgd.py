@@ -73,8 +73,8 @@ class RGD(RiemannianOptimizer):
     `state["momentum_buffer"]` holds B. The CWY paper's RGD-C-C, RGD-E-C,
     RGD-C-QR and RGD-E-QR are `metric` × `retraction` (`variants`). Without
     momentum a step costs six N×M×M products and a 2M×2M solve (`step_flops`).
-    Plain tensors get exactly torch's `SGD` update (momentum, dampening,
-    nesterov, weight decay).
+    Plain tensors get torch's `SGD` update (momentum, dampening, nesterov, weight
+    decay), to the rounding of another order of operations.
 
     The options of geoopt's `RiemannianSGD` are accepted with its meaning:
     `nesterov`, `dampening`, `weight_decay`, and `stabilize` as an alias of

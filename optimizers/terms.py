@@ -4,7 +4,7 @@ r"""The update terms several rules share, written once: weight decay, momentum, 
 (and a plugin may): L2 weight decay on the Euclidean gradient, the heavy-ball
 momentum buffer with dampening and Nesterov's look-ahead, and geoopt's
 ``stabilize``, the alias of ``repair_every``. Each is the formula of torch's
-(or geoopt's) optimizers, bit for bit.
+(or geoopt's) optimizers.
 
 Example:
     ```python
