@@ -27,11 +27,10 @@ stay near the manifold), `step_flops(n, m, **hyper)` (or None), `formula`,
 - `wide_state` (empty): state keys kept in a dtype of their own, which
   `load_state_dict` reloads in their saved dtype (`master.restore_dtypes`).
 
-A param group may hold only the keys of the constructor's `defaults` (and
-`params`, `initial_lr`, `param_names`, `manifold`, and geoopt's `stabilize`
-where there is a `repair_every`). `retraction=` is checked against the
-parameter's `manifold.retractions`. `state_dict()` records each parameter's
-shape, checked by `load_state_dict`.
+A param group may hold only the keys of the constructor's `defaults` (and `params`,
+`initial_lr`, `param_names`, `manifold`, and geoopt's `stabilize` where there is a
+`repair_every`). `retraction=` is checked against the parameter's `manifold.retractions`.
+`state_dict()` records each parameter's shape, checked by `load_state_dict`.
 
 A step is a transaction (Note [Safe step]): a non-finite gradient or result
 skips that parameter's step (point and state unchanged, one warning per
@@ -101,14 +100,14 @@ class RiemannianOptimizer(ParamGroups):
     - `update(geo, x, grad, state, group) -> new x`: the rule for one
       parameter `x` (a detached view; a stack of parameters of the same kind for a
       rule that declares `buckets_points` or `buckets_plain`, Note [One rule call
-      per bucket]) with gradient `grad`, its
-      `state` dict (`state["step"]`, a float tensor broadcasting against `x`'s
-      matrices, already counts this step) and its `group`; `geo` supplies the
-      manifold operations (Riemannian gradient, retraction `retr(x, -lr * d)` by
-      the group's `retraction` option, transport, component inner product, ...)
-      and is Euclidean for plain tensors;
-    - optionally `check_group` to validate hyper-parameters (call super), and
-      `check_parameter` / `implied_manifold` (`stiefel.optimizers.groups.ParamGroups`).
+      per bucket]) with gradient `grad`, its `state` dict (`state["step"]`, a float
+      tensor broadcasting against `x`'s matrices, already counts this step) and its
+      `group`; `geo` supplies the manifold operations (Riemannian gradient, retraction
+      `retr(x, -lr * d)` by the group's `retraction` option, transport, component
+      inner product, ...) and is Euclidean for plain tensors;
+    - optionally `check_group` to validate hyper-parameters (call super; it runs again
+      at the step after a value of a group changed), and `check_parameter` /
+      `implied_manifold` (`stiefel.optimizers.groups.ParamGroups`).
 
     Class attributes and behaviour: see the module docstring.
 
@@ -124,10 +123,10 @@ class RiemannianOptimizer(ParamGroups):
             parameter on one CUDA device.
 
     Raises:
-        ValueError: a bad hyper-parameter, an unknown param-group key, a
-            parameter off its manifold (unless `accepts_off_manifold`).
-        TypeError: a hyper-parameter of the wrong type, a complex parameter on
-            a real manifold.
+        ValueError: a bad hyper-parameter (one set in a param group later: at the next
+            step), an unknown param-group key, a parameter off its manifold (unless
+            `accepts_off_manifold`).
+        TypeError: a hyper-parameter of the wrong type, a complex parameter on a real manifold.
     """
 
     default_lr: ClassVar[float] = 1e-3
@@ -188,7 +187,6 @@ class RiemannianOptimizer(ParamGroups):
         """
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ stepping
     def _warn_once(self, key: str, message: str) -> None:
         warned = self.__dict__.setdefault("_warned", set())
         if key not in warned:
@@ -252,8 +250,8 @@ class RiemannianOptimizer(ParamGroups):
                 for k, p in enumerate(bucket.params)
             )  # fmt: skip
             raise RuntimeError(
-                f"{type(self).__name__}: the step of {shapes} failed: {err} "
-                f"({buckets.state_hint(self, bucket)})"
+                f"{type(self).__name__}: the step of {shapes} failed: {err}"
+                f"{buckets.state_hint(self, bucket)}"
             ) from err
 
     def _buckets(self, index: int, group: dict, quiet: bool) -> list[buckets.Bucket]:
@@ -336,19 +334,23 @@ class RiemannianOptimizer(ParamGroups):
         return skips.report(self)
 
     def _bind(self, index: int, group: dict) -> None:
-        """Bind what changed since the last step; nothing when nothing did.
+        """Check and bind what changed since the last step; nothing when nothing did.
 
-        A parameter bound as Euclidean that carries a manifold now is bound again:
-        machinery that rebuilt it (``fully_shard``, ``to_empty``, ...) had dropped its
-        manifold when this optimizer was built from a bare parameter list; the forward
-        pre-hook of its module marked it again before this step (Note [The manifold
-        lives on the module] in `stiefel.manifolds.binding`). A bound parameter whose
-        dtype kind changed since it was bound (``module.to(torch.complex64)``) is
-        refused before anything is written (TypeError) when its manifold's is the
-        other. The geometries are made again when the group's options changed (a
-        state loaded, an option set by hand): each binding holds the geometry of its
-        group's options (``Binding.geo``).
+        A group whose values changed is checked again (Note [Values set after construction]
+        in `stiefel.optimizers.groups`). A parameter bound as Euclidean that carries a
+        manifold now is bound again: machinery that rebuilt it (``fully_shard``,
+        ``to_empty``, ...) had dropped its manifold when this optimizer was built from a
+        bare parameter list; the forward pre-hook of its module marked it again before
+        this step (Note [The manifold lives on the module] in `stiefel.manifolds.binding`).
+        A bound parameter whose dtype kind changed since it was bound
+        (``module.to(torch.complex64)``) is refused before anything is written
+        (TypeError) when its manifold's is the other. The geometries are made again when
+        the group's options changed (a state loaded, an option set by hand): each binding
+        holds the geometry of its group's options (``Binding.geo``).
         """
+        if self._checked[index] != (items := list(group.items())):
+            self.check_group(group)
+            self._checked[index] = items
         bindings = self._bindings[index]
         for i, p in enumerate(group["params"]):
             bound = bindings[i]

@@ -143,8 +143,9 @@ def rule_keys(state: dict) -> list[str]:
 
 
 def state_hint(opt, bucket: Bucket) -> str:
-    """A likely cause of a rule's failure on ``bucket``, read from its parameters' state."""
-    wide = getattr(opt, "wide_state", frozenset())
+    """A likely cause of a rule's failure on ``bucket`` read from its parameters' state, as
+    " (...)" to append to the error; "" where they have no state to suspect."""
+    wide, held = getattr(opt, "wide_state", frozenset()), False
     for p in bucket.params:
         state = opt.state[p]
         # a complex point keeps real per-matrix terms (radam's second moment) beside its own
@@ -153,18 +154,24 @@ def state_hint(opt, bucket: Bucket) -> str:
             v = state[key]
             if key == STEP or key in wide or not isinstance(v, torch.Tensor):
                 continue
+            held = True
             if (
                 v.device != p.device
                 or (v.is_floating_point() or v.is_complex())
                 and v.dtype not in dtypes
             ):
                 return (
-                    f"its state {key!r} is {v.dtype} on {v.device} where the parameter is "
+                    f" (its state {key!r} is {v.dtype} on {v.device} where the parameter is "
                     f"{p.dtype} on {p.device}: a module moved or cast after the optimizer's "
                     "steps; as for torch's optimizers, build the optimizer after the move, or "
-                    "save its state_dict and load it into one built after (the load casts it)"
+                    "save its state_dict and load it into one built after (the load casts it))"
                 )
-    return "a state of another shape, e.g. from a state_dict edited by hand, is a common cause"
+    if not held:
+        return ""
+    return (
+        " (if the state was edited by hand or loaded from elsewhere, a state of another "
+        "shape is a common cause)"
+    )
 
 
 def last_bounds(states: list[dict]) -> dict[str, float]:
@@ -253,6 +260,7 @@ def plan(
         One bucket per kind of parameter (each parameter alone without ``foreach``).
 
     Raises:
+        ValueError: a gradient of another shape than its parameter's.
         TypeError: a sparse gradient.
     """
     buckets: list[Bucket] = []
@@ -261,6 +269,11 @@ def plan(
     for i, (p, binding) in enumerate(zip(params, bindings, strict=True)):
         if p.grad is None:
             continue
+        if p.grad.shape != p.shape:  # torch's .grad setter refuses it; .grad.data does not
+            raise ValueError(
+                f"parameter {i} of its group has shape {tuple(p.shape)} and a gradient of "
+                f"shape {tuple(p.grad.shape)}; allowed: a gradient of the parameter's shape"
+            )
         if p.grad.layout != torch.strided:  # before any step of the group is computed
             raise TypeError(
                 f"parameter {i} of its group (shape {tuple(p.shape)}) has a {p.grad.layout} "

@@ -7,7 +7,10 @@ manifold's geometry once (`stiefel.optimizers.geometry.bind_parameter`: the
 manifold it carries, its group's ``manifold=``, or the one the optimizer implies;
 checked on its manifold and of the right dtype kind), and `state_dict` records the
 parameters' shapes (`stiefel.optimizers.state`). Nothing is added when a check
-fails. The step itself is `RiemannianOptimizer.step` (`stiefel.optimizers.base`).
+fails. A group's values set later (by hand, a scheduler or ``load_state_dict``) are
+checked again before the step that uses them (Note [Values set after
+construction]). The step itself is `RiemannianOptimizer.step`
+(`stiefel.optimizers.base`).
 
 Behaviour a subclass declares here:
 
@@ -48,6 +51,19 @@ __all__ = ["ParamGroups"]
 #: param-group keys torch and its LR schedulers add besides the hyper-parameters
 _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
 
+# Note [Values set after construction]
+# torch's optimizers check their hyper-parameters in the constructor only, and a
+# value set in ``param_groups`` afterwards is used as it is. Here a bad value
+# does more than a bad Euclidean step: a momentum ≥ 1 or β₁ = 1 makes a manifold
+# step's direction infinite, which a retraction bounded by construction (Cayley,
+# QR) turns into a finite jump to an arbitrary point that no finiteness test
+# sees. So a group is checked again, with the constructor's `check_group`, at
+# the first step after any of its values changed (`RiemannianOptimizer._bind`).
+# The group's items are compared with those last checked, each value as set: an
+# object compares equal to itself without being read, so a tensor lr that a
+# scheduler writes in place costs no device read; a step whose group nothing
+# changed enters no code of this file.
+
 
 class ParamGroups(torch.optim.Optimizer):
     """Param groups checked and bound as they are added (the base of `RiemannianOptimizer`).
@@ -71,6 +87,7 @@ class ParamGroups(torch.optim.Optimizer):
     def __init__(self, params, defaults: dict):
         self._make_host()
         self._bindings: list[list[Binding]] = []
+        self._checked: list[list | None] = []  # per group, its items as last checked
         # per group, the options its parameters' geometries were made for (None: not yet,
         # made at the next step; `RiemannianOptimizer._bind`)
         self._bound: list[tuple | None] = []
@@ -111,6 +128,7 @@ class ParamGroups(torch.optim.Optimizer):
                 for g in self.param_groups
             ]
         self._bound = [None] * len(self.param_groups)  # geometries made at the next step
+        self._checked = [None] * len(self.param_groups)  # checked at the next step
 
     def _make_host(self) -> None:
         """The `host` structures, empty (at construction and in a copy)."""
@@ -194,6 +212,7 @@ class ParamGroups(torch.optim.Optimizer):
         super().add_param_group(group)
         self._bindings.append(bindings)
         self._bound.append(None)
+        self._checked.append(list(self.param_groups[-1].items()))
 
     @classmethod
     def dtensor_rules(cls) -> list[str]:
@@ -226,9 +245,15 @@ class ParamGroups(torch.optim.Optimizer):
 
         Raises:
             ValueError: a parameter's shape differs from the saved one (named by
-                group, index and both shapes); nothing is loaded then.
+                group, index and both shapes), or a saved value is out of range
+                (`check_group`); nothing is loaded then.
         """
-        super().load_state_dict(saved_state.unpack(self, state_dict))
+        unpacked = saved_state.unpack(self, state_dict)
+        if len(unpacked["param_groups"]) == len(self.param_groups):  # else torch refuses it
+            for saved, group in zip(unpacked["param_groups"], self.param_groups, strict=True):
+                self.check_group({**self.defaults, **saved, "params": group["params"]})
+        super().load_state_dict(unpacked)
+        self._checked = [list(g.items()) for g in self.param_groups]
         saved_state.after_load(self, state_dict)
 
 

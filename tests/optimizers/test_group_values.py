@@ -1,0 +1,155 @@
+"""Values set in a param group after construction are checked at the next step.
+
+Note [Values set after construction]: a value the constructor refuses, set in
+``param_groups`` by hand or by ``load_state_dict``, is refused at the next step with
+the constructor's own error (the reference), before anything is written; a value
+that did not change is not checked again (no host read, and no code of the group
+checks entered: ``test_step_files``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import geoopt
+import pytest
+import torch
+from _optim_problems import rule_names
+
+from stiefel import optimizers
+from stiefel.benchmarks.launch import StepCounter
+from stiefel.manifolds import Stiefel
+
+#: per optimizer, values its constructor refuses (beside lr, which every one checks)
+REFUSED = {
+    "rgd": [("momentum", 1.5), ("dampening", 2.0), ("retraction", "nope")],
+    "radam": [("betas", (1.0, 0.999)), ("eps", 0.0), ("amsgrad", "yes")],
+    "landing": [("attraction", -1.0), ("eps", -0.5)],
+    "manifold_muon": [("momentum", 1.5), ("inner_steps", 0)],
+    "pogo": [("lam", 2.0), ("betas", (1.0, 0.999))],
+}
+
+
+def _cases() -> list[tuple[str, str, object]]:
+    names = rule_names()
+    assert set(REFUSED) <= set(names)
+    return [(n, "lr", bad) for n in names for bad in (-1.0, float("nan"))] + [
+        (n, key, bad) for n, bads in REFUSED.items() for key, bad in bads
+    ]
+
+
+def _extra(name: str, key: str) -> dict:
+    """pogo's betas belong to its adam base (on its sgd base they are refused as unused)."""
+    return {"base": "adam"} if name == "pogo" and key == "betas" else {}
+
+
+def _model(name: str, **hyper):
+    torch.manual_seed(0)
+    man = Stiefel(6, 3)
+    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
+    b = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    opt = optimizers.create(name, [w, b], lr=0.05, **hyper)
+    for _ in range(2):  # a state to keep
+        w.grad, b.grad = torch.randn_like(w), torch.randn_like(b)
+        opt.step()
+    w.grad, b.grad = torch.randn_like(w), torch.randn_like(b)
+    return opt, (w, b)
+
+
+def _refusal(name: str, key: str, bad: object) -> tuple[type, str]:
+    """The constructor's own error for the value: the reference."""
+    hyper = {"lr": 0.05, **_extra(name, key), key: bad}
+    with pytest.raises((ValueError, TypeError)) as err:
+        optimizers.create(name, [torch.nn.Parameter(torch.zeros(3))], **hyper)
+    return err.type, str(err.value)
+
+
+@pytest.mark.parametrize(("name", "key", "bad"), _cases())
+def test_a_value_set_after_construction_is_refused_at_the_step_as_the_constructor_does(
+    name, key, bad
+):
+    # before, the step used it: radam's β₁ = 1 moved the manifold weight by 1.7 per entry
+    # to an arbitrary point (an infinite direction through a bounded retraction), and a
+    # momentum of 1.5 or an lr of −1 stepped without a word
+    kind, message = _refusal(name, key, bad)
+    opt, params = _model(name, **_extra(name, key))
+    points = [p.detach().clone() for p in params]
+    state = copy.deepcopy(opt.state_dict())
+    opt.param_groups[0][key] = bad
+    with pytest.raises(kind) as err:
+        opt.step()
+    assert str(err.value) == message
+    assert all(torch.equal(p.detach(), q) for p, q in zip(params, points, strict=True))
+    torch.testing.assert_close(opt.state_dict()["state"], state["state"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_state_dict_with_a_refused_value_is_not_loaded(name):
+    kind, message = _refusal(name, "lr", -1.0)
+    opt, params = _model(name)
+    saved = copy.deepcopy(opt.state_dict())
+    saved["param_groups"][0]["lr"] = -1.0
+    with pytest.raises(kind, match="lr=-1.0"):
+        opt.load_state_dict(saved)
+    assert opt.param_groups[0]["lr"] == 0.05  # nothing loaded
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_valid_value_set_after_construction_is_used_as_a_new_optimizer_would(name):
+    opt, (w, b) = _model(name)
+    fresh, (w2, b2) = _model(name)
+    opt.param_groups[0]["lr"] = 0.01
+    fresh.load_state_dict({**fresh.state_dict(), "param_groups": opt.state_dict()["param_groups"]})
+    w2.grad, b2.grad = w.grad.clone(), b.grad.clone()
+    opt.step()
+    fresh.step()
+    assert torch.equal(w.detach(), w2.detach()) and torch.equal(b.detach(), b2.detach())
+
+
+def test_a_tensor_lr_written_in_place_is_not_read_again():
+    # a scheduler writes a tensor lr in place: the same object, not a change
+    torch.manual_seed(0)
+    man = Stiefel(6, 3)
+    ws = [geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man) for _ in range(3)]
+    opt = optimizers.create("rgd", ws, lr=torch.tensor(0.05, dtype=torch.float64))
+    reads = []
+    for step in range(3):
+        for w in ws:
+            w.grad = torch.randn_like(w)
+        opt.param_groups[0]["lr"].fill_(0.05 / (step + 1))
+        with StepCounter(opt) as c:
+            opt.step()
+        reads.append(c.reads)
+    assert reads[1:] == reads[:1] * 2 and reads[0] <= 1, reads
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_gradient_of_another_shape_is_refused_naming_it_before_anything_is_written(name):
+    # `.grad.data = ...` bypasses torch's setter: the step failed in a stack or a product
+    # with a RuntimeError that blamed a state edited by hand, for parameters without state
+    man = Stiefel(5, 2)
+    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
+    a, b = (torch.nn.Parameter(torch.zeros(4, dtype=torch.float64)) for _ in range(2))
+    opt = optimizers.create(name, [w, a, b], lr=0.1)
+    for p in (w, a, b):
+        p.grad = torch.ones_like(p)
+    b.grad.data = torch.ones(5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"parameter 2 of its group has shape \(4,\) and a "
+                       r"gradient of shape \(5,\)"):  # fmt: skip
+        opt.step()
+    assert torch.equal(a.detach(), torch.zeros(4, dtype=torch.float64)) and not opt.state[w]
+
+
+def test_a_rule_that_fails_on_parameters_without_state_blames_no_state():
+    class Failing(optimizers.RiemannianOptimizer):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, dict(lr=lr, retraction="cayley", repair_every=None))
+
+        def update(self, geo, x, grad, state, group):
+            raise RuntimeError("the rule's own failure")
+
+    w = torch.nn.Parameter(torch.zeros(3))
+    w.grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match="the rule's own failure") as err:
+        Failing([w]).step()
+    assert str(err.value).endswith("failed: the rule's own failure")  # no hint appended
