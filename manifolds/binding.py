@@ -363,24 +363,28 @@ def claim(params: Iterable[torch.Tensor]) -> None:
     `restore` met, held weakly: every recipe that rebuilds a Parameter keeps its
     module object, and a copy of a module (``deepcopy``, pickling) copies its
     Parameters' marks with them. Nothing is looked at when every matrix is
-    marked; the look is paid when parameters are bound, never per step.
+    marked; the look is paid when parameters are bound, never per step. The
+    modules are restored in the order of ``params``, not of the weak set, whose
+    order follows object addresses and differs between processes: restoring a
+    row-sharded weight runs collectives, which every rank must run in one order.
 
     Args:
         params: the parameters an optimizer is about to bind (any iterable of tensors).
     """
     wanted = {
-        id(p)
-        for p in params
+        id(p): k
+        for k, p in enumerate(params)
         if isinstance(p, nn.Parameter) and p.ndim >= 2 and manifold_of(p) is None
     }
     if not wanted:
         return
+    found = []
     for module in list(_HOLDERS):
-        for name in records(module):
-            p = _at_slot(module, name)
-            if p is not None and id(p) in wanted:
-                restore(module)
-                break
+        slots = [wanted.get(id(_at_slot(module, name)), -1) for name in records(module)]
+        if max(slots, default=-1) >= 0:
+            found.append((min(k for k in slots if k >= 0), module))
+    for _, module in sorted(found, key=lambda pair: pair[0]):
+        restore(module)
 
 
 def _loaded(module: nn.Module, incompatible: Any) -> None:

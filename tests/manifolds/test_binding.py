@@ -238,3 +238,17 @@ def test_a_torch_optimizer_stepping_a_hand_made_manifold_parameter_is_warned_abo
     )
     # a fresh process: this one registered the guard long ago (orthogonalize in other tests)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_rebuilt_weights_are_restored_in_the_order_of_the_parameters(monkeypatch):
+    # restoring a row-sharded weight runs collectives, which every rank must run in one
+    # order: the modules were visited in the order of a weak set (object addresses), which
+    # differed between processes, and FSDP2 ranks aborted on a collective mismatch
+    from stiefel.manifolds import binding
+
+    layers = [_rebuilt("to_empty") for _ in range(8)]
+    seen = []
+    monkeypatch.setattr(binding, "restore", lambda module: seen.append(module))
+    params = [p for layer in reversed(layers) for p in layer.parameters()]
+    binding.claim(params)
+    assert [layers.index(m) for m in seen] == list(range(7, -1, -1))
