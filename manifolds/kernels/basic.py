@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .reduce import by_columns, columns_defect, gram, rows_sum, rows_sum_squares
+from .reduce import by_columns, columns_defect, flat, gram, rows_sum, rows_sum_squares
 
 __all__ = [
     "sym",
@@ -47,11 +47,6 @@ def skew(a: torch.Tensor) -> torch.Tensor:
 def eye_like(x: torch.Tensor, k: int) -> torch.Tensor:
     """The k×k identity in x's dtype and device."""
     return torch.eye(k, dtype=x.dtype, device=x.device)
-
-
-def flat(t: torch.Tensor) -> torch.Tensor:
-    """View a (..., a, b) tensor as (batch, a, b) for ``bmm``/``baddbmm`` (itself if it is)."""
-    return t if t.dim() == 3 else t.reshape(-1, *t.shape[-2:])
 
 
 def flat_over(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from ..._core.dispatch import dispatcher
 from .basic import eye_like, product_like
 from .reads import host_reads_allowed
-from .reduce import by_columns, gram, wide_gram
+from .reduce import by_columns, flat, gram, wide_gram
 
 __all__ = [
     "in_frame",
@@ -392,8 +392,8 @@ def replace_refused(
     bad = (~ok.expand(*batch, 1, 1)).reshape(-1).nonzero().squeeze(-1)
 
     def select(t: torch.Tensor) -> torch.Tensor:
-        return t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:])[bad]
+        return flat(t.expand(*batch, *t.shape[-2:]))[bad]
 
-    out = y.reshape(-1, *y.shape[-2:]).clone()
+    out = flat(y).clone()
     out[bad] = exact(select).to(out.dtype)
     return out.reshape(y.shape)

@@ -88,7 +88,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .reduce import gram, product, rows_absmax
+from .reduce import flat, gram, product, rows_absmax
 
 __all__ = ["ENGINES", "RESTART_EVERY", "exact_scale", "iterate", "engine_flops", "restarts"]
 
@@ -173,7 +173,7 @@ def iterate(
         X_s, shape of ``x``.
     """
     shape = x.shape
-    x, r, inv = _start(x.reshape(-1, *shape[-2:]), safety, group)  # one batch dimension
+    x, r, inv = _start(flat(x), safety, group)  # one batch dimension
     steps = len(coefficients)
 
     def restart(k: int) -> bool:  # Note [Restart every third step]

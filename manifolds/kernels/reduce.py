@@ -32,6 +32,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -50,6 +52,15 @@ __all__ = [
     "memory_order",
     "by_columns",
 ]
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """View a (..., a, b) tensor as (batch, a, b) for ``bmm``/``baddbmm`` (itself if it is).
+
+    The batch is counted, not inferred: a shard of zero rows (a rank of a row-sharded
+    point that holds none) has no elements, from which -1 could not be inferred.
+    """
+    return t if t.dim() == 3 else t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:])
 
 
 def _all_reduce(t: torch.Tensor, op, group) -> torch.Tensor:
@@ -126,7 +137,7 @@ def wide_gram(x: torch.Tensor, group=None) -> torch.Tensor:
     if wide_gram_path(x) == "whole":
         xw = x.to(wide)
         return gram(xw, xw, group)
-    xf = x.reshape(-1, n, m)
+    xf = flat(x)
     mats, rows = max(1, WIDE_CHUNK // (n * m)), min(n, max(1, WIDE_CHUNK // m))
     out = torch.zeros((xf.shape[0], m, m), dtype=wide, device=x.device)
     for i in range(0, xf.shape[0], mats):

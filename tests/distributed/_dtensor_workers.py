@@ -14,6 +14,8 @@ from stiefel.manifolds import kernels
 from stiefel.optimizers import RiemannianOptimizer
 
 M, STEPS = 4, 3
+#: row-sharded points with few rows at world 4 (test_fewer_local_rows_than_columns)
+FEW_ROWS = ((8, M), (8, 8), (6, M), (3, 3))
 
 
 class Plugin(RiemannianOptimizer):
@@ -110,11 +112,12 @@ def dtensor_worker(rank: int, world: int, out: str) -> None:
             ref = plain_steps(name, hyper, shape, seed=n)
             got, counts, nbytes = sharded_steps(name, hyper, shape, n, mesh, [Shard(0)])
             results[(label, "rows", n)] = (float((got - ref).abs().max()), counts, nbytes)
-        # fewer local rows than columns at world 4 (2 rows a rank): St(8, 4) and O(8)
-        for shape in ((8, M), (8, 8)) if world == 4 else ():
+        # at world 4: fewer local rows than columns (2 rows a rank: St(8, 4), O(8)), and a
+        # rank with none (rows split as torch.chunk does: 6 as 2, 2, 2, 0; 3 as 1, 1, 1, 0)
+        for shape in FEW_ROWS if world == 4 else ():
             ref = plain_steps(name, hyper, shape, seed=3)
             got, counts, nbytes = sharded_steps(name, hyper, shape, 3, mesh, [Shard(0)])
-            results[(label, "few-rows", shape[-1])] = (float((got - ref).abs().max()), counts)
+            results[(label, "few-rows", shape)] = (float((got - ref).abs().max()), counts)
         if world != 2:
             continue  # no communication depends on the world size: tested once
         for kind, shape, placements in (
