@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import geoopt
 import numpy as np
 import torch
@@ -83,6 +85,28 @@ def rule_names() -> list[str]:
         if isinstance(optimizers.get(n), type)
         and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)
     ]
+
+
+def takes(name: str, *options: str) -> bool:
+    """Whether optimizer ``name`` takes every one of ``options`` by name (its signature).
+
+    A suite that passes an option selects the optimizers that take it: a plugin's
+    constructor need not have a rule's options (``nesterov``), and one written before
+    it forwarded torch's (``foreach``, ``capturable``, ``telemetry``) lacks those.
+    """
+    params = inspect.signature(optimizers.get(name)).parameters
+    return all(option in params for option in options)
+
+
+def rule_names_taking(*options: str) -> list[str]:
+    """Those of `rule_names` that take every one of ``options`` (`takes`)."""
+    return [n for n in rule_names() if takes(n, *options)]
+
+
+def builtin_rule_names() -> list[str]:
+    """Those of `rule_names` defined in this package, not by a plugin."""
+    package = optimizers.RiemannianOptimizer.__module__.split(".")[0]
+    return [n for n in rule_names() if optimizers.get(n).__module__.split(".")[0] == package]
 
 
 def retraction_rule_names() -> list[str]:

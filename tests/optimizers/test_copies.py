@@ -14,17 +14,10 @@ import io
 import geoopt
 import pytest
 import torch
+from _optim_problems import rule_names, rule_names_taking, takes
 
 from stiefel import optimizers
 from stiefel.manifolds import Stiefel
-
-#: the package's optimizers (the registry also lists torch's and geoopt's, which copy alike)
-OURS = [
-    n
-    for n in optimizers.available()
-    if isinstance(optimizers.get(n), type)
-    and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)
-]
 
 
 def _model(name: str):
@@ -36,7 +29,8 @@ def _model(name: str):
     ws = [geoopt.ManifoldParameter(x, manifold=st) for x in points]
     plain = torch.nn.Parameter(torch.randn(5, generator=gen, dtype=torch.float64))
     groups = [{"params": ws}, {"params": [plain], "manifold": geoopt.Euclidean()}]
-    return [*ws, plain], optimizers.create(name, groups, lr=0.05, telemetry=True)
+    options = {"telemetry": True} if takes(name, "telemetry") else {}
+    return [*ws, plain], optimizers.create(name, groups, lr=0.05, **options)
 
 
 def _step(params, opt, seed: int) -> None:
@@ -53,8 +47,10 @@ def _pickled(obj):
     return torch.load(buf, weights_only=False)
 
 
+# the rules on the package's interface (the registry also lists torch's and geoopt's, which
+# copy alike); this one records telemetry, which every built-in rule takes (test_buckets.py)
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", rule_names_taking("telemetry"))
 def test_a_copy_of_an_optimizer_steps_as_the_original(name, how):
     params, opt = _model(name)
     _step(params, opt, 1)
@@ -105,7 +101,7 @@ def test_a_state_saved_without_todays_group_keys_loads_them_at_their_defaults():
     assert again.param_groups[0]["foreach"] is None
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", rule_names())
 def test_a_state_with_a_group_manifold_resumes_through_a_weights_only_load(name):
     # a group's manifold object made torch.load(weights_only=True) refuse the file
     # (Note [A group's manifold is saved by name])

@@ -1,11 +1,12 @@
 """Host reads per step (Note [One host read per step]): at most the engine's one read.
 
-Every registered optimizer of this package, on real and complex, tall and square points, steps with
-its default options; the reads of a tensor's value on the host are counted by
-`benchmarks.launch.StepCounter` (a dispatch mode: ``.item()``, ``bool(t)``,
-``.tolist()``, ...), independent of the machine's load. A refused short path (a
-long step) is taken again with the kernels' exact paths: its result is checked
-against the dense float64 QR of X − lr·ξ.
+Every registered optimizer on the rule interface that takes the option a test passes
+(``foreach``, ``capturable``: every built-in one does, test_buckets.py asserts it), on real
+and complex, tall and square points, steps with its default options; the reads of a
+tensor's value on the host are counted by `benchmarks.launch.StepCounter` (a dispatch
+mode: ``.item()``, ``bool(t)``, ``.tolist()``, ...), independent of the machine's load. A
+refused short path (a long step) is taken again with the kernels' exact paths: its result
+is checked against the dense float64 QR of X − lr·ξ.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import geoopt
 import pytest
 import torch
+from _optim_problems import rule_names_taking
 
 from stiefel import optimizers
 from stiefel.benchmarks.launch import StepCounter as Count  # a dispatch mode, written once
@@ -46,19 +48,9 @@ def _reads_per_step(opt, params, steps: int = STEPS) -> list[int]:
     return reads
 
 
-def _ours() -> list[str]:
-    """The registered optimizers of this package (geoopt's and torch's are theirs)."""
-    return [
-        n
-        for n in optimizers.available()
-        if isinstance(optimizers.get(n), type)
-        and issubclass(optimizers.get(n), optimizers.RiemannianOptimizer)
-    ]
-
-
 @pytest.mark.parametrize("foreach", [None, False])
 @pytest.mark.parametrize(("shape", "cplx"), KINDS)
-@pytest.mark.parametrize("name", _ours())
+@pytest.mark.parametrize("name", rule_names_taking("foreach"))
 def test_at_most_one_host_read_per_step(name, shape, cplx, foreach):
     params = _params(shape, cplx, 3)
     opt = optimizers.create(name, params, lr=1e-2, foreach=foreach)
@@ -80,7 +72,7 @@ def _capturable_reads(name, params) -> list[int]:
 
 
 @pytest.mark.parametrize(("shape", "cplx"), KINDS)
-@pytest.mark.parametrize("name", _ours())
+@pytest.mark.parametrize("name", rule_names_taking("capturable"))
 def test_the_capturable_path_reads_nothing(name, shape, cplx, monkeypatch):
     # the capturable path run on the CPU (its CUDA-only check set aside): points, states
     # and skips chosen by torch.where, the kernels' short paths unread (no_host_reads)
@@ -92,7 +84,7 @@ def test_the_capturable_path_reads_nothing(name, shape, cplx, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="capturable=True needs CUDA")
 @pytest.mark.parametrize(("shape", "cplx"), KINDS[:2])
-@pytest.mark.parametrize("name", _ours())
+@pytest.mark.parametrize("name", rule_names_taking("capturable"))
 def test_a_capturable_step_on_cuda_reads_nothing(name, shape, cplx):
     params = [geoopt.ManifoldParameter(p.detach().cuda(), manifold=p.manifold)
               for p in _params(shape, cplx, 3)]  # fmt: skip
