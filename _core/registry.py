@@ -157,7 +157,8 @@ class Registry(Generic[T]):
     # ------------------------------------------------------------------ names
     def _check_name(self, name: object) -> None:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(
+            # a ValueError as before, and the TypeError a name of the wrong type gets
+            raise (ValueError if isinstance(name, str) else RegistryError)(
                 f"{self.kind} {self.argument}={name!r} is not allowed; allowed: a non-empty str "
                 "that is a Python identifier"
             )
@@ -276,7 +277,9 @@ class Registry(Generic[T]):
             )
             return []
         for ep in found:
-            if ep.name in self._items or ep.name in self._pending or ep.name in self.reserved:
+            if ep.name in self.reserved:
+                self._warn(ep, f"is a reserved name ({self.reserved[ep.name]}); it is ignored")
+            elif ep.name in self._items or ep.name in self._pending:
                 self._warn(
                     ep,
                     f"clashes with the {self.kind} registered under that name; the "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from types import MappingProxyType
 
 import torch
@@ -256,6 +257,27 @@ class EuclideanGeometry(Geometry):
         return (u.conj() * u).real if u.is_complex() else u * u
 
 
+def _descent_kernel(name: str, fn: object):
+    """An entry of a retraction table, refused (TypeError naming it) unless a descent kernel.
+
+    A manifold's ``retractions`` may hold kernels of its own: each is called as
+    ``fn(x, d, lr, v=None, *, xx=None)`` (Y = retr(X, −lr·d), and ``(Y, v transported)``
+    with ``v``), so one that cannot be called so fails here, not at the first step.
+    """
+    try:
+        inspect.signature(fn).bind(None, None, None, None, xx=None)
+    except ValueError:  # a callable without a signature (a builtin): left to its call
+        pass
+    except TypeError as err:
+        raise TypeError(
+            f"retraction={name!r}: the manifold's retractions map it to {fn!r}, which is not "
+            f"a descent kernel ({err}); allowed: a callable fn(x, d, lr, v=None, *, xx=None) "
+            "returning retr(x, −lr·d), and (it, v transported) when v is given "
+            "(stiefel.manifolds.kernels.RETRACTIONS holds the built-in ones)"
+        ) from None
+    return fn
+
+
 class StiefelGeometry(Geometry):
     """St(N, M), O(n), U(n): the kernels of `stiefel.manifolds.kernels`.
 
@@ -295,7 +317,7 @@ class StiefelGeometry(Geometry):
         table = getattr(manifold, "retractions", kernels.RETRACTIONS)
         self.metric = default_metric if metric is None else choice("metric", metric, METRICS)
         self.retraction = choice("retraction", retraction, table)
-        self._descent = table[retraction]
+        self._descent = _descent_kernel(retraction, table[retraction])
         self._rgrad, self._inner = EGRAD2RGRAD[self.metric], INNER[self.metric]
         self._fused = getattr(self._descent, "gradient_step", None)
         self._gram: tuple[torch.Tensor, object] | None = None

@@ -162,9 +162,10 @@ def state_hint(opt, bucket: Bucket) -> str:
             ):
                 return (
                     f" (its state {key!r} is {v.dtype} on {v.device} where the parameter is "
-                    f"{p.dtype} on {p.device}: a module moved or cast after the optimizer's "
-                    "steps; as for torch's optimizers, build the optimizer after the move, or "
-                    "save its state_dict and load it into one built after (the load casts it))"
+                    f"{p.dtype} on {p.device}: if a module was moved or cast after the "
+                    "optimizer's steps, build the optimizer after the move, as for torch's "
+                    "optimizers, or save its state_dict and load it into one built after (the "
+                    "load casts it))"
                 )
     if not held:
         return ""

@@ -44,6 +44,7 @@ from typing import Any
 import geoopt
 import torch
 
+from .._core import checks
 from .._core.registry import Registry
 from ..manifolds.binding import restore
 from .base import RiemannianOptimizer
@@ -231,6 +232,11 @@ def _check_info(name: str, declared: dict[str, Any]) -> None:
             f"register({name!r}, ...): unknown info keyword(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(_INFO_FIELDS)}"
         )
+    if "default_lr" in declared:  # the harness steps with it
+        checks.number("default_lr", declared["default_lr"], low_open=True)
+    for key in ("riemannian", "feasible"):
+        if key in declared:
+            checks.flag(key, declared[key])
 
 
 def _check_target(name: str, obj: Any) -> None:

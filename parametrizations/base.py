@@ -35,6 +35,7 @@ from .._core.autocast import autocast_off
 from .._core.registry import Registry
 from ..manifolds import Orthogonal, Stiefel, Unitary
 from ..manifolds.binding import is_dtensor
+from ..manifolds.kernels import orthogonality_error
 from ._guards import Guards
 from ._originals import Originals
 from ._precision import DTYPES, real_work_dtype, work_dtype
@@ -201,6 +202,14 @@ class OrthogonalMap(Guards, Originals):
     formula: ClassVar[str] = ""
     domain: ClassVar[str] = ""
     real_only: ClassVar[bool] = False
+    #: whether this package's conformance suites test the class's points (Note [A map
+    #: from elsewhere is checked at its first point])
+    tested_here: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "tested_here" not in cls.__dict__:
+            cls.tested_here = cls.__module__.startswith(__name__.partition(".")[0] + ".")
 
     def __init__(
         self, shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None = None
@@ -215,6 +224,7 @@ class OrthogonalMap(Guards, Originals):
         self.manifold = manifold_for(shape, self.is_complex)
         #: how error messages name the constrained weight (set by the caller of `build`)
         self.label = "the weight"
+        self._unchecked = not self.tested_here
 
     # ------------------------------------------------------------------ capabilities
     @classmethod
@@ -314,7 +324,42 @@ class OrthogonalMap(Guards, Originals):
                 q = torch.func.functional_call(self, state, (original.to(work),))
                 return q.to(original.dtype)
             q = self.matrix(original)
+        if self._unchecked and q.device.type != "meta" and not torch.compiler.is_compiling():
+            self.check_first_point(original, q)
         return q.mT if self.transposed else q
+
+    def check_first_point(self, original: torch.Tensor, q: object) -> None:
+        """Refuse a point of ``matrix`` that is not (…, n, m) with orthonormal columns.
+
+        Note [A map from elsewhere is checked at its first point]
+        The package's own maps are tested by its conformance suites; a map from
+        elsewhere (a plugin, a class or function passed as ``method``) is not,
+        and torch's shape check is off (the weight is registered ``unsafe``, as
+        a wide weight is stored transposed). Its first point (computed when
+        `orthogonalize` registers it, before anything is changed) is checked
+        once: its shape, and ‖QᴴQ − I‖_F within the reachability tolerance.
+        Otherwise a map of another shape failed at the first forward in a matmul
+        naming neither, and one that is not orthogonal trained silently.
+
+        Raises:
+            ValueError: naming the map, what it returned and what is allowed.
+        """
+        name, want = self.method or type(self).__name__, (*self.batch, self.n, self.m)
+        got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        if got != want:
+            raise ValueError(
+                f"the {name!r} map's matrix() returned {got} for {self.label}; allowed: a "
+                f"tensor of shape {want} (…, n, m) with orthonormal columns"
+            )
+        wide = torch.complex128 if q.is_complex() else torch.float64
+        err = float(orthogonality_error(q.detach().to(wide)).max()) if q.numel() else 0.0
+        if not err <= self.tolerance(q.dtype):
+            raise ValueError(
+                f"the {name!r} map's point for {self.label} is not on {self.manifold!r}: "
+                f"‖QᴴQ − I‖_F = {err:.3e} (allowed: ≤ {self.tolerance(q.dtype):.1e}); its "
+                "matrix() must return orthonormal columns for every original"
+            )
+        self._unchecked = False
 
     def extra_repr(self) -> str:
         t = ", transposed" if self.transposed else ""

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .._core.registry import RegistryError
 from ._precision import DTYPES, work_dtype
 from .base import RIEMANNIAN, OrthogonalMap, available, get, maps
 from .function import FunctionMap
@@ -48,7 +49,12 @@ def resolve(method: object) -> tuple[str, type[OrthogonalMap], dict[str, Any]]:
     if callable(method) and not isinstance(method, str):
         name = getattr(method, "__name__", type(method).__name__)
         return f"function {name}", FunctionMap, {"function": method}
-    return str(method), get(method), {}
+    if not isinstance(method, str):
+        raise RegistryError(
+            f"method={method!r} is not allowed; allowed: a name ({', '.join(available())}), "
+            "an OrthogonalMap subclass or a function of a skew matrix"
+        )
+    return method, get(method), {}
 
 
 def methods_serving(shape: Sequence[int], dtype: torch.dtype) -> list[str]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..manifolds.kernels import orthogonality_error
 from . import kernels
 from ._inverse import Unreachable, complete
 from ._precision import high
@@ -51,6 +52,7 @@ class FunctionMap(_Based):
 
     method = "function"
     domain = "the image of f (times the base buffer)"
+    tested_here = False  # f is the user's (Note [A map from elsewhere is checked ...])
 
     def __init__(
         self,
@@ -68,14 +70,45 @@ class FunctionMap(_Based):
             raise TypeError(f"inverse must be callable or None, got {type(inverse).__name__}")
         self.function, self.inverse_function = function, inverse
 
+    def _f(self, a: torch.Tensor) -> torch.Tensor:
+        """f(A), refused (naming f) unless a tensor of A's shape."""
+        fa = self.function(a)
+        if not isinstance(fa, torch.Tensor) or fa.shape != a.shape:
+            got = tuple(fa.shape) if isinstance(fa, torch.Tensor) else type(fa).__name__
+            raise ValueError(
+                f"function {self._name()} returned {got} for a skew A of shape "
+                f"{tuple(a.shape)}; allowed: a tensor of A's shape (an orthogonal f(A))"
+            )
+        return fa
+
+    def _name(self) -> str:
+        return getattr(self.function, "__name__", type(self.function).__name__)
+
     def matrix(self, original: torch.Tensor) -> torch.Tensor:
-        return self.base @ self.function(kernels.skew_from_raw(original))[..., : self.m]
+        return self.base @ self._f(kernels.skew_from_raw(original))[..., : self.m]
+
+    def check_first_point(self, original: torch.Tensor, q: object) -> None:
+        """The base class's check, and f at a random skew A: f(0) = I holds at A = 0, the
+        first point, for functions that are not orthogonal elsewhere (f(A) = A + I)."""
+        super().check_first_point(original, q)
+        raw = torch.randn(original.shape, generator=torch.Generator().manual_seed(0))
+        a = kernels.skew_from_raw(raw.to(original) / self.n)
+        fa = self._f(a)
+        wide = torch.complex128 if fa.is_complex() else torch.float64
+        err = float(orthogonality_error(fa.detach().to(wide)).max())
+        if not err <= self.tolerance(fa.dtype):
+            raise ValueError(
+                f"function {self._name()} is not orthogonal at a skew A (‖A‖_F ≈ 1): "
+                f"‖f(A)ᴴf(A) − I‖_F = {err:.3e}; allowed: f mapping every skew-symmetric "
+                "(skew-Hermitian) A to an orthogonal (unitary) matrix, e.g. "
+                "torch.linalg.matrix_exp or a Cayley transform"
+            )
 
     def inverse(self, q: torch.Tensor) -> torch.Tensor:
         p = complete(high(q))
         zero = torch.zeros(*self.batch, self.n, self.n, dtype=q.dtype, device=q.device)
         if self.inverse_function is None:
-            at_zero = high(self.function(zero))
+            at_zero = high(self._f(zero))
             eye = torch.eye(self.n, dtype=at_zero.dtype, device=at_zero.device)
             err = float(torch.linalg.matrix_norm(at_zero - eye).max())
             if not err <= self.tolerance(q.dtype):
@@ -87,7 +120,7 @@ class FunctionMap(_Based):
         a = high(self.inverse_function(p.to(q.dtype)))
         a = 0.5 * (a - a.mH)
         raw = kernels.raw_from_skew(a)
-        check = high(self.function(kernels.skew_from_raw(raw).to(q.dtype)))[..., : self.m]
+        check = high(self._f(kernels.skew_from_raw(raw).to(q.dtype)))[..., : self.m]
         err = float(torch.linalg.matrix_norm(check - p[..., : self.m]).max())
         if not err <= self.tolerance(q.dtype):
             raise Unreachable(
@@ -99,5 +132,4 @@ class FunctionMap(_Based):
         return raw.to(dtype=q.dtype, device=q.device)
 
     def extra_repr(self) -> str:
-        name = getattr(self.function, "__name__", type(self.function).__name__)
-        return super().extra_repr() + f", function={name}"
+        return super().extra_repr() + f", function={self._name()}"

@@ -191,6 +191,8 @@ def orthogonalize_module(root: nn.Module, name: str, method: object, options: di
         return root
     with torch.no_grad():
         original = param.initial(w, init, generator).to(dtype=w.dtype, device=w.device)
+        if not fmap.tested_here:  # Note [A map from elsewhere is checked at its first point]
+            param(original)
     with fmap.initialised_with(original):  # Note [Registering with a precomputed original]
         parametrize.register_parametrization(module, leaf, param, unsafe=True)
     held = module.parametrizations[leaf].original  # the weight's Parameter, now coordinates

@@ -55,6 +55,30 @@ class _CountingStiefel(Stiefel):
     retractions = {**Stiefel.retractions, "cayley": _cayley}
 
 
+class _MistypedStiefel(Stiefel):
+    retractions = {
+        **Stiefel.retractions,
+        "two_args": lambda x, u: torch.linalg.qr(x + u).Q,  # retr(x, u), not a descent kernel
+        "number": 42,
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"), [("two_args", "too many positional"), ("number", "not a callable")]
+)
+def test_a_retraction_entry_that_is_not_a_descent_kernel_is_refused_when_selected(entry, why):
+    # it was accepted and failed at the first step with "unexpected keyword argument 'xx'"
+    # or "'int' object is not callable"
+    man = _MistypedStiefel(8, 3)
+    w = geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
+    match = rf"retraction='{entry}'.*not a descent kernel \(.*{why}.*fn\(x, d, lr, v=None"
+    with pytest.raises(TypeError, match=match):
+        optimizers.create("rgd", [w], lr=0.1, retraction=entry)
+    with pytest.raises(TypeError, match=match):
+        man.retr(w.detach(), torch.zeros_like(w), method=entry)
+    optimizers.create("rgd", [w], lr=0.1, retraction="qr")  # the table's other entries work
+
+
 @pytest.mark.parametrize("name", ["rgd", "radam"])
 def test_subclass_kernels_reach_every_optimizer(name):
     man = _CountingStiefel(12, 3)

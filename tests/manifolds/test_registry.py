@@ -142,9 +142,10 @@ def test_register_get_available_in_registration_or_name_order():
 )
 def test_bad_names_are_refused(name, match):
     reg = toy()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as err:
         reg.register(name)
     assert reg.available() == []
+    assert isinstance(err.value, TypeError) == (not isinstance(name, str))  # a wrong type
 
 
 def test_a_taken_name_names_what_is_taken_and_keeps_the_first():
@@ -251,6 +252,9 @@ def test_reserved_duplicate_and_bad_entry_point_names_warn(eps):
         assert reg.available() == ["twice"]
     text = " ".join(str(r.message) for r in record)
     assert "'all'" in text and "'twice'" in text and "'not-an-id'" in text and len(record) == 3
+    # a reserved name is said to be reserved (it was said to clash with a registered one)
+    (reserved,) = [str(r.message) for r in record if "'all'" in str(r.message)]
+    assert "a reserved name (it selects every task)" in reserved and "clashes" not in reserved
 
 
 def test_a_broken_entry_point_warns_naming_it_and_never_crashes(eps):
