@@ -337,16 +337,13 @@ class RiemannianOptimizer(ParamGroups):
         """Check and bind what changed since the last step; nothing when nothing did.
 
         A group whose values changed is checked again (Note [Values set after construction]
-        in `stiefel.optimizers.groups`). A parameter bound as Euclidean that carries a
-        manifold now is bound again: machinery that rebuilt it (``fully_shard``,
-        ``to_empty``, ...) had dropped its manifold when this optimizer was built from a
-        bare parameter list; the forward pre-hook of its module marked it again before
-        this step (Note [The manifold lives on the module] in `stiefel.manifolds.binding`).
-        A bound parameter whose dtype kind changed since it was bound
-        (``module.to(torch.complex64)``) is refused before anything is written
+        in `.groups`). A parameter bound as Euclidean that carries a manifold now is bound
+        again: machinery that rebuilt it (``fully_shard``, ``to_empty``, ...) dropped its
+        manifold, which its module's forward pre-hook marked again (Note [The manifold
+        lives on the module] in `stiefel.manifolds.binding`). A parameter whose dtype
+        kind changed since it was bound (``module.to(torch.complex64)``) is refused
         (TypeError) when its manifold's is the other. The geometries are made again when
-        the group's options changed (a state loaded, an option set by hand): each binding
-        holds the geometry of its group's options (``Binding.geo``).
+        the group's options changed: each binding holds its group's (``Binding.geo``).
         """
         if self._checked[index] != (items := list(group.items())):
             self.check_group(group)
