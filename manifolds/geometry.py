@@ -257,6 +257,18 @@ class EuclideanGeometry(Geometry):
         return (u.conj() * u).real if u.is_complex() else u * u
 
 
+@functools.lru_cache(maxsize=64)  # a geometry is made at every `Stiefel.retr`
+def _kernel_refusal(fn: object) -> str | None:
+    """Why ``fn`` cannot be called as a descent kernel, or None."""
+    try:
+        inspect.signature(fn).bind(None, None, None, None, xx=None)
+    except ValueError:  # a callable without a signature (a builtin): left to its call
+        return None
+    except TypeError as err:
+        return str(err)
+    return None
+
+
 def _descent_kernel(name: str, fn: object):
     """An entry of a retraction table, refused (TypeError naming it) unless a descent kernel.
 
@@ -265,10 +277,10 @@ def _descent_kernel(name: str, fn: object):
     with ``v``), so one that cannot be called so fails here, not at the first step.
     """
     try:
-        inspect.signature(fn).bind(None, None, None, None, xx=None)
-    except ValueError:  # a callable without a signature (a builtin): left to its call
-        pass
-    except TypeError as err:
+        err = _kernel_refusal(fn)
+    except TypeError:  # unhashable: not cached
+        err = _kernel_refusal.__wrapped__(fn)
+    if err is not None:
         raise TypeError(
             f"retraction={name!r}: the manifold's retractions map it to {fn!r}, which is not "
             f"a descent kernel ({err}); allowed: a callable fn(x, d, lr, v=None, *, xx=None) "

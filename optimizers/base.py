@@ -68,6 +68,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import warnings
@@ -80,7 +81,7 @@ from .._core import checks
 from ..manifolds.geometry import OFF_MANIFOLD
 from . import buckets, engine, master, skips, telemetry, terms
 from .geometry import OPTIONS, Geometry, bind_again, check_kind, manifold_of
-from .groups import ParamGroups
+from .groups import ParamGroups, implied_warning
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 
@@ -165,9 +166,9 @@ class RiemannianOptimizer(ParamGroups):
         super().__init__(params, {**defaults, "foreach": foreach, "capturable": capturable})
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's, and a warning once where plain matrices become points (`_implied_warning`)."""
+        """torch's, and a warning once where plain matrices become points (`implied_warning`)."""
         super().add_param_group(param_group)
-        if message := _implied_warning(self, self.param_groups[-1], self._bindings[-1]):
+        if message := implied_warning(self, self.param_groups[-1], self._bindings[-1]):
             self._warn_once(f"implied {len(self.param_groups)}", message)  # once per group
 
     def update(
@@ -345,9 +346,10 @@ class RiemannianOptimizer(ParamGroups):
         (TypeError) when its manifold's is the other. The geometries are made again when
         the group's options changed: each binding holds its group's (``Binding.geo``).
         """
-        if self._checked[index] != (items := list(group.items())):
-            self.check_group(group)
-            self._checked[index] = items
+        traced = torch.compiler.is_compiling()  # its view of a group is torch's own
+        if not traced and not _same(values := _as_set(group), self._checked[index]):
+            self.check_again(group)
+            self._checked[index] = values
         bindings = self._bindings[index]
         for i, p in enumerate(group["params"]):
             bound = bindings[i]
@@ -405,23 +407,22 @@ def _caller() -> int:
     return level
 
 
-def _implied_warning(opt: RiemannianOptimizer, group: dict, bindings: list) -> str | None:
-    """The warning for plain matrices a param group's optimizer steps as points, or None.
+def _as_set(group: dict) -> tuple:
+    """A group's values as set, compared by `_same` (Note [Values set after construction] in
+    `.groups`): a list or tuple by its items, so that an item set in place is a change."""
+    items = ((k, v) for k, v in group.items() if k != "params")
+    return tuple((k, *v) if isinstance(v, list | tuple) else (k, v) for k, v in items)
 
-    An optimizer that steps plain matrices as manifold points (`implied_manifold`:
-    pogo, as pogo-torch) changes what those weights can be; a readout made
-    orthonormal without a word is a silently different model.
-    """
-    pairs = zip(group["params"], bindings, strict=True)
-    shapes = [tuple(p.shape) for p, b in pairs if b.implied]
-    if not shapes:
-        return None
-    shown = ", ".join(map(str, shapes[:4])) + (", ..." if len(shapes) > 4 else "")
+
+def _same(now: tuple, last: tuple | None) -> bool:
+    """Whether every value is the object last checked (identity: nothing is read)."""
     return (
-        f"{type(opt).__name__} steps {len(shapes)} plain matrix weight(s) (shapes {shown}) as "
-        "points of the Stiefel manifold: they are made and kept orthonormal. A weight that "
-        "is to stay free goes in a param group with manifold=geoopt.Euclidean(), or to "
-        "another optimizer"
+        last is not None
+        and len(now) == len(last)
+        and all(
+            len(a) == len(b) and all(map(operator.is_, a, b))
+            for a, b in zip(now, last, strict=True)
+        )
     )
 
 

@@ -1,82 +1,78 @@
 r"""The step of a bucket: the rule's call (`compute`) and the write of its result (`commit`).
 
 Note [The rule works on a copy of the state]
-A rule steps a bucket with a state of its own (the parameters' state tensors
-stacked, or a shallow copy of one parameter's state; cloned for a rule that
-writes into its tensors): the parameters' states are not touched before
-`commit`. So a rule that raises leaves every parameter and every state as
-they were (nothing to roll back), and a step skipped for a non-finite
-gradient or result keeps its parameter's state exactly (Note [A skipped step
-leaves the state as it was] in `stiefel.optimizers.engine`).
+A rule steps a bucket with a state of its own (the parameters' state tensors stacked, or
+a shallow copy of one parameter's state; cloned for a rule that writes into its
+tensors): the parameters' states are not touched before `commit`. So a rule that raises
+leaves every parameter and every state as they were (nothing to roll back), and a step
+skipped for a non-finite gradient or result keeps its parameter's state exactly (Note [A
+skipped step leaves the state as it was] in `stiefel.optimizers.engine`).
 
 Note [One host read per step]
-What the host must learn from a step is whether each parameter's gradient
-and result are finite, and whether a point tested this step is off its
-manifold (Note [Off-manifold points at a step]). An eager step stacks those
-flags for every bucket of every group and reads them once, after every rule
-ran (`commit`): accepted steps are written (one ``_foreach_copy_`` per
-bucket); a skipped one keeps its point and state and warns; a bucket whose
-tested point was off is stepped again parameter by parameter from the
-projected points (the rare path, where the reads of Note [Off-manifold points
-at a step] are paid); a bucket for which a kernel refused its short path for
-some matrix (a long step, a badly conditioned factorization: Note [Refused
-matrices in a step that reads nothing] in `stiefel.manifolds.kernels.frame`) is
-stepped again with the kernels reading their tests, which take the exact paths
-there. The step counts the host needs (the schedule of the
-tests and corrections, ``repair_every``) are kept beside the state's tensors
-(`buckets.HOST_STEP`), never read back. A step traced by ``torch.compile``
-or made ``capturable`` reads nothing: points and states are chosen by
-``torch.where`` on the flags (`select`), the skips are counted on the device
-(`stiefel.optimizers.skips`), and every point is tested and corrected at every
-step (no schedule the host would have to know).
+What the host must learn from a step is whether each parameter's gradient and result are
+finite, and whether a point tested this step is off its manifold (Note [Off-manifold
+points at a step]). An eager step stacks those flags for every bucket of every group and
+reads them once, after every rule ran (`commit`): accepted steps are written (one
+``_foreach_copy_`` per bucket); a skipped one keeps its point and state and warns; a
+bucket whose tested point was off is stepped again parameter by parameter from the
+projected points (the rare path, where the reads of Note [Off-manifold points at a step]
+are paid); a bucket for which a kernel refused its short path for some matrix (a long
+step, a badly conditioned factorization: Note [Refused matrices in a step that reads
+nothing] in `stiefel.manifolds.kernels.frame`) is stepped again with the kernels reading
+their tests, which take the exact paths there. The step counts the host needs (the
+schedule of the tests and corrections, ``repair_every``) are kept beside the state's
+tensors (`buckets.HOST_STEP`), never read back. A step traced by ``torch.compile`` or
+made ``capturable`` reads nothing: points and states are chosen by ``torch.where`` on
+the flags (`select`), the skips are counted on the device (`stiefel.optimizers.skips`),
+and every point is tested and corrected at every step (no schedule the host would have
+to know).
 
 Note [Safe step]
-The kernels are overflow-safe (Note [Overflow-safe step]), but a rule's own
-arithmetic (e.g. a momentum that overflowed) or a singular limit can still
-produce inf/NaN (or make LAPACK refuse its input): such a parameter's step is
-skipped, its old point kept, never overwritten. And a rule that raises (a
-corrupted state, a bad shape) must not leave the parameters before it moved and
-those after it not: `step()` computes the new value of every parameter first
-(`Transaction.add`) and writes them only when all rules returned
-(`Transaction.commit`); an exception restores every state touched
-(`Transaction.rollback`) and writes nothing.
+The kernels are overflow-safe (Note [Overflow-safe step]), but a rule's own arithmetic
+(e.g. a momentum that overflowed) or a singular limit can still produce inf/NaN (or make
+LAPACK refuse its input): such a parameter's step is skipped, its old point kept, never
+overwritten. And a rule that raises (a corrupted state, a bad shape) must not leave the
+parameters before it moved and those after it not: `step()` computes every bucket's step
+first (`compute`, on a copy of the state) and writes them only when all rules returned
+(`commit`).
+
+Note [A step of lr 0 leaves the point where it is]
+torch's optimizers leave a parameter as it is at lr 0, and code relies on it:
+torch.distributed.checkpoint makes an empty optimizer's state by a step of lr 0 on zero
+gradients, after the model's weights may have been loaded. A retraction ends with a
+drift correction, and POGO's step with its correction, which move a point near the
+manifold by its rounding off it. So at a Python-number lr of 0 the rule runs (its state
+advances, as Adam's moments do) and the point is kept. A tensor lr is not read on the
+host for this: its zero steps are corrected.
 
 Note [A skipped step leaves the state as it was]
-A step whose result is not finite is skipped, and skipped entirely: its
-momentum, moments and step count must not be advanced either, or the next
-steps would use a momentum holding the rejected gradient (or an infinite
-moment) and a wrong bias correction. The point is known to be acceptable
-only after the rule ran, so the state before the step is kept aside. A rule
-that only replaces its state tensors (``state[key] = new tensor``, never
-``state[key].mul_(...)``), as every built-in rule does and declares with
-``writes_state_in_place = False``, needs a copy of the dict only (no tensor
-copied); a rule that writes into them (the default for a plugin) gets its
-state tensors cloned before each step. The promise is checked by the
-tensors' version counters after every step (RuntimeError if broken).
+A step whose result is not finite is skipped, and skipped entirely: its momentum,
+moments and step count must not be advanced either, or the next steps would use a
+momentum holding the rejected gradient (or an infinite moment) and a wrong bias
+correction. The point is known to be acceptable only after the rule ran, so the state
+before the step is kept aside. A rule that only replaces its state tensors (``state[key]
+= new tensor``, never ``state[key].mul_(...)``), as every built-in rule does and
+declares with ``writes_state_in_place = False``, needs a copy of the dict only (no
+tensor copied); a rule that writes into them (the default for a plugin) gets its state
+tensors cloned before each step. The promise is checked by the tensors' version counters
+after every step (RuntimeError if broken).
 
 Note [The step's flags are read once, after the step]
-Whether a step is accepted (its gradient and its result finite) is a tensor;
-reading it on the host is a synchronisation with the device and, under
-``torch.compile``, a graph break. It was read twice per parameter (gradient,
-then result). Now every rule runs, even on a non-finite gradient (a NaN in,
-a NaN out: nothing is written from it), and the flags of every parameter of
-every group are stacked and read in one host read at the end of ``step()``
-(`Transaction.commit`): accepted steps are written, the others restore their
-state (new keys removed) and warn at once. A traced step reads nothing: each
-point is written as ``torch.where(ok, new, old)`` and each state tensor
-chosen the same way (`Transaction.select`), so a non-finite step still writes
-nothing non-finite and keeps its point and state; a key the rule added on a
-skipped first step holds zeros, which every built-in rule reads as its
-absence (zero moments; a zero momentum buffer) except the first heavy-ball
-buffer, which becomes (1 − δ)g instead of g after such a step. The skips are
-counted per parameter on the device and warned about when read: by the next
-eager ``step()`` or by ``report_skipped()``. The off-manifold test (Note
-[Off-manifold points at a step]) projects under ``torch.cond`` in a traced
-step; an eager step reads it only where it can be true: the first step, after
-a change the optimizer did not make (its version counter or its storage), and
-every step that forms the point's Gram for its drift correction (an in-place
-change through ``.data``, which has a version counter of its own).
-"""
+Whether a step is accepted (its gradient and its result finite) is a tensor, and reading
+it is a synchronisation with the device (under ``torch.compile``, a graph break). So
+every rule runs, even on a non-finite gradient (nothing is written from a NaN), and the
+flags of every parameter of every group are read in one host read at the end of
+``step()`` (`commit`): accepted steps are written, the others restore their state (new
+keys removed) and warn at once. A traced step writes ``torch.where(ok, new, old)`` for
+each point and state tensor (`select`); a key a rule added on a skipped first step then
+holds zeros, which every built-in rule reads as its absence except the first heavy-ball
+buffer ((1 − δ)g instead of g). Its skips are counted on the device and warned about
+when read (the next eager ``step()`` or ``report_skipped()``). The off-manifold test
+(Note [Off-manifold points at a step]) projects under ``torch.cond`` in a traced step;
+an eager step reads it only where it can be true: the first step, after a change the
+optimizer did not make (its version counter or storage), and every step that forms the
+point's Gram (an in-place change through ``.data``, which has a version counter of its
+own)."""
 
 from __future__ import annotations
 
@@ -213,9 +209,8 @@ def compute(
     if opt.writes_state_in_place:
         before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in before.items()}
     traced = torch.compiler.is_compiling()  # a traced step cannot read version counters
-    versions = (
-        {} if traced else {k: v._version for k, v in work.items() if isinstance(v, torch.Tensor)}
-    )
+    tensors = {k: v for k, v in work.items() if isinstance(v, torch.Tensor)}
+    versions = {} if traced else {k: v._version for k, v in tensors.items()}
     steps = work.get(STEP)
     if steps is None:
         shape = () if bucket.single else (len(bucket.params), *(1,) * (x.dim() - 1))
@@ -235,6 +230,8 @@ def compute(
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
+        if not isinstance(lr := group.get("lr"), torch.Tensor) and lr == 0:
+            new = x  # Note [A step of lr 0 leaves the point where it is]
     tests, measured = ([], []) if checks is None else (list(checks), checks.measured)
     return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, tests, quiet, measured)
 

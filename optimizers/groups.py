@@ -57,12 +57,19 @@ _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
 # does more than a bad Euclidean step: a momentum ≥ 1 or β₁ = 1 makes a manifold
 # step's direction infinite, which a retraction bounded by construction (Cayley,
 # QR) turns into a finite jump to an arbitrary point that no finiteness test
-# sees. So a group is checked again, with the constructor's `check_group`, at
-# the first step after any of its values changed (`RiemannianOptimizer._bind`).
-# The group's items are compared with those last checked, each value as set: an
-# object compares equal to itself without being read, so a tensor lr that a
-# scheduler writes in place costs no device read; a step whose group nothing
-# changed enters no code of this file.
+# sees. So a group is checked again, with the constructor's `check_group` (and
+# the devices of a group made capturable), at the first step after any of its
+# values changed (`RiemannianOptimizer._bind`). A step compares each value with
+# the one last checked by identity, and a list or tuple item by item (an item set
+# in place is a change): no ``==``, which reads a tensor and fails on a list of
+# them, and a value equal but of another type (``amsgrad=0``) is a change. A step
+# whose group nothing changed enters no code of this file. A group that holds a
+# tensor value (a tensor lr) is not checked at a step: checking it would read it
+# from the device, which a step does not (Note [One host read per step]); it is
+# checked where it is given (the constructor, ``add_param_group``,
+# ``load_state_dict``), and a tensor written in place afterwards is not seen.
+# Neither is a traced step checked: torch.compile's view of an optimizer's groups
+# sets ``capturable`` in each; a value set later is checked at the next eager step.
 
 
 class ParamGroups(torch.optim.Optimizer):
@@ -87,7 +94,7 @@ class ParamGroups(torch.optim.Optimizer):
     def __init__(self, params, defaults: dict):
         self._make_host()
         self._bindings: list[list[Binding]] = []
-        self._checked: list[list | None] = []  # per group, its items as last checked
+        self._checked: list[tuple | None] = []  # per group, its values as last checked
         # per group, the options its parameters' geometries were made for (None: not yet,
         # made at the next step; `RiemannianOptimizer._bind`)
         self._bound: list[tuple | None] = []
@@ -212,7 +219,17 @@ class ParamGroups(torch.optim.Optimizer):
         super().add_param_group(group)
         self._bindings.append(bindings)
         self._bound.append(None)
-        self._checked.append(list(self.param_groups[-1].items()))
+        self._checked.append(None)  # compared from the first step
+
+    def check_again(self, group: dict) -> None:
+        """Check a group whose values changed after construction (Note [Values set after
+        construction]): `check_group`, and the devices of a capturable group."""
+        values = (v for k, v in group.items() if k != "params")
+        if any(isinstance(u, torch.Tensor) for v in values for u in _items(v)):
+            return  # checking would read it (Note [Values set after construction])
+        self.check_group(group)
+        if group["capturable"]:
+            _check_capturable([p for g in self.param_groups for p in g["params"]])
 
     @classmethod
     def dtensor_rules(cls) -> list[str]:
@@ -253,8 +270,32 @@ class ParamGroups(torch.optim.Optimizer):
             for saved, group in zip(unpacked["param_groups"], self.param_groups, strict=True):
                 self.check_group({**self.defaults, **saved, "params": group["params"]})
         super().load_state_dict(unpacked)
-        self._checked = [list(g.items()) for g in self.param_groups]
+        self._checked = [None] * len(self.param_groups)
         saved_state.after_load(self, state_dict)
+
+
+def _items(value: object) -> tuple:
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def implied_warning(opt: ParamGroups, group: dict, bindings: list) -> str | None:
+    """The warning for plain matrices a param group's optimizer steps as points, or None.
+
+    An optimizer that steps plain matrices as manifold points (`implied_manifold`:
+    pogo, as pogo-torch) changes what those weights can be; a readout made
+    orthonormal without a word is a silently different model.
+    """
+    pairs = zip(group["params"], bindings, strict=True)
+    shapes = [tuple(p.shape) for p, b in pairs if b.implied]
+    if not shapes:
+        return None
+    shown = ", ".join(map(str, shapes[:4])) + (", ..." if len(shapes) > 4 else "")
+    return (
+        f"{type(opt).__name__} steps {len(shapes)} plain matrix weight(s) (shapes {shown}) as "
+        "points of the Stiefel manifold: they are made and kept orthonormal. A weight that "
+        "is to stay free goes in a param group with manifold=geoopt.Euclidean(), or to "
+        "another optimizer"
+    )
 
 
 def _check_capturable(params: list[torch.Tensor]) -> None:

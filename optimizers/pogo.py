@@ -145,9 +145,9 @@ def _refuse_unused(group: dict, inherited: dict | None) -> None:
     unused = unused_options(group, inherited)
     if unused:
         raise ValueError(
-            f"pogo: {', '.join(unused)} set on a param group (by hand, or by a scheduler's "
-            f"cycle_momentum) with base={group['base']!r}, which does not use them; "
-            f"allowed with base={group['base']!r}: "
+            f"pogo: {', '.join(unused)} in a param group with base={group['base']!r}, which "
+            "does not use them (a scheduler's cycle_momentum sets betas[0] on every group: "
+            f"pass cycle_momentum=False); allowed with base={group['base']!r}: "
             f"{', '.join(BASE_OPTIONS[group['base']])} (and lr, weight_decay, lam)"
         )
 
@@ -157,16 +157,6 @@ def _squared_norm(g: torch.Tensor, group=None) -> torch.Tensor:
     float64]); on row-sharded points summed over all rows (split over ``group``)."""
     s = exact_scale(g, group)
     return rows_sum_squares(g / s, group).double() * s.double().square()
-
-
-# Note [A step of lr 0 leaves the point where it is]
-# With lr = 0 POGO's midpoint is X itself, but its correction X + λ(X − XXᴴX)
-# still moves a point that is near the manifold by its rounding off it. torch's
-# optimizers leave a parameter as it is at lr 0, and code relies on it:
-# torch.distributed.checkpoint makes an empty optimizer's state by one step of lr 0
-# on zero gradients, after the model's weights may have been loaded. So a step
-# with lr 0 updates the base optimizer's state (as Adam's does) and keeps the point.
-# A tensor lr is not read on the host for this: its zero steps are corrected.
 
 
 @register("pogo")
@@ -374,8 +364,6 @@ class POGO(RiemannianOptimizer):
         else:
             g, scale = self._vector_adam(g, state, group, geo)
             lr = lr * scale
-        if not isinstance(group["lr"], torch.Tensor) and group["lr"] == 0:
-            return x  # Note [A step of lr 0 leaves the point where it is]
         if geo.stiefel:  # through the geometry: M×M all-reduces on a row-sharded point
             return geo.apply(pogo_step, x, g, lr, group["lam"])
         return x - lr * g

@@ -98,7 +98,7 @@ def landing_safe_step(
         1 / (2 * attraction * (1 + dist)), attraction * dist / psi2.to(dist.dtype).clamp_min(tiny)
     )
     eta = torch.where(dist <= eps, inside, outside)
-    eta = torch.where(a2 > 0, eta, torch.full_like(eta, lr))
+    eta = torch.where(a2 > 0, eta, lr)  # a tensor lr is not read on the host
     return eta.clamp(max=lr)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from _optim_problems import rule_names
 
-from stiefel import optimizers
+from stiefel import optimizers, orthogonalize
 from stiefel.benchmarks.launch import StepCounter
 from stiefel.manifolds import Stiefel
 
@@ -153,3 +153,119 @@ def test_a_rule_that_fails_on_parameters_without_state_blames_no_state():
     with pytest.raises(RuntimeError, match="the rule's own failure") as err:
         Failing([w]).step()
     assert str(err.value).endswith("failed: the rule's own failure")  # no hint appended
+
+
+def _counted_steps(opt, ws, change, steps: int = 4) -> list[int]:
+    """Host reads of each step, ``change(step)`` applied to the group before it."""
+    reads = []
+    for step in range(steps):
+        for w in ws:
+            w.grad = torch.randn_like(w)
+        change(step)
+        with StepCounter(opt) as c:
+            opt.step()
+        reads.append(c.reads)
+    return reads
+
+
+def _points(count: int = 3) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    man = Stiefel(6, 3)
+    return [
+        geoopt.ManifoldParameter(man.random(dtype=torch.float64), manifold=man)
+        for _ in range(count)
+    ]
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_values_set_between_steps_beside_a_tensor_lr_read_nothing_more(name):
+    # a new value beside a tensor lr rechecked the group, and the check read the lr: one
+    # to three more reads per step (and one in a capturable step, which must read none)
+    def changes(opt):
+        group = opt.param_groups[0]
+        yield lambda s: None
+        yield lambda s: group.__setitem__("lr", torch.tensor(0.01 / (s + 1), dtype=torch.float64))
+        yield lambda s: group.__setitem__("repair_every", [None, 5][s % 2])
+
+    baseline = None
+    for k in range(3):
+        ws = _points()
+        opt = optimizers.create(name, ws, lr=torch.tensor(0.01, dtype=torch.float64))
+        reads = _counted_steps(opt, ws, list(changes(opt))[k])
+        baseline = reads if baseline is None else baseline
+        assert reads == baseline and max(reads) <= 1, (k, reads)
+
+
+def test_a_params_list_replaced_between_steps_is_stepped():
+    # the comparison with the last checked values used ==, which a list of tensors fails
+    ws, new = _points(), _points()
+    opt = optimizers.create("rgd", ws, lr=0.05)
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    opt.param_groups[0]["params"] = new
+    before = [w.detach().clone() for w in new]
+    _counted_steps(opt, new, lambda s: None, steps=1)
+    assert all(not torch.equal(w.detach(), b) for w, b in zip(new, before, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value", "error"),
+    [
+        ("radam", "amsgrad", 0, TypeError),  # equal to False, not a bool
+        ("rgd", "nesterov", 0, TypeError),
+        ("rgd", "capturable", True, ValueError),  # on CPU parameters
+    ],
+)
+def test_a_value_equal_to_the_old_one_but_refused_is_refused(name, key, value, error):
+    ws = _points()
+    opt = optimizers.create(name, ws, lr=0.05)
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    opt.param_groups[0][key] = value
+    with pytest.raises(error, match=f"{key}|capturable=True needs every parameter"):
+        _counted_steps(opt, ws, lambda s: None, steps=1)
+
+
+def test_an_item_of_a_list_value_set_in_place_is_checked():
+    # betas given as a list and set in place: the list object is the same
+    ws = _points()
+    opt = optimizers.create("radam", ws, lr=0.05, betas=[0.9, 0.999])
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    before = [w.detach().clone() for w in ws]
+    opt.param_groups[0]["betas"][0] = 1.0
+    with pytest.raises(ValueError, match="betas"):
+        _counted_steps(opt, ws, lambda s: None, steps=1)
+    assert all(torch.equal(w.detach(), b) for w, b in zip(ws, before, strict=True))
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_checkpoint_loaded_by_torch_distributed_keeps_the_loaded_weights(name):
+    # Note [A step of lr 0 leaves the point where it is]: torch.distributed.checkpoint makes
+    # an empty optimizer's state by a step of lr 0 after the weights were loaded; every
+    # retraction's drift correction (and pogo's correction) moved them by ~1e-7 in float32
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        return orthogonalize(model[0], method="riemannian") and model
+
+    x, y = torch.randn(16, 3), torch.randn(16, 2)
+    model = build()
+    opt = optimizers.create(name, model, lr=0.05)
+    for _ in range(3):
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    saved = get_optimizer_state_dict(model, opt)
+    again = build()
+    opt2 = optimizers.create(name, again, lr=0.05)
+    again.load_state_dict(weights)
+    set_optimizer_state_dict(again, opt2, saved)
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+    torch.testing.assert_close(
+        opt2.state_dict()["state"], opt.state_dict()["state"], rtol=0, atol=0
+    )

@@ -229,7 +229,7 @@ def test_groups_of_two_bases_inherit_the_other_bases_options_unrefused():
     for w in (a, b):
         w.grad = torch.randn_like(w)
     opt.step()
-    with pytest.raises(ValueError, match=r"momentum=0\.5 set on a param group .* base='adam'"):
+    with pytest.raises(ValueError, match=r"momentum=0\.5 in a param group with base='adam', which"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(4, 4))], "base": "adam",
                              "momentum": 0.5})  # fmt: skip
     assert len(opt.param_groups) == 2
@@ -249,38 +249,3 @@ def test_plain_matrices_made_points_are_named_in_a_warning_at_construction():
         warnings.simplefilter("error")
         groups = [{"params": [lin.weight], "manifold": geoopt.Euclidean()}, {"params": [lin.bias]}]
         optimizers.create("pogo", groups, lr=0.01)  # free by request: no warning
-
-
-@pytest.mark.parametrize("base", ["adam", "sgd"])
-def test_a_step_of_lr_zero_leaves_a_point_near_the_manifold_where_it_is(base):
-    # torch.distributed.checkpoint makes an empty optimizer's state by a step of lr 0 on
-    # zero gradients after the weights were loaded: the correction moved them by their
-    # rounding off the manifold (6e-8 in float32)
-    from torch.distributed.checkpoint.state_dict import (
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    def build():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-
-    hyper = dict(lr=0.05, base=base, **({"momentum": 0.9} if base == "sgd" else {}))
-    x, y = torch.randn(32, 8), torch.randn(32, 4)
-    model = build()
-    opt = optimizers.create("pogo", model.parameters(), **hyper)
-    for _ in range(5):
-        opt.zero_grad()
-        ((model(x) - y) ** 2).mean().backward()
-        opt.step()
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    saved = get_optimizer_state_dict(model, opt)
-    again = build()
-    opt2 = optimizers.create("pogo", again.parameters(), **hyper)
-    again.load_state_dict(weights)
-    set_optimizer_state_dict(again, opt2, saved)
-    for k, v in again.state_dict().items():
-        assert torch.equal(v, weights[k]), k
-    torch.testing.assert_close(
-        opt2.state_dict()["state"], opt.state_dict()["state"], rtol=0, atol=0
-    )
