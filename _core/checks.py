@@ -17,9 +17,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -30,6 +32,24 @@ COMPLEX_DTYPES = (torch.complex64, torch.complex128)
 DTYPES = REAL_DTYPES + COMPLEX_DTYPES
 #: the dtypes computed in float32 and returned in their own (Note [Low precision in float32])
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: whether `number` reads a one-element tensor on the host (see `tensors_unread`)
+_READ_TENSORS: contextvars.ContextVar[bool] = contextvars.ContextVar("read", default=True)
+
+
+@contextlib.contextmanager
+def tensors_unread() -> Iterator[None]:
+    """Within it, `number` takes a one-element real tensor as it is, unread.
+
+    A value a step checks again (Note [Values set after construction] in
+    `stiefel.optimizers.groups`) may be a tensor on a device: reading it would
+    synchronise the step with the device, and capturing a step in a CUDA graph
+    forbids it. Its range was checked where it was given.
+    """
+    token = _READ_TENSORS.set(False)
+    try:
+        yield
+    finally:
+        _READ_TENSORS.reset(token)
 
 
 def choice(name: str, value: object, allowed: Iterable[str]) -> str:
@@ -99,13 +119,15 @@ def number(
         closed_high: whether ``high`` itself is allowed.
 
     Returns:
-        The value as a float.
+        The value as a float (a one-element tensor as it is inside `tensors_unread`).
 
     Raises:
         TypeError: not a real number.
         ValueError: not finite or out of range (the message gives the range).
     """
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        if not _READ_TENSORS.get():
+            return value  # type: ignore[return-value]
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")

@@ -1,15 +1,15 @@
 r"""The plugin base class `RiemannianOptimizer`: its rule's interface and the step.
 
-A Riemannian optimizer is a per-parameter update rule written against a
-`Geometry`; the base class does the rest, each part in a module of its own:
-param groups, their checks and the binding of parameters to their manifold's
-geometry when they are added (`.groups`, `.geometry`), and the step here:
-bind → bucket → rule → commit, with the buckets of parameters stepped together
-(`.buckets`), the rule's call on a copy of the state and the commit of its result
-(`.engine`), the float32 master of a low-precision parameter (`.master`, used only
-for such a parameter), the warnings about skipped steps (`.skips`, read only when
-a step was skipped) and the terms several rules share (`.terms`: weight decay,
-momentum, stabilize).
+A Riemannian optimizer is a per-parameter update rule written against a `Geometry`; the
+base class does the rest, each part in a module of its own: param groups, their checks
+and the binding of parameters to their manifold's geometry when they are added
+(`.groups`, `.geometry`), and the step here: bind → bucket → rule → commit, with the
+buckets of parameters stepped together (`.buckets`), the rule's call on a copy of the
+state and the commit of its result (`.engine`), the re-projection of ``repair_every``
+and ``stabilize()`` (`.stabilize`), the float32 master of a low-precision parameter
+(`.master`, used only for such a parameter), the warnings about skipped steps (`.skips`,
+read only when a step was skipped) and the terms several rules share (`.terms`: weight
+decay, momentum, stabilize).
 
 Class attributes, read by `stiefel.optimizers.info` (the harness and the
 conformance tests use them; every one has a default): `default_lr` (1e-3),
@@ -82,6 +82,7 @@ from ..manifolds.geometry import OFF_MANIFOLD
 from . import buckets, engine, master, skips, telemetry, terms
 from .geometry import OPTIONS, Geometry, bind_again, check_kind, manifold_of
 from .groups import ParamGroups, implied_warning
+from .stabilize import Stabilize
 
 __all__ = ["RiemannianOptimizer", "check_number", "check_choice"]
 
@@ -93,7 +94,7 @@ check_choice = checks.choice
 _STEP_KEYS = ("foreach", "capturable")
 
 
-class RiemannianOptimizer(ParamGroups):
+class RiemannianOptimizer(Stabilize, ParamGroups):
     r"""Base of every built-in optimizer and the interface a plugin may implement.
 
     A subclass implements
@@ -303,18 +304,22 @@ class RiemannianOptimizer(ParamGroups):
         for group in self.param_groups:
             if all(group.get(key) is None for key in terms.REPAIR_KEYS):
                 continue  # the default: never re-project
-            k = terms.repair_period(group)
+            k, lr = terms.repair_period(group), group.get("lr")
             mine = [c for c in computed if c.group is group]
-            if k is None or not mine:
-                continue
+            if k is None or not mine or (not isinstance(lr, torch.Tensor) and lr == 0):
+                continue  # Note [A step of lr 0 leaves the point where it is] in `.engine`
+            moving = (lr != 0).to(mine[0].ok.device) if isinstance(lr, torch.Tensor) else None
             if mine[0].quiet:
                 due = torch.stack([
                     (c.ok.reshape(-1) & _due(c.work[buckets.STEP], k).to(c.ok.device)).any()
                     for c in mine
                 ]).any()  # fmt: skip
-                self._stabilize_where(group, due)
+                self._stabilize_where(group, due if moving is None else due & moving)
             elif any(count % k == 0 for c in mine for count in c.accepted):
-                self.stabilize_group(group)
+                if moving is None:
+                    self.stabilize_group(group)
+                else:  # a tensor lr, unread
+                    self._stabilize_where(group, moving)
 
     def _all_capturable(self) -> bool:
         """Every group is ``capturable``: an eager step reads nothing, skips wait for
@@ -347,9 +352,9 @@ class RiemannianOptimizer(ParamGroups):
         the group's options changed: each binding holds its group's (``Binding.geo``).
         """
         traced = torch.compiler.is_compiling()  # its view of a group is torch's own
-        if not traced and not _same(values := _as_set(group), self._checked[index]):
-            self.check_again(group)
-            self._checked[index] = values
+        if not traced and not _same(_as_set(group), last := self._checked[index]):
+            self.check_again(index, group, last)
+            self._checked[index] = _as_set(group)
         bindings = self._bindings[index]
         for i, p in enumerate(group["params"]):
             bound = bindings[i]
@@ -365,34 +370,6 @@ class RiemannianOptimizer(ParamGroups):
             for bound in bindings:
                 bound.geo = bound.bind(group)
             self._bound[index] = options
-
-    @torch.no_grad()
-    def stabilize_group(self, group: dict) -> None:
-        """Project every manifold parameter of `group` onto its manifold (geoopt's name).
-
-        Parameters without a gradient included, as geoopt's ``stabilize_group``.
-        """
-        self._project_group(group, lambda geo, x: geo.project(x))
-
-    def _stabilize_where(self, group: dict, due: torch.Tensor) -> None:
-        """`stabilize_group` where the bool tensor ``due`` says so (a traced step)."""
-        self._project_group(group, lambda geo, x: engine.project_where(due, geo, x))
-
-    def _project_group(self, group: dict, project: Callable) -> None:
-        index = next(g for g, other in enumerate(self.param_groups) if other is group)
-        bindings = self._bindings[index]
-        for p, binding in zip(group["params"], bindings, strict=True):
-            geo = binding.bind(group)
-            if not geo.riemannian:
-                continue
-            state = self.state[p]
-            x = binding.orient(master.point(p, state))
-            master.store(p, state, binding.orient(project(geo, x)))
-
-    def stabilize(self) -> None:
-        """Project every manifold parameter onto its manifold now (geoopt's ``stabilize``)."""
-        for group in self.param_groups:
-            self.stabilize_group(group)
 
 
 #: the folders whose frames a warning skips: this package's and torch's (its step wrapper)
@@ -410,8 +387,7 @@ def _caller() -> int:
 def _as_set(group: dict) -> tuple:
     """A group's values as set, compared by `_same` (Note [Values set after construction] in
     `.groups`): a list or tuple by its items, so that an item set in place is a change."""
-    items = ((k, v) for k, v in group.items() if k != "params")
-    return tuple((k, *v) if isinstance(v, list | tuple) else (k, v) for k, v in items)
+    return tuple((k, *v) if isinstance(v, list | tuple) else (k, v) for k, v in group.items())
 
 
 def _same(now: tuple, last: tuple | None) -> bool:

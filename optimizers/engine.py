@@ -41,9 +41,9 @@ torch's optimizers leave a parameter as it is at lr 0, and code relies on it:
 torch.distributed.checkpoint makes an empty optimizer's state by a step of lr 0 on zero
 gradients, after the model's weights may have been loaded. A retraction ends with a
 drift correction, and POGO's step with its correction, which move a point near the
-manifold by its rounding off it. So at a Python-number lr of 0 the rule runs (its state
-advances, as Adam's moments do) and the point is kept. A tensor lr is not read on the
-host for this: its zero steps are corrected.
+manifold by its rounding off it. So at an lr of 0 the rule runs (its state advances, as
+Adam's moments do) and the point is kept, chosen on the device for a tensor lr (nothing
+read; a DTensor point's is corrected), and ``repair_every`` does not project it.
 
 Note [A skipped step leaves the state as it was]
 A step whose result is not finite is skipped, and skipped entirely: its momentum,
@@ -230,8 +230,11 @@ def compute(
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
-        if not isinstance(lr := group.get("lr"), torch.Tensor) and lr == 0:
-            new = x  # Note [A step of lr 0 leaves the point where it is]
+        lr = group.get("lr")  # Note [A step of lr 0 leaves the point where it is]
+        if isinstance(lr, torch.Tensor) and not is_dtensor(x):
+            new = torch.where((lr == 0).to(x.device), x, new)  # on the device, unread
+        elif not isinstance(lr, torch.Tensor) and lr == 0:
+            new = x
     tests, measured = ([], []) if checks is None else (list(checks), checks.measured)
     return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, tests, quiet, measured)
 

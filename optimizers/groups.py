@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from typing import Any, ClassVar
 
 import geoopt
@@ -57,19 +58,21 @@ _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
 # does more than a bad Euclidean step: a momentum ≥ 1 or β₁ = 1 makes a manifold
 # step's direction infinite, which a retraction bounded by construction (Cayley,
 # QR) turns into a finite jump to an arbitrary point that no finiteness test
-# sees. So a group is checked again, with the constructor's `check_group` (and
-# the devices of a group made capturable), at the first step after any of its
-# values changed (`RiemannianOptimizer._bind`). A step compares each value with
-# the one last checked by identity, and a list or tuple item by item (an item set
-# in place is a change): no ``==``, which reads a tensor and fails on a list of
-# them, and a value equal but of another type (``amsgrad=0``) is a change. A step
-# whose group nothing changed enters no code of this file. A group that holds a
-# tensor value (a tensor lr) is not checked at a step: checking it would read it
-# from the device, which a step does not (Note [One host read per step]); it is
-# checked where it is given (the constructor, ``add_param_group``,
-# ``load_state_dict``), and a tensor written in place afterwards is not seen.
-# Neither is a traced step checked: torch.compile's view of an optimizer's groups
-# sets ``capturable`` in each; a value set later is checked at the next eager step.
+# sees. So a group is checked again, with the constructor's `check_group`, at
+# the first step after any of its values changed (`RiemannianOptimizer._bind`,
+# `check_again`). A step compares each value with the one last checked by
+# identity, and a list or tuple item by item (an item set in place, a params
+# list replaced or grown, is a change): no ``==``, which reads a tensor and fails
+# on a list of them, and a value equal but of another type (``amsgrad=0``) is a
+# change. A step whose group nothing changed enters no code of this file. The
+# check reads no tensor (`checks.tensors_unread`: a step synchronises with the
+# device once, and a captured one never): a tensor value is range-checked where
+# it is given (the constructor, ``add_param_group``, ``load_state_dict``), and
+# one written in place afterwards is not seen. A changed params list is bound
+# again, as ``add_param_group`` binds; where one of geoopt's ``stabilize`` and
+# ``repair_every`` (two names of one option) was set, the other follows. A traced
+# step checks nothing: torch.compile's view of an optimizer's groups sets
+# ``capturable`` in each; a value set later is checked at the next eager step.
 
 
 class ParamGroups(torch.optim.Optimizer):
@@ -221,14 +224,28 @@ class ParamGroups(torch.optim.Optimizer):
         self._bound.append(None)
         self._checked.append(None)  # compared from the first step
 
-    def check_again(self, group: dict) -> None:
-        """Check a group whose values changed after construction (Note [Values set after
-        construction]): `check_group`, and the devices of a capturable group."""
-        values = (v for k, v in group.items() if k != "params")
-        if any(isinstance(u, torch.Tensor) for v in values for u in _items(v)):
-            return  # checking would read it (Note [Values set after construction])
-        self.check_group(group)
-        if group["capturable"]:
+    def check_again(self, index: int, group: dict, last: tuple | None) -> None:
+        """Check group ``index``, changed since ``last`` (Note [Values set after construction]).
+
+        `check_group`, tensors unread; the parameters bound again where the group's list
+        changed (as `add_param_group` binds them); the devices of a group made capturable.
+
+        Args:
+            index: the group's index.
+            group: the group.
+            last: its values when last checked, ``(key, *values)`` per key as
+                `RiemannianOptimizer._bind` compares them (None: not checked yet).
+        """
+        before = {t[0]: t[1:] for t in last or ()}
+        _follow_alias(group, before)
+        with checks.tensors_unread():
+            self.check_group(group)
+        params, old = group["params"], before.get("params")
+        if old is not None and (len(old) != len(params) or any(map(operator.is_not, old, params))):
+            claim(params)  # Note [A rebuilt weight stepped before any forward]
+            bindings = [bind_parameter(self, i, p, group) for i, p in enumerate(params)]
+            self._bindings[index], self._bound[index] = bindings, None
+        if group["capturable"] and before.get("capturable") != (True,):
             _check_capturable([p for g in self.param_groups for p in g["params"]])
 
     @classmethod
@@ -274,8 +291,12 @@ class ParamGroups(torch.optim.Optimizer):
         saved_state.after_load(self, state_dict)
 
 
-def _items(value: object) -> tuple:
-    return tuple(value) if isinstance(value, list | tuple) else (value,)
+def _follow_alias(group: dict, before: dict) -> None:
+    """Where one of geoopt's ``stabilize`` and ``repair_every`` (one option, two names) was
+    set since ``before``, the other takes its value."""
+    edited = [k for k in terms.REPAIR_KEYS if k in before and before[k] != (group.get(k),)]
+    if len(edited) == 1:
+        group.update(dict.fromkeys(terms.REPAIR_KEYS, group[edited[0]]))
 
 
 def implied_warning(opt: ParamGroups, group: dict, bindings: list) -> str | None:

@@ -236,11 +236,18 @@ def test_an_item_of_a_list_value_set_in_place_is_checked():
     assert all(torch.equal(w.detach(), b) for w, b in zip(ws, before, strict=True))
 
 
-@pytest.mark.parametrize("name", rule_names())
-def test_a_checkpoint_loaded_by_torch_distributed_keeps_the_loaded_weights(name):
+DCP_CASES = [(n, {}) for n in rule_names()] + [
+    (n, {"lr": torch.tensor(0.05)}) for n in rule_names()  # DCP steps with torch.tensor(0.0)
+] + [(n, {"repair_every": 1}) for n in rule_names()] + [
+    ("pogo", {"base": "sgd", "momentum": 0.9}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "hyper"), DCP_CASES, ids=str)
+def test_a_checkpoint_loaded_by_torch_distributed_keeps_the_loaded_weights(name, hyper):
     # Note [A step of lr 0 leaves the point where it is]: torch.distributed.checkpoint makes
     # an empty optimizer's state by a step of lr 0 after the weights were loaded; every
-    # retraction's drift correction (and pogo's correction) moved them by ~1e-7 in float32
+    # retraction's drift correction (and pogo's correction, and repair_every) moved them
     from torch.distributed.checkpoint.state_dict import (
         get_optimizer_state_dict,
         set_optimizer_state_dict,
@@ -249,19 +256,22 @@ def test_a_checkpoint_loaded_by_torch_distributed_keeps_the_loaded_weights(name)
     def build():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-        return orthogonalize(model[0], method="riemannian") and model
+        orthogonalize(model[0], method="riemannian")
+        lr = hyper.get("lr", 0.05)
+        opt = optimizers.create(
+            name, model, **{**hyper, "lr": lr.clone() if torch.is_tensor(lr) else lr}
+        )
+        return model, opt
 
     x, y = torch.randn(16, 3), torch.randn(16, 2)
-    model = build()
-    opt = optimizers.create(name, model, lr=0.05)
+    model, opt = build()
     for _ in range(3):
         opt.zero_grad()
         ((model(x) - y) ** 2).mean().backward()
         opt.step()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     saved = get_optimizer_state_dict(model, opt)
-    again = build()
-    opt2 = optimizers.create(name, again, lr=0.05)
+    again, opt2 = build()
     again.load_state_dict(weights)
     set_optimizer_state_dict(again, opt2, saved)
     for k, v in again.state_dict().items():
@@ -269,3 +279,41 @@ def test_a_checkpoint_loaded_by_torch_distributed_keeps_the_loaded_weights(name)
     torch.testing.assert_close(
         opt2.state_dict()["state"], opt.state_dict()["state"], rtol=0, atol=0
     )
+
+
+def test_a_value_set_beside_a_tensor_lr_is_checked_without_reading_it():
+    # a group holding a tensor lr was not checked at all: β₁ = 1 moved a point by 1.5
+    ws = _points()
+    opt = optimizers.create("radam", ws, lr=torch.tensor(0.01, dtype=torch.float64))
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    opt.param_groups[0]["betas"] = (1.0, 0.999)
+    with pytest.raises(ValueError, match=r"betas\[0\]=1.0 is out of range"):
+        _counted_steps(opt, ws, lambda s: None, steps=1)
+
+
+def test_a_params_list_replaced_by_plain_tensors_is_bound_again():
+    # the old bindings were reused by position: plain tensors were made orthonormal, and a
+    # longer list failed with an IndexError
+    ws = _points(2)
+    opt = optimizers.create("rgd", ws, lr=0.05)
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    plain = [torch.nn.Parameter(torch.randn(6, 3, dtype=torch.float64)) for _ in range(3)]
+    start = [p.detach().clone() for p in plain]
+    opt.param_groups[0]["params"] = plain
+    grads = [torch.randn_like(p) for p in plain]
+    for p, g in zip(plain, grads, strict=True):
+        p.grad = g.clone()
+    opt.step()
+    for p, x, g in zip(plain, start, grads, strict=True):  # torch's SGD step: X − lr·G
+        torch.testing.assert_close(p.detach(), x - 0.05 * g, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("key", ["stabilize", "repair_every"])
+def test_one_name_of_the_repair_period_set_after_construction_carries_the_other(key):
+    # geoopt's users set group["stabilize"]; it was refused as disagreeing with repair_every
+    ws = _points()
+    opt = optimizers.create("radam", ws, lr=0.05, stabilize=5)
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    opt.param_groups[0][key] = 10
+    _counted_steps(opt, ws, lambda s: None, steps=1)
+    assert opt.param_groups[0]["stabilize"] == opt.param_groups[0]["repair_every"] == 10
