@@ -276,9 +276,10 @@ class OrthoConv2d(_OrthoConvBase):
     ``method`` (`stiefel.nn.orthokernel`); the forward is one ``F.conv2d``.
     With ``padding_mode="circular"`` and ``padding="same"`` every singular
     value of the layer (a map of the whole image) is 1 to working precision:
-    an isometry (‖y‖ = ‖x‖) when out ≥ in, a co-isometry (its adjoint is an
-    isometry) when out < in. With zero padding ‖y‖ ≤ ‖x‖, with equality in
-    the interior (Note [Padding of an orthogonal convolution]).
+    an isometry (‖y‖ = ‖x‖) when out ≥ in·s² (the output has out/s² values per
+    input pixel), a co-isometry (its adjoint is an isometry) otherwise. With
+    zero padding ‖y‖ ≤ ‖x‖, with equality in the interior (Note [Padding of an
+    orthogonal convolution]).
 
     Args:
         in_channels: input channels (``groups`` divides them).

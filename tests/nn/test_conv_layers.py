@@ -178,6 +178,8 @@ def test_fft_conv_bad_input():
         match="reflections=5 is out of range; allowed: an int with 1 <= reflections <= 3",
     ):
         OrthogonalConv2d(3, 3, method="cwy", reflections=5)
+    with pytest.raises(ValueError, match="reflections=0 is out of range"):
+        OrthogonalConv2d(3, 3, method="cwy", reflections=0)  # built with reflections=3 before
     layer = OrthogonalConv2d(2, 5)
     with pytest.raises(ValueError, match="kernel_size=5 is larger than the input .4×6.*≤ min"):
         layer(torch.randn(1, 2, 4, 6))
