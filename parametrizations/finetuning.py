@@ -79,6 +79,12 @@ def _check_module(module: object) -> torch.Tensor:
         )
     if w.dim() < 2:
         raise ValueError(f"module.weight must have >= 2 dimensions, got shape {tuple(w.shape)}")
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+        raise TypeError(
+            f"{type(module).__name__} is not supported (its input is indices, not features: "
+            "Q would rotate the indices); allowed: nn.Linear, nn.Conv1d/2d/3d and modules "
+            "with a weight (out, in, …) applied to features"
+        )
     if isinstance(module, nn.modules.conv._ConvNd):
         if module.transposed:
             raise TypeError(

@@ -295,3 +295,15 @@ def test_a_cast_of_the_rotated_module_keeps_q_in_its_precision(options, cast, q_
     ref = x.double() @ (lin.weight.double() @ q).T + lin.bias.double()
     tol = 4 * torch.finfo(x_dtype).eps * ref.abs().max()
     assert (y.double() - ref).abs().max() <= tol
+
+
+@pytest.mark.parametrize("cls", [nn.Embedding, nn.EmbeddingBag])
+def test_an_embedding_is_refused_and_left_as_it_was(cls):
+    # it was accepted: Q rotated the integer indices, which then looked up other rows (or
+    # raised IndexError), and merge wrote a third table
+    emb = cls(12, 6)
+    table = emb.weight.detach().clone()
+    with pytest.raises(TypeError, match=f"{cls.__name__} is not supported .its input is indices"):
+        rotate(emb, method="cayley")
+    assert torch.equal(emb.weight.detach(), table) and emb.weight.requires_grad
+    assert not hasattr(emb, "rotation")
