@@ -98,8 +98,11 @@ def landing_safe_step(
         1 / (2 * attraction * (1 + dist)), attraction * dist / psi2.to(dist.dtype).clamp_min(tiny)
     )
     eta = torch.where(dist <= eps, inside, outside)
-    eta = torch.where(a2 > 0, eta, lr)  # a tensor lr is not read on the host
-    return eta.clamp(max=lr)
+    # lr made a tensor by arithmetic: a tensor lr is not read on the host, and a traced
+    # step does not specialise on a float lr (a scalar operand of where or clamp, or
+    # as_tensor's, is a constant of the graph; a sum keeps it an input)
+    lr = eta.new_zeros(()) + lr
+    return torch.minimum(torch.where(a2 > 0, eta, lr), lr)
 
 
 def landing_update(x: torch.Tensor, field: torch.Tensor, eta) -> torch.Tensor:

@@ -84,3 +84,24 @@ def test_compiled_step_equals_eager(config):
     pairs = zip(results[0], starts, strict=True)
     moved = min(float((r - torch.tensor(s)).abs().max()) for r, s in pairs)
     assert moved > min(1e-3, 0.1 * hyper["lr"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", rule_names())
+def test_a_float_lr_changed_between_compiled_steps_compiles_no_new_graph(name):
+    # landing's safe step put a float lr into torch.where and clamp as a scalar operand, a
+    # constant of the graph: each new lr (a scheduler's) compiled a graph, until the
+    # recompile limit (fullgraph: an error at the eighth)
+    st = Stiefel(8, 3)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float32), manifold=st)
+    opt = optimizers.create(name, [w], lr=0.05)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")  # as the docs show
+    target = torch.eye(8, 3)
+    for _ in range(6):
+        w.grad = w.detach() - target
+        step()
+        opt.param_groups[0]["lr"] *= 0.9
+    assert counters["stats"]["unique_graphs"] <= 2  # the first step's, then with its state
