@@ -303,8 +303,7 @@ class OrthogonalConv2d(nn.Module):
             )
         width = channels
         if method == "cwy":
-            width = options.get("reflections")
-            width = channels if width is None else width  # 0 is refused, not the default
+            width = channels if options.get("reflections") is None else options["reflections"]
             _checks.int_in_range("reflections", width, 1, channels)
         self.channels, self.kernel_size, self.method = channels, kernel_size, method
         self.weight = nn.Parameter(
