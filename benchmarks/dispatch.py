@@ -6,7 +6,7 @@ rounds). One torch thread; for every dispatcher of `stiefel.parametrizations.ker
 float32 raw weight of order n, the map's forward, then forward+backward with a random
 cotangent) the path the policy picks is timed against the same call under
 ``stiefel.dispatch.policy(reference=True)``, in interleaved rounds (median), by the
-thread's CPU clock (`benchmarks._timing.thread_timed`) and the wall clock beside it.
+thread's CPU clock and the wall clock around the same calls (`benchmarks._timing.both_clocks`).
 "ref / path" > 1 means the chosen path is faster. Prints a markdown table.
 """
 

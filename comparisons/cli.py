@@ -136,8 +136,7 @@ def _epilog(command: str | None = None) -> str:
     ]
     for t in tasks.available():
         cls = tasks.get(t)
-        o = ", ".join(f"{k}={configured.get(k, v)!r}" for k, v in tasks.options(t).items())
-        lines.append(f"  {t} ({cls.kind}): {o}")
+        lines.append(f"  {t} ({cls.kind}): {config.task_option_values(t, configured)}")
         if cls.extra_methods:
             own = "; ".join(f"{m}: {what}" for m, what in cls.extra_methods.items())
             lines.append(f"    its methods: {own}")

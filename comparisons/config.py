@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 __all__ = ["SECTIONS", "TASK_SHORTCUTS", "preset", "resolve", "parse_shape", "load_toml"]
-__all__ += ["task_options_for", "task_lr"]
+__all__ += ["task_options_for", "task_lr", "task_option_values"]
 
 SECTIONS = ("drift", "convergence", "complexity")
 #: flags kept as shortcuts for task options of the same name (applied to the tasks that take them)
@@ -266,16 +266,16 @@ def task_options_for(task: str, opts: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in (opts.get("task_options") or {}).items() if k in takes}
 
 
+def task_option_values(task: str, given: dict[str, Any]) -> str:
+    """A task's options as ``k=v``, with the values a run takes (``given`` over the task's)."""
+    return ", ".join(f"{k}={given.get(k, d)!r}" for k, d in tasks_mod.options(task).items())
+
+
 def _check_task_options(opts: dict[str, Any]) -> None:
     given = opts.get("task_options") or {}
     for k in given:
         if not any(k in tasks_mod.options(t) for t in opts["tasks"]):
-
-            def values(t: str) -> str:  # those this run would use (its layers over the task's)
-                taken = tasks_mod.options(t).items()
-                return ", ".join(f"{o}={given.get(o, d)!r}" for o, d in taken)
-
-            listing = "; ".join(f"{t}: {values(t)}" for t in opts["tasks"])
+            listing = "; ".join(f"{t}: {task_option_values(t, given)}" for t in opts["tasks"])
             raise ValueError(f"task option {k!r} is taken by none of the tasks; options: {listing}")
     for t in opts["tasks"]:
         tasks_mod.check_options(t, task_options_for(t, opts))

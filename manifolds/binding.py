@@ -378,11 +378,11 @@ def claim(params: Iterable[torch.Tensor]) -> None:
     }
     if not wanted:
         return
-    found = []
+    found = []  # (position of the module's first wanted parameter, module)
     for module in list(_HOLDERS):
-        slots = [wanted.get(id(_at_slot(module, name)), -1) for name in records(module)]
-        if max(slots, default=-1) >= 0:
-            found.append((min(k for k in slots if k >= 0), module))
+        at = [wanted[i] for name in records(module) if (i := id(_at_slot(module, name))) in wanted]
+        if at:
+            found.append((min(at), module))
     for _, module in sorted(found, key=lambda pair: pair[0]):
         restore(module)
 

@@ -304,11 +304,12 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
         for group in self.param_groups:
             if all(group.get(key) is None for key in terms.REPAIR_KEYS):
                 continue  # the default: never re-project
-            k, lr = terms.repair_period(group), group.get("lr")
+            k, still = terms.repair_period(group), group.get("lr") == 0
+            tensor = isinstance(still, torch.Tensor)  # a tensor lr, unread
             mine = [c for c in computed if c.group is group]
-            if k is None or not mine or (not isinstance(lr, torch.Tensor) and lr == 0):
+            if k is None or not mine or (not tensor and still):  # `still` unread if a tensor
                 continue  # Note [A step of lr 0 leaves the point where it is] in `.engine`
-            moving = (lr != 0).to(mine[0].ok.device) if isinstance(lr, torch.Tensor) else None
+            moving = ~still.to(mine[0].ok.device) if tensor else None
             if mine[0].quiet:
                 due = torch.stack([
                     (c.ok.reshape(-1) & _due(c.work[buckets.STEP], k).to(c.ok.device)).any()
@@ -318,7 +319,7 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
             elif any(count % k == 0 for c in mine for count in c.accepted):
                 if moving is None:
                     self.stabilize_group(group)
-                else:  # a tensor lr, unread
+                else:
                     self._stabilize_where(group, moving)
 
     def _all_capturable(self) -> bool:

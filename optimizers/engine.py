@@ -230,11 +230,11 @@ def compute(
         ok = torch.zeros_like(grad_ok)
     else:
         ok = grad_ok & (finite(new) if bucket.single else finite_rows(new))
-        lr = group.get("lr")  # Note [A step of lr 0 leaves the point where it is]
-        if isinstance(lr, torch.Tensor) and not is_dtensor(x):
-            new = torch.where((lr == 0).to(x.device), x, new)  # on the device, unread
-        elif not isinstance(lr, torch.Tensor) and lr == 0:
-            new = x
+        still = group.get("lr") == 0  # Note [A step of lr 0 leaves the point where it is]
+        if not isinstance(still, torch.Tensor):
+            new = x if still else new
+        elif not is_dtensor(x):  # a tensor lr: chosen on the device, unread
+            new = torch.where(still.to(x.device), x, new)
     tests, measured = ([], []) if checks is None else (list(checks), checks.measured)
     return Computed(bucket, group, work, before, x, new, grad_ok, ok, off, tests, quiet, measured)
 

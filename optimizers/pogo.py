@@ -144,10 +144,15 @@ def unused_options(group: dict, inherited: dict | None = None) -> list[str]:
 def _refuse_unused(group: dict, inherited: dict | None) -> None:
     unused = unused_options(group, inherited)
     if unused:
+        hint = (  # OneCycleLR/CyclicLR cycle betas[0] where the optimizer has betas
+            " (a scheduler's cycle_momentum sets betas[0] on every group: pass "
+            "cycle_momentum=False)"
+            if any(u.startswith("betas=") for u in unused)
+            else ""
+        )
         raise ValueError(
             f"pogo: {', '.join(unused)} in a param group with base={group['base']!r}, which "
-            "does not use them (a scheduler's cycle_momentum sets betas[0] on every group: "
-            f"pass cycle_momentum=False); allowed with base={group['base']!r}: "
+            f"does not use them{hint}; allowed with base={group['base']!r}: "
             f"{', '.join(BASE_OPTIONS[group['base']])} (and lr, weight_decay, lam)"
         )
 

@@ -164,6 +164,12 @@ def get(name: object) -> type[OrthogonalMap]:
     return MAPS.get(name)  # type: ignore[arg-type]
 
 
+def point_error(q: torch.Tensor) -> float:
+    """max ‖QᴴQ − I‖_F over a batch of points, in float64 (complex128); 0 for no entries."""
+    wide = torch.complex128 if q.is_complex() else torch.float64
+    return float(orthogonality_error(q.detach().to(wide)).max()) if q.numel() else 0.0
+
+
 class OrthogonalMap(Guards, Originals):
     r"""A smooth map from free parameters onto St(n, m), O(n) or U(n).
 
@@ -351,8 +357,7 @@ class OrthogonalMap(Guards, Originals):
                 f"the {name!r} map's matrix() returned {got} for {self.label}; allowed: a "
                 f"tensor of shape {want} (…, n, m) with orthonormal columns"
             )
-        wide = torch.complex128 if q.is_complex() else torch.float64
-        err = float(orthogonality_error(q.detach().to(wide)).max()) if q.numel() else 0.0
+        err = point_error(q)
         if not err <= self.tolerance(q.dtype):
             raise ValueError(
                 f"the {name!r} map's point for {self.label} is not on {self.manifold!r}: "

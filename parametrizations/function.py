@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..manifolds.kernels import orthogonality_error
 from . import kernels
 from ._inverse import Unreachable, complete
 from ._precision import high
+from .base import point_error
 from .dense import _Based
 
 __all__ = ["FunctionMap"]
@@ -94,8 +94,7 @@ class FunctionMap(_Based):
         raw = torch.randn(original.shape, generator=torch.Generator().manual_seed(0))
         a = kernels.skew_from_raw(raw.to(original) / self.n)
         fa = self._f(a)
-        wide = torch.complex128 if fa.is_complex() else torch.float64
-        err = float(orthogonality_error(fa.detach().to(wide)).max())
+        err = point_error(fa)
         if not err <= self.tolerance(fa.dtype):
             raise ValueError(
                 f"function {self._name()} is not orthogonal at a skew A (‖A‖_F ≈ 1): "
