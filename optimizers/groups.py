@@ -208,8 +208,9 @@ class ParamGroups(torch.optim.Optimizer):
             )
         if any(key in group for key in terms.REPAIR_KEYS):  # geoopt's name, kept beside ours
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        params, names = _named(group["params"])
+        if names is not None:
+            group["param_names"] = names
         claim(params)  # Note [A rebuilt weight stepped before any forward]
         merged = {**self.defaults, **group}
         self.check_group(merged)
@@ -289,6 +290,43 @@ class ParamGroups(torch.optim.Optimizer):
         super().load_state_dict(unpacked)
         self._checked = [None] * len(self.param_groups)
         saved_state.after_load(self, state_dict)
+
+
+def _named(params) -> tuple[list[torch.Tensor], list[str] | None]:
+    """A group's parameters and their names, from tensors or torch's ``(name, tensor)`` pairs.
+
+    torch's optimizers take ``model.named_parameters()`` and keep the names in the
+    group's ``param_names``; the tensors are split from their names before they are bound.
+
+    Raises:
+        TypeError: an item that is neither a tensor nor a ``(str, tensor)`` pair, or a
+            set (its order changes between runs).
+        ValueError: names given for some parameters of the group and not for others.
+    """
+    if isinstance(params, torch.Tensor):
+        return [params], None
+    if isinstance(params, set):
+        raise TypeError(
+            "params: a set of tensors has no fixed order (the state would load onto other "
+            "parameters); pass a list, or model.parameters() / model.named_parameters()"
+        )
+    items = list(params)
+    named = [isinstance(item, tuple) for item in items]
+    for i, item in enumerate(items):
+        pair = named[i] and len(item) == 2 and isinstance(item[0], str)
+        if not isinstance(item[1] if pair else item, torch.Tensor):
+            raise TypeError(
+                f"params: item {i} is a {type(item).__name__} ({item!r:.60}); allowed: "
+                "tensors, or (name, tensor) pairs as model.named_parameters() yields"
+            )
+    if any(named) and not all(named):
+        raise ValueError(
+            f"params: {sum(named)} of {len(items)} parameters come with names; a group "
+            "gives names for all of its parameters (model.named_parameters()) or for none"
+        )
+    if any(named):
+        return [t for _, t in items], [n for n, _ in items]
+    return items, None
 
 
 def _follow_alias(group: dict, before: dict) -> None:
