@@ -40,7 +40,8 @@ products]), and a cast of a `Rotation` (``Module._apply``, whoever holds it)
 applies the rule of `q_dtype` to its tensors: float64 is taken, anything
 narrower leaves Q in float32 (only the device follows); a cast to complex keeps
 a real Q real (a real Q maps both parts of complex features), and a complex Q
-stays complex.
+stays complex, each at the precision the cast asks for by the same rule (a cast to
+float64 makes a complex64 Q complex128; one to complex128 a float32 Q float64).
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def blockwise(x: torch.Tensor, blocks: int, fn: Callable[[torch.Tensor], torch.T
 def q_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype Q is computed in for a weight of ``dtype``: float32 at least, float64 and
     complex as they are (Note [Q keeps its precision])."""
-    if dtype in (torch.float64, torch.complex64, torch.complex128):
+    if dtype in (torch.float64, torch.complex128):
         return dtype
-    return torch.float32
+    return torch.complex64 if dtype.is_complex else torch.float32
 
 
 def _keeping_precision(fn: Any, tensors: set[int]) -> Any:
@@ -106,10 +107,10 @@ def _keeping_precision(fn: Any, tensors: set[int]) -> Any:
             return out
         if not (out.is_floating_point() or out.is_complex()):
             return out
-        if out.is_complex() != t.is_complex():
-            want = t.dtype  # a real Q stays real, a complex one complex
-        else:
-            want = q_dtype(out.dtype)
+        kind = out.dtype
+        if out.is_complex() != t.is_complex():  # Q keeps its kind at the cast's precision
+            kind = kind.to_complex() if t.is_complex() else kind.to_real()
+        want = q_dtype(kind)
         return out if want == out.dtype else t.to(device=out.device, dtype=want)
 
     return apply

@@ -297,6 +297,37 @@ def test_a_cast_of_the_rotated_module_keeps_q_in_its_precision(options, cast, q_
     assert (y.double() - ref).abs().max() <= tol
 
 
+@pytest.mark.parametrize(
+    ("built", "cast", "kept"),
+    [
+        (torch.complex64, torch.float64, torch.complex128),
+        (torch.complex128, torch.float16, torch.complex64),
+        (torch.float32, torch.complex128, torch.float64),
+        (torch.float64, torch.complex64, torch.float32),
+    ],
+)
+def test_a_cast_across_kinds_keeps_q_in_its_kind_at_the_precision_asked(built, cast, kept):
+    # Note [Q keeps its precision]: the kind of Q is kept and the precision follows the
+    # cast (a complex64 Q stayed complex64 under .to(torch.float64)); the reference is
+    # the Q built in the kept dtype from the same values: Q of the cast original
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 6, dtype=built)
+    rotate(lin, method="cayley", blocks=2)
+    with torch.no_grad():
+        for p in lin.rotation.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    before = {name: p.detach().clone() for name, p in lin.rotation.named_parameters()}
+    lin.rotation.to(cast)
+    assert lin.rotation.dtype == kept
+    for name, p in lin.rotation.named_parameters():
+        assert p.dtype == kept
+        assert torch.equal(p.detach(), before[name].to(kept))
+    q = rotation(lin)
+    assert q.dtype == kept
+    eye = torch.eye(6, dtype=kept)
+    assert torch.dist(q.mH @ q, eye) < 50 * torch.finfo(kept).eps
+
+
 @pytest.mark.parametrize("cls", [nn.Embedding, nn.EmbeddingBag])
 def test_an_embedding_is_refused_and_left_as_it_was(cls):
     # it was accepted: Q rotated the integer indices, which then looked up other rows (or
