@@ -27,7 +27,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["autocast_on", "autocast_off", "backward_autocast_off"]
+__all__ = ["AUTOCAST_DEVICES", "autocast_on", "autocast_off", "backward_autocast_off", "all_off"]
+
+#: the device types ``torch.autocast`` takes (an optimizer step turns it off on each)
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "ipu", "privateuseone")
 
 
 def autocast_on(t: torch.Tensor) -> bool:
@@ -67,3 +70,21 @@ def backward_autocast_off(backward: Callable[..., Any]) -> Callable[..., Any]:
             return backward(ctx, g, *rest)
 
     return run
+
+
+def all_off() -> contextlib.AbstractContextManager:
+    """A context with autocast disabled on every device type where it is on.
+
+    Note [An optimizer step computes in the parameters' precision]
+    torch's advice is to leave ``opt.step()`` outside an autocast region, but a step
+    written inside one is common, and torch's own optimizers are unaffected by it
+    (their elementwise ops are not autocast ops). A Riemannian step's products are: a
+    retraction in bfloat16 left a float32 point 1e-2 off its manifold with no
+    warning, and mixed dtypes made a later step fail. So a step runs with autocast
+    off, in the dtype of its parameters and states.
+    """
+    stack = contextlib.ExitStack()
+    for device in AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device, enabled=False))
+    return stack

@@ -68,6 +68,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import sys
@@ -77,7 +78,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._core import checks
+from .._core import autocast, checks
+from .._core.autocast import AUTOCAST_DEVICES
 from ..manifolds.geometry import OFF_MANIFOLD
 from . import buckets, engine, master, skips, telemetry, terms
 from .geometry import OPTIONS, Geometry, bind_again, check_kind, manifold_of
@@ -211,7 +213,9 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
             with torch.enable_grad():
                 loss = closure()
         traced = torch.compiler.is_compiling()
-        with torch.no_grad():
+        # Note [An optimizer step computes in the parameters' precision]
+        off = any(map(torch.is_autocast_enabled, AUTOCAST_DEVICES))
+        with torch.no_grad(), autocast.all_off() if off else contextlib.nullcontext():
             if not traced and self._flags_unread and not self._all_capturable():
                 self.report_skipped()  # flags a compiled step left (capturable: on request)
             computed = []

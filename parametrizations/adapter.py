@@ -270,14 +270,19 @@ class Rotation(nn.Module):
         return z if axis == -1 else z.movedim(-1, axis)
 
     def matrix(self) -> torch.Tensor:
-        """The dense Q (features × features): for inspection and `merge`."""
+        """The dense Q (features × features): for inspection and `merge`.
+
+        In Q's dtype with autocast off (Note [Autocast off for the maps' own products]):
+        the product of butterfly factors ran in bfloat16 inside a region.
+        """
         q = None
-        for i in range(max(self.butterfly, 1)):
-            f = torch.block_diag(*self._blocks(i).unbind(0))
-            if self.butterfly:
-                perm = getattr(self, f"perm{i}")
-                f = f[perm][:, perm]
-            q = f if q is None else f @ q
+        with autocast_off(self.originals[0]):
+            for i in range(max(self.butterfly, 1)):
+                f = torch.block_diag(*self._blocks(i).unbind(0))
+                if self.butterfly:
+                    perm = getattr(self, f"perm{i}")
+                    f = f[perm][:, perm]
+                q = f if q is None else f @ q
         assert q is not None
         return q
 

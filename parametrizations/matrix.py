@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from .._core.autocast import autocast_off
 from ..manifolds import Stiefel
 from .base import OrthogonalMap
 from .factory import Method, resolve
@@ -101,12 +102,17 @@ class OrthogonalMatrix(nn.Module):
         if fmap is None:
             w = self.weight
             return lambda x: _linear(x, w)
-        apply = fmap.prepare_operator(self.parametrizations.weight.original)
+        original = self.parametrizations.weight.original
+        # Note [Autocast off for the maps' own products]: the operator is the map's own
+        # work, in its operands' dtypes also inside an autocast region
+        with autocast_off(original):
+            apply = fmap.prepare_operator(original)
 
         def op(x: torch.Tensor) -> torch.Tensor:
-            if x.dim() == 1:
-                return apply(x.unsqueeze(0)).squeeze(0)
-            return apply(x)
+            with autocast_off(x):
+                if x.dim() == 1:
+                    return apply(x.unsqueeze(0)).squeeze(0)
+                return apply(x)
 
         return op
 
