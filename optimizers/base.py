@@ -191,13 +191,11 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
         """
         raise NotImplementedError
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _warn_once(self, key: str, message: str, when: str = "once per optimizer") -> None:
         warned = self.__dict__.setdefault("_warned", set())
         if key not in warned:
             warned.add(key)
-            warnings.warn(
-                f"{message} (warned once per optimizer)", RuntimeWarning, stacklevel=_caller()
-            )
+            warnings.warn(f"{message} (warned {when})", RuntimeWarning, stacklevel=_caller())
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One step for every parameter with a gradient; returns ``closure()``'s loss.

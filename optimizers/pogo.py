@@ -48,7 +48,8 @@ BASE_OPTIONS = {
     "adam": {"betas": (0.9, 0.999), "eps": 1e-8},
 }
 
-#: ‖MᴴM − I‖_F of the midpoint below which POGO's correction converges (Note [POGO's basin])
+#: ‖XᴴX − I‖_F of a point beyond which a step projects it first (`off_manifold_bound`;
+#: a midpoint's test is Note [POGO's basin])
 BASIN = 1.0
 
 
@@ -79,11 +80,21 @@ def pogo_step(
     The correction maps each singular value σ of M to σ(1 + λ(1 − σ²)); iterated
     (one per step) it brings σ to 1 only from inside a basin, and a step so long
     that M leaves it (a learning rate of 1e10: ‖XᴴX − I‖_F = 1e55 after one step)
-    is not a step of the method. With ‖MᴴM − I‖_F < 1 (`BASIN`) every σ² lies in
-    (0, 2), where the correction keeps σ positive and moves it towards 1 for every
-    λ ∈ (0, 1]. The test costs O(M²) from the MᴴM the correction forms anyway; a
-    matrix outside the basin is returned as NaN, so that the optimizer's safe step
-    (Note [Safe step]) skips the whole step with a warning and keeps the point.
+    is not a step of the method. With E = MᴴM − I, the correction keeps every σ positive
+    exactly when σ² ∈ (0, 1 + 1/λ), i.e. every eigenvalue of E lies in (−1, 1/λ), and
+    that range is kept: the largest value of σ(1 + λ(1 − σ²)) is 2((1 + λ)/3)^{3/2}/√λ,
+    whose square is 4(1 + λ)²/27 ≤ 16/27 of 1 + 1/λ (λ = ½ maps it into (0, 1], one
+    Newton–Schulz step). So the next steps' corrections keep σ positive and, with
+    |1 − 2λ| < 1 the slope at 1, take it there. Outside, a σ is sent to 0 or below
+    (the point loses rank or flips a column). The test is on the eigenvalues, not on
+    ‖E‖_F < 1, a bound that refused steps of the method: a midpoint with ‖E‖_F = 1.06
+    and eigenvalues in [0.09, 0.69] (pogo-torch takes it) was refused, and so was the
+    same step at every later iteration of a full-batch run. The eigenvalues lie in
+    (−1, 1/λ) ⇔ (I + E)(I/λ − E) is positive definite (a polynomial in E), decided by
+    the info of a Cholesky factorization of that M×M matrix (on the device, no host
+    read); ‖E‖_F < √M/λ, which it implies, keeps an overflowed E² from being judged.
+    A matrix outside is returned as NaN, so that the optimizer's safe
+    step (Note [Safe step]) skips the whole step with a warning and keeps the point.
 
     Args:
         x: points (..., N, M), N ≥ M.
@@ -114,9 +125,20 @@ def pogo_step(
     # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
     # off-diagonal rounding (docs/performance.md, "Batched regime (many small matrices)").
     e = gram_minus_identity(mid, group=group)
-    inside = (torch.linalg.matrix_norm(e) < BASIN)[..., None, None]
+    inside = _within_basin(e, lam)[..., None, None]
     # outside the basin MᴴM − I, and with it the corrected point, is NaN
     return polar_step(mid, lam, torch.where(inside, e, math.nan))
+
+
+def _within_basin(e: torch.Tensor, lam: float) -> torch.Tensor:
+    """Every eigenvalue of Hermitian E (..., M, M) in (−1, 1/λ), a flag per matrix.
+
+    Note [POGO's basin]: (I + E)(I/λ − E) = I/λ + (1/λ − 1)E − E² positive definite.
+    """
+    m = e.shape[-1]
+    eye = torch.eye(m, dtype=e.dtype, device=e.device)
+    _, info = torch.linalg.cholesky_ex(eye / lam + (1 / lam - 1) * e - e @ e)
+    return (info == 0) & (torch.linalg.matrix_norm(e) < math.sqrt(m) / lam)
 
 
 def unused_options(group: dict, inherited: dict | None = None) -> list[str]:

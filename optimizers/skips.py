@@ -1,11 +1,12 @@
 r"""The warnings about skipped steps: at once in an eager step, when read after a traced one.
 
 A step whose gradient or result is not finite is skipped (Note [Safe step]) and
-warned about once per optimizer and kind. An eager ``step()`` knows it from its
-one host read and warns at once (`warn`); a step traced by ``torch.compile`` (or
-a ``capturable`` one) reads nothing, so it counts the skips per parameter on the device (`record`)
-and `report` warns when they are read (Note [The step's flags are read once,
-after the step] in `stiefel.optimizers.engine`).
+warned about per optimizer and kind: the first time, then at the 10th, 100th, ….
+An eager ``step()`` knows it from its one host read and warns at once (`warn`); a
+step traced by ``torch.compile`` (or a ``capturable`` one) reads nothing, so it
+counts the skips per parameter on the device (`record`) and `report` warns when they
+are read (Note [The step's flags are read once, after the step] in
+`stiefel.optimizers.engine`).
 
 Example:
     ```python
@@ -27,21 +28,45 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["warn", "record", "report"]
 
 
 def warn(opt, where: str, grad_ok: bool) -> None:
-    """The warning (once per optimizer and kind) for a skipped step of ``where``."""
+    """The warning for a skipped step of ``where``: the first of its kind, then the 10th, 100th, ….
+
+    A skipped step keeps its point and state, so a full-batch gradient is the same at
+    the next step and may be skipped again, every time: a run that stands still. The
+    count says so where the first warning alone would have been the only word.
+    """
     name = type(opt).__name__
-    if not grad_ok:
-        opt._warn_once("grad", f"{name}: {where} has a non-finite gradient; its step is skipped")
-    else:
+    kind = "grad" if not grad_ok else "step"
+    counts = opt.__dict__.setdefault("_skip_counts", {})
+    n = counts[kind] = counts.get(kind, 0) + 1
+    when = "again at the 10th, 100th, ... skipped step of its kind"
+    if n == 1 and not grad_ok:
         opt._warn_once(
-            "step",
+            kind, f"{name}: {where} has a non-finite gradient; its step is skipped", when
+        )
+    elif n == 1:
+        opt._warn_once(
+            kind,
             f"{name}: the step of {where} is not finite (huge gradient or learning rate); "
             "the parameter and its optimizer state keep their values",
+            when,
+        )
+    elif math.log10(n).is_integer():
+        cause = "a non-finite gradient" if not grad_ok else "a step that is not finite"
+        opt._warn_once(
+            f"{kind} {n}",
+            f"{name}: {n} parameter steps skipped so far for {cause}, the last of {where}; "
+            "a skipped step keeps its point and state, so the same gradient is skipped "
+            "again: training may have stalled (lower the learning rate, or find the source "
+            "of the non-finite values)",
+            "again at 10× as many",
         )
 
 

@@ -142,3 +142,50 @@ def test_a_step_leaving_the_basin_is_skipped_with_a_warning():
     assert "not finite" in message
     assert torch.equal(p.detach(), before)
     assert float(orthogonality_error(p.detach())) < 1e-12
+
+
+def test_a_full_batch_run_takes_the_steps_pogo_torch_takes():
+    # Note [POGO's basin]: the midpoint test was ‖MᴴM − I‖_F < 1, which refused a midpoint
+    # with eigenvalues of MᴴM − I in [0.09, 0.69] (‖·‖_F = 1.06); the same step was then
+    # refused at every iteration (a full-batch loss), and the run stood still with one
+    # warning. The reference is pogo-torch on the same problem.
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 32, generator=gen, dtype=torch.float64)
+    b = torch.randn(64, 8, generator=gen, dtype=torch.float64)
+    x0 = Stiefel(32, 8).random(dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (a @ x - b).square().sum()
+
+    ours = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(32, 8))
+    theirs = torch.nn.Parameter(x0.T.clone()[None])
+    opt = optimizers.create("pogo", [ours], lr=0.01, base="sgd", momentum=0.9)
+    ref = pogo.POGO([theirs], pogo_base.SGD(momentum=0.9), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no step is skipped
+        for _ in range(60):
+            opt.zero_grad(), ref.zero_grad()
+            loss(ours).backward()
+            loss(theirs[0].T).backward()
+            opt.step(), ref.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach()[0].T, rtol=0, atol=1e-10)
+
+
+def test_the_basin_test_is_the_eigenvalue_range_of_the_correction():
+    # Note [POGO's basin]: eigenvalues of E = MᴴM − I in (−1, 1/λ); the reference is
+    # eigvalsh of E, on Hermitian E drawn with eigenvalues on both sides of both ends
+    from stiefel.optimizers.pogo import _within_basin
+
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float64, torch.complex128):
+        for lam in (0.25, 0.5, 1.0):
+            q = torch.linalg.qr(torch.randn(400, 5, 5, dtype=dtype, generator=gen))[0]
+            width = 1 / lam + 1.4  # (−1.2, 1/λ + 0.2): both ends crossed
+            ev = (torch.rand(400, 5, dtype=torch.float64, generator=gen) * width - 1.2).to(dtype)
+            e = q @ torch.diag_embed(ev) @ q.mH
+            spectrum = torch.linalg.eigvalsh(e)
+            expected = (spectrum.amin(-1) > -1) & (spectrum.amax(-1) < 1 / lam)
+            assert 50 < int(expected.sum()) < 350  # both outcomes are drawn
+            assert torch.equal(_within_basin(e, lam), expected)
+    big = torch.full((2, 3, 3), 1e200, dtype=torch.float64)  # E² overflows
+    assert not _within_basin(big, 0.5).any()

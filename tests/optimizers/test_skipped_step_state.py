@@ -177,3 +177,22 @@ def test_plugin_writing_in_place_is_rolled_back_by_copy(monkeypatch):
     monkeypatch.setattr(engine, "finite", lambda new: torch.tensor(False))
     _step(opt, [w], [torch.ones(3)])
     _assert_same_state(state0, _snapshot(opt, [w]))
+
+
+def test_a_run_whose_every_step_is_skipped_is_warned_again_as_it_goes_on():
+    # a skipped step keeps its point and state, so a full-batch gradient repeats it: a run
+    # that stands still had one warning only, at its first step. It is warned again at
+    # the 10th and 100th skip, with the count; the reference is the count of steps.
+    st = Stiefel(6, 3)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    opt = optimizers.create("rgd", [w], lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(120):
+            w.grad = torch.full_like(w, float("nan"))
+            opt.step()
+    messages = [str(c.message) for c in caught if "non-finite gradient" in str(c.message)]
+    assert len(messages) == 3
+    assert "10 parameter steps skipped so far" in messages[1]
+    assert "100 parameter steps skipped so far" in messages[2]
+    assert "training may have stalled" in messages[2]
