@@ -140,6 +140,7 @@ def run(cfg: RunConfig, progress=None) -> dict:
     record.update({k: [] for k in ("step", *SERIES)})
     record["threads"] = torch.get_num_threads()  # the CPU clock counts this thread only
     elapsed = cpu = 0.0
+    peak = None  # the largest drift of any step, recorded or not (`higher`)
     for step in range(cfg.steps):
         t0, c0 = time.perf_counter(), time.thread_time()
         for o in opts:
@@ -153,8 +154,10 @@ def run(cfg: RunConfig, progress=None) -> dict:
             torch.cuda.synchronize()
         elapsed, cpu = elapsed + time.perf_counter() - t0, cpu + time.thread_time() - c0
         value = float(loss.detach())
+        drift = _drift(task, model)  # every step: the steps between records have a drift too
+        peak = higher(peak, drift)
         if step % cfg.record_every == 0 or step == cfg.steps - 1 or not math.isfinite(value):
-            now = (step, value, elapsed, _drift(task, model), cpu)
+            now = (step, value, elapsed, drift, cpu)
             for k, v in zip(("step", *SERIES), now, strict=True):
                 record[k].append(v)
         if progress is not None:
@@ -162,6 +165,7 @@ def run(cfg: RunConfig, progress=None) -> dict:
         if not math.isfinite(value):
             record["diverged"] = True
             break
+    record["max_drift"] = peak
     record["final_loss"] = record["loss"][-1]
     record["metrics"] = task.evaluate(model)
     if task.optimum is not None:
@@ -226,6 +230,12 @@ def failure(record: dict, task: tasks_mod.Task) -> str | None:
 
 
 @torch.no_grad()
+def higher(peak: float | None, value: float | None) -> float | None:
+    """The larger of two drifts (None: not measured); a NaN, once seen, stays."""
+    keep = value is None or (peak is not None and (math.isnan(peak) or value <= peak))
+    return peak if keep else value
+
+
 def _drift(task: tasks_mod.Task, model: nn.Module) -> float | None:
     w = task.weight(model)
     if w is None:

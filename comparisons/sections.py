@@ -13,7 +13,7 @@ from .. import parametrizations
 from . import complexity as cx
 from . import cost, plots
 from .grid import run_grid
-from .report import summarize_runs
+from .report import peak_drift, summarize_runs
 from .store import RunStore, run_key
 from .strategies import parse
 from .task import BASELINE
@@ -59,14 +59,15 @@ def drift_section(store: RunStore, opts: dict) -> list[dict]:
     head = ["task", "strategy", "dtype", "lr", "steps", "final ‖XᴴX − I‖_F", "max ‖XᴴX − I‖_F"]
     body = [
         [r["task"], r["strategy"], r["dtype"], r["lr"], r["step"][-1] + 1, r["drift"][-1]]
-        + [max(d for d in r["drift"] if d is not None)]
+        + [peak_drift(r)]
         for r in runs
         if r["drift"][-1] is not None
     ]
     figs = plots.save(store, plots.drift_figure(runs), "drift")
     text = (f"{opts['steps']} steps and {opts['seeds']} seed(s) per run on "
             f"{', '.join(opts['tasks'])} (sizes below); the drift of the constrained matrix "
-            "after each recorded step.\n\n" + _setup_text(opts, runs))  # fmt: skip
+            "after each recorded step, its maximum over every step.\n\n"
+            + _setup_text(opts, runs))  # fmt: skip
     write_text(store.path("drift.md"), text + _skipped_text(skipped) + _lr_table(head, body, runs))
     store.end_section("drift", ["drift.md", *figs], skipped)
     return runs
