@@ -54,7 +54,7 @@ PARTS: dict[str, tuple[Measure, Table]] = {}
 
 
 def register_part(name: str, measure: Measure, table: Table) -> None:
-    """Add a measurement to the complexity section (stored as ``complexity_<name>.csv``).
+    """Add a measurement to the complexity section (its rows stored with the section's runs).
 
     ``measure(options)`` returns rows (dicts) from the section's checked options;
     ``table(rows, gemm_rate)`` returns the markdown lines of its part of the report.

@@ -74,9 +74,10 @@ class ManifoldMuon(RiemannianOptimizer):
     descent's iterative msign maps singular values below its resolution to 0, so
     rounding in a rank-deficient B + XΛ does not grow), then
     X ← retr(X, −lr·Φ) with the group's ``retraction``. Every step moves X by at
-    most lr in spectral norm, by lr once the dual descent has converged (Note [The
-    tangent direction within the ball]; J. Bernstein, Modula docs, "Stiefel manifold", 2025;
-    J. Su 2025, "Steepest descent on manifolds: 3. Muon + Stiefel").
+    most lr in spectral norm, by lr once the dual descent has converged (it stops short
+    where B + XΛ is rank-deficient at the optimum: 1 ≤ N − M < M, or a gradient of rank
+    below M; `spectral_direction`; Note [The tangent direction within the ball];
+    J. Bernstein, Modula docs, "Stiefel manifold", 2025; J. Su 2025, "Steepest descent on manifolds: 3. Muon + Stiefel").
 
     The momentum buffer lives in the ambient space: it needs no transport, since
     each step solves for the tangent direction at the current point.

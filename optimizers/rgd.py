@@ -72,7 +72,7 @@ class RGD(RiemannianOptimizer):
     leaves unchanged (Note [Moments in the frame of X]); elsewhere
     `state["momentum_buffer"]` holds B. The CWY paper's RGD-C-C, RGD-E-C,
     RGD-C-QR and RGD-E-QR are `metric` × `retraction` (`variants`). Without
-    momentum a step costs six N×M×M products and a 2M×2M solve (`step_flops`).
+    momentum a step costs five N×M×M products and a 2M×2M solve (`step_flops`).
     Plain tensors get torch's `SGD` update (momentum, dampening, nesterov, weight
     decay), to the rounding of another order of operations.
 

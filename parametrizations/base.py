@@ -75,8 +75,8 @@ MAPS: Registry[type[OrthogonalMap]] = Registry(
     argument="method",
     group=ENTRY_POINT_GROUP,
     reserved={
-        RIEMANNIAN: "orthogonalize makes the weight itself a manifold parameter for the "
-        "Riemannian optimizers"
+        RIEMANNIAN: "no map: the constrained tensor itself (a weight, or a rotation's "
+        "blocks) is a manifold parameter for the Riemannian optimizers"
     },
     fixed=("shape", "dtype", "device"),
     check=_check_map,

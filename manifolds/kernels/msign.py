@@ -371,10 +371,10 @@ def spectral_direction(
     result is projected onto the tangent space, Φ − X sym(XᴴΦ) (a no-op at
     convergence), so every retraction moves along the same tangent.
 
-    Where 1 ≤ N − M < M the optimal G + XΛ* is often rank-deficient, f is not smooth
-    there, and the descent slows to a subgradient method's pace: the direction is then
-    approximate (still a descent direction: the first iterate is msign of the
-    Riemannian gradient, whose inner product with G is its nuclear norm).
+    Where the optimal G + XΛ* is rank-deficient (often if 1 ≤ N − M < M, or G has rank
+    below M) f is not smooth there, and the descent stalls short of the optimum: the
+    direction is then approximate (a descent direction: the first iterate is msign of
+    the Riemannian gradient, whose inner product with G is its nuclear norm).
 
     Args:
         x: points (..., N, M), N ≥ M.
