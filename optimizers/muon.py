@@ -77,7 +77,8 @@ class ManifoldMuon(RiemannianOptimizer):
     most lr in spectral norm, by lr once the dual descent has converged (it stops short
     where B + XΛ is rank-deficient at the optimum: 1 ≤ N − M < M, or a gradient of rank
     below M; `spectral_direction`; Note [The tangent direction within the ball];
-    J. Bernstein, Modula docs, "Stiefel manifold", 2025; J. Su 2025, "Steepest descent on manifolds: 3. Muon + Stiefel").
+    J. Bernstein, Modula docs, "Stiefel manifold", 2025; J. Su 2025, "Steepest descent on
+    manifolds: 3. Muon + Stiefel").
 
     The momentum buffer lives in the ambient space: it needs no transport, since
     each step solves for the tangent direction at the current point.
