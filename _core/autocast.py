@@ -27,10 +27,27 @@ from typing import Any
 
 import torch
 
-__all__ = ["AUTOCAST_DEVICES", "autocast_on", "autocast_off", "backward_autocast_off", "all_off"]
+__all__ = [
+    "AUTOCAST_DEVICES",
+    "autocast_on",
+    "autocast_off",
+    "backward_autocast_off",
+    "enabled_devices",
+    "without",
+]
 
-#: the device types ``torch.autocast`` takes (an optimizer step turns it off on each)
-AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "ipu", "privateuseone")
+
+def _takes(device: str) -> bool:
+    try:
+        torch.is_autocast_enabled(device)
+    except RuntimeError:  # a device type this build of torch has no autocast for
+        return False
+    return True
+
+
+#: the device types this torch's autocast takes (an optimizer step turns it off on each)
+_KNOWN = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia", "ipu", "privateuseone")
+AUTOCAST_DEVICES = tuple(d for d in _KNOWN if _takes(d))
 
 
 def autocast_on(t: torch.Tensor) -> bool:
@@ -72,8 +89,13 @@ def backward_autocast_off(backward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def all_off() -> contextlib.AbstractContextManager:
-    """A context with autocast disabled on every device type where it is on.
+def enabled_devices() -> list[str]:
+    """The device types autocast is enabled on here (none outside a region)."""
+    return [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+
+
+def without(devices: list[str], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with autocast disabled on each of ``devices``.
 
     Note [An optimizer step computes in the parameters' precision]
     torch's advice is to leave ``opt.step()`` outside an autocast region, but a step
@@ -81,10 +103,10 @@ def all_off() -> contextlib.AbstractContextManager:
     (their elementwise ops are not autocast ops). A Riemannian step's products are: a
     retraction in bfloat16 left a float32 point 1e-2 off its manifold with no
     warning, and mixed dtypes made a later step fail. So a step runs with autocast
-    off, in the dtype of its parameters and states.
+    off, in the dtype of its parameters and states. One ``torch.autocast`` context per
+    device, nested by recursion (``torch.compile`` traces these, not an ``ExitStack``).
     """
-    stack = contextlib.ExitStack()
-    for device in AUTOCAST_DEVICES:
-        if torch.is_autocast_enabled(device):
-            stack.enter_context(torch.autocast(device, enabled=False))
-    return stack
+    if not devices:
+        return fn(*args)
+    with torch.autocast(devices[0], enabled=False):
+        return without(devices[1:], fn, *args)

@@ -229,13 +229,13 @@ def failure(record: dict, task: tasks_mod.Task) -> str | None:
     return None
 
 
-@torch.no_grad()
 def higher(peak: float | None, value: float | None) -> float | None:
     """The larger of two drifts (None: not measured); a NaN, once seen, stays."""
     keep = value is None or (peak is not None and (math.isnan(peak) or value <= peak))
     return peak if keep else value
 
 
+@torch.no_grad()
 def _drift(task: tasks_mod.Task, model: nn.Module) -> float | None:
     w = task.weight(model)
     if w is None:

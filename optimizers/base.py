@@ -33,10 +33,11 @@ A param group may hold only the keys of the constructor's `defaults` (and `param
 `state_dict()` records each parameter's shape, checked by `load_state_dict`.
 
 A step is a transaction (Note [Safe step]): a non-finite gradient or result
-skips that parameter's step (point and state unchanged, one warning per
-optimizer), and a rule that raises leaves every parameter and state as they
-were. `repair_every=k` (geoopt's `stabilize=k`) re-projects every manifold
-parameter of the group after every k-th step; `stabilize()` does it now.
+skips that parameter's step (point and state unchanged, a warning per optimizer
+and kind, again at a parameter's 10th, 100th, … skip), and a rule that raises
+leaves every parameter and state as they were. `repair_every=k` (geoopt's
+`stabilize=k`) re-projects every manifold parameter of the group after every k-th
+step; `stabilize()` does it now.
 `telemetry=True` (keyword-only) records ‖XᴴX − I‖_F of every Stiefel-like
 parameter after each step in `orthogonality_history`.
 
@@ -68,7 +69,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import os
 import sys
@@ -79,7 +79,6 @@ from typing import Any, ClassVar
 import torch
 
 from .._core import autocast, checks
-from .._core.autocast import AUTOCAST_DEVICES
 from ..manifolds.geometry import OFF_MANIFOLD
 from . import buckets, engine, master, skips, telemetry, terms
 from .geometry import OPTIONS, Geometry, bind_again, check_kind, manifold_of
@@ -211,27 +210,33 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
             with torch.enable_grad():
                 loss = closure()
         traced = torch.compiler.is_compiling()
-        # Note [An optimizer step computes in the parameters' precision]
-        off = any(map(torch.is_autocast_enabled, AUTOCAST_DEVICES))
-        with torch.no_grad(), autocast.all_off() if off else contextlib.nullcontext():
-            if not traced and self._flags_unread and not self._all_capturable():
-                self.report_skipped()  # flags a compiled step left (capturable: on request)
-            computed = []
-            for index, group in enumerate(self.param_groups):
-                quiet = traced or bool(group["capturable"])
-                self._bind(index, group)  # bind
-                for bucket in self._buckets(index, group, quiet):  # bucket
-                    computed += self._rule(bucket, group, quiet)  # rule
-            loud = [c for c in computed if not c.quiet]
-            engine.select(self, [c for c in computed if c not in loud])  # commit
-            while loud:  # buckets whose tested points were off: again, from their projections
-                again = engine.commit(self, loud)
-                loud = [single for c in again for single in self._again(c)]
-                computed += loud
-            self._repair(computed)
-            if self.telemetry:
-                telemetry.record(self)
+        with torch.no_grad():
+            # Note [An optimizer step computes in the parameters' precision]
+            if torch._C._is_any_autocast_enabled():  # torch's own test (nn.RNN's, AOTAutograd's)
+                autocast.without(autocast.enabled_devices(), self._step, traced)
+            else:
+                self._step(traced)
         return loss
+
+    def _step(self, traced: bool) -> None:
+        """bind → bucket → rule → commit, for `step`."""
+        if not traced and self._flags_unread and not self._all_capturable():
+            self.report_skipped()  # flags a compiled step left (capturable: on request)
+        computed = []
+        for index, group in enumerate(self.param_groups):
+            quiet = traced or bool(group["capturable"])
+            self._bind(index, group)  # bind
+            for bucket in self._buckets(index, group, quiet):  # bucket
+                computed += self._rule(bucket, group, quiet)  # rule
+        loud = [c for c in computed if not c.quiet]
+        engine.select(self, [c for c in computed if c not in loud])  # commit
+        while loud:  # buckets whose tested points were off: again, from their projections
+            again = engine.commit(self, loud)
+            loud = [single for c in again for single in self._again(c)]
+            computed += loud
+        self._repair(computed)
+        if self.telemetry:
+            telemetry.record(self)
 
     def _rule(self, bucket: buckets.Bucket, group: dict, quiet: bool) -> list[engine.Computed]:
         """`engine.compute`; a rule's RuntimeError names the parameters and their state.

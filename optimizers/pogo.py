@@ -48,8 +48,8 @@ BASE_OPTIONS = {
     "adam": {"betas": (0.9, 0.999), "eps": 1e-8},
 }
 
-#: ‖XᴴX − I‖_F of a point beyond which a step projects it first (`off_manifold_bound`;
-#: a midpoint's test is Note [POGO's basin])
+#: ‖XᴴX − I‖₂ of a point beyond which a step projects it first (`off_manifold_bound`,
+#: Note [Off-manifold points at a step]; a midpoint's test is Note [POGO's basin])
 BASIN = 1.0
 
 
@@ -90,9 +90,9 @@ def pogo_step(
     ‖E‖_F < 1, a bound that refused steps of the method: a midpoint with ‖E‖_F = 1.06
     and eigenvalues in [0.09, 0.69] (pogo-torch takes it) was refused, and so was the
     same step at every later iteration of a full-batch run. The eigenvalues lie in
-    (−1, 1/λ) ⇔ (I + E)(I/λ − E) is positive definite (a polynomial in E), decided by
-    the info of a Cholesky factorization of that M×M matrix (on the device, no host
-    read); ‖E‖_F < √M/λ, which it implies, keeps an overflowed E² from being judged.
+    (−1, 1/λ) ⇔ (I + E)(I − λE) is positive definite (a polynomial in E; λ = 0, no
+    correction: σ > 0), decided by the info of a Cholesky factorization of that M×M
+    matrix (on the device, no host read); a product that overflowed is outside.
     A matrix outside is returned as NaN, so that the optimizer's safe
     step (Note [Safe step]) skips the whole step with a warning and keeps the point.
 
@@ -133,12 +133,12 @@ def pogo_step(
 def _within_basin(e: torch.Tensor, lam: float) -> torch.Tensor:
     """Every eigenvalue of Hermitian E (..., M, M) in (−1, 1/λ), a flag per matrix.
 
-    Note [POGO's basin]: (I + E)(I/λ − E) = I/λ + (1/λ − 1)E − E² positive definite.
+    Note [POGO's basin]: (I + E)(I − λE) = I + (1 − λ)E − λE² positive definite.
     """
-    m = e.shape[-1]
-    eye = torch.eye(m, dtype=e.dtype, device=e.device)
-    _, info = torch.linalg.cholesky_ex(eye / lam + (1 / lam - 1) * e - e @ e)
-    return (info == 0) & (torch.linalg.matrix_norm(e) < math.sqrt(m) / lam)
+    eye = torch.eye(e.shape[-1], dtype=e.dtype, device=e.device)
+    a = eye + (1 - lam) * e - lam * (e @ e)
+    _, info = torch.linalg.cholesky_ex(a)
+    return (info == 0) & torch.linalg.matrix_norm(a).isfinite()
 
 
 def unused_options(group: dict, inherited: dict | None = None) -> list[str]:
@@ -198,7 +198,8 @@ class POGO(RiemannianOptimizer):
     ½(XXᴴG̃ − XG̃ᴴX) on row-orthonormal matrices, transposed). No retraction: the
     point stays within O(lr²‖ψ‖²) of the manifold, the correction (one Newton–Schulz
     step for λ = ½) removing the first-order error at every step, so errors do not
-    accumulate. Each step costs about 12NM² flops, all matrix products.
+    accumulate. Each step costs about 12NM² flops in matrix products, and an M×M
+    product and Cholesky factorization for its basin test (Note [POGO's basin]).
 
     Bases (G̃):
 
@@ -218,7 +219,7 @@ class POGO(RiemannianOptimizer):
     (VectorAdam normalising by the whole tensor's norm).
 
     Points off the manifold are accepted (a state saved mid-training resumes), but
-    one outside the correction's basin (‖XᴴX − I‖_F ≥ 1 or rank-deficient: a weight
+    one outside the correction's basin (‖XᴴX − I‖₂ ≥ 1 or rank-deficient: a weight
     scaled by 3, the zero matrix) is projected back with a warning at its first
     step, and a step that would leave the basin is skipped with a warning (Note
     [POGO's basin]).
@@ -258,7 +259,8 @@ class POGO(RiemannianOptimizer):
     # Note [VectorAdam's second moment in float64]: float64 whatever the parameter's dtype
     wide_state: ClassVar[frozenset[str]] = frozenset({"exp_avg_sq"})
     formula: ClassVar[str] = (
-        "midpoint: 8NM², correction: 4NM² (all GEMMs, no factorization), MᴴM's diagonal: 3NM"
+        "midpoint: 8NM², correction: 4NM², MᴴM's diagonal: 3NM, basin test: 2M³ + M³/3 "
+        "(an M×M product and Cholesky factorization)"
     )
 
     def __init__(
@@ -300,15 +302,16 @@ class POGO(RiemannianOptimizer):
 
     @classmethod
     def step_flops(cls, n: int, m: int, **_: object) -> float:
-        """Real flops of one step on a real N×M point: 12NM² + 9NM.
+        """Real flops of one step on a real N×M point: 12NM² + 9NM + 7M³/3.
 
         Six N×M×M products: the Grams XᴴX, G̃ᴴX and MᴴM, the midpoint M (two,
         Note [POGO's midpoint without ψ]) and the correction M·((1 + λ)I − λMᴴM);
         then VectorAdam's first moment (a lerp), ‖G‖² (a scaling and a sum) and MᴴM's
         diagonal from M's offset squares (a multiply-add and a sum, Note [POGO's
-        correction from the exact diagonal]).
+        correction from the exact diagonal]); the basin test's E² and Cholesky
+        factorization of an M×M matrix (Note [POGO's basin]).
         """
-        return 12.0 * n * m * m + 9.0 * n * m
+        return 12.0 * n * m * m + 9.0 * n * m + 7.0 * m**3 / 3.0
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)

@@ -35,37 +35,40 @@ import torch
 __all__ = ["warn", "record", "report"]
 
 
-def warn(opt, where: str, grad_ok: bool) -> None:
-    """The warning for a skipped step of ``where``: the first of its kind, then the 10th, 100th, ….
+def warn(opt, where: str, grad_ok: bool, count: int = 1) -> None:
+    """Warn of ``count`` skipped steps of ``where``: the first of its kind, then the 10th, 100th, …
+    of the same parameter.
 
     A skipped step keeps its point and state, so a full-batch gradient is the same at
     the next step and may be skipped again, every time: a run that stands still. The
-    count says so where the first warning alone would have been the only word.
+    count of one parameter's skips says so where the first warning alone would have
+    been the only word (many parameters skipped once, one bad batch, do not add up).
     """
     name = type(opt).__name__
     kind = "grad" if not grad_ok else "step"
     counts = opt.__dict__.setdefault("_skip_counts", {})
-    n = counts[kind] = counts.get(kind, 0) + 1
-    when = "again at the 10th, 100th, ... skipped step of its kind"
-    if n == 1 and not grad_ok:
-        opt._warn_once(
-            kind, f"{name}: {where} has a non-finite gradient; its step is skipped", when
-        )
-    elif n == 1:
+    before = counts.get((kind, where), 0)
+    n = counts[(kind, where)] = before + count
+    when = "again at the 10th, 100th, ... skipped step of a parameter"
+    if not grad_ok:
+        message = f"{name}: {where} has a non-finite gradient; its step is skipped"
+        opt._warn_once(kind, message, when)
+    else:
         opt._warn_once(
             kind,
             f"{name}: the step of {where} is not finite (huge gradient or learning rate); "
             "the parameter and its optimizer state keep their values",
             when,
         )
-    elif math.log10(n).is_integer():
+    if n >= 10 and math.floor(math.log10(n)) > math.floor(math.log10(max(before, 1))):
         cause = "a non-finite gradient" if not grad_ok else "a step that is not finite"
+        tens = 10 ** math.floor(math.log10(n))
         opt._warn_once(
-            f"{kind} {n}",
-            f"{name}: {n} parameter steps skipped so far for {cause}, the last of {where}; "
-            "a skipped step keeps its point and state, so the same gradient is skipped "
-            "again: training may have stalled (lower the learning rate, or find the source "
-            "of the non-finite values)",
+            f"{kind} {where} {tens}",
+            f"{name}: {n} steps of {where} skipped so far for {cause}; a skipped step "
+            "keeps its point and state, so the same gradient is skipped again: training "
+            "may have stalled (lower the learning rate, or find the source of the "
+            "non-finite values)",
             "again at 10× as many",
         )
 
@@ -104,5 +107,5 @@ def report(opt) -> int:
     for (where, *_), (bad_grad, bad) in zip(seen, counts.tolist(), strict=True):
         skipped += bad
         if bad:
-            warn(opt, where, not bad_grad)
+            warn(opt, where, not bad_grad, bad)
     return skipped

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from .._core.autocast import autocast_off
+from .._core.autocast import autocast_off, autocast_on
 from ..manifolds import Stiefel
 from .base import OrthogonalMap
 from .factory import Method, resolve
@@ -104,15 +104,19 @@ class OrthogonalMatrix(nn.Module):
             return lambda x: _linear(x, w)
         original = self.parametrizations.weight.original
         # Note [Autocast off for the maps' own products]: the operator is the map's own
-        # work, in its operands' dtypes also inside an autocast region
+        # work; inside an autocast region it runs in the weight's dtype with autocast off,
+        # on x cast to it, and returns x's dtype (the region's bfloat16 activations)
         with autocast_off(original):
             apply = fmap.prepare_operator(original)
 
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return apply(x.unsqueeze(0)).squeeze(0) if x.dim() == 1 else apply(x)
+
         def op(x: torch.Tensor) -> torch.Tensor:
+            if not autocast_on(x):
+                return run(x)
             with autocast_off(x):
-                if x.dim() == 1:
-                    return apply(x.unsqueeze(0)).squeeze(0)
-                return apply(x)
+                return run(x.to(original.dtype)).to(x.dtype)
 
         return op
 

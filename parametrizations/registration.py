@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .._core import checks as _checks
-from .._core.autocast import all_off
+from .._core.autocast import enabled_devices, without
 from ..manifolds import binding
 from . import stale_state
 from ._precision import DTYPES
@@ -144,8 +144,7 @@ def orthogonalize_module(root: nn.Module, name: str, method: object, options: di
     the nearest point's products ran in bfloat16 and left the weight 3e-2 off its
     manifold, judged at bfloat16's tolerance and never repaired.
     """
-    with all_off():
-        return _register(root, name, method, options)
+    return without(enabled_devices(), _register, root, name, method, options)
 
 
 def _register(root: nn.Module, name: str, method: object, options: dict[str, Any]):

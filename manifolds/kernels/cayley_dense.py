@@ -26,7 +26,7 @@ to rounding at any β, and the Cayley step to rounding along a full-rank
 direction; along a rank-deficient one the rounding of the data (eps·β in A, on
 directions where A is 0) moves it by about that much. It costs a QR of N×2M, an
 eigendecomposition of 2M×2M and two N-sized products (one more for a
-transported vector), more than the six N×M×M products of the Woodbury step:
+transported vector), more than the five N×M×M products of the Woodbury step:
 `smw_step` takes it only where the host already learned that the step is long
 (its exact path).
 """

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -32,6 +33,7 @@ from .reads import host_reads_allowed
 from .reduce import by_columns, flat, gram, wide_gram
 
 __all__ = [
+    "outside",
     "in_frame",
     "frame_update",
     "wide_gram",
@@ -397,3 +399,23 @@ def replace_refused(
     out = flat(y).clone()
     out[bad] = exact(select).to(out.dtype)
     return out.reshape(y.shape)
+
+
+def outside(xx: torch.Tensor, bound: float) -> torch.Tensor:
+    """Whether the points of Grams XᴴX (..., M, M) are beyond ``bound``, a flag per matrix.
+
+    Note [Off-manifold points at a step] in `stiefel.manifolds.geometry`: below 1,
+    ‖E‖_F > bound with E = XᴴX − I; from 1 on (a wide basin), rank-deficient or
+    ‖E‖₂ ≥ bound (∞: the rank alone), each by the info of a Cholesky factorization.
+    """
+    if bound < 1:
+        # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding of
+        # the difference (~M·eps) is far below bound² (only the test uses it)
+        tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)
+        return torch.linalg.matrix_norm(xx) ** 2 - 2 * tr + xx.shape[-1] > bound**2
+    off = torch.linalg.cholesky_ex(xx).info > 0
+    if bound != math.inf:  # ‖E‖₂ < b ⇔ b²I − E² > 0
+        eye = torch.eye(xx.shape[-1], dtype=xx.dtype, device=xx.device)
+        e = xx - eye
+        off = off | (torch.linalg.cholesky_ex(eye * bound**2 - e @ e).info > 0)
+    return off

@@ -54,3 +54,25 @@ def test_the_region_is_on_again_after_the_step():
         opt.step()
         assert torch.is_autocast_enabled("cpu")
         assert (w @ w.T).dtype == torch.bfloat16
+
+
+@pytest.mark.slow  # a compilation
+def test_a_compiled_step_inside_a_region_compiles_whole_and_steps_as_outside():
+    # the region is left by one torch.autocast context per device (an ExitStack made
+    # torch.compile(fullgraph=True) fail inside a region); the reference is eager outside
+    def run(compiled: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        st = Stiefel(8, 4)
+        w = geoopt.ManifoldParameter(st.random(), manifold=st)
+        opt = optimizers.create("rgd", [w], lr=0.05)
+        step = torch.compile(opt.step, fullgraph=True) if compiled else opt.step
+        for _ in range(2):
+            w.grad = torch.randn_like(w)
+            if compiled:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    step()
+            else:
+                step()
+        return w.detach()
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=1e-6)

@@ -144,19 +144,21 @@ def test_a_step_leaving_the_basin_is_skipped_with_a_warning():
     assert float(orthogonality_error(p.detach())) < 1e-12
 
 
+def _procrustes():
+    """A full-batch least-squares loss on St(32, 8) and a start (float64)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 32, generator=gen, dtype=torch.float64)
+    b = torch.randn(64, 8, generator=gen, dtype=torch.float64)
+    x0 = Stiefel(32, 8).random(dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return (lambda x: 0.5 * (a @ x - b).square().sum()), x0
+
+
 def test_a_full_batch_run_takes_the_steps_pogo_torch_takes():
     # Note [POGO's basin]: the midpoint test was ‖MᴴM − I‖_F < 1, which refused a midpoint
     # with eigenvalues of MᴴM − I in [0.09, 0.69] (‖·‖_F = 1.06); the same step was then
     # refused at every iteration (a full-batch loss), and the run stood still with one
     # warning. The reference is pogo-torch on the same problem.
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(64, 32, generator=gen, dtype=torch.float64)
-    b = torch.randn(64, 8, generator=gen, dtype=torch.float64)
-    x0 = Stiefel(32, 8).random(dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-
-    def loss(x: torch.Tensor) -> torch.Tensor:
-        return 0.5 * (a @ x - b).square().sum()
-
+    loss, x0 = _procrustes()
     ours = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(32, 8))
     theirs = torch.nn.Parameter(x0.T.clone()[None])
     opt = optimizers.create("pogo", [ours], lr=0.01, base="sgd", momentum=0.9)
@@ -178,14 +180,62 @@ def test_the_basin_test_is_the_eigenvalue_range_of_the_correction():
 
     gen = torch.Generator().manual_seed(3)
     for dtype in (torch.float64, torch.complex128):
-        for lam in (0.25, 0.5, 1.0):
+        for lam in (0.0, 0.25, 0.5, 1.0):
+            top = 1 / lam if lam else 3.0  # λ = 0 (no correction): σ > 0 is the test
             q = torch.linalg.qr(torch.randn(400, 5, 5, dtype=dtype, generator=gen))[0]
-            width = 1 / lam + 1.4  # (−1.2, 1/λ + 0.2): both ends crossed
+            width = top + 1.4  # (−1.2, 1/λ + 0.2): both ends crossed
             ev = (torch.rand(400, 5, dtype=torch.float64, generator=gen) * width - 1.2).to(dtype)
             e = q @ torch.diag_embed(ev) @ q.mH
             spectrum = torch.linalg.eigvalsh(e)
-            expected = (spectrum.amin(-1) > -1) & (spectrum.amax(-1) < 1 / lam)
+            expected = spectrum.amin(-1) > -1
+            if lam:
+                expected &= spectrum.amax(-1) < 1 / lam
             assert 50 < int(expected.sum()) < 350  # both outcomes are drawn
             assert torch.equal(_within_basin(e, lam), expected)
     big = torch.full((2, 3, 3), 1e200, dtype=torch.float64)  # E² overflows
     assert not _within_basin(big, 0.5).any()
+
+
+def test_a_resumed_run_is_the_uninterrupted_one_where_pogo_left_its_point_far():
+    # Note [Off-manifold points at a step]: the second step leaves ‖XᴴX − I‖_F = 1.06 with
+    # ‖XᴴX − I‖₂ < 1, inside POGO's basin; the point test was ‖·‖_F < 1, so a step that
+    # tested the point (the first after load_state_dict) projected it and the resumed run
+    # left the uninterrupted one (the reference)
+    loss, x0 = _procrustes()
+
+    def steps(w, opt, k):
+        for _ in range(k):
+            opt.zero_grad()
+            loss(w).backward()
+            opt.step()
+
+    def fresh():
+        w = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(32, 8))
+        return w, optimizers.create("pogo", [w], lr=0.01, base="sgd", momentum=0.9)
+
+    w, opt = fresh()
+    steps(w, opt, 2)
+    assert float(orthogonality_error(w.detach())) > 1  # far, inside the basin
+    saved, point = opt.state_dict(), w.detach().clone()
+    steps(w, opt, 3)
+    w2, opt2 = fresh()
+    with torch.no_grad():
+        w2.copy_(point)
+    opt2.load_state_dict(saved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing projected
+        steps(w2, opt2, 3)
+    torch.testing.assert_close(w2.detach(), w.detach(), rtol=0, atol=1e-12)
+
+
+def test_a_correction_of_zero_steps_without_a_basin_above():
+    # λ = 0 (allowed: no correction) divided by zero in the basin test
+    st = Stiefel(10, 3)
+    w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+    opt = optimizers.create("pogo", [w], lr=0.01, base="sgd", lam=0.0)
+    g = torch.randn(10, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x = w.detach().clone()
+    w.grad = g.clone()
+    opt.step()
+    half = 0.005 * (g @ (x.T @ x) - x @ (g.T @ x))  # M = X − lr·ψ, kept as it is
+    torch.testing.assert_close(w.detach(), x - half, rtol=0, atol=1e-14)

@@ -48,6 +48,20 @@ def test_the_operator_form_inside_a_region_is_the_one_outside(method):
     torch.testing.assert_close(step, one, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("method", ["householder", "cwy", "tcwy", "exp", "cayley"])
+def test_the_operator_form_takes_the_regions_bfloat16_activations(method):
+    # the region's activations are bfloat16: the operator computes in the weight's dtype
+    # and returns bfloat16 (it raised on mixed dtypes); the reference is float32 outside
+    torch.manual_seed(0)
+    w = stiefel.orthogonalize(torch.randn(16, 16), method=method)
+    x = torch.randn(5, 16).bfloat16()
+    outside = w.linear(x.float())
+    with _region():
+        inside = w.linear(x)
+    assert inside.dtype == torch.bfloat16
+    torch.testing.assert_close(inside, outside.bfloat16(), rtol=0, atol=0)
+
+
 def test_the_dense_q_of_a_butterfly_inside_a_region_is_the_one_outside():
     torch.manual_seed(0)
     lin = nn.Linear(16, 16)
