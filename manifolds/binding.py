@@ -22,26 +22,23 @@ point of the manifold is projected if it is a usable matrix (the module's own
 refused otherwise (non-finite or rank-deficient memory left by ``to_empty``).
 
 Note [Marking a tensor]
-A plain ``nn.Parameter`` becomes a ``geoopt.ManifoldParameter`` in place (its
-class only; same object and storage), so geoopt's optimizers see it too. Any
-other tensor (a DTensor Parameter, FSDP2's unsharded Parameter, a tensor
-subclass) cannot change class and gets the ``manifold`` attribute, which this
-package's optimizers honour on every tensor.
+A plain ``nn.Parameter`` becomes a ``geoopt.ManifoldParameter`` in place (its class
+only; same object and storage), so geoopt's optimizers see it too. Any other tensor (a
+DTensor Parameter, FSDP2's unsharded Parameter, a tensor subclass) cannot change class
+and gets the ``manifold`` attribute, which this package's optimizers honour.
 
 Note [A substituted tensor is used as given]
 ``torch.func.functional_call(module, {"weight": W}, x)`` (and ``vmap`` over
-``torch.func.stack_module_state``) puts the caller's tensor at the name for one
-call, by a plain ``module._parameters[name] = W``: the pre-hook would take it
-for a rebuilt Parameter, project it in place (the caller's ``W`` overwritten,
-the output computed with another matrix) and, under ``vmap``, read a batched
-tensor's values (torch's data-dependent control-flow error). Every recipe that
-rebuilds a weight for good (``to_empty``, ``module.to``,
-``load_state_dict(assign=True)``, ``fully_shard``) puts an ``nn.Parameter``
-there; a substitution puts whatever the caller gave, almost always a plain
-tensor. So a tensor at a recorded name that is not an ``nn.Parameter`` is the
-caller's: it is used as given, never checked, marked or written. (An
-``nn.Parameter`` without the mark cannot be told from a rebuilt one: it is
-marked, checked and projected as one.)
+``torch.func.stack_module_state``) puts the caller's tensor at the name for one call, by
+a plain ``module._parameters[name] = W``: the pre-hook would take it for a rebuilt
+Parameter and project it in place (the caller's ``W`` overwritten, the output computed
+with another matrix) and, under ``vmap``, read a batched tensor's values. Every recipe
+that rebuilds a weight for good (``to_empty``, ``module.to``,
+``load_state_dict(assign=True)``, ``fully_shard``) puts an ``nn.Parameter`` there; a
+substitution puts whatever the caller gave, almost always a plain tensor. So a tensor at
+a recorded name that is not an ``nn.Parameter`` is the caller's: used as given, never
+checked, marked or written (an unmarked ``nn.Parameter`` cannot be told from a rebuilt
+one: it is marked, checked and projected as one).
 
 Note [A weight under another parametrization]
 ``torch.nn.utils.parametrize.register_parametrization(module, "weight", f)`` on
@@ -55,6 +52,7 @@ Parameter of uninitialised memory).
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -81,15 +79,16 @@ __all__ = [
 _ATTR = "_stiefel_manifolds"
 #: set on a module by `load_state_dict` until its points were checked (`_check_loaded`)
 _LOADED = "_stiefel_loaded"
-# optimizer -> what the guard last looked at (Note [The guard sees every param group]),
-# or _DONE once it warned or found the optimizer Riemannian
-_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# an optimizer's attribute (one per copy of this module): what the guard last saw (Note [The
+# guard sees every param group]), or _DONE; on the object (an optimizer may be unhashable)
+_SEEN = f"_stiefel_guard_seen.{__name__}"
 _DONE = object()
 # every optimizer that took an eager step while the guard was registered (weakly held)
 _STEPPED: weakref.WeakSet = weakref.WeakSet()
 _MARKS = [0]  # how many times a tensor was marked (a new mark: the guard looks again)
-# the modules that hold a record, as `attach` and `restore` met them (`claim` looks here)
-_HOLDERS: weakref.WeakSet = weakref.WeakSet()
+# the modules that hold a record, as `attach` and `restore` met them (`claim` looks here;
+# the lock: a WeakSet is not read while another thread adds to it)
+_HOLDERS, _HOLDERS_LOCK = weakref.WeakSet(), threading.Lock()
 
 
 def manifold_of(t: torch.Tensor) -> geoopt.Manifold | None:
@@ -146,7 +145,8 @@ def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) 
     """
     first = _ATTR not in module.__dict__
     module.__dict__.setdefault(_ATTR, {})[name] = (manifold, label)
-    _HOLDERS.add(module)
+    with _HOLDERS_LOCK:
+        _HOLDERS.add(module)
     mark(module._parameters[name], manifold)
     if first:
         module.register_forward_pre_hook(KeepManifold())
@@ -183,14 +183,14 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
             pass
     if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
         return  # before any look-up: a compiled step traces no weak dictionary here
-    seen = _SEEN.get(opt)
+    seen = opt.__dict__.get(_SEEN)
     if seen is _DONE:
         return
     key = (_MARKS[0], tuple(len(group["params"]) for group in opt.param_groups))
     if seen == key:
         return
     claim(p for group in opt.param_groups for p in group["params"])
-    _SEEN[opt] = key = (_MARKS[0], key[1])
+    opt.__dict__[_SEEN] = (_MARKS[0], key[1])
     for group in opt.param_groups:
         for p in group["params"]:
             if manifold_of(p) is not None:
@@ -202,7 +202,7 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
                     "parametrization method (orthogonalize(..., method='cwy')) instead.",
                     stacklevel=3,
                 )
-                _SEEN[opt] = _DONE
+                opt.__dict__[_SEEN] = _DONE
                 return
 
 
@@ -318,7 +318,8 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
     """
     found = []
     if records(module):
-        _HOLDERS.add(module)  # a copy of a recorded module is met here (`claim`)
+        with _HOLDERS_LOCK:  # a copy of a recorded module is met here (`claim`)
+            _HOLDERS.add(module)
     for name, (manifold, label) in records(module).items():
         where = slot(module, name)
         if where is None:
@@ -379,7 +380,9 @@ def claim(params: Iterable[torch.Tensor]) -> None:
     if not wanted:
         return
     found = []  # (position of the module's first wanted parameter, module)
-    for module in list(_HOLDERS):
+    with _HOLDERS_LOCK:  # another thread may be adding one (`attach`)
+        holders = list(_HOLDERS)
+    for module in holders:
         at = [wanted[i] for name in records(module) if (i := id(_at_slot(module, name))) in wanted]
         if at:
             found.append((min(at), module))

@@ -252,3 +252,24 @@ def test_rebuilt_weights_are_restored_in_the_order_of_the_parameters(monkeypatch
     params = [p for layer in reversed(layers) for p in layer.parameters()]
     binding.claim(params)
     assert [layers.index(m) for m in seen] == list(range(7, -1, -1))
+
+
+def test_an_unhashable_torch_optimizer_steps_and_is_still_guarded():
+    # the guard kept what it saw in a weak dictionary keyed by the optimizer: a torch
+    # optimizer class with __eq__ and no __hash__ (no stiefel parameter in it) failed at
+    # its first step once stiefel was imported; the reference is torch's SGD step
+    class Compared(torch.optim.SGD):
+        def __eq__(self, other):
+            return self is other
+
+    w = nn.Parameter(torch.randn(3))
+    ref = w.detach().clone()
+    w.grad = torch.ones(3)
+    Compared([w], lr=0.1).step()
+    torch.testing.assert_close(w.detach(), ref - 0.1, rtol=0, atol=0)
+    lin = orthogonalize(nn.Linear(4, 6), method="riemannian")
+    opt = Compared(lin.parameters(), lr=0.1)
+    for p in lin.parameters():
+        p.grad = torch.randn_like(p)
+    with pytest.warns(UserWarning, match="not a Riemannian optimizer"):
+        opt.step()
