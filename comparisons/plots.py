@@ -12,7 +12,12 @@ core; complexity, dashed the roofline.
 
 from __future__ import annotations
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError as exc:  # the harness's figures: the [compare] extra
+    raise ModuleNotFoundError(
+        "stiefel.comparisons draws its figures with matplotlib: pip install 'stiefel[compare]'"
+    ) from exc
 
 matplotlib.use("Agg")
 

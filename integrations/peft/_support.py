@@ -25,7 +25,12 @@ def require():
     """Import PEFT, checking the supported version window ``MIN_VERSION <= v < 1.0``."""
     try:
         import peft
-    except ImportError as err:  # pragma: no cover - peft is in the test extra
+    except ModuleNotFoundError as err:
+        if err.name != "peft":  # installed, and one of its own imports failed
+            raise ImportError(
+                f"stiefel.integrations.peft: PEFT is installed but importing it failed: "
+                f"{err} (a PEFT and transformers/accelerate versions that do not match?)"
+            ) from err
         raise ImportError("stiefel.integrations.peft needs PEFT: pip install peft") from err
     from packaging.version import Version
 
