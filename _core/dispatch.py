@@ -118,6 +118,10 @@ def policy(*, reference: bool) -> Iterator[None]:
     """Within the block, every dispatcher takes its reference path (``reference=True``)
     or its policy's choice (``reference=False``); the previous setting comes back after.
 
+    The setting is the process's, as torch's backend flags (``torch.backends.*.flags``)
+    are, so that a compiled kernel guards on it: a block in one thread holds for every
+    thread, and blocks of several threads that overlap restore each other's settings.
+
     Raises:
         TypeError: ``reference`` is not a bool.
     """

@@ -25,6 +25,7 @@ Q itself, its factors and their start at the identity, is a `Rotation`
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -185,31 +186,38 @@ def rotate(
     if w.requires_grad:
         w.requires_grad_(False)
     setattr(module, ATTRIBUTE, rot)
+    # the hooks are module-level functions bound by partial: a rotated module pickles
+    # (torch.save(model)), which local closures made impossible
     if side == "input":
-
-        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict):
-            if not args:
-                raise TypeError(
-                    f"a rotated {type(mod).__name__} rotates its first positional argument; "
-                    f"got none (keyword arguments: {', '.join(kwargs) or 'none'}): pass the "
-                    "input positionally"
-                )
-            x = args[0]
-            return (mod.rotation.along(x, feature_axis(spatial, x)), *args[1:]), kwargs
-
-        rot._handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        hook = functools.partial(_rotate_input, spatial=spatial)
+        rot._handle = module.register_forward_pre_hook(hook, with_kwargs=True)
     else:
-
-        def hook(mod: nn.Module, args: tuple, y: torch.Tensor):
-            axis = feature_axis(spatial, y)
-            b = getattr(mod, "bias", None)
-            if not isinstance(b, torch.Tensor):
-                return mod.rotation.along(y, axis)
-            b = bias_view(b, y, axis)
-            return mod.rotation.along(y - b, axis) + b
-
-        rot._handle = module.register_forward_hook(hook)
+        rot._handle = module.register_forward_hook(
+            functools.partial(_rotate_output, spatial=spatial)
+        )
     return module
+
+
+def _rotate_input(mod: nn.Module, args: tuple, kwargs: dict, *, spatial: int):
+    """The forward pre-hook of ``side="input"``: x ↦ Qx on the features of the first input."""
+    if not args:
+        raise TypeError(
+            f"a rotated {type(mod).__name__} rotates its first positional argument; "
+            f"got none (keyword arguments: {', '.join(kwargs) or 'none'}): pass the "
+            "input positionally"
+        )
+    x = args[0]
+    return (mod.rotation.along(x, feature_axis(spatial, x)), *args[1:]), kwargs
+
+
+def _rotate_output(mod: nn.Module, args: tuple, y: torch.Tensor, *, spatial: int):
+    """The forward hook of ``side="output"``: Q on the output's features, the bias kept."""
+    axis = feature_axis(spatial, y)
+    b = getattr(mod, "bias", None)
+    if not isinstance(b, torch.Tensor):
+        return mod.rotation.along(y, axis)
+    b = bias_view(b, y, axis)
+    return mod.rotation.along(y - b, axis) + b
 
 
 def check_blocks(

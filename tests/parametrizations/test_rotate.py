@@ -338,3 +338,27 @@ def test_an_embedding_is_refused_and_left_as_it_was(cls):
         rotate(emb, method="cayley")
     assert torch.equal(emb.weight.detach(), table) and emb.weight.requires_grad
     assert not hasattr(emb, "rotation")
+
+
+@pytest.mark.parametrize("side", ["input", "output"])
+@pytest.mark.parametrize("method", ["riemannian", "cwy"])
+def test_a_rotated_module_is_saved_whole_and_merges_after_loading(method, side):
+    # rotate's hooks were local closures: torch.save(model) and pickle failed ("Can't
+    # pickle local object"); the reference is the module before saving
+    import io
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8, dtype=torch.float64)
+    rotate(lin, method, side=side)
+    with torch.no_grad():
+        for p in lin.rotation.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(3, 8, dtype=torch.float64)
+    buf = io.BytesIO()
+    torch.save(lin, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    torch.testing.assert_close(loaded(x), lin(x), rtol=0, atol=0)
+    merge(loaded)
+    assert not hasattr(loaded, "rotation")
+    torch.testing.assert_close(loaded(x), lin(x), rtol=0, atol=1e-13)
