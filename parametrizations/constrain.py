@@ -65,11 +65,10 @@ def orthogonalize(
     Parameter no module holds returns a new `OrthogonalMatrix` holding that
     same Parameter (no copy).
 
-    The nearest point is the polar factor, O(n³), computed by a scaled Newton
-    iteration with the SVD as fallback (Note [Nearest point by the scaled
-    Newton iteration]; `benchmarks/init.py` prints its timing against the
-    SVD). When the starting point does not matter, ``init="identity"``,
-    ``"haar"`` (a random point: the QR of a Gaussian, in the weight's
+    The nearest point is the polar factor, O(n³), computed by the SVD of the weight
+    scaled by a power of two (Note [Nearest point of a scaled matrix];
+    `benchmarks/init.py` prints its timing). When the starting point does not
+    matter, ``init="identity"``, ``"haar"`` (a random point: the QR of a Gaussian, in the weight's
     precision), ``"random"`` or ``"torus"`` skip it (see the troubleshooting
     page, "Slow initialisation").
 
