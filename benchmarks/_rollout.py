@@ -1,8 +1,17 @@
-"""RNN rollouts of the map benchmark: operator forms against an unconstrained RNN."""
+"""RNN rollouts of the map benchmark: operator forms against an unconstrained RNN.
+
+Every row is timed in the same interleaved rounds (`_timing.rounds`: each round calls
+every row once, in an order that changes from round to round), on the wall clock and
+on the calling thread's CPU clock of the same calls; the table gives each clock's
+median over the rounds and the median over the rounds of each row's time over the
+unconstrained RNN's in that round. Timed one after another instead, the first row ran
+in a different state of the machine (its load, its caches) than the rows after it.
+"""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +22,7 @@ from torch import nn
 from stiefel.parametrizations import orthogonalize
 
 from ._maps_common import _progress, _randomize, _row
-from ._timing import fmt_time, measure, ratio, table
+from ._timing import Timing, both_clocks, fmt_ratio, fmt_time, rounds, table
 
 
 def _rollout_fn(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, xs, n):
@@ -34,7 +43,11 @@ def _rollout_fn(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], para
 def rollout(
     steps: int, n: int, repeats: int, budget: float, gen, verbose: bool = False, device="cpu"
 ) -> list[dict[str, Any]]:
-    """RNN rollouts (T = ``steps``, batch 1, L = n/8), forward + backward, on ``device``."""
+    """RNN rollouts (T = ``steps``, batch 1, L = n/8), forward + backward, on ``device``.
+
+    Timed in ``repeats`` interleaved rounds (at least one); ``budget`` is not used (every
+    row runs in every round), it is kept for the callers' signature.
+    """
     L = max(1, n // 8)
     xs = torch.randn(steps, 1, n, generator=gen).to(device)
     free = nn.Parameter((torch.randn(n, n, generator=gen) / math.sqrt(n)).to(device))
@@ -65,11 +78,26 @@ def rollout(
         )
         if method == "cwy":
             cases.append((f"{method} Q = W() once per rollout", _materialized(w, xs, n)))
+    _progress(verbose, f"rollout: {len(cases)} rows in {max(repeats, 1)} interleaved rounds")
+    times = rounds(dict(cases), max(repeats, 1), lambda fn: both_clocks(fn, device))
+    base = times[cases[0][0]]
     rows = []
-    for name, fn in cases:
-        _progress(verbose, f"rollout {name}")
-        t = measure(fn, repeats, budget)
-        rows.append(_row("rollout", name, "ours", None, t, n=n, L=L, T=steps))
+    for name, _ in cases:
+        thread, wall = ([t[i] for t in times[name]] for i in (0, 1))
+        t = Timing(statistics.median(wall), len(wall))
+        per_round = {
+            clock: statistics.median(a[i] / b[i] for a, b in zip(times[name], base, strict=True))
+            for i, clock in enumerate(("thread", "wall"))
+        }
+        rows.append(
+            _row("rollout", name, "ours", None, t, n=n, L=L, T=steps)
+            | {
+                "thread_s": statistics.median(thread),
+                "wall_ratio": per_round["wall"],
+                "thread_ratio": per_round["thread"],
+                "rounds": len(wall),
+            }
+        )
     return rows
 
 
@@ -111,11 +139,19 @@ def _operator(w: nn.Module, xs: torch.Tensor, n: int) -> Callable[[], object]:
 
 
 def rollout_table(rows: list[dict[str, Any]]) -> str:
-    base = rows[0]["fwd_bwd_s"]
     body = [
-        [r["name"], fmt_time(r["fwd_bwd_s"]), f"{ratio(r['fwd_bwd_s'], base) or math.nan:.2f}"]
+        [r["name"], fmt_time(r["fwd_bwd_s"]), fmt_time(r["thread_s"])]
+        + [fmt_ratio(r["wall_ratio"]), fmt_ratio(r["thread_ratio"])]
         for r in rows
     ]
     r0 = rows[0]
     title = f"RNN rollout, T = {r0['T']}, n = {r0['n']}, batch 1, L = {r0['L']}, forward + backward"
-    return title + "\n" + table(["model", "fwd+bwd", "time / unconstrained"], body)
+    title += f"; every row in each of {r0['rounds']} interleaved rounds, medians"
+    heads = ["model", "fwd+bwd wall", "fwd+bwd thread CPU", "wall / unconstrained"]
+    heads += ["thread / unconstrained"]
+    note = (
+        "thread CPU: the calling thread's CPU time of the same calls (all of a call's work "
+        "with one torch thread; — on a GPU); ratios: the median over the rounds of the "
+        "row's time over the unconstrained RNN's in the same round"
+    )
+    return f"{title}\n{table(heads, body)}\n{note}"

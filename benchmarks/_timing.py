@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import math
 import platform
 import statistics
@@ -27,8 +28,7 @@ import torch
 
 from stiefel.comparisons import cost as timing
 from stiefel.comparisons.config import parse_shape
-from stiefel.comparisons.writers import md_table as table
-from stiefel.comparisons.writers import write_json
+from stiefel.comparisons.writers import md_table, write_json
 
 __all__ = [
     "Timing",
@@ -43,6 +43,9 @@ __all__ = [
     "fmt_ratio",
     "table",
     "header",
+    "versions",
+    "rounds_line",
+    "fmt_sig",
     "write_json",
     "parse_shape",
     "ratio",
@@ -230,14 +233,45 @@ def fmt_time(seconds: float | None) -> str:
 
 
 def fmt_ratio(ratio: float | None) -> str:
-    """A speed ratio: 3 significant digits, '—' when undefined."""
+    """A speed ratio: 3 significant digits (2 below 0.1), '—' when undefined."""
     if ratio is None or not math.isfinite(ratio):
         return "—"
     if ratio >= 100:
         return f"{ratio:.0f}x"
     if ratio >= 10:
         return f"{ratio:.1f}x"
-    return f"{ratio:.2f}x"
+    if ratio >= 0.1 or ratio <= 0:
+        return f"{ratio:.2f}x"
+    return f"{fmt_sig(ratio)}x"
+
+
+def fmt_sig(x: float | None, digits: int = 2) -> str:
+    """``x`` with at least ``digits`` significant digits, no exponent ('—' when undefined).
+
+    Example:
+        ```text
+        fmt_sig(0.0912) == "0.091"; fmt_sig(1.234) == "1.2"; fmt_sig(123.4) == "123"
+        ```
+    """
+    if x is None or not math.isfinite(x):
+        return "—"
+    if x == 0:
+        return "0"
+    decimals = max(digits - 1 - math.floor(math.log10(abs(x))), 0)
+    return f"{x:.{decimals}f}"
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table (`stiefel.comparisons.writers.md_table`) whose cells may hold ``|``.
+
+    A ``|`` inside a header or a text cell (``max |Δ|``) is escaped as ``\\|``:
+    unescaped, markdown reads it as a column border.
+    """
+    return md_table([_escaped(h) for h in headers], [[_escaped(c) for c in r] for r in rows])
+
+
+def _escaped(cell: Any) -> Any:
+    return cell.replace("|", "\\|") if isinstance(cell, str) else cell
 
 
 def device_name(device: torch.device | str | None = None) -> str:
@@ -256,13 +290,44 @@ def device_name(device: torch.device | str | None = None) -> str:
 
 
 def header(
-    title: str, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    title: str,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    peers: tuple[str, ...] = (),
 ) -> str:
-    """A title line with the torch version, the device (`device_name`), thread count and dtype."""
+    """A title line with the torch version, the device (`device_name`), thread count and dtype.
+
+    ``peers``: the distributions of the libraries compared against (``"geoopt"``,
+    ``"pogo-torch"``, ...), whose versions (`versions`) end the line.
+    """
     dev = device_name(device)
     name = str(dtype).removeprefix("torch.")
     n = torch.get_num_threads()
-    return f"{title} — torch {torch.__version__}, {dev}, {n} thread{'s' * (n != 1)}, {name}"
+    line = f"{title} — torch {torch.__version__}, {dev}, {n} thread{'s' * (n != 1)}, {name}"
+    return f"{line}; {versions(*peers)}" if peers else line
+
+
+def rounds_line(count: int, device: torch.device | str | None = None) -> str:
+    """What an `interleaved` table holds: the median of ``count`` rounds on the wall clock."""
+    cuda = torch.device(device or "cpu").type == "cuda"
+    sync = ", synchronised before and after each call" if cuda else ""
+    return f"median of {count} interleaved rounds (one call each per round), wall clock{sync}"
+
+
+def versions(*dists: str) -> str:
+    """The installed version of each distribution, as ``"peft 0.22.0, geoopt 0.5.1"``.
+
+    A peer's speed and memory change from one release to the next: a figure compared
+    against it holds for the version named beside it. One not installed reads
+    ``"<name> not installed"``.
+    """
+    out = []
+    for d in dists:
+        try:
+            out.append(f"{d} {importlib.metadata.version(d)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{d} not installed")
+    return ", ".join(out)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

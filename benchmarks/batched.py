@@ -33,10 +33,18 @@ allocator's state beside the arithmetic; its ratio is not one of the step's
 alone (docs/results.md, "Page faults in the batched table, and batches stepped
 by rows", has the figures).
 So by default (``--malloc keep``) the run first asks glibc, through ``mallopt``, to
-keep freed memory in the process (no trimming; blocks up to 32 MiB from the heap,
+keep freed memory in the process (no trimming; blocks up to 256 MiB from the heap,
 not from their own mappings): after its first steps no row faults, whichever
-library it is, and the ratios compare the steps. ``--malloc default`` measures
-with glibc's own settings, as a program that does not tune them runs.
+library it is, and the ratios compare the steps. The limit is above every row's
+largest temporary: geoopt's canonical ``Stiefel()`` forms an N×N matrix per point,
+64 MiB on 4096 × St(64, 16), which a limit of 32 MiB left to fresh mappings at
+every step. A glibc that refuses the limit gets 32 MiB, and the header says so.
+``--malloc default`` measures with glibc's own settings, as a program that does
+not tune them runs.
+
+The row "geoopt rsgd (canonical Stiefel)" is geoopt's ``RiemannianSGD`` on
+``geoopt.Stiefel()`` (its ``CanonicalStiefel``: the canonical metric's Cayley
+retraction through the N×N matrix), geoopt's default Stiefel manifold.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ import torch
 from stiefel import optimizers
 from stiefel.manifolds import Orthogonal, Stiefel
 
-from ._timing import device_name, device_of
+from ._timing import device_name, device_of, versions
 
 
 def _haar(batch: int, n: int, m: int, seed: int, layout: str = "column") -> torch.Tensor:
@@ -85,7 +93,7 @@ def _candidates(lr: float, muon_inner: int):
 
         return make
 
-    def geoopt_rsgd(x0, man):
+    def geoopt_rsgd(x0, man):  # geoopt.Stiefel() is its CanonicalStiefel
         p = geoopt.ManifoldParameter(x0.clone(), manifold=geoopt.Stiefel())
         return p, geoopt.optim.RiemannianSGD([p], lr=lr)
 
@@ -94,7 +102,7 @@ def _candidates(lr: float, muon_inner: int):
     return [
         (sgd, pogo_torch("sgd"), sgd),
         (adam, pogo_torch("adam"), adam),
-        ("geoopt rsgd", geoopt_rsgd, sgd),
+        ("geoopt rsgd (canonical Stiefel)", geoopt_rsgd, sgd),
         ("rgd (cayley)", ours("rgd", lr=lr), sgd),
         ("rgd (qr)", ours("rgd", lr=lr, retraction="qr"), sgd),
         ("radam (cayley)", ours("radam", lr=lr), adam),
@@ -133,33 +141,38 @@ def minor_faults() -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
-#: mallopt's parameters (glibc's malloc.h) and the largest mmap threshold it accepts
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 << 20
+#: mallopt's parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: the mmap threshold asked for: above every row's largest temporary, then the largest
+#: that glibc's manual promises on 64-bit systems (Note [Page faults in a step's time])
+KEEP_BLOCKS, KEEP_BLOCKS_FALLBACK = 256 << 20, 32 << 20
 
 
 def keep_freed_memory() -> str:
     """Ask glibc's malloc to keep freed memory in this process; what was applied, in words.
 
-    No trimming of the heap's top, and blocks up to 32 MiB from the heap (Note
-    [Page faults in a step's time]).
+    No trimming of the heap's top, and blocks up to `KEEP_BLOCKS` from the heap (up to
+    `KEEP_BLOCKS_FALLBACK` where glibc refuses that; Note [Page faults in a step's time]).
 
     Returns:
-        ``"keep"`` when both settings took, otherwise which did not and why.
+        ``"keep (blocks up to … MiB from the heap)"`` when the settings took, otherwise
+        which did not.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):  # TypeError: no CDLL(None) on Windows
         return "default (this C library has no mallopt)"
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    refused = [
-        name
-        for name, param, value in (
-            ("trim threshold", _M_TRIM_THRESHOLD, 2**31 - 1),
-            ("mmap threshold", _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX),
-        )
-        if mallopt(param, value) != 1  # glibc's mallopt returns 1 on success
-    ]
-    return "keep" if not refused else f"keep, except: mallopt refused the {', '.join(refused)}"
+    refused = []  # glibc's mallopt returns 1 on success
+    if mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) != 1:
+        refused.append("trim threshold")
+    blocks = next(
+        (b for b in (KEEP_BLOCKS, KEEP_BLOCKS_FALLBACK) if mallopt(_M_MMAP_THRESHOLD, b) == 1), None
+    )
+    if blocks is None:
+        refused.append("mmap threshold")
+    kept = "keep" if blocks is None else f"keep (blocks up to {blocks >> 20} MiB from the heap)"
+    return kept if not refused else f"{kept}, except: mallopt refused the {', '.join(refused)}"
 
 
 def _step(p, opt, target, clock=time.perf_counter) -> tuple[float, float]:
@@ -280,14 +293,15 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {device_name(device)}, {torch.get_num_threads()} threads, "
         f"float32, lr={args.lr}, {steps} steps (drift after them), step time = median of "
         f"{rounds} interleaved rounds of the mean of {max(args.timed - 1, 1)} steps "
-        f"({args.clock} clock), points stored by {args.layout}s, malloc: {malloc}"
+        f"({args.clock} clock), points stored by {args.layout}s, malloc: {malloc}; "
+        + versions("pogo-torch", "geoopt")
     )
     for title, batch, n, m in problems:
         man = Orthogonal(n) if n == m else Stiefel(n, m)
         x0, target = (_haar(batch, n, m, s, args.layout).to(device) for s in (0, 1))
         print(f"\n{title}, batch {batch}")
         print(
-            f"{'optimizer':>26} {'step ms':>9} {'× pogo-torch':>13} {'faults':>8} "
+            f"{'optimizer':>32} {'step ms':>9} {'× pogo-torch':>13} {'faults':>8} "
             f"{'steps':>6} {'drift':>10} {'loss':>9}"
         )
         arms = []
@@ -303,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
             drift, loss = _finish(arm, target, steps, args.slow_s)
             ref.setdefault(arm["anchor"], t)  # an anchor's row comes before the rows it anchors
             print(
-                f"{arm['label']:>26} {1e3 * t:>9.2f} {t / ref[arm['anchor']]:>13.2f} "
+                f"{arm['label']:>32} {1e3 * t:>9.2f} {t / ref[arm['anchor']]:>13.2f} "
                 f"{statistics.median(arm['faults']):>8.0f} {arm['steps']:>6} {drift:>10.2e} "
                 f"{loss:>9.3f}",
                 flush=True,

@@ -27,7 +27,7 @@ import torch
 from stiefel.parametrizations import _cayley, kernels
 from stiefel.parametrizations._spectral import LazyNorm
 
-from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, rounds_line, table
 
 SIZES = "256,512,1024,2048,4096"
 
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     names = list(ARMS)
     title = "Cayley solve (I + A)X = B, B = I: each path / the pivoted LU"
     print(header(f"{title}, ‖A‖₁ = 0.99·{_cayley.UNPIVOTED_PER_ROOT}·√n", device, dtype))
+    print(rounds_line(3 if args.quick else args.rounds, device))
     others = [m for m in names if m != "pivoted"]
     cols = ["n", "mode"] + names + [f"{m} / pivoted" for m in others]
     body = []

@@ -92,7 +92,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     problems = chosen_problems(args.problems, batch_st, batch_o, ap)
     torch.set_num_threads(1)
     out = run(problems, rows, seeds, steps, args.lr)
-    print(header(f"Drift after {steps} steps, ours / pogo-torch, over {seeds} seeds", "cpu"))
+    print(
+        header(
+            f"Drift after {steps} steps, ours / pogo-torch, over {seeds} seeds",
+            "cpu",
+            peers=("pogo-torch",),
+        )
+    )
     print(
         table(
             ["problem", "batch", "row", "against", "seed", "largest drift"]

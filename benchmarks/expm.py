@@ -24,7 +24,7 @@ from stiefel.parametrizations import kernels
 from stiefel.parametrizations._expm import _plan, expm
 from stiefel.parametrizations._spectral import LazyNorm
 
-from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, rounds_line, table
 
 NORMS = "0.3,1.5,3.5,36"
 
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = getattr(torch, args.dtype)
     rows = run(sizes, norms, dtype, 3 if args.quick else args.rounds, device)
     print(header("exp of a skew A: our Padé expm / torch.linalg.matrix_exp", device, dtype))
+    print(rounds_line(3 if args.quick else args.rounds, device))
     cols = ["n", "‖A‖₁", "degree, squarings, solve", "ours fwd", "fwd ours / torch"]
     cols += ["ours fwd+bwd", "fwd+bwd ours / torch", "ours err", "torch err"]
     body = [

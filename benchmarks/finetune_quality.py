@@ -17,7 +17,9 @@ over the seeds, and the ratio of each ``StiefelConfig`` row's loss to its PEFT
 twin's (HRA for the reflections, OFT for the Cayley and exp blocks, BOFT for
 the butterfly).
 
-Run from a checkout: ``python -m benchmarks.finetune_quality [--seeds 0 1 2] [--lr 1e-2]``.
+Run from a checkout: ``python -m benchmarks.finetune_quality [--seeds 0 1 2] [--lr 1e-2]``;
+``--quick`` trains one seed for 10 steps (a smoke run: its losses mean nothing). The
+header names the PEFT and transformers versions of the twins.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ._timing import versions
 
 TARGETS = ["q_proj", "v_proj", "up_proj"]
 VOCAB = 64
@@ -206,16 +210,22 @@ def head_only(seed: int, steps: int = 100, lr: float = 1e-2) -> dict[str, float]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="seed 0, 10 steps (a smoke run)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
+    parser.add_argument("--steps", type=int, default=None, help="default 100")
     parser.add_argument("--lr", type=float, nargs="+", default=[1e-2])
     parser.add_argument("--adapters", nargs="+", default=list(ADAPTERS), choices=list(ADAPTERS))
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.seeds is None:
+        args.seeds = [0] if args.quick else [0, 1, 2]
+    if args.steps is None:
+        args.steps = 10 if args.quick else 100
     print(
         f"# majority rule, frozen tiny Llama, {args.steps} full-batch AdamW steps, "
-        f"seeds {args.seeds} (mean; loss ratio: StiefelConfig / its PEFT twin)"
+        f"seeds {args.seeds} (mean; loss ratio: StiefelConfig / its PEFT twin); "
+        + versions("peft", "transformers")
     )
     columns = "adapter | trainable values | lr | final train loss | held-out accuracy | loss / twin"
     print(f"| {columns} |")

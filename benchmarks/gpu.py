@@ -1,8 +1,10 @@
 """What a GPU machine should run, in one call: the CUDA tests, the GPU benchmarks, one report.
 
-Run ``bash benchmarks/gpu.sh`` on a bare GPU machine (it installs the project,
-then runs this), or ``python -m benchmarks.gpu --out DIR`` where the project is
-installed. Each step runs in its own process under a time limit, in this order:
+Run ``bash benchmarks/gpu.sh`` on a GPU machine whose Python imports a CUDA torch and
+the project (``bash benchmarks/gpu.sh --install`` on a bare one: it makes a virtualenv
+with pip's CUDA torch where needed and installs the project, then runs this; without
+``--install`` it installs nothing), or ``python -m benchmarks.gpu --out DIR`` where the
+project is installed. Each step runs in its own process under a time limit, in this order:
 
 1. ``tests``: every test case marked ``cuda`` (``pytest -m cuda``);
 2. ``cwy``: CWY against sequential Householder (the CWY paper's Table 4 claim);

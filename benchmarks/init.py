@@ -7,17 +7,21 @@ part). Printed per n, float32: the whole call for ``init="nearest"`` with its
 polar and reflections parts, the whole call for ``init="haar"`` and
 ``init="identity"``, and the anchor measured in the same run:
 ``torch.nn.init.orthogonal_`` on an n×n tensor (QR of a Gaussian), with the
-ratio of each init to it. One run each (these are seconds-long calls); timings
-on a shared machine are noisy, and the thread count is printed.
+ratio of each init to it. One run each by default (these are seconds-long calls),
+``--rounds k`` the median of k rounds, each timing every column once in turn; wall
+clock. Timings on a shared machine are noisy; the header names the torch version,
+the CPU and the thread count.
 
 Run: ``python -m benchmarks.init`` (n = 1024, 2048, 4096), ``--sizes 2048,4096``,
 or ``--quick`` (n = 128, 256); ``--inits haar,identity`` leaves out the nearest
-point (left-out columns print as nan).
+point (left-out columns print as "—").
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import time
 from collections.abc import Callable
 
@@ -26,6 +30,8 @@ from torch import nn
 
 from stiefel.parametrizations import orthogonalize
 from stiefel.parametrizations._polar import nearest_point
+
+from ._timing import fmt_time, header
 
 INITS = ("nearest", "haar", "identity")
 
@@ -68,12 +74,23 @@ def measure(n: int, method: str, inits: tuple[str, ...] = INITS) -> dict[str, fl
     return out
 
 
+def measured(n: int, method: str, inits: tuple[str, ...], rounds: int) -> dict[str, float]:
+    """The median over ``rounds`` calls of `measure` of each part (NaN stays NaN)."""
+    runs = [measure(n, method, inits) for _ in range(rounds)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.1f}×" if math.isfinite(a / b) else "—"
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 128, 256")
     parser.add_argument("--sizes", default=None, help="comma-separated n (default 1024,2048,4096)")
     parser.add_argument("--method", default="householder", help="the map (default householder)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="median of this many runs (1)")
     parser.add_argument(
         "--inits",
         default=",".join(INITS),
@@ -82,6 +99,8 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads={args.threads} is not allowed; allowed: an int >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} is not allowed; allowed: an int >= 1")
     torch.set_num_threads(args.threads)
     default = "128,256" if args.quick else "1024,2048,4096"
     try:
@@ -93,21 +112,21 @@ def main(argv: list[str] | None = None) -> str:
     inits = tuple(args.inits.split(","))
     if not inits or any(i not in INITS for i in inits):
         parser.error(f"--inits={args.inits!r} is not allowed; allowed: some of {', '.join(INITS)}")
+    runs = "one run each" if args.rounds == 1 else f"median of {args.rounds} rounds"
     lines = [
-        f"orthogonalize(Linear(n, n), method={args.method!r}), float32, "
-        f"{torch.get_num_threads()} threads, one run each; anchor: torch.nn.init.orthogonal_",
+        header(f"orthogonalize(Linear(n, n), method={args.method!r})"),
+        f"{runs}, wall clock; anchor: torch.nn.init.orthogonal_",
         "| n | nearest (default) | polar part | reflections part | haar | identity "
         "| torch orthogonal_ | nearest / torch | haar / torch |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for n in sizes:
-        t = measure(n, args.method, inits)
-        row = (
-            f"| {n} | {t['nearest']:.2f} s | {t['polar']:.2f} s | {t['reflections']:.2f} s "
-            f"| {t['haar']:.2f} s | {t['identity']:.2f} s | {t['torch']:.2f} s "
-            f"| {t['nearest'] / t['torch']:.1f}× | {t['haar'] / t['torch']:.1f}× |"
-        )
+        t = measured(n, args.method, inits, args.rounds)
+        cells = [fmt_time(t[k]).strip() for k in ("nearest", "polar", "reflections")]
+        cells += [fmt_time(t[k]).strip() for k in ("haar", "identity", "torch")]
+        cells += [_ratio(t["nearest"], t["torch"]), _ratio(t["haar"], t["torch"])]
+        row = f"| {n} | " + " | ".join(cells) + " |"
         print(row, flush=True)
         lines.append(row)
     return "\n".join(lines)

@@ -18,8 +18,10 @@ Parameter sets: 200 × St(8, 4), 200 × St(64, 16), and a transformer-like set o
 tall points: St(768, 256), O(256), St(1024, 256) twice); on request (``--sets``)
 one St(4096, 64) and 4096 × St(64, 16) as one parameter, where a step must cost
 what it did before the buckets (``--before``), and ``transformer32``, the
-transformer-like set's structure at 1/32 of its sizes: on a CPU its host time is
-the host side of the transformer-like step, without its arithmetic. Each optimizer
+transformer-like set's structure at 1/32 of its sizes (the same buckets; the operation
+counts differ where a kernel's path depends on the size, as Euler's product for the
+M×M solves up to M = 128 on a CPU, or the drift correction's period): on a CPU its
+host time is the host side of the transformer-like step, without its arithmetic. Each optimizer
 of this package (every Riemannian optimizer of the registry, ``rgd`` with the QR
 retraction and ``manifold_muon`` with one inner step, `VARIANTS`), with
 ``foreach=True`` (what ``foreach=None`` does on a GPU; on the CPU it leaves
@@ -80,7 +82,8 @@ SETS: dict[str, list[tuple[int, int, int]]] = {
 #: on request only (``--sets``): one large point and one large batch (a single stacked
 #: parameter), the step on one large matrix, which the buckets must leave as fast; and
 #: the transformer-like set's structure at 1/32 of its sizes, its host side (the same
-#: buckets and operations, where the arithmetic is negligible)
+#: buckets, where the arithmetic is negligible; the operations differ where a kernel's
+#: path or its drift correction's period depends on the size)
 LARGE_SETS: dict[str, list[tuple[int, int, int]]] = {
     "st4096x64": [(1, 4096, 64)],
     "batch4096": [(4096, 64, 16)],
@@ -456,7 +459,14 @@ def main(argv: list[str] | None = None) -> str:
     rows = []
     for name in chosen:
         rows += measure_set(name, sets[name], device, rounds, only, before)
-    out = [header("Ops, host reads and host time per optimizer step", device), ""]
+    out = [
+        header(
+            "Ops, host reads and host time per optimizer step",
+            device,
+            peers=("pogo-torch", "geoopt"),
+        ),
+        "",
+    ]
     out += [f"- {name}: {describe(sets[name], name in STACKED)}" for name in chosen]
     if args.quick:
         out.append("- --quick: smaller sets than the full ones of the same names")

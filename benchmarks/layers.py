@@ -303,10 +303,8 @@ def main(argv: list[str] | None = None) -> None:
 
     err = check_fft_layer(device)
     print(f"\nFFT layer against the dense Cayley reference: max |Δ| = {err:.1e}")
-    print(
-        f"\n## {header('forward+backward, k = 3, batch ' + str(args.batch), device)}; "
-        f"{args.clock} clock, {args.rounds} interleaved rounds\n"
-    )
+    title = header(f"forward+backward, k = 3, batch {args.batch}", device, peers=("orthogonium",))
+    print(f"\n## {title}; {args.clock} clock, {args.rounds} interleaved rounds\n")
     print("| setting | layer | median time | × nn.Conv2d (median of per-round ratios) |")
     print("|---|---|---|---|")
     for c, n, stride in settings:

@@ -21,7 +21,8 @@ same run:
    (h ← tanh(h Wᵀ + x_t) with a free W), plus two variants for reference:
    Q = W() formed once per rollout, and the operator form with U and S
    computed once per rollout from the kernels (what ``W.linear`` would cost if
-   it did not recompute them at every step).
+   it did not recompute them at every step). Every row runs in each of
+   ``--repeats`` interleaved rounds, timed on the wall and the thread CPU clock.
 
 Every free parameter is set to random values (scale 1/√n) before timing, so
 that no map runs at a special point (``matrix_exp`` of 0 is much cheaper).
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> str:
     tg = targets(square, stiefel, roll)
     text = "\n".join(
         [
-            header("Maps onto O(n) and St(N, M)", device),
+            header("Maps onto O(n) and St(N, M)", device, peers=("geotorch",)),
             f"up to {repeats} runs, {budget:g} s per measurement; ratios: anchor time / our time",
             "",
             square_table(square),

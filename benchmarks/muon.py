@@ -271,7 +271,13 @@ def main(argv: list[str] | None = None) -> dict:
     sets = {k: [(a // 8, b // 8) for a, b in v] if args.quick else v for k, v in STEP_SETS.items()}
     rounds = 3 if args.quick else args.rounds
     clock_name = "thread CPU" if clock is thread_timed else "wall"
-    print(header("Orthogonalization engines against the Muon family", device))
+    print(
+        header(
+            "Orthogonalization engines against the Muon family",
+            device,
+            peers=("gram-newton-schulz",),
+        )
+    )
     print(f"median of {rounds} interleaved rounds, {clock_name} clock\n")
 
     gemm = _gemm_ratio(128 if args.quick else 1024, device, clock)

@@ -259,7 +259,9 @@ def main(argv: list[str] | None = None) -> str:
     tg = targets(rows)
     text = "\n".join(
         [
-            header("One optimizer step (opt.step() with a fixed gradient)", device),
+            header(
+                "One optimizer step (opt.step() with a fixed gradient)", device, peers=("geoopt",)
+            ),
             f"up to {repeats} steps, {budget:g} s per measurement, lr = {LR:g}, "
             f"clock: {'CPU time of the one thread' if clock else 'wall'}",
             "",

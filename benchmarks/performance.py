@@ -12,8 +12,9 @@ marker comments::
 Everything outside the markers is left as it is. A script's "Targets" blocks
 (goals checked by its own tests) are left out of the page. ``--only maps,init``
 runs a subset; ``--quick`` runs every script at tiny sizes (a smoke run: its
-numbers mean nothing); ``--page PATH`` writes another file; ``--print`` prints the
-sections instead of writing them.
+numbers mean nothing); ``--page PATH`` writes another file (created with the
+sections' markers if it does not exist); ``--print`` prints the sections instead of
+writing them.
 
 Example:
 
@@ -123,6 +124,11 @@ def splice(page: str, name: str, body: str) -> str:
     return f"{head}{begin}\n{body.strip()}\n{end}{tail}"
 
 
+def blank_page(names: list[str]) -> str:
+    """A new page holding the markers of sections ``names``, in order, and nothing else."""
+    return "\n\n".join("\n".join(markers(name)) for name in names) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict[str, str]:
     """Run the chosen sections and write them into the page; return {name: markdown}."""
     p = argparse.ArgumentParser(
@@ -139,10 +145,17 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         p.error(
             f"--only {args.only!r}: unknown section(s) {unknown}; allowed: {', '.join(SECTIONS)}"
         )
-    page = None if args.print else args.page.read_text(encoding="utf-8")
-    if page is not None:
+    page = None
+    if not args.print:
+        if args.page.is_dir() or not args.page.parent.is_dir():
+            p.error(f"--page {str(args.page)!r}: allowed: a file in an existing folder")
+        exists = args.page.exists()
+        page = args.page.read_text(encoding="utf-8") if exists else blank_page(names)
         for name in names:  # every marker present before anything runs
-            splice(page, name, "")
+            try:
+                splice(page, name, "")
+            except ValueError as err:
+                p.error(f"--page {str(args.page)!r}: {err}")
     done = {}
     for name in names:
         done[name] = run(name, quick=args.quick)

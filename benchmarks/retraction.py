@@ -17,7 +17,7 @@ import torch
 
 from stiefel.manifolds import Stiefel, kernels
 
-from ._timing import fmt_time, median_time, table
+from ._timing import fmt_ratio, fmt_time, header, median_time, table
 
 SHAPES = [(4096, 64), (1024, 16), (1024, 64), (1024, 256)]
 
@@ -83,10 +83,12 @@ def main(argv: list[str] | None = None) -> str:
         rows.append(
             [r["shape"]]
             + [fmt_time(r[k]) for k in names]
-            + [f"{geo / fused:.0f}x", f"{geo / cay:.0f}x", f"{fused / qr:.2f}", f"{cay / qr:.2f}"]
+            + [fmt_ratio(geo / fused), fmt_ratio(geo / cay), fmt_ratio(fused / qr)]
+            + [fmt_ratio(cay / qr)]
         )
     out = [
-        f"One RGD step, float32, median of up to {repeats} runs, {torch.get_num_threads()} threads",
+        header("One RGD step", peers=("geoopt",)),
+        f"median of up to {repeats} runs (wall clock) per cell",
         table(
             ["shape"]
             + names

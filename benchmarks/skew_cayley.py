@@ -20,7 +20,7 @@ import torch
 
 from stiefel.manifolds.kernels import euler, skew_cayley
 
-from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, table
+from ._timing import device_of, fmt_ratio, fmt_time, header, interleaved, rounds_line, table
 
 
 def _needed(r: float, dtype: torch.dtype) -> int:
@@ -88,6 +88,7 @@ def main(argv=None) -> list[dict]:
     radii = [float(v) for v in args.radii.split(",")]
     rows = run(sizes, radii, rounds, device, work)
     print(header("Cayley(K) − I: Euler's product / LU solve", device))
+    print(rounds_line(rounds, device))
     print(
         table(
             [

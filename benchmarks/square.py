@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> str:
         sizes if args.drift_sizes is None else [int(s) for s in args.drift_sizes.split(",") if s]
     )
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
-    print(header("Square steps: ours against geoopt"), flush=True)
+    print(header("Square steps: ours against geoopt", peers=("geoopt",)), flush=True)
     results = []
     for dtype in dtypes:
         for n in sizes:

@@ -2,19 +2,25 @@
 
 Run ``python -m benchmarks.syncs`` (``--device cuda`` on a GPU). Every registered
 map (``stiefel.parametrizations.maps()``) and every registered optimizer
-(``stiefel.optimizers.available()``) is run once to warm up, then once under
-``torch.profiler``; the table counts, for that one call:
+(``stiefel.optimizers.available()``) is run twice to warm up (as
+``benchmarks.launch`` does: a step sizes its short paths by the last one), then once
+under launch's `StepCounter` and once under ``torch.profiler``; the table counts, per
+call:
 
-- ``item``: ``aten::_local_scalar_dense``, a tensor read on the host
-  (``.item()``, ``float(t)``, ``bool(t)``, ``if t:``); on a GPU each one waits
-  for every queued kernel, and under ``torch.compile`` each one breaks the graph;
+- ``reads``: host reads of a tensor's value, counted as ``benchmarks.launch``
+  counts them (its `StepCounter`: ``.item()``, ``float(t)``, ``bool(t)``,
+  ``if t:``, ``torch.equal``, ``.tolist()``, a copy from CUDA to the CPU; an
+  optimizer's CPU step counter is not counted); on a GPU each one waits for
+  every queued kernel, and under ``torch.compile`` each one breaks the graph;
 - ``D→H`` / ``H→D``: device-to-host and host-to-device copies (on CUDA: a
   result read back, or an operation that ran on the CPU);
 - ``sync``: explicit stream or device synchronisations.
 
 Maps run on an n×n weight (``--n``, default 256); optimizers on St(N, M)
-(``--stiefel``, default 4096x64) with a fixed random gradient. The default path
-of every map and step should read nothing on the host (DESIGN, "Performance").
+(``--stiefel``, default 4096x64) with a fixed random gradient; ``--quick``: n = 16
+and St(64, 8). A step of this package's optimizers reads once (the flags of every
+parameter together, Note [One host read per step] in ``stiefel.optimizers.engine``),
+with ``capturable=True`` not at all; torch's optimizers read nothing.
 
 Example:
 
@@ -40,28 +46,38 @@ from stiefel.manifolds import Stiefel
 from stiefel.parametrizations import maps, orthogonalize
 
 from ._timing import device_of, header, parse_shape, table
+from .launch import StepCounter
 
-COUNTED = {
-    "item": ("aten::_local_scalar_dense",),
+#: the profiler's events counted per call (the host reads are `StepCounter`'s)
+PROFILED = {
     "D→H": ("Memcpy DtoH",),
     "H→D": ("Memcpy HtoD",),
     "sync": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"),
 }
+#: the table's columns
+COUNTED = ("reads", *PROFILED)
 
 
-def counts(fn: Callable[[], object], device: torch.device) -> dict[str, int]:
-    """How many of each `COUNTED` event one call ``fn()`` makes (after one warm-up call).
+def counts(
+    fn: Callable[[], object], device: torch.device, opt: torch.optim.Optimizer | None = None
+) -> dict[str, int]:
+    """The host reads and each `PROFILED` event of one call ``fn()``, after two warm-up calls.
 
-    What the profiler itself records around an empty call (its own stream
-    synchronisation on CUDA) is subtracted.
+    The reads are counted by ``benchmarks.launch``'s `StepCounter` (``opt``: the
+    optimizer whose CPU step counters are not counted), the rest by the profiler in a
+    further call, less what it records around an empty call (its own stream
+    synchronisation on CUDA).
     """
+    fn()
+    fn()
+    with StepCounter(opt) as counter:
+        fn()
     seen = _profiled(fn, device)
     empty = _profiled(lambda: None, device)
-    return {key: max(seen[key] - empty[key], 0) for key in COUNTED}
+    return {"reads": counter.reads} | {k: max(seen[k] - empty[k], 0) for k in PROFILED}
 
 
 def _profiled(fn: Callable[[], object], device: torch.device) -> collections.Counter[str]:
-    fn()
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -72,13 +88,16 @@ def _profiled(fn: Callable[[], object], device: torch.device) -> collections.Cou
             torch.cuda.synchronize(device)
     seen: collections.Counter[str] = collections.Counter()
     for event in prof.events():
-        for key, names in COUNTED.items():
+        for key, names in PROFILED.items():
             if any(event.name.startswith(name) for name in names):
                 seen[key] += 1
     return seen
 
 
-def map_call(name: str, n: int, device: torch.device) -> Callable[[], object]:
+Call = tuple[Callable[[], object], torch.optim.Optimizer | None]
+
+
+def map_call(name: str, n: int, device: torch.device) -> Call:
     """Forward+backward of map ``name`` on an n×n float32 weight (drawn on the CPU)."""
     gen = torch.Generator().manual_seed(0)
     w = orthogonalize(torch.randn(n, n, generator=gen), method=name).to(device)
@@ -87,10 +106,10 @@ def map_call(name: str, n: int, device: torch.device) -> Callable[[], object]:
         w.zero_grad(set_to_none=True)
         w().sum().backward()
 
-    return call
+    return call, None
 
 
-def step_call(name: str, shape: tuple[int, int], device: torch.device) -> Callable[[], object]:
+def step_call(name: str, shape: tuple[int, int], device: torch.device) -> Call:
     """One ``step()`` of optimizer ``name`` (defaults, lr 1e-3) on St(N, M), fixed gradient."""
     gen = torch.Generator().manual_seed(0)
     manifold = Stiefel(*shape)
@@ -98,7 +117,7 @@ def step_call(name: str, shape: tuple[int, int], device: torch.device) -> Callab
     p = geoopt.ManifoldParameter(x0, manifold=manifold)
     opt = optimizers.create(name, [p], lr=1e-3)
     p.grad = torch.randn(shape, generator=gen).to(device) * 1e-2
-    return opt.step
+    return opt.step, opt
 
 
 def rows(n: int, shape: tuple[int, int], device: torch.device) -> list[list[Any]]:
@@ -109,7 +128,8 @@ def rows(n: int, shape: tuple[int, int], device: torch.device) -> list[list[Any]
     ]
     for label, build in cases:
         try:
-            c = counts(build(), device)
+            fn, opt = build()
+            c = counts(fn, device, opt)
             out.append([label] + [str(c[k]) for k in COUNTED] + [""])
         except Exception as err:  # a row says why it could not run; the others go on
             out.append([label] + ["—"] * len(COUNTED) + [f"{type(err).__name__}: {err}"[:120]])
@@ -118,18 +138,21 @@ def rows(n: int, shape: tuple[int, int], device: torch.device) -> list[list[Any]
 
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=256, help="maps: n×n weight (default 256)")
-    p.add_argument("--stiefel", type=parse_shape, default=(4096, 64), help="steps: St(N, M)")
+    p.add_argument("--quick", action="store_true", help="n = 16 and St(64, 8) (a smoke run)")
+    p.add_argument("--n", type=int, default=None, help="maps: n×n weight (default 256)")
+    p.add_argument("--stiefel", type=parse_shape, default=None, help="steps: St(N, M) (4096x64)")
     p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:<k>")
     args = p.parse_args(argv)
-    if args.n < 1:
-        p.error(f"--n {args.n}: allowed: a positive integer")
+    n = args.n if args.n is not None else (16 if args.quick else 256)
+    shape = tuple(args.stiefel or ((64, 8) if args.quick else (4096, 64)))
+    if n < 1:
+        p.error(f"--n {n}: allowed: a positive integer")
     device = device_of(args.device, p)
-    body = rows(args.n, tuple(args.stiefel), device)
+    body = rows(n, shape, device)
     text = "\n".join(
         [
-            header("Host synchronisations per call", device),
-            f"maps: forward+backward on {args.n}×{args.n}; steps: St{tuple(args.stiefel)}",
+            header("Host synchronisations per call", device, peers=("geoopt",)),
+            f"maps: forward+backward on {n}×{n}; steps: St{shape}",
             "",
             table(["call"] + list(COUNTED) + ["error"], body),
         ]

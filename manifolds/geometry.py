@@ -65,11 +65,10 @@ METRICS = tuple(EGRAD2RGRAD)
 # Methods that accept points off the manifold have a wider basin (``bound`` ≥ 1):
 # POGO's ‖E‖₂ < 1 keeps every σ in (0, √2), where its correction takes it to 1;
 # landing's flow converges from any full-rank X. Neither leaves a rank-deficient X
-# (the zero point is a fixed point of both), so the test is the rank, XᴴX > 0, and
-# ‖E‖₂ < bound, by Cholesky factorizations. Not ‖E‖_F (up to √M·‖E‖₂): a point
-# POGO's own step left with ‖E‖₂ < 1 < ‖E‖_F was projected at a step that tested it
-# and not at one that did not, so a resumed run left an uninterrupted one. Below 1
-# the cheaper ‖E‖_F > bound, which implies nothing less, decides.
+# (the zero point is a fixed point of both): the test is XᴴX > 0 and ‖E‖₂ < bound by
+# Cholesky factorizations, not ‖E‖_F (up to √M·‖E‖₂: a point POGO left with ‖E‖₂ < 1 <
+# ‖E‖_F was projected only where tested, and a resumed run left an uninterrupted one).
+# Below 1, the cheaper and stricter ‖E‖_F > bound decides.
 OFF_MANIFOLD = 0.5
 
 
@@ -177,9 +176,8 @@ class Geometry:
 
         A geometry whose points are square (O(n), U(n)) and whose retraction has a
         frame step returns a `FrameGeometry`: its tangent vectors are the n×n
-        skew-Hermitian Ω of ξ = XΩ, and its ``descend_transport`` returns Ω itself
-        as the transported vector (Note [Moments in the frame of X]). None: keep
-        tangent vectors as they are (every other geometry).
+        skew-Hermitian Ω of ξ = XΩ, and its ``descend_transport`` returns Ω itself as
+        the transported vector (Note [Moments in the frame of X]). None: as they are.
         """
         return None
 
@@ -198,9 +196,8 @@ class Geometry:
                 `stiefel.manifolds.kernels.frame`), or None: the kernels read them.
             grad: the step's gradient, whose max|grad| per matrix is ``absmax``.
             absmax: max|grad| per matrix, (..., 1, 1), or None.
-            reads: False for a step that must read nothing on the host (an
-                optimizer's ``capturable`` step): the kernels then take their paths
-                unread, as in a traced step.
+            reads: False for a step that must read nothing on the host (``capturable``):
+                the kernels then take their paths unread, as in a traced step.
         """
         return self
 
@@ -213,6 +210,10 @@ class Geometry:
         that sums over the rows) the process group the rows are split over.
         """
         return kernel(x, *args, **kwargs)
+
+    def kernel_tests(self) -> dict:
+        """A rule's kernel's ``checks=``/``reads=`` (`kernels.frame.replace_refused`): none."""
+        return {"reads": False}
 
     def off_manifold(
         self,
@@ -338,7 +339,8 @@ class StiefelGeometry(Geometry):
         self._skips = getattr(self._descent, "takes_uncorrected", False)
         self._frame_step = getattr(self._descent, "frame_step", None)
         self._checks: dict = {}  # the kernels' checks= and reads= of one step, if taken
-        self._step_checks: list | None = None  # the step's checks, for the rule's scales
+        self._step_checks, self._reads = None, True  # the step's checks (for the rule's
+        # scales and kernels, `kernel_tests`), and whether it may read (not capturable)
         self._known: tuple | None = None
         self.group = None  # the process group the rows are split over (`on_rows`)
         self._rows: dict = {}  # the retraction's ``group=`` when the rows are split
@@ -364,7 +366,7 @@ class StiefelGeometry(Geometry):
         """
         step = object.__new__(type(self))  # a shallow copy (copy.copy's general path is slow)
         step.__dict__.update(self.__dict__)
-        step._checks, step._step_checks = {}, checks
+        step._checks, step._step_checks, step._reads = {}, checks, reads
         if getattr(self._descent, "takes_checks", False):
             if checks is not None:
                 step._checks["checks"] = checks
@@ -372,6 +374,9 @@ class StiefelGeometry(Geometry):
                 step._checks["reads"] = False
         step._known = None if absmax is None else (grad, grad._version, absmax)
         return step
+
+    def kernel_tests(self):
+        return {"checks": self._step_checks, "reads": self._reads}
 
     def taken_as_one(self, site, scale):
         return kernels.reads.taken_as_one(self._step_checks, site, scale)

@@ -30,6 +30,7 @@ import torch
 
 from ..manifolds import Stiefel
 from ..manifolds.kernels.basic import gram_minus_identity, polar_step, three_products
+from ..manifolds.kernels.frame import replace_refused
 from ..manifolds.kernels.msign import exact_scale
 from ..manifolds.kernels.reduce import gram, rows_sum_squares
 from . import terms
@@ -54,7 +55,13 @@ BASIN = 1.0
 
 
 def pogo_step(
-    x: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor, lam: float = 0.5, group=None
+    x: torch.Tensor,
+    g: torch.Tensor,
+    lr: float | torch.Tensor,
+    lam: float = 0.5,
+    group=None,
+    checks: list | None = None,
+    reads: bool = True,
 ) -> torch.Tensor:
     r"""One POGO step on tall points (Javaloy & Vergari 2026, arXiv 2602.14656).
 
@@ -90,9 +97,14 @@ def pogo_step(
     ‖E‖_F < 1, a bound that refused steps of the method: a midpoint with ‖E‖_F = 1.06
     and eigenvalues in [0.09, 0.69] (pogo-torch takes it) was refused, and so was the
     same step at every later iteration of a full-batch run. The eigenvalues lie in
-    (−1, 1/λ) ⇔ (I + E)(I − λE) is positive definite (a polynomial in E; λ = 0, no
-    correction: σ > 0), decided by the info of a Cholesky factorization of that M×M
-    matrix (on the device, no host read); a product that overflowed is outside.
+    (−1, 1/λ) ⇔ I + E and I/λ − E are positive definite (λ = 0, no correction: the
+    first alone), decided by the infos of Cholesky factorizations of the two M×M
+    matrices (on the device, no host read; no product E², which would cost six times
+    their flops); a non-finite E is outside. Those factorizations cost as much as
+    the step on a CPU batch of small matrices, one LAPACK call each, while a step
+    of training has ‖E‖_F ≈ 1e-7: ‖E‖_F < 1, which implies the range, is the short
+    path, and the eigenvalues are tested only where it fails (Note [Refused
+    matrices in a step that reads nothing]).
     A matrix outside is returned as NaN, so that the optimizer's safe
     step (Note [Safe step]) skips the whole step with a warning and keeps the point.
 
@@ -102,6 +114,8 @@ def pogo_step(
         lr: the step size.
         lam: λ of the correction.
         group: the process group the rows are split over, or None.
+        checks: where the short path's test is appended unread, or None (read).
+        reads: False for a step that reads nothing: both paths, by ``torch.where``.
 
     Returns:
         The new points; NaN for a matrix whose step leaves the basin.
@@ -125,20 +139,26 @@ def pogo_step(
     # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
     # off-diagonal rounding (docs/performance.md, "Batched regime (many small matrices)").
     e = gram_minus_identity(mid, group=group)
-    inside = _within_basin(e, lam)[..., None, None]
-    # outside the basin MᴴM − I, and with it the corrected point, is NaN
-    return polar_step(mid, lam, torch.where(inside, e, math.nan))
+    short = (torch.linalg.matrix_norm(e) < 1)[..., None, None]  # ‖E‖₂ ≤ ‖E‖_F < 1 ≤ 1/λ
+
+    def exact(select) -> torch.Tensor:
+        # outside the basin MᴴM − I, and with it the corrected point, is NaN
+        es = select(e)
+        inside = _within_basin(es, lam)[..., None, None]
+        return polar_step(select(mid), lam, torch.where(inside, es, math.nan))
+
+    return replace_refused(polar_step(mid, lam, e), short, exact, checks, reads)
 
 
 def _within_basin(e: torch.Tensor, lam: float) -> torch.Tensor:
     """Every eigenvalue of Hermitian E (..., M, M) in (−1, 1/λ), a flag per matrix.
 
-    Note [POGO's basin]: (I + E)(I − λE) = I + (1 − λ)E − λE² positive definite.
+    Note [POGO's basin]: I + E and I/λ − E positive definite (λ = 0: the first).
     """
     eye = torch.eye(e.shape[-1], dtype=e.dtype, device=e.device)
-    a = eye + (1 - lam) * e - lam * (e @ e)
-    _, info = torch.linalg.cholesky_ex(a)
-    return (info == 0) & torch.linalg.matrix_norm(a).isfinite()
+    sides = torch.stack((eye + e, eye / lam - e)) if lam else (eye + e).unsqueeze(0)
+    info = torch.linalg.cholesky_ex(sides).info
+    return (info == 0).all(0) & torch.linalg.matrix_norm(e).isfinite()
 
 
 def unused_options(group: dict, inherited: dict | None = None) -> list[str]:
@@ -198,8 +218,8 @@ class POGO(RiemannianOptimizer):
     ½(XXᴴG̃ − XG̃ᴴX) on row-orthonormal matrices, transposed). No retraction: the
     point stays within O(lr²‖ψ‖²) of the manifold, the correction (one Newton–Schulz
     step for λ = ½) removing the first-order error at every step, so errors do not
-    accumulate. Each step costs about 12NM² flops in matrix products, and an M×M
-    product and Cholesky factorization for its basin test (Note [POGO's basin]).
+    accumulate. Each step costs about 12NM² flops in matrix products, and two M×M
+    Cholesky factorizations for its basin test (Note [POGO's basin]).
 
     Bases (G̃):
 
@@ -259,8 +279,8 @@ class POGO(RiemannianOptimizer):
     # Note [VectorAdam's second moment in float64]: float64 whatever the parameter's dtype
     wide_state: ClassVar[frozenset[str]] = frozenset({"exp_avg_sq"})
     formula: ClassVar[str] = (
-        "midpoint: 8NM², correction: 4NM², MᴴM's diagonal: 3NM, basin test: 2M³ + M³/3 "
-        "(an M×M product and Cholesky factorization)"
+        "midpoint: 8NM², correction: 4NM², MᴴM's diagonal: 3NM, basin test: 2M³/3 "
+        "(two M×M Cholesky factorizations)"
     )
 
     def __init__(
@@ -302,16 +322,16 @@ class POGO(RiemannianOptimizer):
 
     @classmethod
     def step_flops(cls, n: int, m: int, **_: object) -> float:
-        """Real flops of one step on a real N×M point: 12NM² + 9NM + 7M³/3.
+        """Real flops of one step on a real N×M point: 12NM² + 9NM + 2M³/3.
 
         Six N×M×M products: the Grams XᴴX, G̃ᴴX and MᴴM, the midpoint M (two,
         Note [POGO's midpoint without ψ]) and the correction M·((1 + λ)I − λMᴴM);
         then VectorAdam's first moment (a lerp), ‖G‖² (a scaling and a sum) and MᴴM's
         diagonal from M's offset squares (a multiply-add and a sum, Note [POGO's
-        correction from the exact diagonal]); the basin test's E² and Cholesky
-        factorization of an M×M matrix (Note [POGO's basin]).
+        correction from the exact diagonal]); the basin test's two Cholesky
+        factorizations of M×M matrices (Note [POGO's basin]).
         """
-        return 12.0 * n * m * m + 9.0 * n * m + 7.0 * m**3 / 3.0
+        return 12.0 * n * m * m + 9.0 * n * m + 2.0 * m**3 / 3.0
 
     def check_group(self, group: dict, defaults: bool = False) -> None:
         super().check_group(group, defaults)
@@ -395,5 +415,5 @@ class POGO(RiemannianOptimizer):
             g, scale = self._vector_adam(g, state, group, geo)
             lr = lr * scale
         if geo.stiefel:  # through the geometry: M×M all-reduces on a row-sharded point
-            return geo.apply(pogo_step, x, g, lr, group["lam"])
+            return geo.apply(pogo_step, x, g, lr, group["lam"], **geo.kernel_tests())
         return x - lr * g

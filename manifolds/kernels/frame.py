@@ -406,16 +406,15 @@ def outside(xx: torch.Tensor, bound: float) -> torch.Tensor:
 
     Note [Off-manifold points at a step] in `stiefel.manifolds.geometry`: below 1,
     ‖E‖_F > bound with E = XᴴX − I; from 1 on (a wide basin), rank-deficient or
-    ‖E‖₂ ≥ bound (∞: the rank alone), each by the info of a Cholesky factorization.
+    ‖E‖₂ ≥ bound (∞: the rank alone): XᴴX or (1 + bound)I − XᴴX not positive
+    definite, by the infos of Cholesky factorizations (E > −1 from the first is E > −b).
     """
     if bound < 1:
         # ‖XᴴX − I‖²_F = ‖XᴴX‖²_F − 2 tr(XᴴX) + M: no identity matrix; the rounding of
         # the difference (~M·eps) is far below bound² (only the test uses it)
         tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)
         return torch.linalg.matrix_norm(xx) ** 2 - 2 * tr + xx.shape[-1] > bound**2
-    off = torch.linalg.cholesky_ex(xx).info > 0
-    if bound != math.inf:  # ‖E‖₂ < b ⇔ b²I − E² > 0
-        eye = torch.eye(xx.shape[-1], dtype=xx.dtype, device=xx.device)
-        e = xx - eye
-        off = off | (torch.linalg.cholesky_ex(eye * bound**2 - e @ e).info > 0)
-    return off
+    if bound == math.inf:
+        return torch.linalg.cholesky_ex(xx).info > 0
+    eye = torch.eye(xx.shape[-1], dtype=xx.dtype, device=xx.device)
+    return (torch.linalg.cholesky_ex(torch.stack((xx, (1 + bound) * eye - xx))).info > 0).any(0)

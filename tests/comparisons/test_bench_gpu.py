@@ -49,11 +49,19 @@ def test_cwy_quick_prints_every_method_and_the_paper_claim(capsys):
     assert "comma-separated positive integers" in capsys.readouterr().err
 
 
-def test_syncs_counts_host_reads():
+def test_syncs_counts_host_reads_as_launch_does():
+    """The reads column is benchmarks.launch's StepCounter: ``.tolist()`` counts too, and
+    an optimizer's step counter on the CPU does not (one read per step of ours, as there)."""
     x = torch.randn(8)
     cpu = torch.device("cpu")
-    assert bench["syncs"].counts(lambda: (x * 2).sum(), cpu)["item"] == 0
-    assert bench["syncs"].counts(lambda: (x.sum().item(), bool(x.max() > 0)), cpu)["item"] == 2
+    counts = bench["syncs"].counts
+    assert counts(lambda: (x * 2).sum(), cpu)["reads"] == 0
+    assert counts(lambda: (x.sum().item(), bool(x.max() > 0)), cpu)["reads"] == 2
+    assert counts(lambda: x[:3].tolist(), cpu)["reads"] == 1
+    launch = importlib.import_module("stiefel.benchmarks.launch")
+    for name in ("rgd", "landing"):
+        fn, opt = bench["syncs"].step_call(name, (32, 4), cpu)
+        assert counts(fn, cpu, opt)["reads"] == launch.counts(opt)[1] == 1, name
 
 
 def test_syncs_table_has_a_row_per_registered_map_and_optimizer():
@@ -65,6 +73,9 @@ def test_syncs_table_has_a_row_per_registered_map_and_optimizer():
         assert f"| map {name} |" in text
     for name in optimizers.available():
         assert f"| step {name} |" in text
+    assert "| call | reads | D→H | H→D | sync | error |" in text
+    quick = bench["syncs"].main(["--quick"])
+    assert "maps: forward+backward on 16×16; steps: St(64, 8)" in quick
 
 
 def test_gpu_run_writes_the_report_and_keeps_finished_steps(tmp_path, capsys):
@@ -108,7 +119,7 @@ def test_cwy_and_syncs_on_cuda():
     assert cwy.is_cuda and torch.allclose(cwy, seq, atol=800 * torch.finfo(torch.float32).eps)
     x = torch.randn(8, device="cuda")
     c = bench["syncs"].counts(lambda: x.sum().item(), torch.device("cuda"))
-    assert c["item"] == 1 and c["D→H"] == 1
+    assert c["reads"] == 1 and c["D→H"] == 1
 
 
 # ------------------------------------------------------------------ benchmarks/gpu.sh

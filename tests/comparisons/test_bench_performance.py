@@ -60,20 +60,37 @@ def test_targets_blocks_are_left_out():
     assert perf.keep(output) == "Title — torch\nline two\n\nO(8)\n| a |\n|---|\n| 1 |"
 
 
-def test_a_page_without_the_markers_is_refused_before_anything_runs(tmp_path, monkeypatch):
+def test_a_page_without_the_markers_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     page = tmp_path / "performance.md"
     page.write_text(_page(["maps"]), encoding="utf-8")
     before = page.read_text(encoding="utf-8")
     ran = []
     monkeypatch.setattr(perf, "run", lambda name, quick=False: ran.append(name) or "x")
-    with pytest.raises(ValueError, match="BEGIN benchmarks.performance init"):
+    with pytest.raises(SystemExit):
         perf.main(["--quick", "--only", "maps,init", "--page", str(page)])
+    assert "BEGIN benchmarks.performance init" in capsys.readouterr().err
     assert ran == [] and page.read_text(encoding="utf-8") == before
     # markers in the wrong order or twice are refused too
     begin, end = perf.markers("init")
     for bad in (f"{end}\n{begin}\n", f"{begin}\n{end}\n{begin}\n{end}\n"):
         with pytest.raises(ValueError, match="found them"):
             perf.splice(bad, "init", "body")
+
+
+def test_a_page_that_does_not_exist_is_created_with_the_sections(tmp_path, monkeypatch, capsys):
+    """``--page`` naming a new file writes a page of the sections run, each between its
+    markers; a folder that does not exist is a parser error."""
+    monkeypatch.setattr(perf, "run", lambda name, quick=False: f"body of {name}")
+    page = tmp_path / "new.md"
+    perf.main(["--quick", "--only", "maps,init", "--page", str(page)])
+    text = page.read_text(encoding="utf-8")
+    for name in ("maps", "init"):
+        begin, end = perf.markers(name)
+        assert f"{begin}\nbody of {name}\n{end}" in text
+    assert "optimizers" not in text
+    with pytest.raises(SystemExit):
+        perf.main(["--quick", "--only", "maps", "--page", str(tmp_path / "no" / "x.md")])
+    assert "allowed: a file in an existing folder" in capsys.readouterr().err
 
 
 def test_an_unknown_section_is_a_parser_error(capsys):
