@@ -97,7 +97,7 @@ def pogo_step(
     ‖E‖_F < 1, a bound that refused steps of the method: a midpoint with ‖E‖_F = 1.06
     and eigenvalues in [0.09, 0.69] (pogo-torch takes it) was refused, and so was the
     same step at every later iteration of a full-batch run. The eigenvalues lie in
-    (−1, 1/λ) ⇔ I + E and I/λ − E are positive definite (λ = 0, no correction: the
+    (−1, 1/λ) ⇔ I + E and I − λE are positive definite (λ = 0, no correction: the
     first alone), decided by the infos of Cholesky factorizations of the two M×M
     matrices (on the device, no host read; no product E², which would cost six times
     their flops); a non-finite E is outside. Those factorizations cost as much as
@@ -112,7 +112,7 @@ def pogo_step(
         x: points (..., N, M), N ≥ M.
         g: the base optimizer's direction G̃, same shape.
         lr: the step size.
-        lam: λ of the correction.
+        lam: λ of the correction, in [0, 1].
         group: the process group the rows are split over, or None.
         checks: where the short path's test is appended unread, or None (read).
         reads: False for a step that reads nothing: both paths, by ``torch.where``.
@@ -120,6 +120,8 @@ def pogo_step(
     Returns:
         The new points; NaN for a matrix whose step leaves the basin.
     """
+    if isinstance(lam, int | float) and not 0 <= lam <= 1:  # the short path needs λ ≤ 1
+        raise ValueError(f"pogo_step: lam={lam!r}; allowed: 0 <= lam <= 1")
     xx = gram(x, x, group)
     h = gram(g, x, group)  # GᴴX
     half = 0.5 * lr
@@ -139,7 +141,9 @@ def pogo_step(
     # drift after 1000 float32 steps 0.3–0.6× pogo-torch's, the rest being the
     # off-diagonal rounding (docs/performance.md, "Batched regime (many small matrices)").
     e = gram_minus_identity(mid, group=group)
-    short = (torch.linalg.matrix_norm(e) < 1)[..., None, None]  # ‖E‖₂ ≤ ‖E‖_F < 1 ≤ 1/λ
+    # ‖E‖₂ ≤ ‖E‖_F < 1 ≤ 1/λ; a non-finite E is short too: its point is not finite, and
+    # the safe step skips it without stepping the bucket again
+    short = (~(torch.linalg.matrix_norm(e) >= 1))[..., None, None]
 
     def exact(select) -> torch.Tensor:
         # outside the basin MᴴM − I, and with it the corrected point, is NaN
@@ -153,11 +157,11 @@ def pogo_step(
 def _within_basin(e: torch.Tensor, lam: float) -> torch.Tensor:
     """Every eigenvalue of Hermitian E (..., M, M) in (−1, 1/λ), a flag per matrix.
 
-    Note [POGO's basin]: I + E and I/λ − E positive definite (λ = 0: the first).
+    Note [POGO's basin]: I + E and I − λE positive definite (for λ > 0 the second is
+    I/λ − E > 0; at λ = 0 it is I, no branch on a tensor λ).
     """
     eye = torch.eye(e.shape[-1], dtype=e.dtype, device=e.device)
-    sides = torch.stack((eye + e, eye / lam - e)) if lam else (eye + e).unsqueeze(0)
-    info = torch.linalg.cholesky_ex(sides).info
+    info = torch.linalg.cholesky_ex(torch.stack((eye + e, eye - lam * e))).info
     return (info == 0).all(0) & torch.linalg.matrix_norm(e).isfinite()
 
 
@@ -415,5 +419,6 @@ class POGO(RiemannianOptimizer):
             g, scale = self._vector_adam(g, state, group, geo)
             lr = lr * scale
         if geo.stiefel:  # through the geometry: M×M all-reduces on a row-sharded point
-            return geo.apply(pogo_step, x, g, lr, group["lam"], **geo.kernel_tests())
+            tests = getattr(geo, "kernel_tests", dict)()  # a plugin geometry: read the tests
+            return geo.apply(pogo_step, x, g, lr, group["lam"], **tests)
         return x - lr * g

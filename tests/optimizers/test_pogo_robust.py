@@ -10,6 +10,7 @@ a step that would leave the basin (lr = 1e10) is skipped with a warning.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import geoopt
@@ -239,3 +240,47 @@ def test_a_correction_of_zero_steps_without_a_basin_above():
     opt.step()
     half = 0.005 * (g @ (x.T @ x) - x @ (g.T @ x))  # M = X − lr·ψ, kept as it is
     torch.testing.assert_close(w.detach(), x - half, rtol=0, atol=1e-14)
+
+
+def test_a_step_skipped_for_an_infinite_gradient_reads_once():
+    # a non-finite midpoint failed the short basin test and stepped its bucket again on
+    # the exact path (three reads) only to skip it; the reference is the one read of a
+    # step whose tests all pass
+    from stiefel.benchmarks.launch import StepCounter
+
+    st = Stiefel(10, 3)
+    ws = [geoopt.ManifoldParameter(st.random(dtype=torch.float32), manifold=st) for _ in range(4)]
+    opt = optimizers.create("pogo", ws, lr=0.01)
+    reads = []
+    for k in range(3):
+        for w in ws:
+            w.grad = torch.full_like(w, math.inf) if k == 1 else torch.randn_like(w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with StepCounter(opt) as count:
+                opt.step()
+        reads.append(count.reads)
+    assert reads == [1, 1, 1]
+
+
+def test_a_tensor_lam_steps_as_a_float_one_through_the_exact_path():
+    # the basin test branched on λ (`if lam`), a read of a tensor λ; the reference is the
+    # same run with a float λ, through the steps whose short path fails (Procrustes)
+    loss, x0 = _procrustes()
+
+    def run(lam) -> torch.Tensor:
+        w = geoopt.ManifoldParameter(x0.clone(), manifold=Stiefel(32, 8))
+        opt = optimizers.create("pogo", [w], lr=0.01, base="sgd", momentum=0.9, lam=lam)
+        for _ in range(4):
+            opt.zero_grad()
+            loss(w).backward()
+            opt.step()
+        return w.detach()
+
+    torch.testing.assert_close(
+        run(torch.tensor(0.5, dtype=torch.float64)), run(0.5), rtol=0, atol=0
+    )
+    with pytest.raises(ValueError, match="lam=2.0"):
+        from stiefel.optimizers.pogo import pogo_step
+
+        pogo_step(x0, x0, 0.1, lam=2.0)
