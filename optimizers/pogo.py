@@ -30,7 +30,7 @@ import torch
 
 from ..manifolds import Stiefel
 from ..manifolds.kernels.basic import gram_minus_identity, polar_step, three_products
-from ..manifolds.kernels.frame import replace_refused
+from ..manifolds.kernels.frame import positive_definite, replace_refused
 from ..manifolds.kernels.msign import exact_scale
 from ..manifolds.kernels.reduce import gram, rows_sum_squares
 from . import terms
@@ -161,8 +161,7 @@ def _within_basin(e: torch.Tensor, lam: float) -> torch.Tensor:
     I/λ − E > 0; at λ = 0 it is I, no branch on a tensor λ).
     """
     eye = torch.eye(e.shape[-1], dtype=e.dtype, device=e.device)
-    info = torch.linalg.cholesky_ex(torch.stack((eye + e, eye - lam * e))).info
-    return (info == 0).all(0) & torch.linalg.matrix_norm(e).isfinite()
+    return positive_definite(eye + e, eye - lam * e) & torch.linalg.matrix_norm(e).isfinite()
 
 
 def unused_options(group: dict, inherited: dict | None = None) -> list[str]:

@@ -28,8 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 __all__ = ["warn", "record", "report"]
@@ -60,9 +58,9 @@ def warn(opt, where: str, grad_ok: bool, count: int = 1) -> None:
             "the parameter and its optimizer state keep their values",
             when,
         )
-    if n >= 10 and math.floor(math.log10(n)) > math.floor(math.log10(max(before, 1))):
+    tens = 10 ** (len(str(n)) - 1)  # the power of ten at or below n
+    if n >= 10 and before < tens:  # a power of ten crossed by this count
         cause = "a non-finite gradient" if not grad_ok else "a step that is not finite"
-        tens = 10 ** math.floor(math.log10(n))
         opt._warn_once(
             f"{kind} {where} {tens}",
             f"{name}: {n} steps of {where} skipped so far for {cause}; a skipped step "

@@ -34,6 +34,7 @@ from .reduce import by_columns, flat, gram, wide_gram
 
 __all__ = [
     "outside",
+    "positive_definite",
     "in_frame",
     "frame_update",
     "wide_gram",
@@ -415,6 +416,12 @@ def outside(xx: torch.Tensor, bound: float) -> torch.Tensor:
         tr = xx.diagonal(dim1=-2, dim2=-1).real.sum(-1)
         return torch.linalg.matrix_norm(xx) ** 2 - 2 * tr + xx.shape[-1] > bound**2
     if bound == math.inf:
-        return torch.linalg.cholesky_ex(xx).info > 0
+        return ~positive_definite(xx)
     eye = torch.eye(xx.shape[-1], dtype=xx.dtype, device=xx.device)
-    return (torch.linalg.cholesky_ex(torch.stack((xx, (1 + bound) * eye - xx))).info > 0).any(0)
+    return ~positive_definite(xx, (1 + bound) * eye - xx)
+
+
+def positive_definite(*hermitian: torch.Tensor) -> torch.Tensor:
+    """Whether every one of the Hermitian (..., M, M) matrices is positive definite, per batch
+    entry: the infos of one batched Cholesky factorization (on the device, no host read)."""
+    return (torch.linalg.cholesky_ex(torch.stack(hermitian)).info == 0).all(0)
