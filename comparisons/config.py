@@ -18,6 +18,8 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .. import optimizers, parametrizations
 from .._core import checks as _checks
 from . import strategies as strategies_mod
@@ -92,6 +94,19 @@ def _strategies(name: str, v: Any) -> Any:
     known = [strategies_mod.parse(s, methods, optimizers.available()) for s in v]
     keys = [(s.method, s.optimizer, s.method_options, s.optimizer_options) for s in known]
     return _once(name, v, keys)
+
+
+def _device(name: str, v: Any) -> Any:
+    """A device this machine has: ``cpu``, or ``cuda`` / ``cuda:<k>`` where CUDA is available."""
+    allowed = "cpu, cuda, cuda:<k>" if torch.cuda.is_available() else "cpu (no CUDA device here)"
+    try:
+        device = torch.device(_str(name, v))
+    except RuntimeError:
+        raise ValueError(f"{name}={v!r} is not a device; allowed: {allowed}") from None
+    cuda = device.type == "cuda" and (device.index or 0) < torch.cuda.device_count()
+    if device.type == "cpu" or cuda:
+        return v
+    raise ValueError(f"{name}={v!r} is not a device of this machine; allowed: {allowed}")
 
 
 def _dtype(name: str, v: Any) -> Any:
@@ -170,7 +185,7 @@ def _not_stepped(name: str) -> str:
 #: ``experiments.lipschitz`` from a checkout); ``try_imports`` only where they are there
 COMMON: dict[str, Callable[[str, Any], Any]] = {
     "out": _any,
-    "device": _str,
+    "device": _device,
     "imports": _list(_str, nonempty=False, unique=False),
     "try_imports": _list(_str, nonempty=False, unique=False),
 }

@@ -33,15 +33,10 @@ import torch
 from .._core.checks import choice
 from . import kernels
 
-__all__ = [
-    "Geometry",
-    "EuclideanGeometry",
-    "StiefelGeometry",
-    "linear_in_g",
-    "METRICS",
-    "EGRAD2RGRAD",
-    "INNER",
-]
+# fmt: off
+__all__ = ["Geometry", "EuclideanGeometry", "StiefelGeometry", "linear_in_g", "METRICS",
+           "EGRAD2RGRAD", "INNER"]
+# fmt: on
 
 EGRAD2RGRAD = MappingProxyType(
     {"euclidean": kernels.egrad2rgrad_euclidean, "canonical": kernels.egrad2rgrad_canonical}
@@ -264,11 +259,15 @@ class EuclideanGeometry(Geometry):
 def _kernel_refusal(fn: object) -> str | None:
     """Why ``fn`` cannot be called as a descent kernel, or None."""
     try:
-        inspect.signature(fn).bind(None, None, None, None, xx=None)
+        signature = inspect.signature(fn)
     except ValueError:  # a callable without a signature (a builtin): left to its call
         return None
     except TypeError as err:
         return str(err)
+    try:
+        signature.bind(None, None, None, None, xx=None)
+    except TypeError as err:  # Python's words, about the call ("too many ... arguments")
+        return f"its parameters {signature} cannot take the call fn(x, d, lr, v, xx=xx): {err}"
     return None
 
 

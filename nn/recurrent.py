@@ -16,6 +16,7 @@ from torch import nn
 
 from .._core import checks as _checks
 from .._core.autocast import autocast_off, autocast_on
+from ..manifolds import Orthogonal, Unitary
 from ..parametrizations import OrthogonalMap, orthogonalize
 
 __all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]
@@ -233,16 +234,16 @@ class OrthogonalRNNCell(nn.Module):
         _checks.flag("complex", complex)
         _checks.flag("nonpositive_bias", nonpositive_bias)
         self.n, self.complex = n_hidden, complex
-        if init == "henaff":
-            w0 = henaff_init(n_hidden, generator)
-        elif init == "identity":
-            w0 = torch.eye(n_hidden)
-        else:
-            w0 = torch.linalg.qr(torch.randn(n_hidden, n_hidden, generator=generator))[0]
         cdtype = dtype.to_complex() if complex else dtype
+        group = (Unitary if complex else Orthogonal)(n_hidden)  # init="haar": Haar on it
+        w0 = {
+            "henaff": lambda: henaff_init(n_hidden, generator),
+            "identity": lambda: torch.eye(n_hidden),
+            "haar": lambda: group.random(dtype=cdtype, generator=generator),
+        }[init]()
         self.transition = orthogonalize(w0.to(cdtype), method=method, **(method_options or {}))
-        scale = 1 / math.sqrt(n_in)
-        inp = torch.randn(n_hidden, n_in, generator=generator).to(cdtype) * scale
+        # complex Gaussian input weights for a complex cell (E|w|² = 1, as the real ones)
+        inp = torch.randn(n_hidden, n_in, generator=generator, dtype=cdtype) / math.sqrt(n_in)
         self.inp = nn.Parameter(inp)
         self.act = ModReLU(n_hidden, nonpositive_bias).to(dtype)
 

@@ -211,9 +211,9 @@ class Rotation(nn.Module):
         tensors = {id(t) for t in self.parameters()} | {id(t) for t in self.buffers()}
         tensors |= {id(p.grad) for p in self.parameters() if p.grad is not None}
         super()._apply(_keeping_precision(fn, tensors), recurse)
-        first = next(iter(self.parameters()), None)
-        if first is not None:
-            self.dtype = first.dtype
+        # Q's dtype is its originals' (a map's own parameters may be real beside complex
+        # originals: the phases of a complex reflection map)
+        self.dtype = self.originals[0].dtype
         return self
 
     @torch.no_grad()

@@ -4,6 +4,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from stiefel.comparisons import cli, config, tasks
 from stiefel.comparisons.grid import plan
@@ -248,6 +249,20 @@ def test_a_module_exiting_at_import_is_an_error_not_exit_0(tmp_path, monkeypatch
 def test_bad_machine_and_conflicting_flags_are_refused(tmp_path, argv, message):
     with pytest.raises(ValueError, match=message):
         cli.main(["drift", "--out", str(tmp_path / "o"), *BASE, *argv])
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("section", ["drift", "complexity"])
+@pytest.mark.parametrize(
+    "device", ["tpu", "cuda:64", *([] if torch.cuda.is_available() else ["cuda"])]
+)
+def test_a_device_the_machine_lacks_is_refused_before_anything_is_written(
+    tmp_path, section, device
+):
+    # a CUDA device on a CPU machine ended in torch's traceback mid-run, with a manifest
+    # that marked the section failed and refused the next run without --overwrite
+    with pytest.raises(ValueError, match=rf"device='{device}' is not a device.*; allowed: cpu"):
+        cli.main([section, "--out", str(tmp_path / "o"), "--device", device])
     assert not (tmp_path / "o").exists()
 
 

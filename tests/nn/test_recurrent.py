@@ -327,3 +327,26 @@ def test_modrelu_output_follows_the_input_dtype(dtype):
     ref = _modrelu(act.bias.double().tolist(), eps=act.eps)(wide)  # the same float32 bias
     tol = 10 * 4 * torch.finfo(out.real.dtype if dtype.is_complex else dtype).eps
     assert torch.allclose(out.to(ref.dtype), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("complex_", [False, True])
+def test_a_haar_cell_starts_haar_on_its_group_with_inputs_of_its_kind(complex_):
+    # init="haar" took the Q of torch.linalg.qr without its sign fix (W₀₀ < 0 in 200 of
+    # 200 seeds) and a complex cell started on a real matrix with real input weights.
+    # Reference: the moments of a Haar entry on O(n) / U(n) of size n: E W₀₀ = 0,
+    # E|W₀₀|² = 1/n, and a complex W₀₀ has a uniform phase (E W₀₀² = 0)
+    n, draws = 4, 300
+    cells = [
+        OrthogonalRNNCell(2, n, complex=complex_, init="haar", dtype=torch.float64,
+                          generator=torch.Generator().manual_seed(s))
+        for s in range(draws)
+    ]  # fmt: skip
+    w00 = torch.stack([c.transition_matrix().detach()[0, 0] for c in cells])
+    sd = (1 / n) ** 0.5 / draws**0.5  # of the mean of W₀₀ (Var W₀₀ = 1/n)
+    assert w00.mean().abs() < 4 * sd
+    assert abs(float((w00.abs() ** 2).mean()) - 1 / n) < 0.25 / n
+    if complex_:
+        assert (w00**2).mean().abs() < 4 * sd
+        inp = torch.stack([c.inp.detach() for c in cells])
+        assert inp.is_complex() and inp.imag.abs().max() > 0
+        assert abs(float((inp.abs() ** 2).mean()) * 2 - 1) < 0.1  # E|w|² = 1/n_in

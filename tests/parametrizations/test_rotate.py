@@ -262,6 +262,28 @@ def test_complex_weight_unitary_q(method):
     assert torch.allclose(lin(x), F.linear(x, w0 @ q, lin.bias), atol=TOL)
 
 
+@pytest.mark.parametrize("method", available())
+@pytest.mark.parametrize("cast", [lambda m: m.to("cpu"), lambda m: m.to(torch.complex128)])
+def test_a_complex_rotation_moved_or_cast_still_maps_by_its_unitary_q(method, cast):
+    # every Module._apply (PEFT moves each adapter to its device) took Q's dtype from
+    # the first parameter, the real phases of a complex reflection map: Q was then
+    # taken as real and the forward failed on the dtypes; the reference is the dense
+    # x (W Q)ᵀ + b of the cast weights
+    torch.manual_seed(1)
+    lin = nn.Linear(6, 6, dtype=torch.complex64)
+    rotate(lin, method)
+    _perturb(lin)
+    cast(lin)
+    assert lin.rotation.dtype == lin.weight.dtype
+    x = torch.randn(3, 6, dtype=lin.weight.dtype)
+    q = rotation(lin)
+    eye = torch.eye(6, dtype=q.dtype)
+    # as built (riemannian's Q is its parameter: cast up, it keeps complex64's accuracy)
+    assert torch.dist(q.mH @ q, eye) < 50 * torch.finfo(torch.complex64).eps
+    ref = F.linear(x, lin.weight @ q, lin.bias)
+    assert torch.allclose(lin(x), ref, atol=50 * torch.finfo(q.dtype).eps)
+
+
 @pytest.mark.parametrize(
     "options", [dict(method="cwy", reflections=2), dict(method="cayley", blocks=3)]
 )
