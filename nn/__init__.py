@@ -13,10 +13,12 @@ Example:
     ```
 """
 
-from .conv import ConvNERUCell, OrthogonalConv2d
+from .conv import OrthogonalConv2d
+from .convneru import ConvNERUCell
 from .embedding import complex_from_real, real_embedding
+from .modrelu import ModReLU
 from .orthoconv import OrthoConv2d, OrthoConvTranspose2d
-from .recurrent import ModReLU, OrthogonalRNN, OrthogonalRNNCell, henaff_init
+from .recurrent import OrthogonalRNN, OrthogonalRNNCell, henaff_init
 from .spectrum import lipschitz_bound, singular_values
 
 __all__ = [

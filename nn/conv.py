@@ -1,4 +1,5 @@
-r"""Convolutional layers with orthogonality constraints: ConvNERU and the FFT orthogonal conv."""
+r"""Convolutional layers with orthogonality constraints: the FFT orthogonal conv (and ConvNERU,
+from `stiefel.nn.convneru`)."""
 
 from __future__ import annotations
 
@@ -7,122 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._core import checks as _checks
 from ..manifolds.kernels.reduce import abs_square
-from ..parametrizations import kernels, orthogonalize
+from ..parametrizations import kernels
 from ..parametrizations._precision import work_dtype
 from ..parametrizations._spectral import SPECTRAL_PER_ROW, SPECTRAL_THRESHOLD
+from .convneru import NONLINEARITIES, ConvNERUCell
 
 __all__ = ["ConvNERUCell", "OrthogonalConv2d", "NONLINEARITIES"]
-
-#: nonlinearities of ConvNERU, each with |σ(x)| ≤ |x| and 1-Lipschitz (CWY paper, appendix C)
-NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": torch.relu,
-    "tanh": torch.tanh,
-    "leaky_relu": F.leaky_relu,
-    "identity": lambda x: x,
-}
-
-
-def _odd_size(kernel_size: object) -> int:
-    _checks.positive_int("kernel_size", kernel_size)
-    if kernel_size % 2 == 0:
-        raise ValueError(
-            f"kernel_size={kernel_size} is even; allowed: a positive odd int (centred "
-            "'same' padding keeps the hidden state's size)"
-        )
-    return kernel_size
-
-
-class ConvNERUCell(nn.Module):
-    r"""Convolutional non-exploding recurrent unit (CWY paper §3.4).
-
-    G_t = σ(K ∗ G_{t−1} + B + K_in ∗ X_t), with zero "same" padding, B a
-    per-channel bias and K constrained by ``orthogonalize(..., conv_kernel=True)``:
-    q·K̂ ∈ St(q²·c, c) (c = ``hidden_channels``, q = ``kernel_size``), so
-    ‖K ∗ G‖ ≤ ‖G‖ (Note [A Stiefel kernel makes the convolution non-expansive]).
-    With a 1-Lipschitz σ with σ(0) = 0 the unit is non-expansive in G:
-    ‖G_t − G'_t‖ ≤ ‖G_{t−1} − G'_{t−1}‖, hidden states grow at most linearly in
-    t for bounded inputs, and gradients through time do not explode (appendix C).
-
-    Reading the constrained kernel recomputes its map; for a sequence, run the
-    steps inside ``torch.nn.utils.parametrize.cached()`` (the map once per
-    sequence).
-
-    Args:
-        in_channels: channels of X_t.
-        hidden_channels: channels c of G_t.
-        kernel_size: q, odd (both K and K_in are q×q).
-        method: the map of K (any of ``stiefel.parametrizations.available()``,
-            ``"riemannian"`` included), or None for an unconstrained K
-            (Glorot-uniform initialised: the paper's unconstrained baseline).
-        nonlinearity: one of ``NONLINEARITIES`` (relu, tanh, leaky_relu, identity).
-        **options: the map's options (``init``, ``reflections``, ...).
-
-    Raises:
-        ValueError: for an even or non-positive ``kernel_size``, an unknown
-            ``nonlinearity``, or what ``orthogonalize`` refuses.
-
-    Example:
-        ```python
-        import torch
-        from torch.nn.utils import parametrize
-        from stiefel.nn import ConvNERUCell
-
-        cell = ConvNERUCell(1, 4, 3)  # K on St(36, 4) through T-CWY
-        frames = torch.randn(6, 2, 1, 8, 8)  # (T, batch, channels, h, w)
-        g = torch.zeros(2, 4, 8, 8)
-        with parametrize.cached():
-            for x in frames:
-                g = cell(x, g)
-        assert g.shape == (2, 4, 8, 8)
-        ```
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        hidden_channels: int,
-        kernel_size: int,
-        method: str | None = "tcwy",
-        nonlinearity: str = "relu",
-        **options: Any,
-    ):
-        super().__init__()
-        q = _odd_size(kernel_size)
-        if nonlinearity not in NONLINEARITIES:
-            raise ValueError(f"nonlinearity={nonlinearity!r}; allowed: {', '.join(NONLINEARITIES)}")
-        dtype, device = options.pop("dtype", None), options.pop("device", None)
-        kw = dict(padding=q // 2, bias=False, dtype=dtype, device=device)
-        self.hidden_channels = hidden_channels
-        self.nonlinearity = nonlinearity
-        self.recurrent = nn.Conv2d(hidden_channels, hidden_channels, q, **kw)
-        self.input = nn.Conv2d(in_channels, hidden_channels, q, **kw)
-        self.bias = nn.Parameter(torch.zeros(hidden_channels, dtype=dtype, device=device))
-        if method is None:
-            if options:
-                raise TypeError(f"options {sorted(options)} need a method; method=None takes none")
-            nn.init.xavier_uniform_(self.recurrent.weight)
-        else:
-            orthogonalize(self.recurrent, "weight", method, conv_kernel=True, **options)
-
-    def forward(self, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
-        """One step.
-
-        Args:
-            x: X_t, shape (batch, in_channels, h, w).
-            g: G_{t−1}, shape (batch, hidden_channels, h, w); zeros if None.
-
-        Returns:
-            G_t, shape (batch, hidden_channels, h, w).
-        """
-        drive = self.input(x) + self.bias[:, None, None]
-        if g is not None:
-            drive = drive + self.recurrent(g)
-        return NONLINEARITIES[self.nonlinearity](drive)
 
 
 def _exp(a: torch.Tensor) -> torch.Tensor:
@@ -255,9 +150,10 @@ class OrthogonalConv2d(nn.Module):
         **options: ``reflections`` (``"cwy"`` only), ``dtype``, ``device``.
 
     Raises:
-        ValueError: unknown ``method``, ``stride`` ≠ 1, bad ``kernel_size`` or
-            ``reflections``.
-        TypeError: unknown options, a ``dtype`` that is not a real floating dtype.
+        ValueError: unknown ``method``, ``stride`` not the int 1, ``channels`` or
+            ``kernel_size`` not a positive int, bad ``reflections``.
+        TypeError: unknown options, a ``dtype`` that is not a real floating dtype, a
+            ``bias`` that is not a bool.
 
     Example:
         ```python
@@ -282,12 +178,13 @@ class OrthogonalConv2d(nn.Module):
     ):
         super().__init__()
         _checks.choice("method", method, FFT_METHODS)
-        if isinstance(stride, bool) or stride != 1:
+        if not _checks.integer(stride) or stride != 1:
             raise ValueError(
                 f"stride={stride!r}; allowed: 1 (a strided convolution is not orthogonal)"
             )
         kernel_size = _checks.positive_int("kernel_size", kernel_size)
         channels = _checks.positive_int("channels", channels)
+        _checks.flag("bias", bias)
         dtype, device = options.pop("dtype", None), options.pop("device", None)
         if dtype is not None and dtype not in _checks.REAL_DTYPES:
             raise TypeError(
@@ -396,26 +293,56 @@ class OrthogonalConv2d(nn.Module):
         return self._path[2]
 
     def frequency_matrices(self, size: tuple[int, int]) -> torch.Tensor:
-        """Q(ω), the c×c unitary matrices at the half spectrum: (h·(w//2+1), c, c)."""
+        """Q(ω), the c×c unitary matrices at the half spectrum: (h·(w//2+1), c, c).
+
+        The tensor records its image size as ``q.image_size`` = (h, w) (two sizes can have
+        as many frequencies: 4×10 and 6×6); ``forward`` checks it (a copy has none: set it).
+        """
         if self.method == "cayley":
-            return kernels.cayley_map(self.skew_transfer(size), spectral=self._spectral())
-        skew, fn = FFT_METHODS[self.method]
-        return fn(self.skew_transfer(size) if skew else self.transfer(size))
+            q = kernels.cayley_map(self.skew_transfer(size), spectral=self._spectral())
+        else:
+            skew, fn = FFT_METHODS[self.method]
+            q = fn(self.skew_transfer(size) if skew else self.transfer(size))
+        q.image_size = tuple(size)
+        return q
+
+    def _check_q(self, q: object, size: tuple[int, int]) -> torch.Tensor:
+        """Refuse a ``q`` of ``forward`` computed for another image size (or shape)."""
+        q, (h, w), c = _checks.tensor("q", q), size, self.channels
+        made = getattr(q, "image_size", None)
+        if made is None:
+            raise ValueError(
+                f"q has no image_size (frequency_matrices records it; a copy such as "
+                f"q.detach() does not); allowed: frequency_matrices(({h}, {w})) as returned, "
+                f"or a copy given q.image_size = ({h}, {w})"
+            )
+        if tuple(made) != (h, w):
+            raise ValueError(
+                f"q is for a {made[0]}×{made[1]} image and x is {h}×{w}; allowed: "
+                f"frequency_matrices(({h}, {w}))"
+            )
+        if tuple(q.shape) != (h * (w // 2 + 1), c, c):
+            raise ValueError(
+                f"q has shape {tuple(q.shape)}; allowed: ({h * (w // 2 + 1)}, {c}, {c}) for a "
+                f"{h}×{w} image"
+            )
+        return q
 
     def forward(self, x: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """y = Q x (+ bias), x of shape (batch, c, h, w).
 
         Args:
             x: the input.
-            q: ``frequency_matrices((h, w))`` computed beforehand (optional).
+            q: ``frequency_matrices((h, w))`` computed beforehand (optional), for x's size.
 
         Returns:
             y, same shape and dtype as x (computed in the wider of x's and the
             weight's precision, float32 at least, and rounded once).
 
         Raises:
-            ValueError: x not of shape (batch, channels, h, w), or smaller than the kernel.
-            TypeError: x not real (float32, float64, float16 or bfloat16).
+            ValueError: x not of shape (batch, channels, h, w), or smaller than the kernel;
+                a ``q`` for another image size, without ``image_size`` or of another shape.
+            TypeError: x not real (float32, float64, float16 or bfloat16), q not a tensor.
         """
         if x.dim() != 4 or x.shape[1] != self.channels:
             raise ValueError(
@@ -427,6 +354,8 @@ class OrthogonalConv2d(nn.Module):
                 "(a real image)"
             )
         b, c, h, w = x.shape
+        if q is not None:
+            q = self._check_q(q, (h, w))
         # computed in the wider of x's and the weight's precision (float32 at least: no
         # half-precision torch.fft on the CPU); y, bias included, is rounded once to x's dtype
         dtype = x.dtype

@@ -6,16 +6,18 @@ layer is one ordinary ``F.conv2d`` (``F.conv_transpose2d``) with it.
 Note [Padding of an orthogonal convolution]
 With ``padding_mode="circular"`` and ``padding="same"`` the layer is a
 convolution on the torus: every singular value is 1 (for a stride s, when s
-divides the image size). "same" pads d(k − 1) + 1 − s in total (d the
-dilation; at least 0), the left side ⌊total/2⌋ as ``nn.Conv2d`` does, so the
-output has n/s positions per axis; any split of the total is a circular shift
-of the output, still orthogonal. With zero padding the layer is the circular
-one on a torus large enough to hold the zero-extended image, restricted to
-the output window: ‖conv(x)‖ ≤ ‖x‖ always, and ‖conv(x)‖ = ‖x‖ (isometric
-layers: out ≥ in) for x that vanishes within d(k − 1) of the border. The
-transposed layer is the adjoint: ``F.conv_transpose2d`` without padding, then
-the adjoint of the padding (a crop for zeros; for circular, the border added
-back onto the opposite side).
+divides the image size, else ‖y‖ ≤ ‖x‖; with a dilation d > 1 too, an image
+size on which the stride's blocks wrap onto each other is refused at the
+forward: Note [Strided blocks on a torus the stride does not tile]). "same"
+pads d(k − 1) + 1 − s in total (d the dilation; at least 0), the left side
+⌊total/2⌋ as ``nn.Conv2d`` does, so the output has ⌊n/s⌋ positions per axis;
+any split of the total is a circular shift of the output, still orthogonal.
+With zero padding the layer is the circular one on a torus large enough to
+hold the zero-extended image, restricted to the output window: ‖conv(x)‖ ≤
+‖x‖ always, and ‖conv(x)‖ = ‖x‖ (isometric layers: out ≥ in) for x that
+vanishes within d(k − 1) of the border. The transposed layer is the adjoint:
+``F.conv_transpose2d`` without padding, then the adjoint of the padding (a
+crop for zeros; for circular, the border added back onto the opposite side).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torch import nn
 from .._core import checks as _checks
 from ..parametrizations.conv import _check_padding
 from ..parametrizations.deferred import initialize
-from .orthokernel import OrthoKernel
+from .orthokernel import OrthoKernel, wrapped_block_read
 
 __all__ = ["OrthoConv2d", "OrthoConvTranspose2d"]
 
@@ -255,6 +257,36 @@ class _OrthoConvBase(nn.Module):
             with torch.no_grad():
                 self.bias.zero_()
 
+    def _check_input(self, x: torch.Tensor) -> None:
+        """Refuse an input the layer cannot map as promised (dtype; wrapping strided blocks)."""
+        name = type(self).__name__
+        if x.dtype not in _checks.DTYPES:  # the kernel cast to an integer dtype would be zeros
+            raise TypeError(
+                f"{name} got an input of dtype {x.dtype}; allowed: "
+                f"{', '.join(map(str, _checks.DTYPES))} (a floating or complex image)"
+            )
+        s, d, taps = self.stride, self.dilation, min(self.kernel_size, self.stride)
+        if self.transposed or s == 1 or d == 1 or self.padding_mode != "circular":
+            return
+        if not any(self.pads) or x.dim() < 2:
+            return
+        h, w = (int(n) for n in x.shape[-2:])
+        for axis, n in (("height", h), ("width", w)):
+            hit = n % s and wrapped_block_read(n, s, d, taps)
+            if hit:
+                a, b = hit
+                sign = "+" if b > 0 else "−"
+                raise ValueError(
+                    f"{name} with stride={s}, dilation={d} and circular padding="
+                    f"{self.padding!r} on a {h}×{w} image: the stride does not divide the "
+                    f"{axis} {n}, and the strided blocks wrap around onto positions they "
+                    f"already read ({s}·{a} {sign} {d}·{abs(b)} = {s * a + d * b}, a multiple "
+                    f"of {n}): the layer would be expansive (Note [Strided blocks on a torus "
+                    f"the stride does not tile]); allowed: an image size the stride divides "
+                    "(or one where the blocks do not wrap), dilation=1, padding='valid' or "
+                    "padding_mode='zeros'"
+                )
+
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias[:, None, None].to(y.dtype)
 
@@ -286,7 +318,7 @@ class OrthoConv2d(_OrthoConvBase):
         out_channels: output channels (``groups`` divides them).
         kernel_size: k ≥ 1 (square kernels; odd and even k).
         stride: s ≥ 1 (s ≤ k, or out/groups ≤ in/groups·k²); exact when s
-            divides the image size.
+            divides the image size, ‖y‖ ≤ ‖x‖ otherwise.
         groups: independent channel groups, each orthogonal.
         dilation: d ≥ 1 (coprime to s when s > 1).
         padding: "same" (default; n/s outputs per axis), "valid", an int or a pair.
@@ -307,8 +339,11 @@ class OrthoConv2d(_OrthoConvBase):
             construction cannot serve (the message gives the channel counts it
             needs), a dilation not coprime to the stride, an unknown
             ``padding``/``padding_mode``/``init``, or what ``orthogonalize``
-            refuses (unknown method).
-        TypeError: an unsupported dtype or unknown map options.
+            refuses (unknown method); at the forward, with a stride and a
+            dilation > 1 and circular padding, an image size on which the
+            strided blocks wrap onto each other (the message names it).
+        TypeError: an unsupported dtype or unknown map options; at the
+            forward, an input that is not floating or complex (integer, bool).
 
     Example:
         ```python
@@ -327,6 +362,7 @@ class OrthoConv2d(_OrthoConvBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y = conv(x) (+ bias), x of shape (batch, in_channels, h, w)."""
+        self._check_input(x)
         w = self.kernel().to(x.dtype)
         left, right, top, bottom = self.pads
         if self.padding_mode == "circular" and any(self.pads):
@@ -356,7 +392,7 @@ class OrthoConvTranspose2d(_OrthoConvBase):
     conditions apply to the convolution out → in whose adjoint this is.
 
     Raises:
-        ValueError: as `OrthoConv2d`.
+        ValueError: as `OrthoConv2d` (its output, n·s per axis, is never refused).
         TypeError: as `OrthoConv2d`.
 
     Example:
@@ -382,6 +418,7 @@ class OrthoConvTranspose2d(_OrthoConvBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y = convᵀ(x) (+ bias), x of shape (batch, in_channels, h, w)."""
+        self._check_input(x)
         w = self.kernel().to(x.dtype)
         left, right, top, bottom = self.pads
         symmetric = self.padding_mode == "zeros" and left == right == top == bottom

@@ -39,10 +39,30 @@ inter = in (B orthogonal, R row-orthonormal: a co-isometry, every singular
 value 1) or inter·s² ≤ out (R column-orthonormal, B an isometry: an isometry).
 For k < s the layer is R alone on k×k blocks read at stride s; the blocks
 miss some positions, so it is orthogonal only as a co-isometry, out ≤ in·k².
+
+Note [Strided blocks on a torus the stride does not tile]
+With circular padding the strided layer is B on the torus Z_n (an isometry
+for every n: its steps shift by d, a permutation), then R read at the outputs
+i < ⌊n/s⌋, the block of output i being the positions s·i + d·j (mod n),
+j < r = min(k, s), per axis. The layer is non-expansive when these positions
+are distinct (R on disjoint blocks) and orthogonal when they also cover Z_n.
+Two coincide when s·a + d·b ≡ 0 (mod n) with |a| < ⌊n/s⌋, |b| < r, (a, b) ≠ 0.
+When s divides n that cannot be (mod s, d·b ≡ 0 forces b = 0, as gcd(d, s) = 1,
+then s·a ≢ 0); for d = 1 neither (0 < |s·a + b| ≤ s⌊n/s⌋ − 1 < n). For d > 1
+and s ∤ n the last blocks can wrap around onto positions the first ones
+read: s = 2, d = 3, n = 7 reads position 0 for outputs 0 and 2 (2·2 + 3·1 = 7),
+and the layer is expansive (σ_max of the dense float64 operator: 2 for k = 2,
+√2 per axis; 1.52 for k = 3, in = out = 4). One strided
+``F.conv2d`` reads the positions s·i + d·j whatever the split of the
+padding, so no circular layer with this kernel avoids the overlap: such an
+image size is refused at the forward (`wrapped_block_read`). Zero padding
+and padding="valid" never wrap; the transposed layer maps n to n·s, which s
+divides.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -53,7 +73,13 @@ from ..manifolds.kernels.reads import host_reads_allowed
 from ..parametrizations import orthogonalize
 from ..parametrizations._precision import work_dtype
 
-__all__ = ["OrthoKernel", "projector_step", "compose_kernels", "kernel_plan"]
+__all__ = [
+    "OrthoKernel",
+    "projector_step",
+    "compose_kernels",
+    "kernel_plan",
+    "wrapped_block_read",
+]
 
 
 def projector_step(kernel: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
@@ -112,6 +138,22 @@ def kernel_plan(
         return dict(bcop=None, reshaped=(co, ci, r), transpose=False)
     inter = max(ci, co // (s * s))
     return dict(bcop=(inter, ci, k - s + 1), reshaped=(co, inter, s), transpose=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def wrapped_block_read(n: int, stride: int, dilation: int, taps: int) -> tuple[int, int] | None:
+    r"""(a, b) with stride·a + dilation·b ≡ 0 (mod n), 0 ≤ a < ⌊n/stride⌋, 0 < |b| < taps or None.
+
+    The circular layer of stride s and dilation d on an axis of size n then
+    reads one position for the outputs i and i + a, at the taps j and j + b of
+    its stride-s factor (``taps`` = min(k, s) of them; Note [Strided blocks on
+    a torus the stride does not tile]); None when every read differs.
+    """
+    for a in range(n // stride):
+        for b in range(1 - taps, taps):
+            if (a, b) > (0, 0) and (stride * a + dilation * b) % n == 0:
+                return a, b
+    return None
 
 
 class OrthoKernel(nn.Module):

@@ -8,7 +8,7 @@ a manifold parameter (``method="riemannian"``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,90 +18,11 @@ from .._core import checks as _checks
 from .._core.autocast import autocast_off, autocast_on
 from ..manifolds import Orthogonal, Unitary
 from ..parametrizations import OrthogonalMap, orthogonalize
+from .modrelu import ModReLU, keeping_kind
 
 __all__ = ["ModReLU", "OrthogonalRNNCell", "OrthogonalRNN", "henaff_init"]
 
 INITS = ("henaff", "haar", "identity")
-
-
-class ModReLU(nn.Module):
-    r"""modReLU σ(z) = relu(|z| + b)·z/|z|: (|z| + b)·z/|z| if |z| + b ≥ 0, else 0.
-
-    With the smoothing ε (``eps``) in the quotient: relu(m + b)·z/m with m = √(|z|² + ε)
-    for complex z, and relu(|z| + b)·z/(|z| + ε) for real z (sign(z)·relu(|z| + b) up to
-    a relative ε/|z|).
-
-    Note [modReLU singularity]
-    For b > 0 the derivative blows up as z → 0 (scaled Cayley paper, §4, Theorems
-    3–4), even with |z| smoothed as √(|z|² + ε). Two guards: ``nonpositive_bias``
-    keeps b ≤ 0 (the derivative is then bounded, Theorem 3), and the recurrent
-    layers start from h₀ away from zero; |z| is smoothed with ε = 1e-5 as in
-    uRNN/scuRNN.
-
-    Note [modReLU at zero]
-    σ(z) = z·s(z) with s(z) = relu(|z| + b)/|z|. With ``eps=0`` the quotient is
-    0/0 at z = 0 (and the gradient of |z| there is 0·∞), which gave NaN in the
-    value and the gradient. There s is replaced by its limit: 0 for b < 0
-    (σ ≡ 0 near 0), 1 for b = 0 (σ(z) = z) and, for b > 0, the 1 of the
-    continuous part of σ(z) = z + b·sgn(z) (torch's convention that sgn has a
-    zero derivative). So σ(0) = 0, ∂σ/∂z(0) = 1[b ≥ 0] and ∂σ/∂b(0) = 0, all finite;
-    the division itself reads a safe |z| = 1 there, so no NaN reaches the
-    backward pass. With ε > 0 nothing divides by zero and the formula is used as is.
-
-    Args:
-        n: number of features (one bias each).
-        nonpositive_bias: use min(b, 0) as the bias (bounded derivative).
-        eps: the smoothing ε ≥ 0 of |z| (see above; 0: the exact quotient).
-
-    Raises:
-        ValueError: ``n`` not a positive int, a negative or non-finite ``eps``; in
-            ``forward``, an input whose last dimension is not ``n``.
-        TypeError: ``eps`` not a real number, ``nonpositive_bias`` not a bool.
-
-    Example:
-        ```python
-        import torch
-        from stiefel.nn import ModReLU
-
-        act = ModReLU(4)
-        z = torch.randn(2, 4, dtype=torch.complex64)
-        assert act(z).shape == (2, 4)
-        assert torch.isfinite(ModReLU(4, eps=0.0)(torch.zeros(1, 4))).all()
-        ```
-    """
-
-    def __init__(self, n: int, nonpositive_bias: bool = False, eps: float = 1e-5):
-        super().__init__()
-        n = _checks.positive_int("n", n)
-        _checks.flag("nonpositive_bias", nonpositive_bias)
-        eps = _checks.number("eps", eps, low=0.0)
-        self.bias = nn.Parameter(torch.full((n,), -0.01 if nonpositive_bias else 0.0))
-        self.nonpositive_bias = nonpositive_bias
-        self.eps = eps
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """σ(z), elementwise over the last dimension (of size n), in the dtype of ``z``."""
-        n = self.bias.shape[0]
-        _checks.tensor("z", z)
-        if z.dim() < 1 or z.shape[-1] != n:
-            raise ValueError(f"z has shape {tuple(z.shape)}; allowed: (..., {n}), n = {n} features")
-        b = -torch.relu(-self.bias) if self.nonpositive_bias else self.bias
-        b = b.to(z.real.dtype if z.is_complex() else z.dtype)  # the output follows z
-        zero = None
-        if self.eps == 0:  # Note [modReLU at zero]
-            zero = z == 0
-            z_safe = torch.where(zero, torch.ones_like(z), z)
-        else:
-            z_safe = z
-        if z.is_complex():
-            mod = torch.sqrt(z_safe.real**2 + z_safe.imag**2 + self.eps)
-            scale = torch.relu(mod + b) / mod
-        else:
-            mod = z_safe.abs()
-            scale = torch.relu(mod + b) / (mod + self.eps)
-        if zero is not None:
-            scale = torch.where(zero, (b >= 0).to(scale.dtype), scale)
-        return z * scale
 
 
 def _in_cell_dtype(name: str, t: object, dtype: torch.dtype, shape: str) -> torch.Tensor:
@@ -142,6 +63,22 @@ def has_operator(fmap: object) -> bool:
     return isinstance(fmap, OrthogonalMap) and type(fmap).has_operator()
 
 
+def _check_operator(operator: object) -> None:
+    # not `operator in (True, False, "auto")`: 1 == True and 0 == False would pass
+    if not (isinstance(operator, bool) or (isinstance(operator, str) and operator == "auto")):
+        raise ValueError(f"operator={operator!r}; allowed: True, False, 'auto'")
+
+
+def _check_build(method_options: object, generator: object) -> None:
+    """The options and the generator of a recurrent layer (the rest have helpers)."""
+    if method_options is not None and not isinstance(method_options, Mapping):
+        raise TypeError(
+            f"method_options={method_options!r}; allowed: None or a dict of the map's options"
+        )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator={generator!r}; allowed: None or a torch.Generator")
+
+
 def use_operator(operator: bool | str, w: nn.Module, n: int) -> bool:
     """Whether a rollout applies W in its operator form.
 
@@ -152,9 +89,7 @@ def use_operator(operator: bool | str, w: nn.Module, n: int) -> bool:
     2L < n, so ``"auto"`` takes it for maps that have one with fewer than n/2
     reflections, and forms the matrix otherwise.
     """
-    # not `operator in (True, False, "auto")`: 1 == True and 0 == False would pass
-    if not (isinstance(operator, bool) or operator == "auto"):
-        raise ValueError(f"operator={operator!r}; allowed: True, False, 'auto'")
+    _check_operator(operator)
     fmap = getattr(w, "map", None)
     if not has_operator(fmap):
         return False
@@ -185,10 +120,16 @@ class OrthogonalRNNCell(nn.Module):
             uses the matching complex dtype.
 
     Raises:
-        TypeError: for a dtype other than float32/float64, or a ``complex`` or
-            ``nonpositive_bias`` that is not a bool.
+        TypeError: for a dtype other than float32/float64, a ``complex`` or
+            ``nonpositive_bias`` that is not a bool, ``method_options`` not a dict or
+            ``generator`` not a torch.Generator.
         ValueError: for an unknown ``init``, ``n_in``/``n_hidden`` not a positive int,
             or a build under ``torch.device("meta")``.
+
+    A cast keeps each tensor's kind (Note [A cast keeps each tensor's kind]):
+    ``.double()`` or ``.to(torch.complex128)`` makes a complex cell complex128 with
+    float64 real parts, a real one float64; ``.half()`` makes a real cell float16 and
+    leaves a complex one's complex tensors complex64.
 
     Example:
         ```python
@@ -221,6 +162,7 @@ class OrthogonalRNNCell(nn.Module):
         super().__init__()
         n_in = _checks.positive_int("n_in", n_in)
         n_hidden = _checks.positive_int("n_hidden", n_hidden)
+        _check_build(method_options, generator)
         if torch.empty(0).device.type == "meta":  # `with torch.device("meta")`
             raise ValueError(
                 "OrthogonalRNNCell is built from drawn values (its init) and has no "
@@ -246,6 +188,11 @@ class OrthogonalRNNCell(nn.Module):
         inp = torch.randn(n_hidden, n_in, generator=generator, dtype=cdtype) / math.sqrt(n_in)
         self.inp = nn.Parameter(inp)
         self.act = ModReLU(n_hidden, nonpositive_bias).to(dtype)
+
+    def _apply(self, fn, recurse=True):
+        """``Module._apply`` (``.to``, ``.double()``, …) by Note [A cast keeps each tensor's
+        kind]: a complex cell stays complex, its real parts real, at the cast's precision."""
+        return super()._apply(keeping_kind(fn), recurse)
 
     def transition_matrix(self) -> torch.Tensor:
         """W, n×n (recomputed by the map at every call outside ``parametrize.cached()``)."""
@@ -348,6 +295,13 @@ class OrthogonalRNN(nn.Module):
         generator: random generator of the initial values.
         dtype: the real floating dtype (float32 or float64).
 
+    Raises:
+        ValueError: ``n_in``, ``n_hidden`` or ``n_out`` not a positive int, an unknown
+            ``init`` or ``operator``, a build under ``torch.device("meta")``.
+        TypeError: as `OrthogonalRNNCell`.
+
+    A cast keeps each tensor's kind, as the cell's (the readout and h₀ included).
+
     Example:
         ```python
         import torch
@@ -374,6 +328,8 @@ class OrthogonalRNN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
+        n_out = _checks.positive_int("n_out", n_out)
+        _check_operator(operator)
         self.cell = OrthogonalRNNCell(
             n_in,
             n_hidden,
@@ -391,6 +347,10 @@ class OrthogonalRNN(nn.Module):
         self.out = nn.Linear(width, n_out, dtype=dtype)
         h0 = torch.rand(n_hidden, generator=generator) * 0.1 + 0.05
         self.register_buffer("h0", h0.to(self.cell.inp.dtype))
+
+    def _apply(self, fn, recurse=True):
+        """``Module._apply`` by Note [A cast keeps each tensor's kind] (the readout stays real)."""
+        return super()._apply(keeping_kind(fn), recurse)
 
     @property
     def transition(self) -> nn.Module:
@@ -446,5 +406,7 @@ class OrthogonalRNN(nn.Module):
         hs = torch.stack(outs, 1)
         if self.complex:
             hs = torch.cat((hs.real, hs.imag), -1)
-        y = self.out(hs)
+        # a complex cell stays complex64 under .half() (Note [A cast keeps each tensor's
+        # kind]) while its real readout is float16: the readout reads its own dtype
+        y = self.out(hs.to(self.out.weight.dtype))
         return y if all_steps else y[:, -1]

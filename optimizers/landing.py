@@ -128,7 +128,8 @@ class Landing(RiemannianOptimizer):
         if not geo.stiefel:
             return geo.gradient_step(x, grad, lr)
         lam = group["attraction"]
-        field, dist, a2, psi2 = geo.apply(landing_direction, x, grad, lam)
+        # x.shape is global; a row-sharded point's kernel sees its local rows
+        field, dist, a2, psi2 = geo.apply(landing_direction, x, grad, lam, rows=x.shape[-2])
         if group["safe_step"]:
             eta = geo.apply(landing_safe_step, a2, dist, psi2, lr, lam, group["eps"])
         else:

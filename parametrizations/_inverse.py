@@ -112,6 +112,8 @@ def _greedy(q: torch.Tensor, budget: int, tol: float) -> tuple[list[torch.Tensor
     valid reflection as ‖R_j‖ = 1 and d̄_j R_jj is real). Later reflections
     have v orthogonal to the columns already placed, so each step fixes one
     more column for good; the loop stops once every column is within ``tol``.
+    A d_j that differs from the point's own adds to the rank: the search is
+    the fallback of `_fixed_tall`, which keeps the map's diagonal.
     """
     n, m = q.shape
     r = q.clone()
@@ -179,23 +181,58 @@ def _fixed_square(
     """
     n = q.shape[-1]
     p = q * d.conj().unsqueeze(-2)
-    u, s, _ = torch.linalg.svd(p - torch.eye(n, dtype=p.dtype))
+    basis, _ = _moved(p - torch.eye(n, dtype=p.dtype), budget, tol, "Q·D⁻¹ − I")
+    return _rank_reduction(basis, basis.mH @ p @ basis), d
+
+
+def _fixed_tall(
+    q: torch.Tensor, d: torch.Tensor, budget: int, tol: float
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    r"""Q = H(v₁)⋯H(v_r)[diag(d); 0] with the given d, r = rank(Q − E_d) ≤ budget, or Unreachable.
+
+    Note [Fewer reflections on a tall point]
+    On W = range(Q − E_d) (orthonormal basis U, r = dim W) the columns of Q and
+    E_d differ, and off W they agree; a = UᴴE_d and b = UᴴQ have aᴴa = bᴴb
+    (both have orthonormal columns with equal parts off W), so the Procrustes
+    factor T = polar(b aᴴ) is unitary with T a = b. G = I + U(T − I)Uᴴ is then
+    unitary with G E_d = E_d + U(b − a) = Q, and rank(G − I) = r (T − I maps
+    a onto b − a, of rank r). The reflections of G come from Note [Fewer
+    reflections: rank reduction] on T: every point with rank(Q − E_d) ≤ L that
+    the map reaches with its current signs or phases is found, where a greedy
+    choice of d (`_greedy`) may add to the rank.
+    """
+    m = q.shape[-1]
+    e = torch.zeros_like(q)
+    e[range(m), range(m)] = d
+    basis, r = _moved(q - e, budget, tol, "Q − E_d")
+    if r == 0:
+        return [], d
+    x, _, yh = torch.linalg.svd((basis.mH @ q) @ (basis.mH @ e).mH)
+    return _rank_reduction(basis, x @ yh), d
+
+
+def _moved(a: torch.Tensor, budget: int, tol: float, what: str) -> tuple[torch.Tensor, int]:
+    """An orthonormal basis of range(``a``) and its dimension r, or Unreachable if r > budget."""
+    u, s, _ = torch.linalg.svd(a, full_matrices=False)
     r = int((s > tol).sum())
     if r > budget:
         raise Unreachable(
-            f"the point is not reachable with reflections={budget}: Q·D⁻¹ − I has rank {r} "
+            f"the point is not reachable with reflections={budget}: {what} has rank {r} "
             f"(singular values above {tol:.1e}: {s[:r].tolist()[:4]}...)"
         )
-    basis = u[:, :r]
-    m = basis.mH @ p @ basis
+    return u[:, :r], r
+
+
+def _rank_reduction(basis: torch.Tensor, m: torch.Tensor) -> list[torch.Tensor]:
+    """The reflections of I + basis (M − I) basisᴴ, M unitary with M − I invertible (r×r)."""
     vs = []
-    pick = _complex_pick if q.is_complex() else _real_pick
-    for _ in range(r):
+    pick = _complex_pick if m.is_complex() else _real_pick
+    for _ in range(m.shape[-1]):
         x = pick(m)
         v = m @ x - x
         m = _reflect(m, v)
         vs.append(basis @ v)
-    return vs, d
+    return vs
 
 
 def reflections_from_point(
@@ -212,7 +249,8 @@ def reflections_from_point(
     (default: ones) is kept, up to the sign of its first entry (Note [Padding to
     exactly L reflections]), and `Unreachable` is raised when QD⁻¹ is not
     a product of L reflections (Note [Fewer reflections: rank reduction]); on a
-    tall Q a greedy search chooses d (Note [Fewer reflections than columns]).
+    tall Q the current ``diagonal`` is tried first, then a greedy search chooses d
+    (Note [Fewer reflections than columns]).
 
     Note [Padding to exactly L reflections]
     A decomposition with r < L reflections is padded: if L − r is odd, by
@@ -240,8 +278,11 @@ def reflections_from_point(
             vs, d = list(v_full[i].cpu().unbind(-1)), d_full[i].cpu()
         elif m == n:
             vs, d = _fixed_square(qi, di, reflections, tol)
-        else:
-            vs, d = _greedy(qi, reflections, tol)
+        else:  # the map's diagonal first: every point it reaches with it is found
+            try:
+                vs, d = _fixed_tall(qi, di, reflections, tol)
+            except Unreachable:
+                vs, d = _greedy(qi, reflections, tol)
         extra = reflections - len(vs)
         if m < n:
             for _ in range(extra):

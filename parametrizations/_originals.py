@@ -66,13 +66,35 @@ class Originals(nn.Module):
         """
         if self._initial is not None:  # inside initialised_with(): Note [Registering ...]
             return self._initial
-        q = self.check_point(value, "value")
+        dtype = self._weight_dtype(value)  # Note [A point assigned in another precision]
+        q = self.check_point(value, "value", dtype)
         try:
-            return self.inverse(q.to(work_dtype(q.dtype))).to(
-                dtype=value.dtype, device=value.device
-            )
+            return self.inverse(q.to(work_dtype(dtype))).to(dtype=dtype, device=value.device)
         except Unreachable as err:
             raise ValueError(f"value: {err}") from None
+
+    def hold(self, parametrizations: nn.Module) -> None:
+        """Record the ``ParametrizationList`` that registers this map (for `right_inverse`).
+
+        Kept outside the module tree (not a submodule: the list holds the map), so
+        ``deepcopy`` and pickling copy the reference with the model they copy.
+        """
+        self.__dict__["_holder"] = parametrizations
+
+    def _weight_dtype(self, value: torch.Tensor) -> torch.dtype:
+        """The dtype of the original this map is registered with (``value``'s: unregistered).
+
+        Note [A point assigned in another precision]
+        torch's parametrize refuses an original of another dtype than the one it
+        holds, but only after every ``right_inverse`` has run, and the inverse of a
+        map with tensors of its own (a base, signs or phases) sets them: a float32
+        point assigned to a float64 weight left it neither the old point nor the new
+        one. The inverse is computed for the weight's dtype instead, as ``copy_``
+        and ``load_state_dict`` cast: the point is judged in its own precision
+        (Note [Tolerance of right inverses]) and its original stored in the weight's.
+        """
+        holder = self.__dict__.get("_holder")
+        return value.dtype if holder is None else holder.original.dtype
 
     @contextmanager
     def initialised_with(self, original: torch.Tensor) -> Iterator[None]:
@@ -94,8 +116,13 @@ class Originals(nn.Module):
         finally:
             self._initial = None
 
-    def check_point(self, value: object, name: str) -> torch.Tensor:
+    def check_point(
+        self, value: object, name: str, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         r"""Check ``value`` (shape, dtype, finite, on the manifold) and return it tall.
+
+        A point that is projected comes back in the working precision of ``dtype``
+        (default: its own).
 
         Note [Tolerance of right inverses]
         Anything a map produced must be assignable back (geotorch's
@@ -131,7 +158,7 @@ class Originals(nn.Module):
                 f"use manifold.projx(Q) (the nearest point) first"
             )
         if err > 100 * self.n * torch.finfo(torch.float64).eps:
-            q = polar(high(q.detach())).to(work_dtype(q.dtype))
+            q = polar(high(q.detach())).to(work_dtype(dtype or q.dtype))
         return q
 
     def point_error(self, q: torch.Tensor) -> tuple[float, float]:

@@ -305,9 +305,15 @@ class ScaledCayley(SignPhaseDiagonal, OrthogonalMap):
         check = kernels.scaled_cayley_map(kernels.skew_from_raw(raw), d[..., : self.m])
         err = float(torch.linalg.matrix_norm(check - p[..., : self.m]).max())
         if not err <= self.tolerance(q.dtype) or not torch.isfinite(a).all():
+            hint = (  # Kahan: every point is reached with a D chosen for it
+                "the round trip missed the point at this precision (an error of the size "
+                "of its distance to the manifold: project it with manifold.projx first)"
+                if self.negatives is None
+                else "use negatives=None"
+            )
             raise Unreachable(
                 f"the point is not reachable with negatives={self.negatives} (I + QD⁻¹ is "
-                f"singular or ill-conditioned; error {err:.3e}); use negatives=None"
+                f"singular or ill-conditioned; error {err:.3e}); {hint}"
             )
         self.set_diagonal(d[..., : self.m])
         return raw.to(dtype=q.dtype, device=q.device)

@@ -23,7 +23,7 @@ from .._core.checks import int_in_range
 from . import kernels
 from ._diagonal import SignPhaseDiagonal
 from ._householder import default_block
-from ._inverse import reflections_from_point
+from ._inverse import Unreachable, reflections_from_point
 from ._precision import high
 from .base import OrthogonalMap, register
 
@@ -90,12 +90,20 @@ class _Reflections(SignPhaseDiagonal, OrthogonalMap):
             diagonal = high(self.diagonal().detach())
             if not bool(torch.isfinite(diagonal).all()):  # never initialised (to_empty): d = 1
                 diagonal = torch.ones_like(diagonal)
-        v, d = reflections_from_point(
-            q if self.reaches_every_point else high(q),
-            self.reflections,
-            self.tolerance(q.dtype),
-            diagonal=diagonal,
-        )
+        try:
+            v, d = reflections_from_point(
+                q if self.reaches_every_point else high(q),
+                self.reflections,
+                self.tolerance(q.dtype),
+                diagonal=diagonal,
+            )
+        except Unreachable as err:  # the diagonal is the map's own: say so
+            kind = "phases (trained with the vectors)" if q.is_complex() else "signs"
+            raise Unreachable(
+                f"{err}; with this few reflections a point is sought with this "
+                f"map's current {kind}: to copy a weight of another module built so, load "
+                "that module's state_dict (its diagonal included), not its weight alone"
+            ) from None
         self.set_diagonal(d)
         return v.to(dtype=q.dtype, device=q.device)
 

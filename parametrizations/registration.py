@@ -205,6 +205,7 @@ def _register(root: nn.Module, name: str, method: object, options: dict[str, Any
             param(original)
     with fmap.initialised_with(original):  # Note [Registering with a precomputed original]
         parametrize.register_parametrization(module, leaf, param, unsafe=True)
+    fmap.hold(module.parametrizations[leaf])
     held = module.parametrizations[leaf].original  # the weight's Parameter, now coordinates
     # a gradient left from a backward is the weight's, not the coordinates' (possibly of
     # another shape): an optimizer stepping it would move the coordinates by it

@@ -12,7 +12,7 @@ __all__ = ["landing_direction", "landing_safe_step", "landing_update"]
 
 
 def landing_direction(
-    x: torch.Tensor, g: torch.Tensor, attraction: float, group=None
+    x: torch.Tensor, g: torch.Tensor, attraction: float, group=None, *, rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Landing field Λ = skew(GXᴴ)X + λX(XᴴX − I), d = ‖XᴴX − I‖_F, ‖Λ‖²_F, ‖skew(GXᴴ)X‖²_F.
 
@@ -22,6 +22,9 @@ def landing_direction(
         attraction: λ > 0.
         group: the process group the rows are split over (Note [Row-sharded
             kernels] in .reduce), or None.
+        rows: N, the points' row count (None: x's); pass it when ``x`` holds the
+            local rows of row-sharded points, so that every rank takes the same
+            path and issues the same all-reduces.
 
     Returns:
         Λ (shape of x), then d, ‖Λ‖² and ‖ψX‖² (shapes (..., 1, 1)).
@@ -42,7 +45,7 @@ def landing_direction(
     e = s - eye_like(x, m)
     h = gram(g, x, group)
     dist = torch.linalg.matrix_norm(e, keepdim=True)
-    if x.shape[-2] <= 3 * m:
+    if (x.shape[-2] if rows is None else rows) <= 3 * m:
         psi = two_products(g, 0.5 * s, x, -0.5 * h, x.shape)  # ψX
         psi2 = rows_sum_squares(psi, group)
         field = sub_product(psi, x, -attraction * e, over_u=in_place())  # ψX + λXE

@@ -94,10 +94,64 @@ def test_convneru_matches_the_formula_and_trains():
 def test_convneru_bad_input():
     with pytest.raises(ValueError, match="kernel_size=4 is even; allowed: a positive odd int"):
         ConvNERUCell(1, 2, 4)
-    with pytest.raises(ValueError, match="nonlinearity='gelu'; allowed: relu, tanh"):
+    with pytest.raises(
+        ValueError, match="nonlinearity='gelu' is not supported; allowed: relu, tanh"
+    ):
         ConvNERUCell(1, 2, 3, nonlinearity="gelu")
     with pytest.raises(ValueError, match="'nope'"):
         ConvNERUCell(1, 2, 3, method="nope")
+
+
+@pytest.mark.parametrize("method", ["tcwy", None])
+def test_convneru_built_on_meta_takes_the_torch_recipe(method):
+    # FSDP2's recipe: build on meta, to_empty, reset_parameters() on every module. The cell
+    # had no reset of its own: its bias kept what to_empty left (NaN here, as a stand-in
+    # for uninitialised memory), and the unconstrained K got nn.Conv2d's Kaiming init
+    with torch.device("meta"):
+        cell = ConvNERUCell(1, 3, 3, method=method, dtype=DT)
+    cell.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in cell.parameters():
+            p.fill_(float("nan"))
+    for module in cell.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    assert torch.equal(cell.bias, torch.zeros(3, dtype=DT))  # a fresh build's bias
+    x, g = torch.randn(2, 1, 5, 5, dtype=DT), torch.randn(2, 3, 5, 5, dtype=DT)
+    assert torch.isfinite(cell(x, g)).all()
+    if method is None:  # Glorot-uniform as built: U(−a, a), a = √(6/(fan_in + fan_out))
+        w = cell.recurrent.weight.detach()
+        a = (6 / (2 * 3 * 3 * 3)) ** 0.5
+        assert float(w.abs().max()) <= a and float(w.abs().max()) > 0.75 * a
+
+
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (lambda: ConvNERUCell(1, 0, 3), ValueError, "hidden_channels=0 .*allowed: an int >= 1"),
+        (lambda: ConvNERUCell(1, -1, 3), ValueError, "hidden_channels=-1 .*allowed: an int"),
+        (lambda: ConvNERUCell(1, 4.5, 3), ValueError, "hidden_channels=4.5 .*allowed: an int"),
+        (lambda: ConvNERUCell(0, 4, 3), ValueError, "in_channels=0 .*allowed: an int >= 1"),
+        (lambda: ConvNERUCell(1, 4, 3, nonlinearity=["relu"]), TypeError, "nonlinearity="),
+        (
+            lambda: ConvNERUCell(1, 4, 3, dtype=torch.complex64),
+            TypeError,
+            "dtype=torch.complex64; allowed: torch.float32",
+        ),
+        (
+            lambda: ConvNERUCell(1, 4, 3, method=None, dtype=torch.int64),
+            TypeError,
+            "dtype=torch.int64; allowed: torch.float32",
+        ),
+        (lambda: OrthogonalConv2d(4, 3, stride=1.0), ValueError, "stride=1.0; allowed: 1"),
+        (lambda: OrthogonalConv2d(4, 3, bias="no"), TypeError, "bias='no' .*allowed: True"),
+    ],
+)
+def test_conv_layers_refuse_bad_arguments_naming_them(build, error, message):
+    # each built a layer (an empty one, one with float channels, a bias from "no") or
+    # failed inside torch naming no argument
+    with pytest.raises(error, match=message):
+        build()
 
 
 # --------------------------------------------------------------------------- OrthogonalConv2d
@@ -280,3 +334,24 @@ def test_fft_conv_built_on_meta_takes_the_torch_recipe(method):
     assert torch.equal(layer.weight, eager.weight) and torch.equal(layer.bias, eager.bias)
     x = torch.randn(2, 4, 6, 6, dtype=DT)
     assert torch.equal(layer(x), eager(x))
+
+
+def test_fft_conv_refuses_a_q_for_another_image_size():
+    # Q(ω) of a 4×10 image has 24 frequencies, as a 6×6 one's: it gave a wrong output
+    # silently; a 6×5 one's (18) failed in a matmul naming neither size
+    torch.manual_seed(7)
+    layer = OrthogonalConv2d(2, 3, method="exp", dtype=DT)
+    x = torch.randn(2, 2, 6, 6, dtype=DT)
+    with torch.no_grad():
+        q = layer.frequency_matrices((6, 6))
+        assert q.image_size == (6, 6)
+        assert torch.allclose(layer(x, q), layer(x), atol=1e-12)  # the q of x's size
+        for size in [(4, 10), (6, 5)]:
+            other = layer.frequency_matrices(size)
+            with pytest.raises(ValueError, match=rf"q is for a {size[0]}×{size[1]} image and x"):
+                layer(x, other)
+        copy = q.clone()  # a copy has no record: refused, and accepted once given one
+        with pytest.raises(ValueError, match=r"q has no image_size.*frequency_matrices\(\(6, 6"):
+            layer(x, copy)
+        copy.image_size = (6, 6)
+        assert torch.equal(layer(x, copy), layer(x, q))

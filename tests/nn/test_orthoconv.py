@@ -400,6 +400,77 @@ def test_strided_circular_padding_other_than_same_is_refused():
         cls(4, 4, 3, stride=2, padding="valid")
 
 
+# (in, out, k, stride, dilation, n, refused): the strided blocks wrap onto each other on an
+# n×n image the stride does not divide (n = 7, 9, 10), or they do not (n = 8 for s = 3, d = 2),
+# or s divides n
+STRIDED_DILATED = [
+    (2, 8, 2, 2, 3, 7, True),
+    (2, 8, 3, 2, 3, 7, True),
+    (4, 4, 3, 2, 3, 9, True),
+    (4, 4, 3, 3, 2, 10, True),
+    (4, 4, 3, 3, 2, 8, False),
+    (4, 4, 3, 2, 3, 8, False),
+    (4, 4, 3, 3, 2, 9, False),
+]
+
+
+def test_strided_dilated_circular_layer_is_non_expansive_or_refused():
+    """Stride > 1, dilation > 1, circular "same": σ ≤ 1 on every image the layer accepts.
+
+    Reference: the dense float64 operator of one circular ``F.conv2d`` with the
+    layer's kernel (what the layer computed before the refusal): σ_max up to 2
+    where the stride's blocks wrap around onto positions they already read.
+    """
+    for ci, co, k, s, d, n, refused in STRIDED_DILATED:
+        torch.manual_seed(0)
+        conv = OrthoConv2d(ci, co, k, stride=s, dilation=d, bias=False, dtype=DT)
+        tol = 10 * ci * n * n * torch.finfo(DT).eps
+
+        def circular(x, conv=conv, s=s, d=d):
+            return F.conv2d(F.pad(x, conv.pads, mode="circular"), conv.weight, None, s, 0, d)
+
+        ref = dense_singular_values(circular, (ci, n, n), DT)
+        cfg = (ci, co, k, s, d, n)
+        if refused:
+            assert ref.max() > 1.2, cfg
+            match = rf"stride={s}, dilation={d} and circular padding='same' on a {n}×{n} image"
+            with pytest.raises(ValueError, match=match):
+                conv(torch.zeros(1, ci, n, n, dtype=DT))
+            m = n - n % s  # a size the stride divides: served
+            assert conv(torch.zeros(1, ci, m, m, dtype=DT)).shape == (1, co, m // s, m // s)
+        else:
+            sv = dense_singular_values(conv, (ci, n, n))
+            assert torch.allclose(sv, ref, atol=tol), cfg
+            assert sv.max() <= 1 + tol, cfg
+            if n % s == 0:
+                assert (sv - 1).abs().max() <= tol, cfg
+        # the transposed layer maps n to n·s, which the stride divides: orthogonal
+        up = OrthoConvTranspose2d(co, ci, k, stride=s, dilation=d, bias=False, dtype=DT)
+        sv = dense_singular_values(up, (co, n, n))
+        assert (sv - 1).abs().max() <= 10 * co * n * n * torch.finfo(DT).eps, cfg
+    # zero padding and padding="valid" never wrap: the refused sizes are allowed there
+    for kw in (dict(padding_mode="zeros"), dict(padding="valid")):
+        conv = OrthoConv2d(4, 4, 3, stride=2, dilation=3, bias=False, dtype=DT, **kw)
+        assert dense_singular_values(conv, (4, 7, 7)).max() <= 1 + 10 * 196 * torch.finfo(DT).eps
+
+
+@pytest.mark.parametrize("cls", [OrthoConv2d, OrthoConvTranspose2d])
+def test_integer_and_bool_inputs_are_refused_and_complex_ones_served(cls):
+    """An integer input would meet a kernel cast to integers (zeros): a TypeError instead."""
+    torch.manual_seed(0)
+    layer = cls(4, 4, 3, dtype=DT)
+    for dtype in (torch.uint8, torch.int64, torch.bool):
+        x = torch.randint(0, 2 if dtype == torch.bool else 256, (1, 4, 6, 6)).to(dtype)
+        with pytest.raises(TypeError, match=rf"got an input of dtype {dtype}; allowed: .*float32"):
+            layer(x)
+    z = torch.randn(2, 4, 6, 6, dtype=torch.complex128)  # the real kernel on both parts
+    with torch.no_grad():
+        y, re, im = layer(z), layer(z.real), layer(z.imag)
+    bias = layer.bias[:, None, None]
+    assert torch.allclose(y, torch.complex(re, im - bias), atol=1e-12)
+    assert torch.allclose((y - bias).norm(), z.norm(), rtol=1e-12)
+
+
 @pytest.mark.parametrize("cls", [OrthoConv2d, OrthoConvTranspose2d])
 @pytest.mark.parametrize(
     "edit",

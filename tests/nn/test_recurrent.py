@@ -350,3 +350,83 @@ def test_a_haar_cell_starts_haar_on_its_group_with_inputs_of_its_kind(complex_):
         inp = torch.stack([c.inp.detach() for c in cells])
         assert inp.is_complex() and inp.imag.abs().max() > 0
         assert abs(float((inp.abs() ** 2).mean()) * 2 - 1) < 0.1  # E|w|² = 1/n_in
+
+
+def _cast(model, cast):
+    return model.to(torch.complex128) if cast == "complex128" else getattr(model, cast)()
+
+
+@pytest.mark.parametrize(
+    "complex_, cast",
+    [
+        (True, "double"),
+        (True, "complex128"),
+        (True, "half"),
+        (True, "bfloat16"),
+        (False, "complex128"),
+    ],
+)
+def test_a_cast_keeps_each_tensor_kind_and_the_model_runs_as_a_dense_loop(complex_, cast):
+    # .double() left a complex cell's U and W complex64 beside float64 real parts, and
+    # .to(complex128) made the readout and the modReLU bias complex: a dtype mismatch at
+    # the next forward (a real model refused .to(complex128) in its map)
+    gen = torch.Generator().manual_seed(4)
+    model = OrthogonalRNN(3, 6, 2, method="scaled_cayley", complex=complex_, generator=gen)
+    with torch.no_grad():
+        model.act.bias.uniform_(-0.4, 0.2, generator=gen)
+    model = _cast(model, cast)
+    wide = cast in ("double", "complex128")
+    real = torch.float64 if wide else getattr(torch, cast)
+    inner = torch.float64 if wide else (torch.float32 if complex_ else real)
+    kind = inner.to_complex() if complex_ else inner  # no complex-half: complex64 at least
+    assert model.inp.dtype == kind and model.h0.dtype == kind
+    assert model.act.bias.dtype == real and model.out.weight.dtype == real
+    x = torch.randn(2, 4, 3, generator=gen)
+    with torch.no_grad():
+        got = model(x)
+        # the reference in complex128, from the cast tensors: h ← modReLU(W h + U x),
+        # y = V [Re h, Im h] + c (V h + c for a real cell)
+        c128 = torch.complex128
+        w, u = model.transition_matrix().to(c128), model.inp.to(c128)
+        b, eps = model.act.bias.double(), model.act.eps
+        h = model.h0.to(c128).expand(2, 6)
+        for t in range(4):
+            z = x[:, t].to(c128) @ u.T + h @ w.T
+            mod = (z.abs() ** 2 + eps).sqrt() if complex_ else z.abs()
+            h = torch.relu(mod + b) * z / (mod if complex_ else mod + eps)
+        hs = torch.cat((h.real, h.imag), -1) if complex_ else h.real
+        ref = hs @ model.out.weight.double().T + model.out.bias.double()
+    assert got.dtype == real
+    tol = 50 * torch.finfo(real).eps * (1 + float(ref.abs().max()))
+    assert float((got.double() - ref).abs().max()) <= tol
+
+
+def test_modrelu_bias_stays_real_under_a_complex_cast():
+    # .to(complex128) made the bias complex; its imaginary part was dropped at each forward
+    act = ModReLU(3).to(torch.complex128)
+    assert act.bias.dtype == torch.float64
+    assert ModReLU(3).double().bias.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (lambda: OrthogonalRNN(3, 4, 0), ValueError, "n_out=0 .*allowed: an int >= 1"),
+        (lambda: OrthogonalRNN(3, 4, -2), ValueError, "n_out=-2 .*allowed: an int >= 1"),
+        (lambda: OrthogonalRNN(3, 4, 2.5), ValueError, "n_out=2.5 .*allowed: an int >= 1"),
+        (
+            lambda: OrthogonalRNNCell(3, 4, method_options=[("reflections", 2)]),
+            TypeError,
+            r"method_options=\[\('reflections', 2\)\]; allowed: None or a dict",
+        ),
+        (
+            lambda: OrthogonalRNN(3, 4, 2, generator=5),
+            TypeError,
+            "generator=5; allowed: None or a torch.Generator",
+        ),
+    ],
+)
+def test_recurrent_layers_refuse_bad_arguments_naming_them(build, error, message):
+    # n_out = 0 built an empty readout; the others failed inside torch naming no argument
+    with pytest.raises(error, match=message):
+        build()

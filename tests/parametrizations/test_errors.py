@@ -8,6 +8,7 @@ from stiefel.parametrizations import (
     OrthogonalMap,
     available,
     get,
+    maps,
     orthogonalize,
     register,
 )
@@ -117,6 +118,33 @@ def test_right_inverse_off_manifold_gives_distance_and_projx():
     with pytest.raises(ValueError, match="non-finite"):
         w.weight = torch.full((4, 4), float("inf"), dtype=torch.float64)
     assert torch.equal(w(), before)
+
+
+@pytest.mark.parametrize("method", list(maps()))  # "riemannian"'s weight is a Parameter
+@pytest.mark.parametrize(
+    ("weight", "value"),
+    [
+        (torch.float64, torch.float32),
+        (torch.float32, torch.float64),
+        (torch.complex128, torch.complex64),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_a_point_of_another_precision_is_assigned_in_the_weights(method, weight, value):
+    # Note [A point assigned in another precision]: torch refused the original only
+    # after the map's inverse had set its base, signs or phases, and the weight was
+    # left 3.3 from the old point and 1.0 from Q; the reference is Q itself, to the
+    # coarser of the two precisions
+    torch.manual_seed(0)
+    w = orthogonalize(torch.randn(5, 5, dtype=weight), method=method)
+    with torch.no_grad():  # away from the start, as after training
+        for p in w.parameters():
+            p.add_(0.3)
+    q = torch.linalg.qr(torch.randn(5, 5, dtype=value))[0]
+    w.weight = q
+    assert w().dtype == weight
+    tol = 100 * 5 * max(torch.finfo(weight).eps, torch.finfo(value).eps)
+    assert torch.dist(w().to(value), q) < tol
 
 
 def test_bad_options_and_names():

@@ -195,6 +195,31 @@ def test_fewer_reflections(method, dtype):
     assert (w() - torch.eye(n, dtype=dtype)).abs().max() < 1e-13
 
 
+@pytest.mark.parametrize("method", REFLECTION_MAPS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize(("shape", "L"), [((8, 3), 2), ((5, 4), 2), ((20, 6), 3), ((4, 7), 3)])
+def test_a_tall_point_of_fewer_reflections_round_trips(method, dtype, shape, L):
+    # a greedy choice of the diagonal refused the map's own points (6 of 20 real St(8, 3)
+    # with L = 2, every complex one): they are found with the map's current diagonal
+    # (Note [Fewer reflections on a tall point]); the reference is the point itself
+    gen = torch.Generator().manual_seed(5)
+    n = max(shape)
+    for _ in range(4):
+        w = orthogonalize(torch.randn(*shape, dtype=dtype, generator=gen), method=method,
+                          reflections=L, generator=gen)  # fmt: skip
+        with torch.no_grad():  # vectors, and a complex map's phases, away from the start
+            for p in w.parameters():
+                p.copy_(torch.randn(p.shape, dtype=p.dtype, generator=gen))
+        q = w().detach().clone()
+        w.weight = q
+        assert (w() - q).abs().max() < 10 * tol(dtype, n)
+    before = {k: v.clone() for k, v in w.state_dict().items()}
+    point = w.manifold.random(dtype=dtype, generator=gen)  # a generic point, tall
+    with pytest.raises(ValueError, match=f"reflections={L}.*current"):
+        w.weight = point.mT if shape[0] < shape[1] else point
+    assert all(torch.equal(v, before[k]) for k, v in w.state_dict().items())
+
+
 @pytest.mark.parametrize("method", MAPS)
 def test_inits(method):
     gen = torch.Generator().manual_seed(4)

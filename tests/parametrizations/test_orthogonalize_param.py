@@ -332,6 +332,16 @@ def test_a_tied_parameter_is_refused_naming_its_holders():
     assert head.weight is emb.weight
 
 
+def test_tied_holders_in_one_model_are_named_by_their_paths_in_it():
+    # the message named both holders "Linear.weight": which modules, the user could not tell
+    model = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Sequential(nn.Linear(5, 5)))
+    model[2][0].weight = model[0].weight
+    with pytest.raises(ValueError, match=r"Linear\.weight \(0\.weight of a Sequential\), "
+                       r"Linear\.weight \(2\.0\.weight of a Sequential\)"):  # fmt: skip
+        orthogonalize(model[0].weight, method="cwy")
+    assert not parametrize.is_parametrized(model[0])
+
+
 def test_a_parameter_held_twice_by_one_module_is_refused():
     m = nn.Module()
     m.a = nn.Parameter(torch.randn(4, 4))
@@ -346,7 +356,8 @@ def test_tied_transformers_embeddings_are_refused_and_riemannian_keeps_both_hold
     emb, head = model.model.embed_tokens, model.lm_head
     assert head.weight is emb.weight
     before = emb.weight.detach().clone()
-    with pytest.raises(ValueError, match=r"Embedding\.weight, Linear\.weight"):
+    names = r"Embedding\.weight \(model\.embed_tokens\.weight of a LlamaForCausalLM\), "
+    with pytest.raises(ValueError, match=names + r"Linear\.weight \(lm_head\.weight of a"):
         orthogonalize(emb.weight, method="cwy")
     _untouched(emb, "weight", before)
     p = emb.weight
