@@ -29,6 +29,11 @@ def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w) if w.dim() == 2 else x @ w.mT
 
 
+def _reads_values(options: dict[str, Any]) -> bool:
+    """Whether the ``init`` of ``options`` reads the tensor's values (the nearest point)."""
+    return options.get("init") in (None, "nearest")
+
+
 class OrthogonalMatrix(nn.Module):
     r"""A trainable matrix on O(n), U(n) or St(N, M): ``W()`` is the matrix.
 
@@ -42,7 +47,7 @@ class OrthogonalMatrix(nn.Module):
 
     def __init__(self, tensor: torch.Tensor, method: Method = "cwy", **options: Any):
         super().__init__()
-        t = check_weight("tensor", tensor)
+        t = check_weight("tensor", tensor, values=_reads_values(options))
         self._hold(nn.Parameter(t.detach().clone()), method, options)
 
     @classmethod
@@ -50,6 +55,8 @@ class OrthogonalMatrix(nn.Module):
         """The holder of a free ``param`` itself (no copy): ``param`` becomes its free parameter."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
+        # named as the caller of orthogonalize gave it (not the holder's "module.weight")
+        check_weight("module_or_tensor (a free nn.Parameter)", param, _reads_values(options))
         self._hold(param, method, options)
         return self
 

@@ -405,3 +405,18 @@ def test_stacked_gates_without_the_option_are_refused_and_left_alone():
     with pytest.raises(ValueError, match="gates=True"):
         orthogonalize(lstm.weight_hh_l0, method="cwy")
     _untouched(lstm, "weight_hh_l0", before)
+
+
+@pytest.mark.parametrize("free", [False, True])
+def test_non_finite_values_are_refused_only_where_the_init_reads_them(free):
+    # a free Parameter's refusal named "module.weight" (the holder's, not the caller's),
+    # and init="haar" / "identity", which read no value, refused NaN entries too (as the
+    # uninitialised memory of torch.empty can hold)
+    t = torch.full((4, 3), float("nan"))
+    t = nn.Parameter(t) if free else t
+    name = r"module_or_tensor \(a free nn\.Parameter\)" if free else "tensor"
+    with pytest.raises(ValueError, match=rf"^{name} has 12 non-finite entries"):
+        orthogonalize(t, method="cwy")
+    for init in ("haar", "identity"):
+        w = orthogonalize(t, method="cwy", init=init)()
+        assert torch.dist(w.mT @ w, torch.eye(3)) < 100 * 4 * torch.finfo(torch.float32).eps
