@@ -81,6 +81,8 @@ def butterfly_permutation(n: int, block: int, level: int) -> torch.Tensor:
 
 def blockwise(x: torch.Tensor, blocks: int, fn: Callable[[torch.Tensor], torch.Tensor]):
     """Apply ``fn`` to the feature blocks of x (…, b·s) laid out as one batch (b, N, s)."""
+    if x.numel() == 0:  # an empty batch (0 tokens, an idle expert) is its own image
+        return x.clone()
     lead = x.shape[:-1]
     z = x.reshape(-1, blocks, x.shape[-1] // blocks).transpose(0, 1)
     return fn(z).transpose(0, 1).reshape(*lead, -1)

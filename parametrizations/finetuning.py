@@ -26,6 +26,7 @@ Q itself, its factors and their start at the identity, is a `Rotation`
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import torch
@@ -58,6 +59,16 @@ def feature_axis(spatial: int, x: torch.Tensor) -> int:
 def bias_view(b: torch.Tensor, y: torch.Tensor, axis: int) -> torch.Tensor:
     """A bias of the features at ``axis`` (`feature_axis`), shaped to broadcast against y."""
     return b.view((-1,) + (1,) * (y.dim() - 1 - axis) if axis != -1 else (-1,))
+
+
+def stored_transposed(module: nn.Module) -> bool:
+    """Whether ``module`` stores its weight as (in, out): transformers' ``Conv1D`` (GPT-2).
+
+    Looked up among the modules already imported (a ``Conv1D`` exists only once
+    transformers is), so that no call imports transformers.
+    """
+    hf = sys.modules.get("transformers.pytorch_utils")
+    return hf is not None and isinstance(module, getattr(hf, "Conv1D", ()))
 
 
 def _check_module(module: object) -> torch.Tensor:
@@ -161,7 +172,8 @@ def rotate(
     if not isinstance(side, str) or side not in SIDES:
         raise ValueError(f"side={side!r} is not supported; allowed: {', '.join(SIDES)}")
     resolve(method)  # unknown names raise, listing the registry
-    features = int(w.shape[1] if side == "input" else w.shape[0])
+    transposed = stored_transposed(module)  # (in, out): the features are W's rows
+    features = int(w.shape[int(side == "input") ^ int(transposed)])
     blocks, butterfly = check_blocks(features, blocks, butterfly, side)
     # Note [Rotating a tied weight]
     # W is frozen by setting requires_grad=False on the Parameter; when another module
@@ -182,7 +194,7 @@ def rotate(
     # everything validated and built: now modify the module
     spatial = spatial_dims(module)
     rot._frozen = w.requires_grad  # restored by merge
-    rot._side = side
+    rot._side, rot._transposed = side, transposed
     if w.requires_grad:
         w.requires_grad_(False)
     setattr(module, ATTRIBUTE, rot)
@@ -326,11 +338,12 @@ def merge(module: nn.Module) -> nn.Module:
     with torch.no_grad():
         q = rot.matrix()
         wq = w.to(q.dtype)
-        new = (
-            torch.einsum("oj...,ji->oi...", wq, q)
-            if rot._side == "input"
-            else (torch.einsum("oj,j...->o...", q, wq))
-        )
+        if getattr(rot, "_transposed", False):  # Conv1D stores Wᵀ: (WQ)ᵀ = QᵀWᵀ, (QW)ᵀ = WᵀQᵀ
+            new = q.mT @ wq if rot._side == "input" else wq @ q.mT
+        elif rot._side == "input":
+            new = torch.einsum("oj...,ji->oi...", wq, q)
+        else:
+            new = torch.einsum("oj,j...->o...", q, wq)
         w.copy_(new.to(w.dtype))
     rot._handle.remove()
     delattr(module, ATTRIBUTE)

@@ -46,6 +46,7 @@ from ...parametrizations.finetuning import (
     feature_axis,
     q_dtype,
     spatial_dims,
+    stored_transposed,
 )
 
 SIDES = ("input", "output")
@@ -65,20 +66,11 @@ class Geometry:
         return self.in_features if side == "input" else self.out_features
 
 
-def _conv1d_hf() -> type | None:
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # pragma: no cover - transformers is optional
-        return None
-    return Conv1D
-
-
 def geometry(base: nn.Module, where: str) -> Geometry:
     """The geometry of a base layer, or a ValueError naming the module and what is allowed."""
-    hf = _conv1d_hf()
     if isinstance(base, nn.Linear):
         return Geometry(base.in_features, base.out_features, False)
-    if hf is not None and isinstance(base, hf):
+    if stored_transposed(base):
         rows, cols = base.weight.shape
         return Geometry(rows, cols, True)
     if isinstance(base, (nn.Conv1d, nn.Conv2d)):

@@ -30,12 +30,17 @@ the same Q exactly.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any
 
 import torch
-from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
+from peft.tuners.tuners_utils import (  # the expansion of "all-linear" PEFT applies
+    BaseTuner,
+    BaseTunerLayer,
+    _maybe_include_all_linear_layers,
+)
 from peft.utils import TRANSFORMERS_MODELS_TO_OFT_TARGET_MODULES_MAPPING
 from torch import nn
 
@@ -59,6 +64,8 @@ class StiefelModel(BaseTuner):
 
     def _prepare_model(self, peft_config: Any, model: nn.Module) -> None:
         """Check every target before PEFT replaces the first (Note [Checks before any change])."""
+        # "all-linear" is expanded by PEFT after this hook: checked as the layers it names
+        peft_config = _maybe_include_all_linear_layers(copy.copy(peft_config), model)
         tuners = [k + "." for k, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
         built: set[int] = set()
         for key, module in model.named_modules():

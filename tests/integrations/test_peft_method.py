@@ -384,6 +384,18 @@ def test_bad_targets_raise_before_any_change(kwargs, words):
     _same(base, snap)
 
 
+def test_all_linear_targets_are_checked_before_any_change():
+    # PEFT expands "all-linear" after the check of the targets: the first layer was
+    # replaced, the second refused, and a retry with a valid config trained the whole model
+    base = nn.Sequential(nn.Linear(12, 12), nn.Linear(12, 4))
+    snap = _snapshot(base)
+    with pytest.raises(
+        ValueError, match=r"blocks=3 does not divide the output features \(4\) of 1"
+    ):
+        get_peft_model(base, StiefelConfig(target_modules="all-linear", side="output", blocks=3))
+    _same(base, snap)
+
+
 def test_loading_into_mismatching_model_raises_and_leaves_it(tmp_path):
     torch.manual_seed(0)
     saved = get_peft_model(
