@@ -3,7 +3,8 @@ r"""Where a Riemannian weight's manifold lives: on its module as well as on the 
 `attach` records the manifold of ``module.<name>`` on the module and marks the
 Parameter; `restore` (called by a forward pre-hook of the module and by the
 optimizers when they are given a model) marks whatever Parameter sits at that
-name now; `manifold_of` reads the mark of any tensor.
+name now; `manifold_of` reads the mark of any tensor. A ManifoldParameter made by hand
+is recorded when its module registers it (Note [A hand-made ManifoldParameter is ...]).
 
 Note [The manifold lives on the module]
 torch and its distributed wrappers rebuild Parameters: ``module.to_empty``,
@@ -52,6 +53,7 @@ Parameter of uninitialised memory).
 
 from __future__ import annotations
 
+import operator
 import threading
 import warnings
 import weakref
@@ -61,7 +63,18 @@ from typing import Any
 import geoopt
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
+from torch.nn.utils.parametrize import ParametrizationList
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .sharded import (
+    admit,
+    complex_message,
+    fsdp_sharded,
+    geometry_of,
+    is_dtensor,
+    warn_replaced,
+)
 
 __all__ = [
     "attach",
@@ -74,6 +87,7 @@ __all__ = [
     "slot",
     "is_dtensor",
     "stepped_optimizers",
+    "check_geoopt",
 ]
 
 _ATTR = "_stiefel_manifolds"
@@ -143,14 +157,44 @@ def attach(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) 
         manifold: the manifold of its values.
         label: the dotted name the user gave (for messages).
     """
+    _record(module, name, manifold, label)
+    mark(module._parameters[name], manifold)
+
+
+def _record(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str) -> None:
     first = _ATTR not in module.__dict__
     module.__dict__.setdefault(_ATTR, {})[name] = (manifold, label)
     with _HOLDERS_LOCK:
         _HOLDERS.add(module)
-    mark(module._parameters[name], manifold)
     if first:
         module.register_forward_pre_hook(KeepManifold())
         module.register_load_state_dict_post_hook(_loaded)
+
+
+def _registered(module: nn.Module, name: str, param: torch.Tensor) -> None:
+    """torch's parameter-registration hook: record the manifold of a ManifoldParameter.
+
+    Note [A hand-made ManifoldParameter is recorded too]
+    ``self.w = geoopt.ManifoldParameter(x, manifold=st)`` is rebuilt by ``fully_shard``
+    as a weight of ``orthogonalize`` is, and would be stepped as a plain tensor,
+    silently. ``fully_shard`` keeps nothing of the old Parameter, so its manifold is
+    read when the module registers it (``register_parameter``, which torch calls for
+    ``module.w = p``) and recorded as `attach` records it (values are checked where
+    `stiefel.manifolds.sharded.geometry_of` knows its points). A plain Parameter
+    registered later keeps the record (``load_state_dict(assign=True)`` rebuilds
+    so); a ManifoldParameter replaces it, of geoopt's Euclidean drops it. Not on a
+    ``ParametrizationList`` (Note [A weight under another parametrization]).
+    """
+    if not isinstance(param, geoopt.ManifoldParameter) or isinstance(module, ParametrizationList):
+        return
+    man = manifold_of(param)
+    if man is None:  # geoopt's Euclidean: a plain weight from now on
+        records(module).pop(name, None)
+    elif records(module).get(name, (None,))[0] is not man:
+        _record(module, name, man, f"{type(module).__name__}.{name}")
+
+
+_RECORDER = register_module_parameter_registration_hook(_registered)
 
 
 def stepped_optimizers() -> list[torch.optim.Optimizer]:
@@ -164,7 +208,8 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     A ``torch.optim`` optimizer moves a manifold weight off its manifold at its
     first step (a Euclidean step on a point of St(N, M)): the model is silently
     wrong. Riemannian optimizers say so by a true ``riemannian`` class attribute
-    (this package's) or by geoopt's optimizer mixin.
+    (this package's) or by geoopt's optimizer mixin (refused the points it would step
+    as Euclidean ones, `check_geoopt`). Any is told of Parameters ``fully_shard`` replaced.
 
     Note [The guard sees every param group]
     Looking only at an optimizer's first step misses a manifold weight added
@@ -174,23 +219,32 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     step and looks at the parameters again only when what it saw changed: the
     number of groups and of parameters in each, and the count of marks made so
     far (`mark`). A step that changes none of them costs one tuple of group
-    sizes.
+    sizes, made by C calls only (a Riemannian step enters no other frame here).
     """
-    if not torch.compiler.is_compiling():  # a traced step touches no weak set
+    compiling = torch.compiler.is_compiling()
+    if not compiling:  # a traced step touches no weak set
         try:  # Note [Coordinates are a new parameter to an optimizer]
             _STEPPED.add(opt)
         except TypeError:  # a class with __eq__ and no __hash__: not recorded, still stepped
             pass
-    if getattr(type(opt), "riemannian", False) or isinstance(opt, geoopt.optim.mixin.OptimMixin):
+    riemannian = getattr(type(opt), "riemannian", False)
+    geo = isinstance(opt, geoopt.optim.mixin.OptimMixin)
+    if compiling and (riemannian or geo):
         return  # before any look-up: a compiled step traces no weak dictionary here
     seen = opt.__dict__.get(_SEEN)
     if seen is _DONE:
         return
-    key = (_MARKS[0], tuple(len(group["params"]) for group in opt.param_groups))
-    if seen == key:
+    sizes = tuple(map(len, map(operator.itemgetter("params"), opt.param_groups)))
+    if seen == (_MARKS[0], sizes):
         return
-    claim(p for group in opt.param_groups for p in group["params"])
-    opt.__dict__[_SEEN] = (_MARKS[0], key[1])
+    if geo:
+        check_geoopt(opt)  # claims, then refuses (before anything is remembered)
+    elif not riemannian:  # this package's optimizers claim when they bind
+        claim(p for group in opt.param_groups for p in group["params"])
+    warn_replaced(opt)
+    opt.__dict__[_SEEN] = (_MARKS[0], sizes)
+    if riemannian or geo:
+        return
     for group in opt.param_groups:
         for p in group["params"]:
             if manifold_of(p) is not None:
@@ -206,99 +260,44 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
                 return
 
 
+def check_geoopt(opt: torch.optim.Optimizer) -> None:
+    """Refuse the points geoopt's optimizer ``opt`` would step as Euclidean tensors.
+
+    Note [geoopt steps only ManifoldTensors]
+    geoopt's optimizers move a parameter on its manifold only when it is a
+    ``geoopt.ManifoldTensor`` and step any other as a Euclidean tensor, silently: a
+    DTensor point, whose manifold is an attribute (Note [Marking a tensor];
+    ``fully_shard`` makes every Parameter one), and a plain parameter whose param
+    group names ``manifold=``, which geoopt does not read. Such a parameter is
+    refused (ValueError) when the optimizer is built by `stiefel.optimizers.create`
+    and at a step that sees new parameters or marks (Note [The guard sees every
+    param group]), after the rebuilt weights among them are claimed (`claim`: a
+    plain one is a ManifoldParameter again, which geoopt steps on its manifold).
+    """
+    claim(p for group in opt.param_groups for p in group["params"])
+    for gi, group in enumerate(opt.param_groups):
+        named = group.get("manifold")
+        named = named if isinstance(named, geoopt.Manifold) else None
+        for i, p in enumerate(group["params"]):
+            man = manifold_of(p) or (None if isinstance(named, geoopt.Euclidean) else named)
+            if man is None or isinstance(p, geoopt.ManifoldTensor):
+                continue
+            why = "a DTensor, e.g. of fully_shard" if is_dtensor(p) else "marked by hand"
+            raise ValueError(
+                f"{type(opt).__name__}: parameter {i} of param group {gi} (shape "
+                f"{tuple(p.shape)}) is a point of {man!r} but not a geoopt.ManifoldParameter "
+                f"({why if manifold_of(p) else f'its group has manifold={named!r}'}); "
+                "geoopt's optimizers step it as a Euclidean tensor, off its manifold. "
+                "Allowed: this package's optimizers, which step it on its manifold "
+                "(stiefel.optimizers.create('rgd' | 'radam' | 'landing' | ..., model))"
+            )
+
+
 # torch.optim's global step pre-hook, registered once, at import: a point built by hand
 # (``geoopt.ManifoldParameter(x, manifold=Stiefel(n, m))``) or by `attach` and stepped by a
 # torch optimizer left its manifold without a word, and `stepped_optimizers` must know the
 # optimizers that stepped before any weight was constrained
 _GUARD = register_optimizer_step_pre_hook(_euclidean_guard)
-
-
-def is_dtensor(t: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return False
-    return isinstance(t, DTensor)
-
-
-def _fsdp_sharded(module: nn.Module, name: str) -> torch.Tensor | None:
-    """The sharded Parameter FSDP2 keeps for ``module.<name>`` (None when not sharded).
-
-    During a forward FSDP2 puts an unsharded Parameter at that name; the one the
-    optimizer steps is the sharded DTensor Parameter in FSDP2's state.
-    """
-    try:
-        from torch.distributed._composable_state import _module_state_mapping
-        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return None
-    for ref in list(_module_state_mapping.values()):
-        state = ref() if isinstance(ref, weakref.ref) else ref
-        group = getattr(state, "_fsdp_param_group", None) if isinstance(state, FSDPState) else None
-        for fsdp_param in getattr(group, "fsdp_params", ()):
-            info = fsdp_param._module_info
-            if info.module is module and info.param_name == name:
-                return fsdp_param.sharded_param
-    return None
-
-
-def _complex_message(label: str, manifold, dtype: torch.dtype, why: str) -> str:
-    return (
-        f"{label} is a point of the real manifold {manifold!r} but its Parameter is now "
-        f"{dtype} ({why}); a real Riemannian weight cannot be stepped as a complex one: keep "
-        "it real, or orthogonalize a complex weight (its manifold is then complex)"
-    )
-
-
-@torch.no_grad()
-def admit(t: torch.Tensor, manifold: geoopt.Manifold, label: str, why: str) -> None:
-    """Check the values of a rebuilt Parameter; project them if usable, refuse them if not.
-
-    Note [The manifold lives on the module]. A plain and a DTensor point take the
-    same path: the manifold's geometry (its `ShardedGeometry` on the local rows for
-    a DTensor), M×M Grams only, every rank taking the same decision.
-
-    Raises:
-        TypeError: a complex tensor on a real manifold.
-        ValueError: non-finite or rank-deficient values (naming ``label`` and the fix).
-    """
-    from .kernels.reduce import gram
-    from .sharded import ShardedGeometry
-
-    if t.is_complex() and not getattr(manifold, "complex", True):
-        raise TypeError(_complex_message(label, manifold, t.dtype, why))
-    if t.device.type == "meta":
-        return
-    x = t.detach()
-    sharded = is_dtensor(x)
-    geo = ShardedGeometry(manifold.geometry(), x) if sharded else manifold.geometry()
-    local = geo.local(x) if sharded else x
-    # the rank's answer, OR-ed over the ranks (the same decision everywhere)
-    everywhere = geo.any_rank if sharded else (lambda flag: flag)
-    fix = "call the module's reset_parameters() or stiefel.parametrizations.initialize(model)"
-    if bool(everywhere(~torch.isfinite(local).all().reshape(1))):
-        raise ValueError(f"{label} holds non-finite values ({why}, e.g. to_empty): {fix}")
-    err = geo.error(x)
-    tol = 10 * x.shape[-1] * torch.finfo(x.dtype).eps
-    if not bool(((geo.local(err) if sharded else err) > tol).any()):  # replicated per matrix
-        return
-    hi = torch.complex128 if x.is_complex() else torch.float64
-    rows = geo.row_group if sharded else None  # the M×M Gram of all the rows
-    w = torch.linalg.eigvalsh(gram(local, local, rows).to(hi))
-    if bool((w[..., 0] <= 1e-12 * w[..., -1].clamp_min(1e-300)).any()):
-        hint = (
-            " A reset that drew every shard with the same generator (torch.manual_seed on "
-            "every rank, on a CPU mesh) writes the same rows on every rank: seed the ranks "
-            "differently before reset_parameters(), or initialize before fully_shard."
-            if sharded
-            else ""
-        )
-        raise ValueError(
-            f"{label} holds a rank-deficient matrix ({why}, e.g. uninitialised memory after "
-            f"to_empty), which is no point of {manifold!r} and has no nearest one.{hint} "
-            f"Fix: {fix}"
-        )
-    t.copy_(geo.project(x))
 
 
 def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
@@ -328,7 +327,7 @@ def restore(module: nn.Module, check: bool = True) -> list[torch.Tensor]:
         p = holder._parameters[key]
         if p is None or not isinstance(p, nn.Parameter):
             continue
-        sharded = _fsdp_sharded(holder, key)
+        sharded = fsdp_sharded(holder, key)
         if sharded is None or sharded is p:
             if manifold_of(p) is not manifold:
                 if check:
@@ -417,7 +416,8 @@ def _check_loaded(module: nn.Module) -> None:
         p = _at_slot(module, name)
         if p is None or p.device.type == "meta" or is_dtensor(p):
             continue
-        err = float(manifold.geometry().error(p.detach()).max())
+        geo = geometry_of(manifold)  # None: a manifold whose points it cannot test
+        err = 0.0 if geo is None else float(geo.error(p.detach()).max())
         if not err <= OFF_MANIFOLD:  # NaN: refused too
             raise ValueError(
                 f"{label} was loaded off its manifold {manifold!r} (‖WᴴW − I‖_F = {err:.3g} "
@@ -444,7 +444,7 @@ class KeepManifold:
             if p is None or not isinstance(p, nn.Parameter):
                 continue
             if p.is_complex() and not getattr(manifold, "complex", True):
-                raise TypeError(_complex_message(label, manifold, p.dtype, "module.to(dtype)"))
+                raise TypeError(complex_message(label, manifold, p.dtype, "module.to(dtype)"))
             if getattr(p, "manifold", None) is not manifold:
                 restore(module)
                 return

@@ -10,6 +10,11 @@ the kernels then reduce every product over the rows across that mesh dimension
 (Note [Row-sharded kernels] in `stiefel.manifolds.kernels.reduce`), so a step
 all-reduces M×M matrices and never gathers the N×M point.
 
+Beside it, what `stiefel.manifolds.binding` needs of FSDP2 and of rebuilt points:
+`fsdp_sharded` (the sharded Parameter FSDP2 keeps for a module's name),
+`warn_replaced` (an optimizer holding the Parameters ``fully_shard`` replaced) and
+`admit` (a rebuilt point checked and projected, plain or sharded, with M×M Grams).
+
 Example:
     ```text
     from torch.distributed.fsdp import fully_shard
@@ -25,12 +30,16 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import warnings
+import weakref
 from typing import TYPE_CHECKING
 
+import geoopt
 import torch
 import torch.distributed as dist
 
-from .geometry import Geometry
+from .geometry import Geometry, StiefelGeometry
+from .kernels.reduce import gram
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -41,6 +50,12 @@ __all__ = [
     "check_placements",
     "any_rank",
     "is_dtensor",
+    "per_matrix",
+    "fsdp_sharded",
+    "geometry_of",
+    "complex_message",
+    "admit",
+    "warn_replaced",
 ]
 
 # Note [DTensor without importing it]
@@ -114,6 +129,23 @@ def takes_group(kernel) -> bool:
         return False
 
 
+def per_matrix(kernel):
+    """Declare that every tensor ``kernel`` returns is per matrix (for `ShardedGeometry.apply`).
+
+    Note [Per-matrix results are declared, not guessed]
+    `ShardedGeometry.apply` wraps a kernel's result as rows of the point when it has
+    the shape of the local rows, and as one value per matrix (replicated over the
+    rows) otherwise. On an uneven layout the shapes do not tell them apart on every
+    rank: St(1, 1) on two ranks holds (1, 1) rows on one and (0, 1) on the other, so
+    a per-matrix (1, 1) result would be rows on the first rank and per matrix on the
+    second, and the next DTensor operation on it (radam's ξ/μ) all-gathers on one
+    rank only: a hang. A kernel whose results are all per matrix says so with this
+    decorator, and every rank then wraps them alike, whatever rows it holds.
+    """
+    kernel.per_matrix = True
+    return kernel
+
+
 def any_rank(flags: torch.Tensor, mesh) -> torch.Tensor:
     """Bool ``flags`` OR-ed over every rank of ``mesh`` (one small all-reduce per mesh dim).
 
@@ -128,6 +160,48 @@ def any_rank(flags: torch.Tensor, mesh) -> torch.Tensor:
     for i in range(mesh.ndim):
         dist.all_reduce(out, op=dist.ReduceOp.MAX, group=mesh.get_group(i))
     return out.bool()
+
+
+def fsdp_sharded(module: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """The sharded Parameter FSDP2 keeps for ``module.<name>`` (None when not sharded).
+
+    During a forward FSDP2 puts an unsharded Parameter at that name; the one the
+    optimizer steps is the sharded DTensor Parameter in FSDP2's state.
+    """
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return None
+    for ref in list(_module_state_mapping.values()):
+        state = ref() if isinstance(ref, weakref.ref) else ref
+        group = getattr(state, "_fsdp_param_group", None) if isinstance(state, FSDPState) else None
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            info = fsdp_param._module_info
+            if info.module is module and info.param_name == name:
+                return fsdp_param.sharded_param
+    return None
+
+
+def warn_replaced(opt: torch.optim.Optimizer) -> None:
+    """Warn when ``opt`` holds Parameters that FSDP2's ``fully_shard`` replaced.
+
+    Note [An optimizer built before fully_shard]
+    ``fully_shard`` puts a new DTensor Parameter in the module; an optimizer built
+    before holds the old tensors, which get no gradient: it trains nothing, silently.
+    FSDP2 tags each Parameter it replaced (``_fsdp_orig_uid``).
+    """
+    for gi, group in enumerate(opt.param_groups):
+        for i, p in enumerate(group["params"]):
+            if getattr(p, "_fsdp_orig_uid", None) is not None:
+                warnings.warn(
+                    f"{type(opt).__name__}: parameter {i} of param group {gi} (shape "
+                    f"{tuple(p.shape)}) was replaced by fully_shard after the optimizer was "
+                    "built; it holds the old tensor, which gets no gradient, and the model "
+                    "does not train. Build the optimizer after fully_shard.",
+                    stacklevel=4,  # under the guard and torch's step wrapper
+                )
+                return
 
 
 class ShardedGeometry(Geometry):
@@ -220,17 +294,20 @@ class ShardedGeometry(Geometry):
         """``kernel(x, *args)`` on the local rows: N×M results like ``x``, others per matrix.
 
         A kernel with a ``group`` parameter (`takes_group`) is handed the process
-        group the rows are split over, when they are.
+        group the rows are split over, when they are. The results of a kernel marked
+        `per_matrix` are per matrix on every rank (Note [Per-matrix results are
+        declared, not guessed]).
         """
         if self.row_group is not None and takes_group(kernel):
             kwargs = {**kwargs, "group": self.row_group}
         out = kernel(self.local(x), *(self.local(a) for a in args), **kwargs)
         loc = self.local(x)
+        rows = not getattr(kernel, "per_matrix", False)
 
         def wrap(t):
             if not isinstance(t, torch.Tensor):
                 return t
-            return self._like(x, t) if t.shape == loc.shape else self._per_matrix(x, t)
+            return self._like(x, t) if rows and t.shape == loc.shape else self._per_matrix(x, t)
 
         return tuple(wrap(t) for t in out) if isinstance(out, tuple) else wrap(out)
 
@@ -240,3 +317,73 @@ class ShardedGeometry(Geometry):
             self.inner.off_manifold, step=step, unchanged=unchanged, **options
         )
         return self._run(inner, x)
+
+
+def geometry_of(manifold) -> Geometry | None:
+    """The geometry that tests and projects a recorded weight's values, or None.
+
+    A manifold's own ``geometry()``; geoopt's Stiefel manifolds this package's kernels
+    (Note [geoopt's Stiefel manifolds use our kernels]); None for another geoopt
+    manifold (a sphere, a ball), whose values are then used as they are.
+    """
+    if callable(getattr(manifold, "geometry", None)):
+        return manifold.geometry()
+    return StiefelGeometry(manifold) if isinstance(manifold, geoopt.Stiefel) else None
+
+
+def complex_message(label: str, manifold, dtype: torch.dtype, why: str) -> str:
+    return (
+        f"{label} is a point of the real manifold {manifold!r} but its Parameter is now "
+        f"{dtype} ({why}); a real Riemannian weight cannot be stepped as a complex one: keep "
+        "it real, or orthogonalize a complex weight (its manifold is then complex)"
+    )
+
+
+@torch.no_grad()
+def admit(t: torch.Tensor, manifold, label: str, why: str) -> None:
+    """Check the values of a rebuilt Parameter; project them if usable, refuse them if not.
+
+    Note [The manifold lives on the module]. A plain and a DTensor point take the
+    same path: the manifold's geometry (its `ShardedGeometry` on the local rows for
+    a DTensor), M×M Grams only, every rank taking the same decision.
+
+    Raises:
+        TypeError: a complex tensor on a real manifold.
+        ValueError: non-finite or rank-deficient values (naming ``label`` and the fix).
+    """
+    if t.is_complex() and not getattr(manifold, "complex", True):
+        raise TypeError(complex_message(label, manifold, t.dtype, why))
+    if t.device.type == "meta":
+        return
+    x, geo = t.detach(), geometry_of(manifold)
+    if geo is None:  # values it cannot test: used as they are
+        return
+    sharded = is_dtensor(x)
+    geo = ShardedGeometry(geo, x) if sharded else geo
+    local = geo.local(x) if sharded else x
+    # the rank's answer, OR-ed over the ranks (the same decision everywhere)
+    everywhere = geo.any_rank if sharded else (lambda flag: flag)
+    fix = "call the module's reset_parameters() or stiefel.parametrizations.initialize(model)"
+    if bool(everywhere(~torch.isfinite(local).all().reshape(1))):
+        raise ValueError(f"{label} holds non-finite values ({why}, e.g. to_empty): {fix}")
+    err = geo.error(x)
+    tol = 10 * x.shape[-1] * torch.finfo(x.dtype).eps
+    if not bool(((geo.local(err) if sharded else err) > tol).any()):  # replicated per matrix
+        return
+    hi = torch.complex128 if x.is_complex() else torch.float64
+    rows = geo.row_group if sharded else None  # the M×M Gram of all the rows
+    w = torch.linalg.eigvalsh(gram(local, local, rows).to(hi))
+    if bool((w[..., 0] <= 1e-12 * w[..., -1].clamp_min(1e-300)).any()):
+        hint = (
+            " A reset that drew every shard with the same generator (torch.manual_seed on "
+            "every rank, on a CPU mesh) writes the same rows on every rank: seed the ranks "
+            "differently before reset_parameters(), or initialize before fully_shard."
+            if sharded
+            else ""
+        )
+        raise ValueError(
+            f"{label} holds a rank-deficient matrix ({why}, e.g. uninitialised memory after "
+            f"to_empty), which is no point of {manifold!r} and has no nearest one.{hint} "
+            f"Fix: {fix}"
+        )
+    t.copy_(geo.project(x))

@@ -46,11 +46,18 @@ from ..manifolds.kernels import RETRACTIONS
 from . import state as saved_state
 from . import terms
 from .geometry import Binding, Geometry, bind_parameter
+from .overlap import refuse_overlap
 
 __all__ = ["ParamGroups"]
 
 #: param-group keys torch and its LR schedulers add besides the hyper-parameters
 _GROUP_KEYS = frozenset({"params", "initial_lr", "param_names", "manifold"})
+#: keys torch's schedulers and SWA keep in a group for themselves (OneCycleLR, SWALR)
+_SCHEDULER_KEYS = frozenset({"max_lr", "min_lr", "max_momentum", "base_momentum", "swa_lr"})
+#: options of torch's optimizers that these rules do not implement, with the values that
+#: ask for nothing (a state_dict of torch's Adam, SGD or AdamW carries them)
+_TORCH_OFF = {"maximize": (False,), "differentiable": (False,), "fused": (None, False),
+              "decoupled_weight_decay": (False,)}  # fmt: skip
 
 # Note [Values set after construction]
 # torch's optimizers check their hyper-parameters in the constructor only, and a
@@ -209,6 +216,7 @@ class ParamGroups(torch.optim.Optimizer):
         if any(key in group for key in terms.REPAIR_KEYS):  # geoopt's name, kept beside ours
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
         params, names = _named(group["params"])
+        refuse_overlap(params, [p for g in self.param_groups for p in g["params"]])
         if names is not None:
             group["param_names"] = names
         claim(params)  # Note [A rebuilt weight stepped before any forward]
@@ -239,15 +247,42 @@ class ParamGroups(torch.optim.Optimizer):
         """
         before = {t[0]: t[1:] for t in last or ()}
         _follow_alias(group, before)
+        self._refuse_keys(index, group, set(group) - set(before))
         with checks.tensors_unread():
             self.check_group(group)
         params, old = group["params"], before.get("params")
-        if old is not None and (len(old) != len(params) or any(map(operator.is_not, old, params))):
+        moved = old is not None and (
+            len(old) != len(params) or any(map(operator.is_not, old, params))
+        )
+        # a group's manifold set or replaced later is its plain parameters' from now on
+        manifold = before.get("manifold", (None,))[0] is not group.get("manifold")
+        if last is not None and (moved or manifold):
             claim(params)  # Note [A rebuilt weight stepped before any forward]
             bindings = [bind_parameter(self, i, p, group) for i, p in enumerate(params)]
             self._bindings[index], self._bound[index] = bindings, None
         if group["capturable"] and before.get("capturable") != (True,):
             _check_capturable([p for g in self.param_groups for p in g["params"]])
+
+    def _refuse_keys(self, index: int, group: dict, keys: set) -> None:
+        """Refuse keys set in group ``index`` after construction that no step would read.
+
+        A misspelt key set by hand (``momentun``), or an option of another optimizer
+        that a loaded ``state_dict`` brought (``maximize=True`` of torch's Adam,
+        ``decoupled_weight_decay=True`` of its AdamW), would be ignored by every step.
+        The keys of torch's schedulers, and torch's options at values that ask for
+        nothing, are kept as they are.
+        """
+        bad = sorted(
+            k for k in keys - set(self.defaults) - _GROUP_KEYS - _SCHEDULER_KEYS
+            if not (k in _TORCH_OFF and any(group[k] is v for v in _TORCH_OFF[k]))
+        )  # fmt: skip
+        if bad:
+            given = ", ".join(f"{k}={group[k]!r}" for k in bad)
+            raise ValueError(
+                f"param group {index}: {given} set after construction (by hand or by "
+                f"load_state_dict) is not understood by {type(self).__name__}, and no step "
+                f"would read it; allowed: {', '.join(sorted({*self.defaults, 'params'}))}"
+            )
 
     @classmethod
     def dtensor_rules(cls) -> list[str]:

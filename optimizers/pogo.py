@@ -33,6 +33,7 @@ from ..manifolds.kernels.basic import gram_minus_identity, polar_step, three_pro
 from ..manifolds.kernels.frame import positive_definite, replace_refused
 from ..manifolds.kernels.msign import exact_scale
 from ..manifolds.kernels.reduce import gram, rows_sum_squares
+from ..manifolds.sharded import per_matrix
 from . import terms
 from .base import RiemannianOptimizer, check_choice, check_number
 from .geometry import Geometry
@@ -202,6 +203,7 @@ def _refuse_unused(group: dict, inherited: dict | None) -> None:
         )
 
 
+@per_matrix  # Note [Per-matrix results are declared, not guessed]
 def _squared_norm(g: torch.Tensor, group=None) -> torch.Tensor:
     """‖G‖²_F per matrix in float64, shape (..., 1, 1) (Note [VectorAdam's second moment in
     float64]); on row-sharded points summed over all rows (split over ``group``)."""

@@ -25,6 +25,7 @@ import torch
 from .._core.checks import flag
 from ..manifolds.kernels.frame import correction_flops
 from ..manifolds.kernels.reduce import rows_absmax
+from ..manifolds.sharded import per_matrix
 from . import terms
 from .base import RiemannianOptimizer, check_number
 from .geometry import Geometry
@@ -285,6 +286,7 @@ def _pow2_at_least(r: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.ceil(torch.log2(r))).clamp_min_(1.0)
 
 
+@per_matrix  # Note [Per-matrix results are declared, not guessed]
 def _rows_amax_abs(x: torch.Tensor, u: torch.Tensor, group=None) -> torch.Tensor:
     return rows_absmax(u, group)  # over all ranks' rows of a row-sharded point
 

@@ -46,7 +46,7 @@ import torch
 
 from .._core import checks
 from .._core.registry import Registry
-from ..manifolds.binding import restore
+from ..manifolds.binding import check_geoopt, restore
 from .base import RiemannianOptimizer
 
 __all__ = [
@@ -98,8 +98,10 @@ def _finite_gradients(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
 
 
 def _geoopt_rsgd(params, **hyper: Any) -> geoopt.optim.RiemannianSGD:
-    """geoopt's `RiemannianSGD`, refusing a non-finite gradient before any write."""
+    """geoopt's `RiemannianSGD`, refusing a non-finite gradient before any write and the
+    points it would step as Euclidean tensors (Note [geoopt steps only ManifoldTensors])."""
     opt = geoopt.optim.RiemannianSGD(params, **hyper)
+    check_geoopt(opt)
     opt.register_step_pre_hook(_finite_gradients)
     return opt
 
@@ -114,6 +116,7 @@ def _geoopt_radam(params, **hyper: Any) -> geoopt.optim.RiemannianAdam:
     one by ~1e-7. A post-load hook turns the step back into an int.
     """
     opt = geoopt.optim.RiemannianAdam(params, **hyper)
+    check_geoopt(opt)  # Note [geoopt steps only ManifoldTensors]
     opt.register_load_state_dict_post_hook(_int_steps)
     opt.register_step_pre_hook(_finite_gradients)
     return opt

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from . import master, terms
 
 __all__ = ["pack", "unpack", "after_load"]
@@ -88,7 +90,15 @@ def unpack(opt, state_dict: dict[str, Any]) -> dict[str, Any]:
         if any(key in group for key in terms.REPAIR_KEYS):  # saved before `stabilize` was kept
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
         groups.append(group)
-    return {**state_dict, "param_groups": groups}
+    # a step count saved as a number (torch before 1.12, a hand-made state) becomes the
+    # tensor every rule keeps, as torch's own optimizers convert it
+    state = {
+        k: {**s, "step": torch.tensor(float(s["step"]), dtype=torch.float32)}
+        if isinstance(s, dict) and isinstance(s.get("step"), int | float)
+        else s
+        for k, s in state_dict.get("state", {}).items()
+    }
+    return {**state_dict, "param_groups": groups, "state": state}
 
 
 def after_load(opt, state_dict: dict[str, Any]) -> None:

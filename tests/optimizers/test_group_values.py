@@ -317,3 +317,80 @@ def test_one_name_of_the_repair_period_set_after_construction_carries_the_other(
     opt.param_groups[0][key] = 10
     _counted_steps(opt, ws, lambda s: None, steps=1)
     assert opt.param_groups[0]["stabilize"] == opt.param_groups[0]["repair_every"] == 10
+
+
+@pytest.mark.parametrize("name", rule_names())
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("momentun", 0.9), ("maximize", True), ("decoupled_weight_decay", True)],
+)
+def test_a_key_no_step_reads_set_after_construction_is_refused(name, key, value):
+    # a misspelt key, or torch's Adam's maximize=True / AdamW's decoupled decay brought by
+    # load_state_dict, was kept and ignored: radam descended where torch's Adam ascended
+    opt, params = _model(name)
+    points = [p.detach().clone() for p in params]
+    opt.param_groups[0][key] = value
+    with pytest.raises(ValueError, match=rf"param group 0: {key}={value!r} set after"):
+        opt.step()
+    assert all(torch.equal(p.detach(), q) for p, q in zip(params, points, strict=True))
+
+
+@pytest.mark.parametrize("name", ["rgd", "radam"])
+def test_torchs_own_keys_at_values_that_ask_for_nothing_load_and_step(name):
+    # a state_dict of torch's Adam or SGD (maximize=False, differentiable=False,
+    # fused=None) steps plain tensors as torch does
+    torch.manual_seed(0)
+    b = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    ref = b.detach().clone().requires_grad_()
+    cls = torch.optim.Adam if name == "radam" else torch.optim.SGD
+    theirs = cls([ref], lr=0.05)
+    ours = optimizers.create(name, [b], lr=0.05)
+    ours.load_state_dict(theirs.state_dict())
+    for _ in range(3):
+        g = torch.randn(4, dtype=torch.float64)
+        b.grad, ref.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    torch.testing.assert_close(b.detach(), ref.detach(), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_group_manifold_set_after_construction_binds_its_plain_parameters(name):
+    # the binding was made once: a manifold set in the group later was ignored, and the
+    # plain 8×2 matrix was stepped as torch's SGD steps it (0.62 off St(8, 2) after 3 rgd
+    # steps); the reference is an optimizer built with that manifold in the group
+    torch.manual_seed(0)
+    man = Stiefel(8, 2)
+    w = torch.nn.Parameter(man.random(dtype=torch.float64).detach().clone())
+    ref = torch.nn.Parameter(w.detach().clone())
+    opt = optimizers.create(name, [{"params": [w], "manifold": geoopt.Euclidean()}], lr=0.05)
+    opt.step()  # no gradient yet: the group is checked as built, nothing is stepped
+    opt.param_groups[0]["manifold"] = man
+    theirs = optimizers.create(name, [{"params": [ref], "manifold": man}], lr=0.05)
+    for _ in range(3):
+        g = torch.randn_like(w)
+        w.grad, ref.grad = g.clone(), g.clone()
+        opt.step()
+        theirs.step()
+    torch.testing.assert_close(w.detach(), ref.detach(), rtol=0, atol=1e-14)
+
+
+def test_a_state_with_a_step_count_saved_as_a_number_loads_as_torchs_does():
+    # torch before 1.12 saved state["step"] as an int (torch's Adam converts it); the
+    # first radam step failed with "'int' object has no attribute 'to'"
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    theirs = torch.optim.Adam([p], lr=0.1)
+    p.grad = torch.ones(3, dtype=torch.float64)
+    theirs.step()
+    saved = theirs.state_dict()
+    saved["state"][0]["step"] = 1
+    ref = torch.nn.Parameter(p.detach().clone())
+    torch_opt = torch.optim.Adam([ref], lr=0.1)
+    torch_opt.load_state_dict(copy.deepcopy(saved))
+    ours = optimizers.create("radam", [p], lr=0.1)
+    ours.load_state_dict(saved)
+    g = torch.randn(3, dtype=torch.float64)
+    p.grad, ref.grad = g.clone(), g.clone()
+    ours.step()
+    torch_opt.step()
+    torch.testing.assert_close(p.detach(), ref.detach(), rtol=0, atol=1e-15)
