@@ -141,39 +141,34 @@ def holders(param: torch.Tensor) -> list[tuple[nn.Module, str]]:
     return sorted(found, key=lambda mk: (type(mk[0]).__name__, mk[1]))
 
 
-def _parent(module: nn.Module) -> tuple[nn.Module, str] | None:
-    """A module that registers ``module`` as a submodule, and its name there (None: none)."""
-    for d in gc.get_referrers(module):
-        if not (isinstance(d, dict) and any(v is module for v in d.values())):
-            continue
-        for r in gc.get_referrers(d):  # the owner, or (Python < 3.11) its __dict__ first
-            attrs = [r] if isinstance(r, dict) and r.get("_modules") is d else []
-            owners = [o for a in attrs for o in gc.get_referrers(a)] if attrs else [r]
-            for owner in owners:
-                if isinstance(owner, nn.Module) and owner.__dict__.get("_modules") is d:
-                    return owner, next(k for k, v in d.items() if v is module)
-    return None
-
-
-def _path(module: nn.Module) -> tuple[nn.Module, str]:
-    """The outermost module that contains ``module`` and the dotted name within it."""
-    names, seen = [], {id(module)}
-    while (up := _parent(module)) is not None and id(up[0]) not in seen:
-        module, name = up
-        seen.add(id(module))
-        names.append(name)
-    return module, ".".join(reversed(names))
+def _paths(modules: set[int], frame: FrameType | None) -> dict[int, tuple[str, str]]:
+    """``{id(module): ("0", "Sequential")}``: each module's dotted name in the largest model
+    within the caller's reach (a local or global of a frame on the stack), and its class."""
+    best: dict[int, tuple[int, str, str]] = {}
+    while frame is not None:
+        for scope in (frame.f_locals, frame.f_globals):
+            for root in [v for v in list(scope.values()) if isinstance(v, nn.Module)]:
+                names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+                for i in modules & names.keys():
+                    if names[i] and len(names) > best.get(i, (0,))[0]:
+                        best[i] = (len(names), names[i], type(root).__name__)
+        frame = frame.f_back
+    return {i: (path, root) for i, (_, path, root) in best.items()}
 
 
 def holder_names(found: list[tuple[nn.Module, str]]) -> str:
     """``"Linear.weight (0.weight of a Sequential), Linear.weight (2.weight ...)"``.
 
-    Each holder with its dotted name in the outermost module that contains it (a
-    garbage-collector pass per level: for error messages only).
+    Each holder with its dotted name in the largest model within the caller's reach
+    that contains it (its class name alone when none does).
     """
-    out = []
-    for m, key in found:
-        root, path = _path(m)
-        where = f" ({path}.{key} of a {type(root).__name__})" if path else ""
-        out.append(f"{type(m).__name__}.{key}{where}")
-    return ", ".join(out)
+    frame = sys._getframe(1)
+    try:
+        paths = _paths({id(m) for m, _ in found}, frame)
+    finally:
+        del frame  # a frame kept in a local is a reference cycle
+    return ", ".join(
+        f"{type(m).__name__}.{key}"
+        + (f" ({paths[id(m)][0]}.{key} of a {paths[id(m)][1]})" if id(m) in paths else "")
+        for m, key in found
+    )

@@ -48,6 +48,7 @@ def test_launch_raises_a_failing_worker_without_retrying(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.slow  # waits for a stall: about 6 s
 def test_launch_stops_a_hang_by_its_stall_not_by_the_wall_clock(tmp_path):
     import time
 
@@ -59,6 +60,7 @@ def test_launch_stops_a_hang_by_its_stall_not_by_the_wall_clock(tmp_path):
     assert time.monotonic() - start < 120  # stopped by the stall, long before the timeout
 
 
+@pytest.mark.slow  # runs a busy process past the stall limit: about 7 s
 def test_a_busy_process_is_not_a_stall():
     import subprocess
     import sys

@@ -202,6 +202,7 @@ def test_elimination_has_the_gradients_of_the_system():
     assert torch.autograd.gradcheck(fn, data)
 
 
+@pytest.mark.slow  # an Inductor compilation of the whole solve: about 12 s
 def test_a_traced_call_takes_the_lu():
     # the test is a host read: under torch.compile(fullgraph=True) the LU runs, with
     # the numbers of the eager LU
