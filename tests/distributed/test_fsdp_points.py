@@ -17,14 +17,20 @@ pytestmark = pytest.mark.skipif(
 WORLD = 2
 
 
+def _launched(tmp_path_factory, name: str, worker) -> dict:
+    """What ``worker`` saved as ``<name>.pt``, run on WORLD gloo processes."""
+    from _launch import launch
+
+    out = tmp_path_factory.mktemp(name)
+    launch(worker, WORLD, out, timeout=900)
+    return torch.load(out / f"{name}.pt", weights_only=True)
+
+
 @pytest.fixture(scope="module")
 def points(tmp_path_factory):
-    from _launch import launch
     from _points_workers import points_worker
 
-    out = tmp_path_factory.mktemp("points")
-    launch(points_worker, WORLD, out, timeout=900)
-    return torch.load(out / "points.pt", weights_only=True)
+    return _launched(tmp_path_factory, "points", points_worker)
 
 
 @pytest.mark.slow
@@ -61,12 +67,9 @@ def test_a_step_of_an_optimizer_built_before_fully_shard_warns(points):
 
 @pytest.fixture(scope="module")
 def empty_shard(tmp_path_factory):
-    from _launch import launch
     from _points_workers import empty_shard_worker
 
-    out = tmp_path_factory.mktemp("empty_shard")
-    launch(empty_shard_worker, WORLD, out, timeout=900)
-    return torch.load(out / "empty_shard.pt", weights_only=True)
+    return _launched(tmp_path_factory, "empty_shard", empty_shard_worker)
 
 
 @pytest.mark.slow
