@@ -280,6 +280,7 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
             foreach,
             (self.buckets_plain, self.buckets_points),
             quiet,
+            (index, group.get("param_names")),
         )
         for bucket in found:
             if not bucket.single:
@@ -371,7 +372,7 @@ class RiemannianOptimizer(Stabilize, ParamGroups):
                     bindings[i] = bind_again(self, i, p, group)
                     self._bound[index] = None
             elif p.grad is not None and p.is_complex() != bound.complex:
-                where = f"parameter {i} of its group (shape {tuple(p.shape)})"
+                where = f"parameter {i} of param group {index} (shape {tuple(p.shape)})"
                 check_kind(where, p, bound.manifold, type(self).__name__)
         options = tuple(map(group.get, OPTIONS))
         if options != self._bound[index]:

@@ -112,6 +112,8 @@ class Bucket:
         binding: the binding of the first (every parameter's is alike).
         count: their step count as the host knows it (None: never stepped, or unknown).
         views: the state views the last step of the same parameters left.
+        group: the index of their param group, and its ``param_names`` (None: not
+            given), for messages.
     """
 
     params: list[torch.Tensor]
@@ -119,6 +121,7 @@ class Bucket:
     binding: Binding
     count: int | None
     views: dict = field(default_factory=dict)
+    group: tuple[int, list[str] | None] = (0, None)
 
     @property
     def single(self) -> bool:
@@ -127,14 +130,15 @@ class Bucket:
     def split(self) -> list[Bucket]:
         """A bucket of one for each parameter."""
         return [
-            Bucket([p], [i], self.binding, self.count)
+            Bucket([p], [i], self.binding, self.count, group=self.group)
             for p, i in zip(self.params, self.indices, strict=True)
         ]
 
     def where(self, k: int = 0) -> str:
         """Parameter ``k`` of the bucket, named for a warning or an error."""
-        p = self.params[k]
-        return f"a parameter (index {self.indices[k]} of its group, shape {tuple(p.shape)})"
+        p, i, (g, names) = self.params[k], self.indices[k], self.group
+        name = f"{names[i]!r}, " if names else ""
+        return f"a parameter ({name}index {i} of param group {g}, shape {tuple(p.shape)})"
 
 
 def rule_keys(state: dict) -> list[str]:
@@ -244,6 +248,7 @@ def plan(
     foreach: bool | None,
     batches: tuple[bool, bool],
     quiet: bool = False,
+    group: tuple[int, list[str] | None] = (0, None),
 ) -> list[Bucket]:
     """The buckets of a param group's parameters that have a gradient, in group order.
 
@@ -256,6 +261,7 @@ def plan(
         batches: whether plain tensors may be stacked (the rule's Euclidean form is
             elementwise) and whether manifold points may (`RiemannianOptimizer.buckets_points`).
         quiet: no host read (a traced or capturable step): step counts are not known.
+        group: the group's index and ``param_names`` (None: not given), for messages.
 
     Returns:
         One bucket per kind of parameter (each parameter alone without ``foreach``).
@@ -272,21 +278,21 @@ def plan(
             continue
         if p.grad.shape != p.shape:  # torch's .grad setter refuses it; .grad.data does not
             raise ValueError(
-                f"parameter {i} of its group has shape {tuple(p.shape)} and a gradient of "
-                f"shape {tuple(p.grad.shape)}; allowed: a gradient of the parameter's shape"
+                f"parameter {i} of param group {group[0]} has shape {tuple(p.shape)} and a "
+                f"gradient of shape {tuple(p.grad.shape)}; allowed: a gradient of its shape"
             )
         if p.grad.layout != torch.strided:  # before any step of the group is computed
             raise TypeError(
-                f"parameter {i} of its group (shape {tuple(p.shape)}) has a {p.grad.layout} "
-                "gradient; allowed: dense (strided) gradients (every rule here reads the "
-                "whole gradient); for nn.Embedding(sparse=True) step the embedding with "
-                "torch.optim.SparseAdam or SGD, or build it with sparse=False"
+                f"parameter {i} of param group {group[0]} (shape {tuple(p.shape)}) has a "
+                f"{p.grad.layout} gradient; allowed: dense (strided) gradients (every rule "
+                "here reads the whole gradient); for nn.Embedding(sparse=True) step the "
+                "embedding with torch.optim.SparseAdam or SGD, or build it with sparse=False"
             )
         state = states[p]
         kind = None if alone else _kind(p, binding, state, foreach, batches, quiet)
         bucket = None if kind is None else by_kind.get(kind)
         if bucket is None:
-            bucket = Bucket([p], [i], binding, None if quiet else host_count(state))
+            bucket = Bucket([p], [i], binding, None if quiet else host_count(state), group=group)
             buckets.append(bucket)
             if kind is not None:
                 by_kind[kind] = bucket

@@ -217,7 +217,14 @@ class Binding:
             bound = man.default_atol(x.dtype) if hasattr(man, "default_atol") else 1e-4
             ok, reason = err <= bound, f"‖XᴴX − I‖_F = {err:.3e} exceeds {bound:.3e}"
         else:
-            ok, reason = man.check_point_on_manifold(x, explain=True)
+            try:
+                ok, reason = man.check_point_on_manifold(x, explain=True)
+            except RuntimeError as err:  # its own tensors in another dtype (Lorentz's k)
+                raise TypeError(
+                    f"parameter {i} of the new param group is {x.dtype} and {man!r}'s own "
+                    f"point test fails on it ({err}); allowed: a manifold whose tensors have "
+                    f"the point's dtype (manifold.to({x.dtype}), as geoopt asks)"
+                ) from None
         if not ok and "‖" not in str(reason):  # ours give ‖XᴴX − I‖_F already
             reason = f"{reason}; {_distance(man, x)}"
         if not ok:

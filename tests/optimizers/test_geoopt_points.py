@@ -167,3 +167,18 @@ def test_a_hand_made_point_of_another_geoopt_manifold_keeps_it_when_rebuilt(name
     got = _train(model, optimizers.create(name, model.parameters(), lr=0.1))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     assert float((got.norm(dim=-1) - 1).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["rgd", "radam"])
+def test_a_point_in_another_dtype_than_its_geoopt_manifold_is_refused_naming_the_cast(name):
+    # geoopt's Lorentz keeps k in float32: its own point test failed on a float64 point
+    # with "Double did not match Float" from inside the constructor
+    man = geoopt.Lorentz()
+    p = geoopt.ManifoldParameter(man.random_normal(5, 3).double(), manifold=man)
+    with pytest.raises(TypeError, match=r"torch.float64 and Lorentz.*manifold.to\(torch.float64\)"):
+        optimizers.create(name, [p], lr=0.01)
+    man.to(torch.float64)  # the cast it names: then the point steps
+    opt = optimizers.create(name, [p], lr=0.01)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    assert bool(torch.isfinite(p).all())

@@ -134,7 +134,7 @@ def test_a_gradient_of_another_shape_is_refused_naming_it_before_anything_is_wri
     for p in (w, a, b):
         p.grad = torch.ones_like(p)
     b.grad.data = torch.ones(5, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"parameter 2 of its group has shape \(4,\) and a "
+    with pytest.raises(ValueError, match=r"parameter 2 of param group 0 has shape \(4,\) and a "
                        r"gradient of shape \(5,\)"):  # fmt: skip
         opt.step()
     assert torch.equal(a.detach(), torch.zeros(4, dtype=torch.float64)) and not opt.state[w]

@@ -83,3 +83,20 @@ def test_bad_items_are_refused_naming_the_item():
     with pytest.raises(TypeError, match="params: a set"):
         opt.add_param_group({"params": {b}})
     assert len(opt.param_groups) == 1
+
+
+@pytest.mark.parametrize("name", rule_names())
+def test_a_skipped_step_names_the_parameter_and_its_group(name):
+    # the warning said "index 0 of its group" for a parameter of group 1, with the names
+    # of the group beside it
+    model = _model()
+    named = list(model.named_parameters())
+    groups = [{"params": named[:2]}, {"params": named[2:], "lr": 0.01}]
+    opt = optimizers.create(name, groups, lr=0.05)
+    for _, p in named:
+        p.grad = torch.zeros_like(p)
+    named[2][1].grad[0, 0] = float("nan")
+    with pytest.warns(
+        RuntimeWarning, match=r"'2\.weight', index 0 of param group 1, shape \(2, 6\)"
+    ):
+        opt.step()

@@ -193,7 +193,7 @@ def test_a_run_whose_every_step_is_skipped_is_warned_again_as_it_goes_on():
             opt.step()
     messages = [str(c.message) for c in caught if "non-finite gradient" in str(c.message)]
     assert len(messages) == 3
-    assert "10 steps of a parameter (index 0 of its group" in messages[1]
+    assert "10 steps of a parameter (index 0 of param group 0" in messages[1]
     assert "100 steps of a parameter" in messages[2] and "may have stalled" in messages[2]
     # many parameters skipped once (one bad batch) are not a stall: one warning
     ws = [geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st) for _ in range(20)]

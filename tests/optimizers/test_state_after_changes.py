@@ -66,7 +66,7 @@ def test_a_sparse_gradient_is_refused_before_anything_moves(name):
     emb(torch.tensor([1, 2])).sum().backward()
     before = dense.detach().clone()
     with pytest.raises(
-        TypeError, match=r"parameter 1 of its group \(shape \(10, 4\)\) has a torch.sparse_coo"
+        TypeError, match=r"parameter 1 of param group 0 \(shape \(10, 4\)\) has a torch.sparse_coo"
     ):
         opt.step()
     assert torch.equal(dense.detach(), before)

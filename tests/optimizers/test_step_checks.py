@@ -46,6 +46,6 @@ def test_a_state_of_another_shape_names_the_parameter(name, hyper):
         if isinstance(value, torch.Tensor) and value.dim() == 2:
             opt.state[ps[1]][key] = torch.zeros(3, 3, dtype=torch.float64)
     before = [p.detach().clone() for p in ps]
-    with pytest.raises(RuntimeError, match=r"index 1 of its group, shape \(6, 2\).*\(3, 3\)"):
+    with pytest.raises(RuntimeError, match=r"index 1 of param group 0, shape \(6, 2\).*\(3, 3\)"):
         opt.step()
     assert all(torch.equal(p.detach(), b) for p, b in zip(ps, before, strict=True))
