@@ -87,12 +87,13 @@ __all__ = [
     "slot",
     "is_dtensor",
     "stepped_optimizers",
-    "check_geoopt",
 ]
 
 _ATTR = "_stiefel_manifolds"
 #: set on a module by `load_state_dict` until its points were checked (`_check_loaded`)
 _LOADED = "_stiefel_loaded"
+_LOADING = "_stiefel_loading"  # inside load_state_dict: registered Parameters keep records
+_HAND_MADE = "_stiefel_hand_made"  # the names whose records _registered made
 # an optimizer's attribute (one per copy of this module): what the guard last saw (Note [The
 # guard sees every param group]), or _DONE; on the object (an optimizer may be unhashable)
 _SEEN = f"_stiefel_guard_seen.{__name__}"
@@ -168,6 +169,7 @@ def _record(module: nn.Module, name: str, manifold: geoopt.Manifold, label: str)
         _HOLDERS.add(module)
     if first:
         module.register_forward_pre_hook(KeepManifold())
+        module.register_load_state_dict_pre_hook(_loading)
         module.register_load_state_dict_post_hook(_loaded)
 
 
@@ -181,17 +183,22 @@ def _registered(module: nn.Module, name: str, param: torch.Tensor) -> None:
     read when the module registers it (``register_parameter``, which torch calls for
     ``module.w = p``) and recorded as `attach` records it (values are checked where
     `stiefel.manifolds.sharded.geometry_of` knows its points). A plain Parameter
-    registered later keeps the record (``load_state_dict(assign=True)`` rebuilds
-    so); a ManifoldParameter replaces it, of geoopt's Euclidean drops it. Not on a
-    ``ParametrizationList`` (Note [A weight under another parametrization]).
+    registered later by ``load_state_dict(assign=True)`` keeps the record (it
+    rebuilds so); one the user registers (``module.w = nn.Parameter(...)``) drops
+    the record this hook made, as a ManifoldParameter of geoopt's Euclidean does: the
+    weight is plain from then on. Not on a ``ParametrizationList`` (Note [A weight
+    under another parametrization]).
     """
-    if not isinstance(param, geoopt.ManifoldParameter) or isinstance(module, ParametrizationList):
+    if isinstance(module, ParametrizationList):
         return
-    man = manifold_of(param)
-    if man is None:  # geoopt's Euclidean: a plain weight from now on
+    man = manifold_of(param) if isinstance(param, geoopt.ManifoldParameter) else None
+    made = module.__dict__.setdefault(_HAND_MADE, set())
+    if man is None and name in made and not module.__dict__.get(_LOADING):
+        made.discard(name)
         records(module).pop(name, None)
-    elif records(module).get(name, (None,))[0] is not man:
+    elif man is not None and records(module).get(name, (None,))[0] is not man:
         _record(module, name, man, f"{type(module).__name__}.{name}")
+        made.add(name)
 
 
 _RECORDER = register_module_parameter_registration_hook(_registered)
@@ -238,6 +245,8 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
     if seen == (_MARKS[0], sizes):
         return
     if geo:
+        from .geoopt_points import check_geoopt  # it reads this module's records
+
         check_geoopt(opt)  # claims, then refuses (before anything is remembered)
     elif not riemannian:  # this package's optimizers claim when they bind
         claim(p for group in opt.param_groups for p in group["params"])
@@ -258,39 +267,6 @@ def _euclidean_guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
                 )
                 opt.__dict__[_SEEN] = _DONE
                 return
-
-
-def check_geoopt(opt: torch.optim.Optimizer) -> None:
-    """Refuse the points geoopt's optimizer ``opt`` would step as Euclidean tensors.
-
-    Note [geoopt steps only ManifoldTensors]
-    geoopt's optimizers move a parameter on its manifold only when it is a
-    ``geoopt.ManifoldTensor`` and step any other as a Euclidean tensor, silently: a
-    DTensor point, whose manifold is an attribute (Note [Marking a tensor];
-    ``fully_shard`` makes every Parameter one), and a plain parameter whose param
-    group names ``manifold=``, which geoopt does not read. Such a parameter is
-    refused (ValueError) when the optimizer is built by `stiefel.optimizers.create`
-    and at a step that sees new parameters or marks (Note [The guard sees every
-    param group]), after the rebuilt weights among them are claimed (`claim`: a
-    plain one is a ManifoldParameter again, which geoopt steps on its manifold).
-    """
-    claim(p for group in opt.param_groups for p in group["params"])
-    for gi, group in enumerate(opt.param_groups):
-        named = group.get("manifold")
-        named = named if isinstance(named, geoopt.Manifold) else None
-        for i, p in enumerate(group["params"]):
-            man = manifold_of(p) or (None if isinstance(named, geoopt.Euclidean) else named)
-            if man is None or isinstance(p, geoopt.ManifoldTensor):
-                continue
-            why = "a DTensor, e.g. of fully_shard" if is_dtensor(p) else "marked by hand"
-            raise ValueError(
-                f"{type(opt).__name__}: parameter {i} of param group {gi} (shape "
-                f"{tuple(p.shape)}) is a point of {man!r} but not a geoopt.ManifoldParameter "
-                f"({why if manifold_of(p) else f'its group has manifold={named!r}'}); "
-                "geoopt's optimizers step it as a Euclidean tensor, off its manifold. "
-                "Allowed: this package's optimizers, which step it on its manifold "
-                "(stiefel.optimizers.create('rgd' | 'radam' | 'landing' | ..., model))"
-            )
 
 
 # torch.optim's global step pre-hook, registered once, at import: a point built by hand
@@ -389,9 +365,15 @@ def claim(params: Iterable[torch.Tensor]) -> None:
         restore(module)
 
 
+def _loading(module: nn.Module, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: Parameters it registers keep their records."""
+    module.__dict__[_LOADING] = True
+
+
 def _loaded(module: nn.Module, incompatible: Any) -> None:
     """``load_state_dict`` post-hook: the module's points are checked at the next forward."""
     module.__dict__[_LOADED] = True
+    module.__dict__.pop(_LOADING, None)
 
 
 def _check_loaded(module: nn.Module) -> None:

@@ -216,7 +216,7 @@ class ParamGroups(torch.optim.Optimizer):
         if any(key in group for key in terms.REPAIR_KEYS):  # geoopt's name, kept beside ours
             group.update(dict.fromkeys(terms.REPAIR_KEYS, terms.repair_period(group)))
         params, names = _named(group["params"])
-        refuse_overlap(params, [p for g in self.param_groups for p in g["params"]])
+        refuse_overlap(self, params)
         if names is not None:
             group["param_names"] = names
         claim(params)  # Note [A rebuilt weight stepped before any forward]
@@ -272,16 +272,20 @@ class ParamGroups(torch.optim.Optimizer):
         The keys of torch's schedulers, and torch's options at values that ask for
         nothing, are kept as they are.
         """
+        # torch's options count as unknown even in `defaults`, where torch's __setstate__
+        # puts `differentiable` after a copy or a load
+        unknown = keys - (set(self.defaults) - set(_TORCH_OFF)) - _GROUP_KEYS - _SCHEDULER_KEYS
         bad = sorted(
-            k for k in keys - set(self.defaults) - _GROUP_KEYS - _SCHEDULER_KEYS
+            k for k in unknown
             if not (k in _TORCH_OFF and any(group[k] is v for v in _TORCH_OFF[k]))
         )  # fmt: skip
         if bad:
             given = ", ".join(f"{k}={group[k]!r}" for k in bad)
+            allowed = sorted({*self.defaults, "params"} - set(_TORCH_OFF))
             raise ValueError(
                 f"param group {index}: {given} set after construction (by hand or by "
                 f"load_state_dict) is not understood by {type(self).__name__}, and no step "
-                f"would read it; allowed: {', '.join(sorted({*self.defaults, 'params'}))}"
+                f"would read it; allowed: {', '.join(allowed)}"
             )
 
     @classmethod

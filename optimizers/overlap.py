@@ -8,8 +8,10 @@ their own update, and the later write would drop the other's: torch's
 per-parameter loops apply both, one on top of the other. No rule here defines a
 step of such a pair, so it is refused when the second one is added. Views that
 share a storage without sharing an element (the slices of a flat buffer, the
-columns of one matrix) are stepped as usual: elements are compared exactly where
-the two ranges of memory meet.
+columns of one matrix) are stepped as usual: byte ranges are compared, and where
+two of one element size meet, their elements. The optimizer keeps an index of
+the ranges by storage, so that adding groups one by one costs what the new
+parameters cost.
 """
 
 from __future__ import annotations
@@ -18,48 +20,67 @@ import torch
 
 __all__ = ["refuse_overlap"]
 
+_PLAIN = torch.Tensor.__torch_dispatch__
+#: the optimizer's attribute: (how many parameters it indexes, {storage: [(p, lo, hi)]})
+_INDEX = "_stiefel_overlap_index"
 
-def _span(p: torch.Tensor) -> tuple[int, int] | None:
-    """(storage address, first and one-past-last element offsets), or None (no storage)."""
+
+def _extent(p: torch.Tensor) -> int:
+    """Elements from the first one ``p`` reads to one past its last, in its storage."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride(), strict=True))
+
+
+def _span(p: torch.Tensor) -> tuple[int, int, int] | None:
+    """(storage address, first byte, one past the last byte), or None (no storage)."""
     if p.device.type == "meta" or p.numel() == 0 or type(p).__torch_dispatch__ is not _PLAIN:
         return None
-    extent = 1 + sum((s - 1) * abs(st) for s, st in zip(p.shape, p.stride(), strict=True))
-    return p.untyped_storage().data_ptr(), p.storage_offset(), p.storage_offset() + extent
+    start, size = p.storage_offset(), p.element_size()
+    return p.untyped_storage().data_ptr(), start * size, (start + _extent(p)) * size
 
 
-_PLAIN = torch.Tensor.__torch_dispatch__
-
-
-def _share(a: torch.Tensor, b: torch.Tensor, lo: int, hi: int) -> bool:
-    """Whether the views ``a`` and ``b`` of one storage hold a common element."""
+def _share(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether views ``a`` and ``b`` of one storage, whose byte ranges meet, share an element."""
     if a.element_size() != b.element_size():
-        return True  # views of one storage in two dtypes: taken as overlapping
+        return True  # two dtypes over the same bytes: taken as sharing
+    lo = min(a.storage_offset(), b.storage_offset())
+    hi = max(t.storage_offset() + _extent(t) for t in (a, b))
     mark = torch.zeros(hi - lo, dtype=torch.bool, device=a.device)
     mark.as_strided(a.shape, a.stride(), a.storage_offset() - lo).fill_(True)
     return bool(mark.as_strided(b.shape, b.stride(), b.storage_offset() - lo).any())
 
 
-def refuse_overlap(new: list[torch.Tensor], held: list[torch.Tensor]) -> None:
-    """Refuse a parameter of ``new`` that shares an element with another one or with ``held``.
+def refuse_overlap(opt: torch.optim.Optimizer, new: list[torch.Tensor]) -> None:
+    """Refuse a parameter of ``new`` sharing an element with another one or with ``opt``'s.
+
+    The optimizer's index of byte ranges is extended only when every one is accepted.
 
     Raises:
         ValueError: naming both parameters (Note [Parameters that overlap in memory]).
     """
-    seen: dict[int, list[tuple[str, torch.Tensor, int, int]]] = {}
-    named = [(f"a parameter already added (shape {tuple(p.shape)})", p) for p in held]
-    named += [(f"parameter {i} of the new param group (shape {tuple(p.shape)})", p)
-              for i, p in enumerate(new)]  # fmt: skip
-    for name, p in named:
-        span = _span(p)
-        if span is None:
+    held = [p for g in opt.param_groups for p in g["params"]]
+    count, index = opt.__dict__.get(_INDEX, (-1, {}))
+    if count != len(held):  # a copy, or groups changed by hand: indexed again
+        index = {}
+        for p in held:
+            if (span := _span(p)) is not None:
+                index.setdefault(span[0], []).append((p, *span[1:]))
+    mine: dict[int, list[tuple[torch.Tensor, int, int, int]]] = {}
+    for i, p in enumerate(new):
+        if (span := _span(p)) is None:
             continue
         address, lo, hi = span
-        for other, q, qlo, qhi in seen.get(address, []):
-            if q is not p and lo < qhi and qlo < hi and _share(q, p, min(lo, qlo), max(hi, qhi)):
+        before = [(q, a, b, None) for q, a, b in index.get(address, [])]
+        for q, qlo, qhi, j in before + mine.get(address, []):
+            if q is not p and lo < qhi and qlo < hi and _share(q, p):
+                other = "a parameter already added" if j is None else f"parameter {j}"
                 raise ValueError(
-                    f"{name} shares memory with {other} (one is a view of the other): "
-                    "each would be written from its own update and one would overwrite the "
-                    "other (Note [Parameters that overlap in memory]); allowed: parameters "
-                    "that share no element"
+                    f"parameter {i} of the new param group (shape {tuple(p.shape)}) shares "
+                    f"memory with {other} (shape {tuple(q.shape)}; one is a view of the "
+                    "other): each would be written from its own update and one would "
+                    "overwrite the other (Note [Parameters that overlap in memory]); "
+                    "allowed: parameters that share no element"
                 )
-        seen.setdefault(address, []).append((name, p, lo, hi))
+        mine.setdefault(address, []).append((p, lo, hi, i))
+    for address, spans in mine.items():
+        index.setdefault(address, []).extend((p, lo, hi) for p, lo, hi, _ in spans)
+    opt.__dict__[_INDEX] = (len(held) + len(new), index)  # once torch adds them too

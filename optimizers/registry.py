@@ -46,7 +46,8 @@ import torch
 
 from .._core import checks
 from .._core.registry import Registry
-from ..manifolds.binding import check_geoopt, restore
+from ..manifolds.binding import restore
+from ..manifolds.geoopt_points import check_geoopt
 from .base import RiemannianOptimizer
 
 __all__ = [

@@ -197,9 +197,10 @@ def _fixed_tall(
     factor T = polar(b aᴴ) is unitary with T a = b. G = I + U(T − I)Uᴴ is then
     unitary with G E_d = E_d + U(b − a) = Q, and rank(G − I) = r (T − I maps
     a onto b − a, of rank r). The reflections of G come from Note [Fewer
-    reflections: rank reduction] on T: every point with rank(Q − E_d) ≤ L that
-    the map reaches with its current signs or phases is found, where a greedy
-    choice of d (`_greedy`) may add to the rank.
+    reflections: rank reduction] on T: a real point with rank(Q − E_d) ≤ L is
+    found with the map's current signs. A complex G need not be a product of r
+    complex reflections (their eigenvalue is −1), so a complex point may be
+    refused here; `_greedy`, which chooses the phases anew, is then tried.
     """
     m = q.shape[-1]
     e = torch.zeros_like(q)

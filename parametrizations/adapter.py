@@ -260,6 +260,9 @@ class Rotation(nn.Module):
         maps' own products]). A complex x and a real Q (a model cast to complex) map
         the real and the imaginary part alike: Q(a + ib) = Qa + iQb.
         """
+        if x.numel() == 0:  # an idle expert's batch: Q's parameters get zero gradients, as
+            zero = sum(p.sum() for p in self.parameters()) * 0  # a product would give them
+            return x + (zero.real if zero.is_complex() else zero).to(x.dtype)
         with autocast_off(x):
             op = self.operator()
             z = x if axis == -1 else x.movedim(axis, -1)

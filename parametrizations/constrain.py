@@ -189,8 +189,8 @@ def _orthogonalize_parameter(param: nn.Parameter, method: object, options: dict[
     module holds gets a new `OrthogonalMatrix` holding that same object.
     """
     found = holders(param)
-    where = holder_names(found) if found else "a free nn.Parameter"
     if param.dtype not in DTYPES:
+        where = holder_names(found) if found else "a free nn.Parameter"
         raise TypeError(
             f"module_or_tensor ({where}, shape {tuple(param.shape)}) has dtype {param.dtype}; "
             f"allowed: {', '.join(str(d) for d in DTYPES)}"

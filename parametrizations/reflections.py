@@ -100,7 +100,7 @@ class _Reflections(SignPhaseDiagonal, OrthogonalMap):
         except Unreachable as err:  # the diagonal is the map's own: say so
             kind = "phases (trained with the vectors)" if q.is_complex() else "signs"
             raise Unreachable(
-                f"{err}; with this few reflections a point is sought with this "
+                f"{err}; with this few reflections a point is sought first with this "
                 f"map's current {kind}: to copy a weight of another module built so, load "
                 "that module's state_dict (its diagonal included), not its weight alone"
             ) from None

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from stiefel import optimizers, orthogonalize
+from stiefel.manifolds import Stiefel
 from stiefel.parametrizations import initialize
 
 TOL = 100 * 12 * torch.finfo(torch.float64).eps  # a few float64 steps on St(12, 4)
@@ -273,3 +274,31 @@ def test_an_unhashable_torch_optimizer_steps_and_is_still_guarded():
         p.grad = torch.randn_like(p)
     with pytest.warns(UserWarning, match="not a Riemannian optimizer"):
         opt.step()
+
+
+def test_a_hand_made_point_replaced_by_a_plain_parameter_is_left_plain():
+    # the record made when the ManifoldParameter was registered outlived it: the user's
+    # plain (8, 8) Parameter was re-classed and projected at the next forward (3.1 off);
+    # load_state_dict(assign=True), which rebuilds the Parameter, keeps the record
+    st = Stiefel(8, 4)
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = geoopt.ManifoldParameter(st.random(dtype=torch.float64), manifold=st)
+
+        def forward(self, x):
+            return x @ self.w
+
+    m = Holder()
+    new = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+    before = new.detach().clone()
+    m.w = new
+    m(torch.randn(2, 8, dtype=torch.float64))
+    assert type(m.w) is torch.nn.Parameter and torch.equal(m.w.detach(), before)
+    loaded = Holder()
+    loaded.load_state_dict(
+        {"w": st.random(dtype=torch.float64).as_subclass(torch.Tensor)}, assign=True
+    )
+    loaded(torch.randn(2, 8, dtype=torch.float64))
+    assert isinstance(loaded.w, geoopt.ManifoldParameter) and loaded.w.manifold is st

@@ -322,12 +322,19 @@ def test_one_name_of_the_repair_period_set_after_construction_carries_the_other(
 @pytest.mark.parametrize("name", rule_names())
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("momentun", 0.9), ("maximize", True), ("decoupled_weight_decay", True)],
+    [
+        ("momentun", 0.9),
+        ("maximize", True),
+        ("decoupled_weight_decay", True),
+        ("differentiable", True),
+    ],  # fmt: skip
 )
 def test_a_key_no_step_reads_set_after_construction_is_refused(name, key, value):
     # a misspelt key, or torch's Adam's maximize=True / AdamW's decoupled decay brought by
     # load_state_dict, was kept and ignored: radam descended where torch's Adam ascended
     opt, params = _model(name)
+    opt = copy.deepcopy(opt)  # torch's __setstate__ puts differentiable in the defaults
+    params = [p for g in opt.param_groups for p in g["params"]]
     points = [p.detach().clone() for p in params]
     opt.param_groups[0][key] = value
     with pytest.raises(ValueError, match=rf"param group 0: {key}={value!r} set after"):

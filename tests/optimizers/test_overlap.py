@@ -41,3 +41,25 @@ def test_views_that_share_no_element_step_as_torchs_sgd_steps_them():
         ref.step()
     for p, q in zip(ours, refs, strict=True):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-15)
+
+
+def test_views_of_one_buffer_in_two_dtypes_are_compared_by_their_bytes():
+    # element offsets were compared across element sizes: disjoint bytes were refused and
+    # the same bytes accepted
+    buf = torch.zeros(64, dtype=torch.uint8)
+    f32 = buf[:32].view(torch.float32)  # bytes 0-31
+    f16 = buf[32:].view(torch.float16)  # bytes 32-63
+    optimizers.create("rgd", [nn.Parameter(f32), nn.Parameter(f16)], lr=0.1)
+    same = buf[:32].view(torch.float16)  # bytes 0-31 again
+    with pytest.raises(ValueError, match="shares memory"):
+        optimizers.create("rgd", [nn.Parameter(f32), nn.Parameter(same)], lr=0.1)
+
+
+def test_a_refused_group_leaves_nothing_in_the_optimizer_to_refuse_later():
+    base = torch.zeros(6)
+    a, b = nn.Parameter(base[:4]), nn.Parameter(base[2:])
+    opt = optimizers.create("rgd", [nn.Parameter(torch.zeros(3))], lr=0.1)
+    with pytest.raises(ValueError, match="parameter 1 of the new param group .* parameter 0"):
+        opt.add_param_group({"params": [a, b]})
+    opt.add_param_group({"params": [b]})  # a was never added
+    assert len(opt.param_groups) == 2

@@ -143,7 +143,7 @@ def test_a_point_of_another_precision_is_assigned_in_the_weights(method, weight,
     q = torch.linalg.qr(torch.randn(5, 5, dtype=value))[0]
     w.weight = q
     assert w().dtype == weight
-    tol = 100 * 5 * max(torch.finfo(weight).eps, torch.finfo(value).eps)
+    tol = 10 * 5 * max(torch.finfo(weight).eps, torch.finfo(value).eps)  # bf16: 0.39, |Q − Q'| ≈ 3
     assert torch.dist(w().to(value), q) < tol
 
 

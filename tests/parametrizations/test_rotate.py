@@ -416,3 +416,6 @@ def test_an_empty_batch_goes_through_a_rotated_layer(method, side):
     for shape in [(0, 32), (2, 0, 32)]:
         y = lin(torch.randn(*shape))
         assert y.shape == shape and y.dtype == torch.float32
+        y.sum().backward()  # Q's parameters are used, with zero gradients (DDP needs both)
+        grads = [p.grad for p in lin.rotation.parameters() if p.requires_grad]
+        assert grads and all(g is not None and not g.any() for g in grads)
