@@ -182,3 +182,14 @@ def test_a_point_in_another_dtype_than_its_geoopt_manifold_is_refused_naming_the
     p.grad = torch.randn_like(p)
     opt.step()
     assert bool(torch.isfinite(p).all())
+
+
+def test_a_bfloat16_point_of_geoopts_stiefel_is_accepted_as_on_this_packages():
+    # geoopt's Stiefel manifolds were tested with a fixed bound of 1e-4, which a bf16
+    # St(64, 8) point (‖XᴴX − I‖_F ≈ 3e-3, within Stiefel.default_atol) does not meet
+    x = Stiefel(64, 8).random(dtype=torch.float32).to(torch.bfloat16).as_subclass(torch.Tensor)
+    err = float(Stiefel(64, 8).orthogonality_error(x.float()))
+    assert 1e-4 < err <= Stiefel(64, 8).default_atol(torch.bfloat16)
+    for man in (geoopt.CanonicalStiefel(), geoopt.EuclideanStiefel(), Stiefel(64, 8)):
+        p = geoopt.ManifoldParameter(x.clone(), manifold=man)
+        optimizers.create("rgd", [p], lr=0.01)  # accepted alike
