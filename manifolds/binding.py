@@ -192,13 +192,13 @@ def _registered(module: nn.Module, name: str, param: torch.Tensor) -> None:
     if isinstance(module, ParametrizationList):
         return
     man = manifold_of(param) if isinstance(param, geoopt.ManifoldParameter) else None
-    made = module.__dict__.setdefault(_HAND_MADE, set())
+    made = module.__dict__.get(_HAND_MADE, ())  # a plain module's registrations add nothing
     if man is None and name in made and not module.__dict__.get(_LOADING):
         made.discard(name)
         records(module).pop(name, None)
     elif man is not None and records(module).get(name, (None,))[0] is not man:
         _record(module, name, man, f"{type(module).__name__}.{name}")
-        made.add(name)
+        module.__dict__.setdefault(_HAND_MADE, set()).add(name)
 
 
 _RECORDER = register_module_parameter_registration_hook(_registered)

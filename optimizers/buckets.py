@@ -82,11 +82,12 @@ __all__ = [
     "VERSIONS",
     "BOUNDS",
     "SMALL",
+    "PLAIN",
     "last_bounds",
 ]
 
 #: the dispatch of plain tensors (Parameter's, geoopt's ManifoldParameter's)
-_PLAIN = torch.Tensor.__torch_dispatch__
+PLAIN = torch.Tensor.__torch_dispatch__
 #: with ``foreach=None``, the largest parameter (entries) stacked off a CUDA device
 SMALL = 1 << 16
 #: the state key of the step count (torch's name), a float tensor per parameter
@@ -224,7 +225,7 @@ def _kind(
     if foreach is None and p.device.type != "cuda" and p.numel() > SMALL:
         return None  # Note [One rule call per bucket]: the stack does not pay here
     # a DTensor, a tensor subclass with a dispatch of its own: stepped alone
-    if binding.like is not None or type(p).__torch_dispatch__ is not _PLAIN or p.grad.is_sparse:
+    if binding.like is not None or type(p).__torch_dispatch__ is not PLAIN or p.grad.is_sparse:
         return None
     man, (plain, points) = binding.manifold, batches
     if (man is None and not plain) or (man is not None and not points):

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from .buckets import PLAIN
+
 __all__ = ["refuse_overlap"]
 
-_PLAIN = torch.Tensor.__torch_dispatch__
 #: the optimizer's attribute: (how many parameters it indexes, {storage: [(p, lo, hi)]})
 _INDEX = "_stiefel_overlap_index"
 
@@ -32,7 +33,7 @@ def _extent(p: torch.Tensor) -> int:
 
 def _span(p: torch.Tensor) -> tuple[int, int, int] | None:
     """(storage address, first byte, one past the last byte), or None (no storage)."""
-    if p.device.type == "meta" or p.numel() == 0 or type(p).__torch_dispatch__ is not _PLAIN:
+    if p.device.type == "meta" or p.numel() == 0 or type(p).__torch_dispatch__ is not PLAIN:
         return None
     start, size = p.storage_offset(), p.element_size()
     return p.untyped_storage().data_ptr(), start * size, (start + _extent(p)) * size

@@ -43,15 +43,21 @@ from torch import nn
 __all__ = ["holders", "holder_names"]
 
 
+def _roots(frame: FrameType | None) -> list[nn.Module]:
+    """The modules that are locals or globals of the frames on the stack from ``frame``."""
+    roots: list[nn.Module] = []
+    while frame is not None:
+        for scope in (frame.f_locals, frame.f_globals):
+            roots.extend(v for v in list(scope.values()) if isinstance(v, nn.Module))
+        frame = frame.f_back
+    return roots
+
+
 def _in_reach(frame: FrameType | None) -> dict[int, nn.Module]:
     """Modules reachable from the frames on the stack, by the id of their ``_parameters``."""
     seen: set[int] = set()
     out: dict[int, nn.Module] = {}
-    stack: list[nn.Module] = []
-    while frame is not None:
-        for scope in (frame.f_locals, frame.f_globals):
-            stack.extend(v for v in list(scope.values()) if isinstance(v, nn.Module))
-        frame = frame.f_back
+    stack = _roots(frame)
     while stack:
         m = stack.pop()
         if id(m) in seen:
@@ -145,14 +151,11 @@ def _paths(modules: set[int], frame: FrameType | None) -> dict[int, tuple[str, s
     """``{id(module): ("0", "Sequential")}``: each module's dotted name in the largest model
     within the caller's reach (a local or global of a frame on the stack), and its class."""
     best: dict[int, tuple[int, str, str]] = {}
-    while frame is not None:
-        for scope in (frame.f_locals, frame.f_globals):
-            for root in [v for v in list(scope.values()) if isinstance(v, nn.Module)]:
-                names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
-                for i in modules & names.keys():
-                    if names[i] and len(names) > best.get(i, (0,))[0]:
-                        best[i] = (len(names), names[i], type(root).__name__)
-        frame = frame.f_back
+    for root in _roots(frame):
+        names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        for i in modules & names.keys():
+            if names[i] and len(names) > best.get(i, (0,))[0]:
+                best[i] = (len(names), names[i], type(root).__name__)
     return {i: (path, root) for i, (_, path, root) in best.items()}
 
 
